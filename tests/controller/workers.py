@@ -1,0 +1,81 @@
+"""Small workers for the controller tests: real processes, real collectives, no models."""
+
+import os
+import time
+
+import ray
+import torch
+import torch.distributed as dist
+
+from workbench import DP_PROTO, ONE_TO_ALL, THREE_D_PROTO, Batch, Protocol, Worker, register
+
+# A user-defined protocol: rank r receives value * (r + 1); the driver gets the sum.
+SCALED = Protocol(
+    "SCALED",
+    distribute=lambda mesh, value: [value * (r + 1) for r in range(mesh.world_size)],
+    collect=lambda mesh, outputs: sum(outputs),
+)
+
+
+class EchoWorker(Worker):
+    """Transforms batches row by row and reports where it runs."""
+
+    def __init__(self, config=None):
+        super().__init__(config)
+        self.scale = (config or {}).get("scale", 2)
+
+    @register(DP_PROTO)
+    def double(self, batch: Batch) -> Batch:
+        out = Batch({"x": batch["x"] * self.scale}, {"uid": batch["uid"]})
+        out["seen_by"] = torch.full((len(batch),), self.rank)
+        return out
+
+    @register(THREE_D_PROTO)
+    def double_3d(self, batch: Batch) -> Batch:
+        return self.double(batch)
+
+    @register(DP_PROTO, pad=False)
+    def strict_double(self, batch: Batch) -> Batch:
+        return self.double(batch)
+
+    @register(ONE_TO_ALL)
+    def where(self) -> dict:
+        return {"rank": self.rank, "coord": tuple(self.coord), "pid": os.getpid(),
+                "node": ray.get_runtime_context().get_node_id(), "world": dist.get_world_size()}
+
+    @register(ONE_TO_ALL)
+    def sleep(self, seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+    @register(ONE_TO_ALL)
+    def all_reduce(self) -> float:
+        value = torch.tensor([float(self.rank + 1)])
+        dist.all_reduce(value)
+        return value.item()
+
+    @register(ONE_TO_ALL)
+    def fail_on(self, rank: int) -> int:
+        if self.rank == rank:
+            raise ValueError(f"boom on purpose at rank {rank}")
+        return self.rank
+
+    @register(SCALED)
+    def identity(self, value):
+        return value
+
+    @register(DP_PROTO, execute="rank_zero")
+    def only_rank_zero(self, batch: Batch) -> int:
+        return len(batch) * 100 + self.rank
+
+
+class ReferenceLike(Worker):
+    """A second role for fused colocation: shares the process with EchoWorker."""
+
+    @register(ONE_TO_ALL)
+    def where(self) -> dict:
+        return {"rank": self.rank, "pid": os.getpid()}
+
+    @register(DP_PROTO)
+    def negate(self, batch: Batch) -> Batch:
+        return Batch({"x": -batch["x"]}, {"uid": batch["uid"]})

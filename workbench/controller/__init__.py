@@ -1,0 +1,18 @@
+"""The single controller's machinery: pools, protocols, workers and worker groups."""
+
+from workbench.controller.future import DataFuture, RemoteSlice
+from workbench.controller.mesh import Coord, Mesh
+from workbench.controller.protocols import (
+    ALL_TO_ALL,
+    DP_PROTO,
+    ONE_TO_ALL,
+    RANK_ZERO,
+    THREE_D_ALL_MICRO_DP,
+    THREE_D_PP_ONLY,
+    THREE_D_PROTO,
+    Protocol,
+)
+from workbench.controller.register import register
+from workbench.controller.resource_pool import ResourcePool
+from workbench.controller.worker import Worker
+from workbench.controller.worker_group import WorkerGroup

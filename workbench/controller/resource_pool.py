@@ -1,0 +1,157 @@
+"""ResourcePool: a named set of devices, reserved as one Ray placement group.
+
+A device is a GPU when the cluster has GPUs, otherwise one CPU slot (Ray logical CPUs, so a
+2-core machine can still offer 4-8 "devices" to tests). Each device is one bundle, pinned to a
+node with a label selector, so bundle i is rank i's device and ranks are ordered node by node.
+
+Groups created on the same pool are colocated: they share the devices (each worker takes
+1/max_colocate of its device) and their calls run one after another in the order issued.
+Groups on disjoint pools run concurrently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from workbench.errors import PlacementError
+
+
+def device_resource() -> str:
+    """'GPU' when the cluster has any, else 'CPU'."""
+    return "GPU" if ray.cluster_resources().get("GPU", 0) > 0 else "CPU"
+
+
+@dataclass
+class NodeInfo:
+    node_id: str
+    address: str
+    capacity: float
+
+
+def alive_nodes(resource: str) -> list[NodeInfo]:
+    nodes = [
+        NodeInfo(n["NodeID"], n["NodeManagerAddress"], n["Resources"].get(resource, 0.0))
+        for n in ray.nodes()
+        if n["Alive"]
+    ]
+    # The head first, then by node id: a stable order for the same cluster.
+    head = [n for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n["Resources"]]
+    head_id = head[0]["NodeID"] if head else None
+    return sorted(nodes, key=lambda n: (n.node_id != head_id, n.node_id))
+
+
+@dataclass
+class ResourcePool:
+    """Devices for one or more worker groups. Create it with `Session.pool(...)`."""
+
+    name: str
+    devices_per_node: list[int]
+    resource: str
+    max_colocate: int
+    node_ids: list[str] = field(default_factory=list)
+    """The node of every device, in rank order."""
+    placement: PlacementGroup | None = None
+    last_call: list = field(default_factory=list)
+    """Object refs of the last call issued on this pool; the next call waits for them."""
+
+    @property
+    def world_size(self) -> int:
+        return sum(self.devices_per_node)
+
+    @classmethod
+    def reserve(
+        cls,
+        name: str,
+        devices: int | list[int],
+        reserved: dict[str, float],
+        max_colocate: int = 4,
+        timeout: float = 30.0,
+    ) -> ResourcePool:
+        """Reserve devices now; `reserved` is what the session's other pools hold per node."""
+        resource = device_resource()
+        nodes = alive_nodes(resource)
+        node_ids = _choose_nodes(name, devices, nodes, reserved, resource)
+        counts = [node_ids.count(n) for n in dict.fromkeys(node_ids)]
+        bundle = {resource: 1.0} if resource == "CPU" else {resource: 1.0, "CPU": 1.0}
+        pg = placement_group(
+            [dict(bundle) for _ in node_ids],
+            strategy="PACK",
+            name=f"workbench:{name}",
+            bundle_label_selector=[{"ray.io/node-id": n} for n in node_ids],
+        )
+        try:
+            ray.get(pg.ready(), timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            remove_placement_group(pg)
+            raise PlacementError(
+                f"pool {name!r}: could not reserve {len(node_ids)} {resource} device(s) within "
+                f"{timeout:.0f} s; they exist but are held by something outside this session "
+                f"(another driver or placement group). Free them or ask for fewer devices."
+            ) from None
+        return cls(name, counts, resource, max_colocate, node_ids, pg)
+
+    def scheduling(self, rank: int) -> dict:
+        """ray.remote options placing rank's worker on its device."""
+        share = 1.0 / self.max_colocate
+        options = {
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=rank),
+            "num_cpus": share,
+        }
+        if self.resource == "GPU":
+            options["num_gpus"] = share
+        return options
+
+    def release(self) -> None:
+        if self.placement is not None:
+            remove_placement_group(self.placement)
+            self.placement = None
+
+    def __repr__(self) -> str:
+        return f"ResourcePool({self.name!r}, devices_per_node={self.devices_per_node}, {self.resource})"
+
+
+def _choose_nodes(
+    name: str, devices: int | list[int], nodes: list[NodeInfo], reserved: dict[str, float], resource: str
+) -> list[str]:
+    """The node of each device: a list asks for that many devices on distinct nodes, an int
+    fills nodes in order using as few as possible."""
+    free = {n.node_id: n.capacity - reserved.get(n.node_id, 0.0) for n in nodes}
+    summary = ", ".join(f"{n.address}/{n.node_id[:8]}: {free[n.node_id]:g} free of {n.capacity:g}" for n in nodes)
+    total_free = sum(max(0.0, v) for v in free.values())
+    if isinstance(devices, int):
+        if devices < 1:
+            raise PlacementError(f"pool {name!r}: needs at least 1 device, got {devices}")
+        if devices > total_free:
+            raise PlacementError(
+                f"pool {name!r} asks for {devices} {resource} device(s) but the cluster has "
+                f"{total_free:g} free ({summary}). Ask for fewer, release a pool, or start the "
+                f"session with more devices (Session(num_devices=...))."
+            )
+        chosen = []
+        for n in nodes:
+            take = min(int(free[n.node_id]), devices - len(chosen))
+            chosen += [n.node_id] * max(0, take)
+        return chosen
+    if not devices or any(d < 1 for d in devices):
+        raise PlacementError(f"pool {name!r}: devices_per_node must be positive counts, got {devices}")
+    if len(devices) > len(nodes):
+        raise PlacementError(
+            f"pool {name!r} asks for devices on {len(devices)} nodes but the cluster has "
+            f"{len(nodes)} alive node(s) ({summary})."
+        )
+    chosen = []
+    remaining = dict(free)
+    for want in devices:
+        fits = [n for n in nodes if remaining[n.node_id] >= want and n.node_id not in chosen]
+        if not fits:
+            raise PlacementError(
+                f"pool {name!r} asks for devices_per_node={devices}; no free node has {want} "
+                f"{resource} device(s) left ({summary})."
+            )
+        chosen.append(fits[0].node_id)
+        remaining[fits[0].node_id] -= want
+    return [node for node, want in zip(chosen, devices) for _ in range(want)]

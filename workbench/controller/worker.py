@@ -1,0 +1,176 @@
+"""Worker: the base of every model's SPMD worker, and the host process that runs it.
+
+One WorkerHost (a Ray actor) runs per device of a pool. It joins the group's
+torch.distributed process group (gloo on CPU, NCCL on GPU), then holds one Worker per role:
+a plain group has one role, a fused group several (e.g. actor + reference sharing a
+process and its memory). The driver calls `WorkerHost.call`, which waits for earlier calls
+on the same pool, resolves RemoteSlice inputs, runs the method and records a trace span.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from workbench.controller.future import RemoteSlice, describe_output
+from workbench.controller.mesh import Coord, Mesh
+from workbench.data.batch import PAD_KEY, Batch
+from workbench.tracing import CallRecord
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """What a worker knows about its place in the group."""
+
+    role: str
+    rank: int
+    world_size: int
+    mesh: Mesh
+    pool: str
+    device: str
+    backend: str
+
+
+class Worker:
+    """Base class for model workers. Subclass it and mark driver-callable methods with @register.
+
+    Inside any method (and in __init__), `self.rank`, `self.world_size`, `self.mesh`,
+    `self.coord` (pp, tp, dp), `self.device` and the default torch.distributed process group
+    (the whole group) are ready; `self.device_mesh` gives torch DeviceMesh sub-groups by name.
+    """
+
+    context: RankContext
+
+    def __init__(self, config: Any = None):
+        self.config = config
+
+    @property
+    def rank(self) -> int:
+        return self.context.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.context.world_size
+
+    @property
+    def mesh(self) -> Mesh:
+        return self.context.mesh
+
+    @property
+    def coord(self) -> Coord:
+        return self.context.mesh.coord(self.context.rank)
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.context.device)
+
+    @property
+    def device_mesh(self):
+        """torch DeviceMesh over ("dp", "pp", "tp"), built on first use (it creates sub-groups)."""
+        if getattr(self, "_device_mesh", None) is None:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            m = self.mesh
+            self._device_mesh = init_device_mesh(
+                self.device.type, (m.dp, m.pp, m.tp), mesh_dim_names=("dp", "pp", "tp")
+            )
+        return self._device_mesh
+
+
+class WorkerHost:
+    """The Ray actor behind one rank; wrapped with ray.remote by the worker group."""
+
+    def __init__(self, pool: str, rank: int, world_size: int, threads: int, backend: str):
+        torch.set_num_threads(threads)
+        self.pool, self.rank, self.world_size, self.backend = pool, rank, world_size, backend
+        self.device = "cuda" if backend == "nccl" else "cpu"
+        if self.device == "cuda":
+            torch.cuda.set_device(0)  # Ray exposes only this actor's GPU
+        self.workers: dict[str, Worker] = {}
+        self.records: list[CallRecord] = []
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        """This node's address and a free port, for rank 0 to host the process-group store."""
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        import ray
+
+        return ray.util.get_node_ip_address(), port
+
+    def init_process_group(self, address: str, port: int) -> None:
+        os.environ.update(MASTER_ADDR=address, MASTER_PORT=str(port))
+        dist.init_process_group(
+            self.backend, init_method=f"tcp://{address}:{port}", rank=self.rank, world_size=self.world_size
+        )
+
+    def add_role(self, role: str, cls: type, config: Any, mesh: Mesh) -> None:
+        worker = cls.__new__(cls)
+        worker.context = RankContext(role, self.rank, self.world_size, mesh, self.pool, self.device, self.backend)
+        worker.__init__(*(() if config is None else (config,)))
+        self.workers[role] = worker
+
+    def call(self, role: str, method: str, call_id: int, after: list, args: tuple, kwargs: dict):
+        import ray
+
+        if after:  # time-sharing: earlier calls on this pool, issued by other groups, go first
+            ray.wait(after, num_returns=len(after), fetch_local=False)
+        start = time.time()
+        args = tuple(_resolve(a) for a in args)
+        kwargs = {k: _resolve(v) for k, v in kwargs.items()}
+        bytes_in = sum(describe_output(v).nbytes for v in (*args, *kwargs.values()))
+        compute_start = time.time()
+        ok = False
+        try:
+            output = getattr(self.workers[role], method)(*args, **kwargs)
+            output = _keep_padding_marks(args, output)
+            ok = True
+        finally:
+            meta_out = describe_output(output) if ok else None
+            self.records.append(
+                CallRecord(
+                    call_id=call_id, role=role, method=method, rank=self.rank, pool=self.pool,
+                    pid=os.getpid(), start=start, fetched=compute_start, end=time.time(),
+                    bytes_in=bytes_in, bytes_out=meta_out.nbytes if ok else 0, ok=ok,
+                )
+            )
+        return meta_out, output
+
+    def drain_records(self) -> list[CallRecord]:
+        records, self.records = self.records, []
+        return records
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _resolve(value: Any) -> Any:
+    """Fetch inputs that arrive by reference: a stored Batch, or a slice of another call's output."""
+    import ray
+
+    if isinstance(value, ray.ObjectRef):
+        return ray.get(value)
+    if isinstance(value, RemoteSlice):
+        return value.resolve()
+    return value
+
+
+def _keep_padding_marks(args: tuple, output: Any) -> Any:
+    """A method that builds a fresh Batch row-for-row from its input keeps the padding marks."""
+    if not isinstance(output, Batch) or PAD_KEY in output.tensors.keys():
+        return output
+    for arg in args:
+        if isinstance(arg, Batch) and PAD_KEY in arg.tensors.keys() and len(arg) == len(output):
+            output.tensors[PAD_KEY] = arg.tensors[PAD_KEY]
+            break
+    return output

@@ -1,0 +1,205 @@
+"""WorkerGroup: the driver's handle on one role (actor, critic, ...) running SPMD on a pool.
+
+Every method the worker class marks with @register becomes a driver method that returns a
+DataFuture at once. Inputs are split per the method's protocol; DataFuture inputs travel as
+RemoteSlices so each rank pulls its rows straight from the source ranks.
+
+The processes themselves belong to a HostSet: one Ray actor per device, joined in one
+torch.distributed process group. A plain group owns a HostSet alone; fused colocation puts
+several roles in one HostSet, so they share processes (and memory) yet are called as
+separate groups.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+import ray
+
+from workbench.controller.future import CallInfo, DataFuture, fetch
+from workbench.controller.mesh import Mesh
+from workbench.controller.protocols import Protocol, first
+from workbench.controller.register import Registration, registered_methods
+from workbench.controller.resource_pool import ResourcePool
+from workbench.controller.worker import WorkerHost
+from workbench.data.batch import Batch
+from workbench.errors import DispatchError, WorkerCallError
+from workbench.tracing import CallRecord
+
+RemoteHost = ray.remote(WorkerHost)
+_call_ids = itertools.count()
+
+
+class HostSet:
+    """One worker process per device of `pool`, in one process group."""
+
+    def __init__(self, name: str, pool: ResourcePool, mesh: Mesh, threads: int):
+        if mesh.world_size != pool.world_size:
+            raise DispatchError(
+                f"group {name!r}: {mesh} has {mesh.world_size} ranks but pool {pool.name!r} has "
+                f"{pool.world_size} devices; pick pp*tp*dp = {pool.world_size}"
+            )
+        if pool.placement is None:
+            raise DispatchError(f"group {name!r}: pool {pool.name!r} was released; create it again")
+        self.name, self.pool, self.mesh = name, pool, mesh
+        backend = "nccl" if pool.resource == "GPU" else "gloo"
+        self.hosts = [
+            RemoteHost.options(name=None, **pool.scheduling(rank)).remote(
+                pool.name, rank, mesh.world_size, threads, backend
+            )
+            for rank in range(mesh.world_size)
+        ]
+        self.roles: list[str] = []
+        info = CallInfo(name, "init_process_group", list(range(mesh.world_size)))
+        address, port = fetch(self.hosts[0].rendezvous_address.remote(), info, 0)
+        refs = [h.init_process_group.remote(address, port) for h in self.hosts]
+        for rank, ref in enumerate(refs):
+            fetch(ref, info, rank)
+
+    def add_role(self, role: str, cls: type, config: Any) -> None:
+        info = CallInfo(role, f"{cls.__name__}.__init__", list(range(len(self.hosts))))
+        refs = [h.add_role.remote(role, cls, config, self.mesh) for h in self.hosts]
+        for rank, ref in enumerate(refs):
+            fetch(ref, info, rank)
+        self.roles.append(role)
+
+    def drain_records(self) -> list[CallRecord]:
+        records = []
+        for ref in [h.drain_records.remote() for h in self.hosts]:
+            try:
+                records += ray.get(ref, timeout=10)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                pass  # a dead rank's spans died with it
+        return records
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Kill the processes and wait until Ray reports them dead (their share of the pool is free)."""
+        for host in self.hosts:
+            ray.kill(host, no_restart=True)
+        deadline = time.monotonic() + timeout
+        ids = [h._actor_id.hex() for h in self.hosts]
+        while time.monotonic() < deadline:
+            if all(_actor_state(i) in ("DEAD", None) for i in ids):
+                break
+            time.sleep(0.05)
+        self.hosts = []
+
+
+def _actor_state(actor_id: str) -> str | None:
+    info = ray._private.state.actors(actor_id=actor_id)
+    return info.get("State") if info else None
+
+
+class WorkerGroup:
+    """Driver-side handle: registered methods of `cls`, called on every rank of a HostSet."""
+
+    def __init__(self, role: str, hostset: HostSet, cls: type):
+        self.role, self.hostset, self.cls = role, hostset, cls
+        self.methods: dict[str, Registration] = registered_methods(cls)
+
+    @property
+    def mesh(self) -> Mesh:
+        return self.hostset.mesh
+
+    @property
+    def pool(self) -> ResourcePool:
+        return self.hostset.pool
+
+    @property
+    def world_size(self) -> int:
+        return self.mesh.world_size
+
+    def __getattr__(self, name: str):
+        methods = self.__dict__.get("methods", {})
+        if name not in methods:
+            raise AttributeError(
+                f"{self.__dict__.get('role', '?')} ({getattr(self.__dict__.get('cls'), '__name__', '?')}) "
+                f"has no registered method {name!r}; registered: {sorted(methods)}. "
+                f"Mark worker methods with @register(...) to call them from the driver."
+            )
+
+        def call(*args, **kwargs) -> DataFuture:
+            return self.call(name, *args, **kwargs)
+
+        call.__name__ = name
+        call.__doc__ = getattr(self.cls, name).__doc__
+        return call
+
+    def __dir__(self):
+        return [*super().__dir__(), *self.methods]
+
+    def call(self, method: str, *args, **kwargs) -> DataFuture:
+        """Run registered `method` on the group; returns a DataFuture immediately."""
+        registration = self.methods[method]
+        protocol, mesh = registration.protocol, self.mesh
+        ranks = [0] if registration.execute == "rank_zero" else list(range(mesh.world_size))
+        if registration.execute == "rank_zero":
+            per_rank_args = [[_whole(a) for a in args]]
+            per_rank_kwargs = [{k: _whole(v) for k, v in kwargs.items()}]
+        else:
+            args = [self._fit(method, registration, a) for a in args]
+            kwargs = {k: self._fit(method, registration, v) for k, v in kwargs.items()}
+            per_rank_args = list(zip(*[_put_once(protocol.distribute(mesh, a)) for a in args])) or [()] * len(ranks)
+            spread = {k: _put_once(protocol.distribute(mesh, v)) for k, v in kwargs.items()}
+            per_rank_kwargs = [{k: v[r] for k, v in spread.items()} for r in ranks]
+
+        after = _unfinished(self.pool.last_call)
+        call_id = next(_call_ids)
+        metas, outputs = [], []
+        for i, rank in enumerate(ranks):
+            meta, output = self.hostset.hosts[rank].call.options(num_returns=2).remote(
+                self.role, method, call_id, after, tuple(per_rank_args[i]), per_rank_kwargs[i]
+            )
+            metas.append(meta)
+            outputs.append(output)
+        self.pool.last_call = metas
+        if registration.execute == "rank_zero":
+            collect_ranks, collect = [0], first
+        else:
+            collect_ranks, collect = protocol.collect_ranks(mesh), protocol.collect
+        return DataFuture(CallInfo(self.role, method, ranks), metas, outputs, collect_ranks, collect, mesh)
+
+    def _fit(self, method: str, registration: Registration, value: Any) -> Any:
+        """Pad (or refuse) a Batch whose rows do not divide into the protocol's chunks."""
+        chunks = registration.protocol.num_chunks(self.mesh)
+        if not isinstance(value, Batch) or chunks is None or len(value) % chunks == 0:
+            return value
+        if not registration.pad:
+            raise DispatchError(
+                f"{self.role}.{method}: a Batch of {len(value)} rows does not split into "
+                f"{chunks} equal data-parallel chunks ({self.mesh}); pass a multiple of {chunks} "
+                f"rows, or register the method with pad=True"
+            )
+        return value.pad_to_multiple(chunks)
+
+    def __repr__(self) -> str:
+        return f"WorkerGroup({self.role!r}, {self.cls.__name__}, pool={self.pool.name!r}, {self.mesh})"
+
+
+def _whole(value: Any) -> Any:
+    return value.slice(0, 1) if isinstance(value, DataFuture) else value
+
+
+def _put_once(values: list[Any]) -> list[Any]:
+    """Store each distinct Batch once in the object store; ranks share the reference."""
+    stored: dict[int, Any] = {}
+    out = []
+    for v in values:
+        if isinstance(v, Batch):
+            if id(v) not in stored:
+                stored[id(v)] = ray.put(v)
+            v = stored[id(v)]
+        out.append(v)
+    return out
+
+
+def _unfinished(refs: list) -> list:
+    if not refs:
+        return []
+    _, pending = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+    return pending
+
+
+__all__ = ["WorkerGroup", "HostSet", "Protocol", "WorkerCallError"]

@@ -1,0 +1,70 @@
+"""Span records of every remote call, and their export to Chrome/Perfetto trace JSON.
+
+Each worker host appends one CallRecord per call it runs; the session drains them on demand
+(`session.trace()`). The same records feed the timeline widget and the planner's calibration.
+Open an exported file at https://ui.perfetto.dev or chrome://tracing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One rank's run of one call."""
+
+    call_id: int
+    """Same for every rank of one driver-side call."""
+    role: str
+    method: str
+    rank: int
+    pool: str
+    pid: int
+    start: float
+    """Wall-clock seconds when the rank began (after waiting for earlier calls on its pool)."""
+    fetched: float
+    """When its inputs had arrived (RemoteSlices resolved); fetched - start is transfer time."""
+    end: float
+    bytes_in: int
+    bytes_out: int
+    ok: bool
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+def to_chrome_trace(records: Iterable[CallRecord]) -> dict:
+    """Chrome trace-event JSON: one process row per pool, one thread row per rank."""
+    records = sorted(records, key=lambda r: r.start)
+    if not records:
+        return {"traceEvents": [], "displayTimeUnit": "ms"}
+    t0 = records[0].start
+    pools = {name: i for i, name in enumerate(dict.fromkeys(r.pool for r in records))}
+    events = []
+    for name, pid in pools.items():
+        events.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": f"pool {name}"}})
+    for r in records:
+        common = {"pid": pools[r.pool], "tid": r.rank}
+        if r.fetched - r.start > 1e-6:
+            events.append({
+                **common, "name": f"fetch inputs ({r.role}.{r.method})", "ph": "X", "cat": "transfer",
+                "ts": (r.start - t0) * 1e6, "dur": (r.fetched - r.start) * 1e6,
+                "args": {"bytes_in": r.bytes_in},
+            })
+        events.append({
+            **common, "name": f"{r.role}.{r.method}", "ph": "X", "cat": r.role,
+            "ts": (r.fetched - t0) * 1e6, "dur": (r.end - r.fetched) * 1e6,
+            "args": {k: v for k, v in asdict(r).items() if k in ("call_id", "rank", "bytes_in", "bytes_out", "ok")},
+        })
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def save_chrome_trace(records: Iterable[CallRecord], path: str | Path) -> Path:
+    path = Path(path)
+    path.write_text(json.dumps(to_chrome_trace(records)))
+    return path
