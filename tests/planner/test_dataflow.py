@@ -1,0 +1,33 @@
+import pytest
+
+from workbench.planner import Call, Dataflow, dataflow_preset, model_preset
+
+
+def test_ppo_has_three_stages_over_four_models():
+    ppo = dataflow_preset("ppo")
+    assert ppo.models == ("actor", "critic", "reference", "reward")
+    st = ppo.stages()
+    assert st["actor_gen"] == 0 and st["reward"] == 1 and st["actor_train"] == 2
+    assert ppo.n_stages == 3
+    assert ppo.trained("critic") and not ppo.trained("reference") and ppo.generates("actor")
+
+
+@pytest.mark.parametrize("name,models", [("grpo", 3), ("remax", 3), ("safe_rlhf", 5)])
+def test_other_presets(name, models):
+    flow = dataflow_preset(name)
+    assert len(flow.models) == models
+    assert flow.n_stages == 3
+
+
+def test_value_models_get_a_scalar_head():
+    specs = dataflow_preset("ppo").model_specs("llama2-7b")
+    assert specs["critic"].value_head and not specs["actor"].value_head
+    specs = dataflow_preset("ppo").model_specs(
+        {"actor": "llama2-13b", "critic": "llama2-7b", "reference": "llama2-13b",
+         "reward": model_preset("llama2-7b")})
+    assert specs["actor"].name == "llama2-13b" and specs["reward"].value_head
+
+
+def test_dependencies_must_come_first():
+    with pytest.raises(ValueError, match="must be listed before"):
+        Dataflow("bad", (Call("b", "m", "train", ("a",)), Call("a", "m", "generate")))

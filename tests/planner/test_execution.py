@@ -1,0 +1,106 @@
+import dataclasses
+
+import pytest
+
+from workbench.planner import (Call, Dataflow, ExecutionPlan, Mesh, NoMeshError,
+                               ParallelStrategy, PlanEvaluator, Workload, cluster_preset,
+                               dataflow_preset, mesh, valid_meshes)
+
+S1 = ParallelStrategy(1, 1, 1)
+
+
+def test_valid_meshes_are_node_divisors_or_whole_nodes():
+    c = cluster_preset("a100_80g", 16)
+    ms = valid_meshes(c)
+    # Per machine: 8 + 4 + 2 + 1 aligned slices; plus the two machines together.
+    assert len(ms) == 2 * 15 + 1
+    assert Mesh(0, 16) in ms and Mesh(4, 4) in ms and Mesh(2, 4) not in ms
+    assert mesh(c, 8, 8) == Mesh(8, 8)
+    with pytest.raises(NoMeshError, match="12"):
+        mesh(c, 12)
+    with pytest.raises(NoMeshError):
+        mesh(c, 4, 2)
+
+
+def _two_model_flow():
+    return Dataflow("toy", (
+        Call("gen", "actor", "generate"),
+        Call("score", "rm", "inference", ("gen",)),
+        Call("train", "actor", "train", ("score",)),
+    ), value_models=("rm",))
+
+
+def test_consecutive_iterations_overlap_when_dependencies_allow(tiny_workload):
+    # Actor on d0-1, an inference-only model on d2-3. Iteration 1's generation needs only
+    # iteration 0's actor update, so it can run while a slow reward call of iteration 1 is
+    # ... and iteration 0's frozen model runs beside the actor.
+    flow = Dataflow("toy", (
+        Call("gen", "actor", "generate"),
+        Call("train", "actor", "train", ("gen",)),
+        Call("score", "rm", "inference", ("gen",)),
+    ), value_models=("rm",))
+    cluster = cluster_preset("local")
+    ev = PlanEvaluator(flow, flow.model_specs("tiny-10m"), tiny_workload, cluster,
+                       n_iterations=2)
+    p2 = ParallelStrategy(1, 1, 2)
+    plan = ExecutionPlan({"gen": (Mesh(0, 2), p2), "train": (Mesh(0, 2), p2),
+                          "score": (Mesh(2, 2), p2)})
+    r = ev.evaluate(plan)
+    names = [t.name for t in r.graph.tasks]
+    at = {n: i for i, n in enumerate(names)}
+    start, end = r.schedule.start, r.schedule.end
+    g, t = end[at["gen@0"]] - start[at["gen@0"]], end[at["train@0"]] - start[at["train@0"]]
+    d = end[at["data gen->score@0"]] - start[at["data gen->score@0"]]
+    i = end[at["score@0"]] - start[at["score@0"]]
+    # Hand schedule: gen0 [0,g]; train0 [g,g+t]; score0 [g+d, g+d+i] on the other mesh;
+    # gen1 [g+t, 2g+t]; train1 [2g+t, 2g+2t]; score1 after gen1 + transfer.
+    assert start[at["train@0"]] == pytest.approx(g)
+    assert start[at["score@0"]] == pytest.approx(g + d)
+    assert start[at["gen@1"]] == pytest.approx(g + t)
+    assert start[at["score@1"]] == pytest.approx(2 * g + t + d)
+    assert r.makespan == pytest.approx(max(2 * g + 2 * t, 2 * g + t + d + i))
+    assert r.time == pytest.approx(r.makespan / 2)
+    # No parameter transfer: every actor call uses the home layout.
+    assert not any(x.kind == "param" for x in r.graph.tasks)
+
+
+def test_parameter_transfer_when_layouts_differ(tiny_workload):
+    flow = _two_model_flow()
+    ev = PlanEvaluator(flow, flow.model_specs("tiny-10m"), tiny_workload,
+                       cluster_preset("local"), n_iterations=2)
+    plan = ExecutionPlan({"gen": (Mesh(0, 4), ParallelStrategy(1, 1, 4)),
+                          "score": (Mesh(0, 4), ParallelStrategy(1, 1, 4)),
+                          "train": (Mesh(0, 2), ParallelStrategy(1, 2, 1))})
+    r = ev.evaluate(plan)
+    params = [(i, x) for i, x in enumerate(r.graph.tasks) if x.kind == "param"]
+    assert [x.name for _, x in params] == ["realloc actor->gen@0", "realloc actor->gen@1"]
+    i1, p1 = params[1]
+    train0 = [x.name for x in r.graph.tasks].index("train@0")
+    assert p1.parents == (train0,)
+    assert r.schedule.start[i1] >= r.schedule.end[train0]
+
+
+def test_max_mem_and_oom_penalty():
+    flow = dataflow_preset("ppo")
+    cluster = cluster_preset("a100_80g", 8)
+    ev = PlanEvaluator(flow, flow.model_specs("llama2-7b"), Workload(), cluster)
+    one = ExecutionPlan({c.name: (Mesh(0, 1), S1) for c in flow.calls})
+    r = ev.evaluate(one)
+    assert r.oom and r.max_mem > cluster.device_memory
+    assert r.cost == pytest.approx(r.time * 10 * r.max_mem / cluster.device_memory)
+    spread = ExecutionPlan({c.name: (Mesh(0, 8), ParallelStrategy(1, 8, 1))
+                            for c in flow.calls})
+    r2 = ev.evaluate(spread)
+    assert not r2.oom and r2.cost == r2.time and r2.max_mem < r.max_mem
+
+
+def test_automap_plan_scores_as_execution_plan():
+    from workbench.planner import automap
+    flow = dataflow_preset("ppo")
+    cluster = cluster_preset("a100_80g", 16)
+    plan = automap(flow, "llama2-7b", Workload(), cluster)
+    ev = PlanEvaluator(flow, flow.model_specs("llama2-7b"), Workload(), cluster, n_iterations=1)
+    r = ev.evaluate(plan.to_execution_plan())
+    assert not r.oom
+    # One iteration, no cross-iteration overlap: TimeCost cannot exceed the stage model.
+    assert r.time <= plan.iteration_time * 1.0001

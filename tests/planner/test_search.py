@@ -1,0 +1,60 @@
+import pytest
+
+from workbench.planner import PlanSpace, Workload, cluster_preset, dataflow_preset, exhaustive, mcmc
+
+
+@pytest.fixture(scope="module")
+def small_space():
+    """PPO with tiny-30m models on one 2-device machine of 0.7 GB each: 5 options per call,
+    5^6 = 15625 plans. The memory is tight on purpose: the greedy plan is out of memory and
+    the optimum needs several calls moved, so the chain has real work to do."""
+    import dataclasses
+    flow = dataflow_preset("ppo")
+    cluster = dataclasses.replace(cluster_preset("local", 2), name="tiny2", device_memory=0.7e9)
+    space = PlanSpace(flow, flow.model_specs("tiny-30m"), Workload.tiny(), cluster)
+    assert [len(o) for o in space.options] == [5] * 6
+    return space
+
+
+@pytest.fixture(scope="module")
+def optimum(small_space):
+    return exhaustive(small_space)
+
+
+def test_greedy_start_is_not_already_optimal(small_space, optimum):
+    assert small_space.evaluate(small_space.greedy()).oom
+    assert not small_space.evaluate(optimum[0]).oom
+    assert small_space.cost(small_space.greedy()) > 5 * optimum[1]
+
+
+def test_mcmc_finds_the_exhaustive_optimum(small_space, optimum):
+    _, best = optimum
+    hits = 0
+    for seed in range(20):
+        r = mcmc(small_space, max_steps=5000, time_limit=60, seed=seed)
+        assert r.evaluation.cost >= best * (1 - 1e-12)
+        hits += r.evaluation.cost <= best * (1 + 1e-9)
+    assert hits >= 19, f"MCMC reached the optimum in {hits}/20 runs"
+
+
+def test_mcmc_is_seeded_and_never_worse_than_greedy(small_space):
+    a = mcmc(small_space, max_steps=300, time_limit=30, seed=7)
+    b = mcmc(small_space, max_steps=300, time_limit=30, seed=7)
+    assert a.choice == b.choice and a.steps == b.steps == 300
+    assert a.evaluation.cost <= small_space.cost(small_space.greedy())
+    assert a.history[0][1] == a.initial_cost
+
+
+def test_mcmc_stops_at_time_limit():
+    flow = dataflow_preset("ppo")
+    space = PlanSpace(flow, flow.model_specs("llama2-7b"), Workload(), cluster_preset("a100_80g", 16))
+    r = mcmc(space, time_limit=0.5, seed=0)
+    assert r.seconds < 1.5 and r.steps > 10
+    assert not r.evaluation.oom
+
+
+def test_exhaustive_refuses_large_spaces():
+    flow = dataflow_preset("ppo")
+    space = PlanSpace(flow, flow.model_specs("llama2-7b"), Workload(), cluster_preset("a100_80g", 8))
+    with pytest.raises(ValueError, match="above the limit"):
+        exhaustive(space)

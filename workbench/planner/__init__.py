@@ -1,0 +1,39 @@
+"""Planner: cost model, HybridFlow auto-mapping and ReaLHF plan search (pure Python).
+
+    from workbench.planner import automap, search, dataflow_preset, cluster_preset, Workload
+    flow = dataflow_preset("ppo")
+    plan = automap(flow, "llama2-7b", Workload(), cluster_preset("a100_80g", 16))
+    print(plan.table())
+
+Modules, one job each: `specs` (models, workload, cluster), `dataflow` (calls of an
+algorithm), `strategy` (3-D layouts), `memory` and `simulator` (the cost model), `automap`
+(HybridFlow Alg. 1/2), `plan` (its result), `schedule` (TimeCost list scheduling),
+`execution` (ReaLHF plans, augmented graph, MaxMem), `search` (Metropolis-Hastings),
+`report` (tables and Gantt bars).
+"""
+
+from workbench.planner.automap import AutoMapper, automap, compositions, d_cost, set_partitions
+from workbench.planner.dataflow import Call, Dataflow, dataflow_preset
+from workbench.planner.errors import (ModelDoesNotFitError, NoFeasiblePlanError, NoMeshError,
+                                      PlannerError, UnknownPresetError)
+from workbench.planner.execution import (Evaluation, ExecutionPlan, Mesh, PlanEvaluator, mesh,
+                                         valid_meshes)
+from workbench.planner.memory import MemoryBreakdown, static_memory
+from workbench.planner.plan import ColocatedSet, ModelAssignment, Plan
+from workbench.planner.report import GanttBar, execution_gantt, execution_table
+from workbench.planner.schedule import Schedule, TaskGraph, time_cost
+from workbench.planner.search import PlanSpace, SearchResult, exhaustive, mcmc, search
+from workbench.planner.simulator import Simulator
+from workbench.planner.specs import (MODEL_PRESETS, ClusterSpec, ModelSpec, Workload,
+                                     cluster_preset, cluster_presets, model_preset)
+from workbench.planner.strategy import ParallelStrategy, strategies
+
+__all__ = [
+    "AutoMapper", "Call", "ClusterSpec", "ColocatedSet", "Dataflow", "Evaluation",
+    "ExecutionPlan", "GanttBar", "MODEL_PRESETS", "MemoryBreakdown", "Mesh", "ModelAssignment",
+    "ModelDoesNotFitError", "ModelSpec", "NoFeasiblePlanError", "NoMeshError",
+    "ParallelStrategy", "Plan", "PlanEvaluator", "PlanSpace", "PlannerError", "Schedule",
+    "SearchResult", "Simulator", "TaskGraph", "UnknownPresetError", "Workload", "automap",
+    "cluster_preset", "cluster_presets", "compositions", "d_cost", "dataflow_preset",
+    "execution_gantt", "execution_table", "exhaustive", "mcmc", "mesh", "model_preset", "search", "set_partitions", "static_memory", "strategies", "time_cost", "valid_meshes",
+]

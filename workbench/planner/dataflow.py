@@ -1,0 +1,165 @@
+"""The dataflow of one RLHF iteration: model function calls and their dependencies.
+
+A call (ReaLHF's "model function call") is one method of one model: generate, inference
+(forward only) or train (forward, backward, optimizer step). HybridFlow's three stages
+(generation, preparation, training) are the topological levels of this graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from workbench.planner.errors import UnknownPresetError
+from workbench.planner.specs import ModelSpec, model_preset
+
+CallKind = Literal["generate", "inference", "train"]
+
+
+@dataclass(frozen=True)
+class Call:
+    """One model function call."""
+
+    name: str
+    """Unique name in the dataflow, e.g. 'actor_gen'."""
+    model: str
+    """Role that runs it ('actor', 'critic', ...); calls of one role share parameters."""
+    kind: CallKind
+    """generate (memory-bound decoding), inference (forward) or train (fwd+bwd+step)."""
+    deps: tuple[str, ...] = ()
+    """Calls of the same iteration whose outputs this call reads."""
+    batch_factor: float = 1.0
+    """Work relative to one pass over the iteration's sequences (e.g. 2.0 when the actor
+    update also runs a same-sized pre-training batch, as Safe-RLHF's PPO-ptx does)."""
+
+
+@dataclass(frozen=True)
+class Dataflow:
+    """The calls of one iteration, listed in a valid execution (topological) order."""
+
+    name: str
+    """Algorithm name."""
+    calls: tuple[Call, ...]
+    """All calls; every dependency must appear before its dependant."""
+    value_models: tuple[str, ...] = ()
+    """Roles with a scalar head (critic, reward, cost)."""
+
+    def __post_init__(self) -> None:
+        seen: set[str] = set()
+        for c in self.calls:
+            if c.name in seen:
+                raise ValueError(f"dataflow {self.name!r}: call name {c.name!r} repeated")
+            missing = [d for d in c.deps if d not in seen]
+            if missing:
+                raise ValueError(f"dataflow {self.name!r}: call {c.name!r} depends on "
+                                 f"{missing}, which must be listed before it")
+            seen.add(c.name)
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """Roles in order of first appearance."""
+        return tuple(dict.fromkeys(c.model for c in self.calls))
+
+    def call(self, name: str) -> Call:
+        for c in self.calls:
+            if c.name == name:
+                return c
+        raise KeyError(f"dataflow {self.name!r} has no call {name!r}; calls: "
+                       f"{[c.name for c in self.calls]}")
+
+    def calls_of(self, model: str) -> tuple[Call, ...]:
+        return tuple(c for c in self.calls if c.model == model)
+
+    def trained(self, model: str) -> bool:
+        return any(c.kind == "train" for c in self.calls_of(model))
+
+    def generates(self, model: str) -> bool:
+        return any(c.kind == "generate" for c in self.calls_of(model))
+
+    def stages(self) -> dict[str, int]:
+        """Stage of every call = its topological level (longest dependency chain from a
+        source). For PPO: 0 generation, 1 preparation, 2 training (HybridFlow §2)."""
+        level: dict[str, int] = {}
+        for c in self.calls:
+            level[c.name] = 1 + max((level[d] for d in c.deps), default=-1)
+        return level
+
+    @property
+    def n_stages(self) -> int:
+        return 1 + max(self.stages().values())
+
+    def model_specs(self, base: ModelSpec | str | dict[str, ModelSpec | str]
+                    ) -> dict[str, ModelSpec]:
+        """A spec per role: one shape for all (value roles get a scalar head), or a dict."""
+        if isinstance(base, dict):
+            out = {}
+            for role in self.models:
+                if role not in base:
+                    raise KeyError(f"no model spec for role {role!r}; roles: {self.models}")
+                spec = model_preset(base[role]) if isinstance(base[role], str) else base[role]
+                out[role] = spec.as_value_model() if role in self.value_models else spec
+            return out
+        spec = model_preset(base) if isinstance(base, str) else base
+        return {r: spec.as_value_model() if r in self.value_models else spec
+                for r in self.models}
+
+
+# The algorithm dataflows, written as data in this ONE place. Later they should be derived
+# from `algorithms/<name>.py` (e.g. by tracing the worker-group calls of one `step`); until
+# then keep these in step with those files by hand.
+def _ppo() -> Dataflow:
+    return Dataflow("ppo", (
+        Call("actor_gen", "actor", "generate"),
+        Call("critic_values", "critic", "inference", ("actor_gen",)),
+        Call("ref_logp", "reference", "inference", ("actor_gen",)),
+        Call("reward", "reward", "inference", ("actor_gen",)),
+        Call("critic_train", "critic", "train",
+             ("critic_values", "ref_logp", "reward")),
+        Call("actor_train", "actor", "train", ("critic_values", "ref_logp", "reward")),
+    ), value_models=("critic", "reward"))
+
+
+def _grpo() -> Dataflow:
+    return Dataflow("grpo", (
+        Call("actor_gen", "actor", "generate"),
+        Call("ref_logp", "reference", "inference", ("actor_gen",)),
+        Call("reward", "reward", "inference", ("actor_gen",)),
+        Call("actor_train", "actor", "train", ("ref_logp", "reward")),
+    ), value_models=("reward",))
+
+
+def _remax() -> Dataflow:
+    return Dataflow("remax", (
+        Call("actor_gen", "actor", "generate"),
+        Call("actor_gen_greedy", "actor", "generate"),
+        Call("ref_logp", "reference", "inference", ("actor_gen",)),
+        Call("reward", "reward", "inference", ("actor_gen", "actor_gen_greedy")),
+        Call("actor_train", "actor", "train", ("ref_logp", "reward")),
+    ), value_models=("reward",))
+
+
+def _safe_rlhf() -> Dataflow:
+    return Dataflow("safe_rlhf", (
+        Call("actor_gen", "actor", "generate"),
+        Call("critic_values", "critic", "inference", ("actor_gen",)),
+        Call("ref_logp", "reference", "inference", ("actor_gen",)),
+        Call("reward", "reward", "inference", ("actor_gen",)),
+        Call("cost", "cost", "inference", ("actor_gen",)),
+        Call("critic_train", "critic", "train",
+             ("critic_values", "ref_logp", "reward", "cost")),
+        # PPO-ptx: the update also runs a pre-training batch of the same size.
+        Call("actor_train", "actor", "train",
+             ("critic_values", "ref_logp", "reward", "cost"), batch_factor=2.0),
+    ), value_models=("critic", "reward", "cost"))
+
+
+_DATAFLOWS = {"ppo": _ppo, "grpo": _grpo, "remax": _remax, "safe_rlhf": _safe_rlhf}
+
+
+def dataflow_preset(name: str) -> Dataflow:
+    """The dataflow of a built-in algorithm: ppo, grpo, remax, safe_rlhf."""
+    try:
+        return _DATAFLOWS[name.lower().replace("-", "_")]()
+    except KeyError:
+        raise UnknownPresetError("dataflow", name, list(_DATAFLOWS)) from None
+

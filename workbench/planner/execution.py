@@ -1,0 +1,199 @@
+"""ReaLHF execution plans: a device mesh and a strategy per model function call, scored on the
+augmented dataflow graph (ReaLHF §1-§2 of the reference).
+
+The graph unrolls `n_iterations` iterations so calls of consecutive iterations may overlap
+when dependencies allow. Besides the calls it holds transfer tasks:
+  * data transfers between a producer and a consumer on different meshes (hold no device);
+  * parameter transfers into any call of a trained model whose layout differs from the
+    model's home layout (its training call, which owns the optimizer states), after the
+    previous iteration's update; they occupy the source and destination devices.
+Frozen models live in the layout of their first call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from workbench.planner.dataflow import Dataflow
+from workbench.planner.errors import NoMeshError
+from workbench.planner.memory import (generation_concurrency, generation_weights,
+                                      inference_activations, kv_bytes_per_sequence,
+                                      static_memory, train_activations)
+from workbench.planner.schedule import Schedule, TaskGraph, time_cost
+from workbench.planner.simulator import Simulator
+from workbench.planner.specs import ClusterSpec, ModelSpec, Workload
+from workbench.planner.strategy import ParallelStrategy
+
+import math
+
+
+@dataclass(frozen=True, order=True)
+class Mesh:
+    """Contiguous devices [first, first + size) of the cluster (nodes are filled in order)."""
+
+    first: int
+    size: int
+
+    @property
+    def span(self) -> tuple[int, int]:
+        return (self.first, self.first + self.size)
+
+    def overlaps(self, other: "Mesh") -> bool:
+        return self.first < other.first + other.size and other.first < self.first + self.size
+
+    def __str__(self) -> str:
+        return f"d{self.first}" if self.size == 1 else f"d{self.first}-{self.first + self.size - 1}"
+
+
+def valid_meshes(cluster: ClusterSpec) -> list[Mesh]:
+    """ReaLHF meshes: an aligned slice of one machine whose size divides the machine, or
+    k whole consecutive machines."""
+    u, out = cluster.devices_per_node, []
+    for size in cluster.mesh_sizes():
+        step = size if size <= u else u
+        out += [Mesh(f, size) for f in range(0, cluster.n_devices - size + 1, step)]
+    return out
+
+
+def mesh(cluster: ClusterSpec, size: int, first: int = 0) -> Mesh:
+    """A validated mesh; raises NoMeshError for sizes or offsets no mesh has."""
+    m = Mesh(first, size)
+    if m not in set(valid_meshes(cluster)):
+        raise NoMeshError(size, cluster.devices_per_node, cluster.mesh_sizes(),
+                          what=f"mesh of size {size} at device {first}:")
+    return m
+
+
+@dataclass
+class ExecutionPlan:
+    """Mesh and strategy for every call (by call name)."""
+
+    layouts: dict[str, tuple[Mesh, ParallelStrategy]]
+
+    def describe(self) -> str:
+        return ", ".join(f"{c}@{m}:{s}" for c, (m, s) in self.layouts.items())
+
+
+@dataclass
+class Evaluation:
+    """A scored execution plan."""
+
+    time: float
+    """Estimated seconds per iteration: makespan / iterations."""
+    makespan: float
+    max_mem: float
+    """MaxMem: bytes on the fullest device (static + peak dynamic)."""
+    cost: float
+    """time, or time x OOM penalty x max_mem / device memory when it does not fit."""
+    oom: bool
+    graph: TaskGraph
+    schedule: Schedule
+
+
+class PlanEvaluator:
+    """TimeCost and MaxMem of execution plans for one dataflow, models, workload, cluster."""
+
+    def __init__(self, dataflow: Dataflow, specs: dict[str, ModelSpec], workload: Workload,
+                 cluster: ClusterSpec, n_iterations: int = 2, oom_penalty: float = 10.0):
+        self.flow, self.specs, self.wl, self.cluster = dataflow, specs, workload, cluster
+        self.n_iterations, self.oom_penalty = n_iterations, oom_penalty
+        self.sim = Simulator(cluster, workload)
+        self.train_call: dict[str, str] = {}
+        for c in dataflow.calls:
+            if c.kind == "train":
+                if c.model in self.train_call:
+                    raise ValueError(f"model {c.model!r} has two train calls; the planner "
+                                     f"supports one per iteration")
+                self.train_call[c.model] = c.name
+
+    def home(self, model: str, plan: ExecutionPlan) -> tuple[Mesh, ParallelStrategy]:
+        call = self.train_call.get(model) or self.flow.calls_of(model)[0].name
+        return plan.layouts[call]
+
+    def memory(self, plan: ExecutionPlan) -> tuple[list[float], list[float], dict[str, float]]:
+        """Static bytes per device, peak dynamic bytes per device, KV budget per generate call."""
+        n, q = self.cluster.n_devices, self.cluster.device_memory
+        static = [0.0] * n
+        for m in self.flow.models:
+            mesh_, s = self.home(m, plan)
+            v = static_memory(self.specs[m], s, m in self.train_call).static
+            for d in range(*mesh_.span):
+                static[d] += v
+        dyn, kv_budget = [0.0] * n, {}
+        for c in self.flow.calls:
+            mesh_, s = plan.layouts[c.name]
+            spec = self.specs[c.model]
+            extra = 0.0 if (mesh_, s) == self.home(c.model, plan) else generation_weights(spec, s)
+            if c.kind == "train":
+                need = train_activations(spec, s, self.wl) + extra
+            elif c.kind == "inference":
+                need = inference_activations(spec, s, self.wl) + extra
+            else:
+                per_seq = kv_bytes_per_sequence(spec, s, self.wl)
+                # At least one sequence in flight; if even that does not fit, MaxMem says OOM.
+                budget = max(per_seq, q - max(static[slice(*mesh_.span)]) - extra)
+                kv_budget[c.name] = budget
+                batch = math.ceil(self.wl.sequences * c.batch_factor / s.dp)
+                conc = min(batch, generation_concurrency(spec, s, self.wl, budget))
+                need = extra + conc * per_seq
+            for d in range(*mesh_.span):
+                if need > dyn[d]:
+                    dyn[d] = need
+        return static, dyn, kv_budget
+
+    def call_cost(self, call_name: str, mesh_: Mesh, s: ParallelStrategy,
+                  kv_budget: float = float("inf")) -> float:
+        c = self.flow.call(call_name)
+        return self.sim.call_time(c, self.specs[c.model], s, kv_budget)
+
+    def build_graph(self, plan: ExecutionPlan, kv_budget: dict[str, float]) -> TaskGraph:
+        g, ids, u = TaskGraph(), {}, self.cluster.devices_per_node
+        for k in range(self.n_iterations):
+            for c in self.flow.calls:
+                mesh_, s = plan.layouts[c.name]
+                parents = []
+                for d in c.deps:
+                    src_mesh = plan.layouts[d][0]
+                    if src_mesh == mesh_:
+                        parents.append(ids[d, k])
+                        continue
+                    lo, hi = min(src_mesh.first, mesh_.first), max(src_mesh.span[1], mesh_.span[1])
+                    cost = self.sim.data_transfer_time(self.sim.output_bytes(self.flow.call(d)),
+                                                       lo // u != (hi - 1) // u)
+                    parents.append(g.add(f"data {d}->{c.name}@{k}", cost, (), [ids[d, k]],
+                                         kind="data", call=c.name, iteration=k))
+                parents += self._param_parents(g, ids, plan, c, k)
+                cost = self.sim.call_time(c, self.specs[c.model], s,
+                                          kv_budget.get(c.name, float("inf")))
+                ids[c.name, k] = g.add(f"{c.name}@{k}", cost, mesh_.span, parents,
+                                       call=c.name, iteration=k)
+        return g
+
+    def _param_parents(self, g: TaskGraph, ids: dict, plan: ExecutionPlan, c, k: int) -> list[int]:
+        """Parameter-version edges: a call reads the weights of the previous update; a
+        training call also waits for this iteration's readers of the old weights."""
+        m = c.model
+        train = self.train_call.get(m)
+        after = [ids[train, k - 1]] if train and k > 0 else []
+        if c.name == train:
+            readers = [ids[o.name, k] for o in self.flow.calls_of(m)
+                       if o.name != c.name and (o.name, k) in ids]
+            return after + readers
+        (src_mesh, src_s), (dst_mesh, dst_s) = self.home(m, plan), plan.layouts[c.name]
+        if (src_mesh, src_s) == (dst_mesh, dst_s):
+            return after
+        cost = self.sim.realloc_time(self.specs[m], src_s, src_mesh.span, dst_s, dst_mesh.span)
+        devs = (src_mesh.span,) if src_mesh == dst_mesh else (src_mesh.span, dst_mesh.span)
+        return [g.add(f"realloc {m}->{c.name}@{k}", cost, devs, after, kind="param",
+                      call=c.name, iteration=k)]
+
+    def evaluate(self, plan: ExecutionPlan) -> Evaluation:
+        static, dyn, kv_budget = self.memory(plan)
+        max_mem = max(a + b for a, b in zip(static, dyn))
+        graph = self.build_graph(plan, kv_budget)
+        sched = time_cost(graph)
+        t = sched.makespan / self.n_iterations
+        q = self.cluster.device_memory
+        oom = max_mem > q
+        cost = t * self.oom_penalty * max_mem / q if oom else t
+        return Evaluation(t, sched.makespan, max_mem, cost, oom, graph, sched)

@@ -1,0 +1,184 @@
+"""ReaLHF plan search: Metropolis-Hastings over execution plans (ReaLHF §3 of the reference).
+
+Cost(p) = TimeCost(p) if MaxMem(p) fits, else an OOM-penalised TimeCost. The chain targets
+P(p) ∝ exp(-β·Cost(p)); it starts from the greedy plan (each call on its own fastest
+mesh/strategy), proposes a new mesh and/or strategy for one random call, accepts with
+min(1, P(new)/P(old)), and keeps the best plan seen until the time or step limit.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import time
+from dataclasses import dataclass, field
+
+from workbench.planner.dataflow import Dataflow
+from workbench.planner.execution import (Evaluation, ExecutionPlan, Mesh, PlanEvaluator,
+                                         valid_meshes)
+from workbench.planner.memory import (generation_weights, inference_activations,
+                                      kv_bytes_per_sequence, static_memory, train_activations)
+from workbench.planner.specs import ClusterSpec, ModelSpec, Workload
+from workbench.planner.strategy import ParallelStrategy, strategies
+
+
+class PlanSpace:
+    """The options (mesh, strategy) of every call, and a memoised plan evaluator."""
+
+    def __init__(self, dataflow: Dataflow, specs: dict[str, ModelSpec], workload: Workload,
+                 cluster: ClusterSpec, n_iterations: int = 2, oom_penalty: float = 10.0,
+                 meshes: list[Mesh] | None = None):
+        self.flow, self.specs, self.wl, self.cluster = dataflow, specs, workload, cluster
+        self.evaluator = PlanEvaluator(dataflow, specs, workload, cluster, n_iterations,
+                                       oom_penalty)
+        self.calls = [c.name for c in dataflow.calls]
+        meshes = meshes if meshes is not None else valid_meshes(cluster)
+        self.options: list[list[tuple[Mesh, ParallelStrategy]]] = []
+        for c in dataflow.calls:
+            spec = specs[c.model]
+            opts = [(m, s) for m in meshes
+                    for s in strategies(spec, m.size, cluster.devices_per_node)]
+            self.options.append(opts)
+        # Indexes for the local moves: same mesh / same (size, strategy).
+        self._by_mesh, self._by_shape = [], []
+        for opts in self.options:
+            by_mesh, by_shape = {}, {}
+            for j, (m, s) in enumerate(opts):
+                by_mesh.setdefault(m, []).append(j)
+                by_shape.setdefault((m.size, s), []).append(j)
+            self._by_mesh.append(by_mesh)
+            self._by_shape.append(by_shape)
+        self._cache: dict[tuple[int, ...], float] = {}
+
+    @property
+    def size(self) -> int:
+        return math.prod(len(o) for o in self.options)
+
+    def plan(self, choice: tuple[int, ...]) -> ExecutionPlan:
+        return ExecutionPlan({c: self.options[i][j] for i, (c, j) in
+                              enumerate(zip(self.calls, choice))})
+
+    def evaluate(self, choice: tuple[int, ...]) -> Evaluation:
+        return self.evaluator.evaluate(self.plan(choice))
+
+    def cost(self, choice: tuple[int, ...]) -> float:
+        c = self._cache.get(choice)
+        if c is None:
+            c = self._cache[choice] = self.evaluate(choice).cost
+        return c
+
+    def greedy(self) -> tuple[int, ...]:
+        """Each call on the option with the least standalone time that fits in memory alone
+        (the ReaLHF starting point: minimum sum of call costs)."""
+        q, out = self.cluster.device_memory, []
+        for call, opts in zip(self.flow.calls, self.options):
+            spec, trained = self.specs[call.model], self.flow.trained(call.model)
+            best = None
+            for j, (m, s) in enumerate(opts):
+                static = static_memory(spec, s, trained).static
+                if call.kind == "train":
+                    dyn, t = train_activations(spec, s, self.wl), None
+                elif call.kind == "inference":
+                    dyn, t = inference_activations(spec, s, self.wl), None
+                else:
+                    free = q - static - generation_weights(spec, s)
+                    dyn = generation_weights(spec, s) + kv_bytes_per_sequence(spec, s, self.wl)
+                    t = self.evaluator.sim.generate(spec, s, max(free, 1.0), call.batch_factor)
+                if t is None:
+                    t = self.evaluator.sim.call_time(call, spec, s)
+                fits = static + dyn <= q
+                key = (not fits, t)
+                if best is None or key < best[0]:
+                    best = (key, j)
+            out.append(best[1])
+        return tuple(out)
+
+    def _move_one(self, choice: tuple[int, ...], i: int, rng: random.Random) -> int:
+        m, s = self.options[i][choice[i]]
+        move = rng.random()
+        pool = self._by_mesh[i][m] if move < 1 / 3 else \
+            self._by_shape[i][(m.size, s)] if move < 2 / 3 else None
+        if pool is None or len(pool) < 2:
+            return rng.randrange(len(self.options[i]))
+        return rng.choice(pool)
+
+    def propose(self, choice: tuple[int, ...], rng: random.Random) -> tuple[int, ...]:
+        """Change one random call (or, one time in four, two): to any option, or to a new
+        strategy on the same mesh, or to the same strategy on another mesh of the same size.
+        Each move is symmetric, so the Metropolis ratio needs no proposal correction. Two-call
+        moves let calls of one stage leave disjoint meshes for a shared one together."""
+        out = list(choice)
+        calls = rng.sample(range(len(choice)), 2 if len(choice) > 1 and rng.random() < 0.25 else 1)
+        for i in calls:
+            out[i] = self._move_one(choice, i, rng)
+        return tuple(out)
+
+
+@dataclass
+class SearchResult:
+    """Best plan found and how the search went."""
+
+    plan: ExecutionPlan
+    evaluation: Evaluation
+    choice: tuple[int, ...]
+    steps: int
+    accepted: int
+    seconds: float
+    initial_cost: float
+    history: list[tuple[int, float]] = field(default_factory=list)
+    """(step, best cost) each time the best improved."""
+
+
+def mcmc(space: PlanSpace, *, time_limit: float = 10.0, max_steps: int | None = None,
+         seed: int = 0, beta: float | None = None, beta_scale: float = 20.0,
+         init: tuple[int, ...] | None = None
+         ) -> SearchResult:
+    """Metropolis-Hastings from the greedy plan (or `init`). Unless `beta` is given, β is
+    beta_scale / (best cost so far): with the default 20, a plan 5% worse than the best is
+    accepted with probability 1/e. Rescaling when the best improves keeps the temperature at
+    the scale of good plans rather than of an OOM-penalised greedy start. (20 was chosen on
+    the enumerable test space: colder chains stuck in near-tie local optima more often.)"""
+    rng = random.Random(seed)
+    t0 = time.perf_counter()
+    cur = init if init is not None else space.greedy()
+    cur_cost = space.cost(cur)
+    fixed_beta = beta
+    beta = fixed_beta if fixed_beta is not None else beta_scale / cur_cost
+    best, best_cost = cur, cur_cost
+    history, steps, accepted = [(0, cur_cost)], 0, 0
+    while (max_steps is None or steps < max_steps) and time.perf_counter() - t0 < time_limit:
+        steps += 1
+        new = space.propose(cur, rng)
+        new_cost = space.cost(new)
+        delta = new_cost - cur_cost
+        if delta <= 0 or rng.random() < math.exp(-beta * delta):
+            cur, cur_cost = new, new_cost
+            accepted += 1
+            if cur_cost < best_cost:
+                best, best_cost = cur, cur_cost
+                history.append((steps, best_cost))
+                if fixed_beta is None:
+                    beta = beta_scale / best_cost
+    return SearchResult(space.plan(best), space.evaluate(best), best, steps, accepted,
+                        time.perf_counter() - t0, history[0][1], history)
+
+
+def exhaustive(space: PlanSpace, limit: int = 200_000) -> tuple[tuple[int, ...], float]:
+    """The optimum by enumeration (only for small spaces; raises above `limit` plans)."""
+    if space.size > limit:
+        raise ValueError(f"plan space has {space.size} plans, above the limit {limit}")
+    best = None
+    for choice in itertools.product(*(range(len(o)) for o in space.options)):
+        c = space.cost(choice)
+        if best is None or c < best[1]:
+            best = (choice, c)
+    return best
+
+
+def search(dataflow: Dataflow, models: ModelSpec | str | dict, workload: Workload,
+           cluster: ClusterSpec, *, time_limit: float = 10.0, seed: int = 0,
+           n_iterations: int = 2, max_steps: int | None = None) -> SearchResult:
+    """ReaLHF search with the defaults: valid meshes, a 2-iteration unrolled graph."""
+    space = PlanSpace(dataflow, dataflow.model_specs(models), workload, cluster, n_iterations)
+    return mcmc(space, time_limit=time_limit, seed=seed, max_steps=max_steps)

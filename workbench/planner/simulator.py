@@ -1,0 +1,202 @@
+"""Analytical time of one model function call under a parallel strategy (HybridFlow §6).
+
+Training and inference are compute-bound: FLOPs over achieved throughput, plus tensor-parallel
+collectives per layer, the pipeline bubble (1F1B: (p-1)/m extra) and, for training, the
+data-parallel gradient reduce-scatter + parameter all-gather of a distributed optimizer.
+Generation is memory-bound: every decoding step reads the weights and the KV cache once
+(over HBM bandwidth) plus two tensor-parallel all-reduces per layer; the prompt prefill is
+compute-bound. When the KV cache of a replica's whole batch does not fit the memory left,
+the batch is decoded in several waves (as a paged-attention engine would).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from workbench.planner.memory import GRAD_BYTES, WEIGHT_BYTES, generation_concurrency
+from workbench.planner.specs import ClusterSpec, ModelSpec, Workload
+from workbench.planner.strategy import ParallelStrategy, dp_members_per_node
+
+if TYPE_CHECKING:
+    from workbench.planner.dataflow import Call
+
+INF = float("inf")
+
+
+class Simulator:
+    """Estimates call times for one cluster and workload; results are memoised."""
+
+    def __init__(self, cluster: ClusterSpec, workload: Workload):
+        self.cluster, self.wl = cluster, workload
+        self._memo: dict[tuple, float] = {}
+
+    # --- links and collectives -------------------------------------------------------------
+    def _intra(self) -> float:
+        return self.cluster.intra_node_bandwidth * self.cluster.comm_efficiency
+
+    def _inter_per_device(self) -> float:
+        c = self.cluster
+        return c.inter_node_bandwidth / c.devices_per_node * c.comm_efficiency
+
+    def allreduce(self, nbytes: float, group: int, n_ops: float = 1, *,
+                  members_per_node: int | None = None) -> float:
+        """Ring all-reduce of `nbytes` total over `group` ranks, as `n_ops` collectives:
+        2(g-1)/g·bytes over the link (Patarasuk & Yuan 2009). A group spanning machines
+        reduces inside each machine first, so the network carries 1/k of the data per device
+        for k members per machine."""
+        if group <= 1:
+            return 0.0
+        k = group if members_per_node is None else members_per_node
+        ring = 2 * (group - 1) / group * nbytes
+        if k >= group:
+            return ring / self._intra() + n_ops * self.cluster.collective_latency
+        intra = 2 * (k - 1) / k * nbytes / self._intra() if k > 1 else 0.0
+        return intra + ring / (k * self._inter_per_device()) \
+            + 2 * n_ops * self.cluster.collective_latency
+
+    def link_bandwidth(self, crosses_nodes: bool) -> float:
+        return self._inter_per_device() if crosses_nodes else self._intra()
+
+    # --- the three call kinds --------------------------------------------------------------
+    def train(self, spec: ModelSpec, s: ParallelStrategy, batch_factor: float = 1.0) -> float:
+        key = ("train", spec, s, batch_factor)
+        if key not in self._memo:
+            self._memo[key] = self._pass(spec, s, batch_factor, train=True)
+        return self._memo[key]
+
+    def inference(self, spec: ModelSpec, s: ParallelStrategy, batch_factor: float = 1.0) -> float:
+        key = ("inference", spec, s, batch_factor)
+        if key not in self._memo:
+            self._memo[key] = self._pass(spec, s, batch_factor, train=False)
+        return self._memo[key]
+
+    def _pass(self, spec: ModelSpec, s: ParallelStrategy, bf: float, *, train: bool) -> float:
+        c, wl = self.cluster, self.wl
+        seqs = wl.sequences * bf
+        epochs = wl.ppo_epochs if train else 1
+        steps = wl.ppo_epochs * wl.ppo_mini_batches if train else 1
+        tokens = seqs * wl.seq_len * epochs
+        # fwd = 1, bwd = 2 forward-equivalents, recomputation one more forward.
+        passes = (4 if wl.recompute else 3) if train else 1
+        eff = c.train_efficiency if train else c.inference_efficiency
+        flops = tokens * spec.forward_flops_per_token(wl.seq_len / 2) * passes
+        compute = flops / (s.world * c.peak_flops * eff)
+
+        # Micro-batches per optimizer step per replica: m in the 1F1B bubble (p-1)/m.
+        per_step = seqs * epochs / steps / s.dp
+        micro = max(1, math.ceil(per_step / wl.micro_batch_size))
+        n_micro = micro * steps
+        tokens_replica = tokens / s.dp
+        act_bytes = tokens_replica * spec.hidden * WEIGHT_BYTES
+        # Megatron TP: 2 all-reduces per layer per forward, 2 per backward.
+        ar_per_layer = 2 * passes if train else 2
+        layers = spec.n_layers / s.pp
+        tp = self.allreduce(act_bytes * layers * ar_per_layer, s.tp,
+                            n_ops=layers * ar_per_layer * n_micro)
+        bubble = 1 + (s.pp - 1) / micro
+        total = (compute + tp) * bubble
+        if s.pp > 1:  # activations forward (and their gradients backward) between stages
+            hops = 2 if train else 1
+            total += hops * act_bytes / self.link_bandwidth(s.world > c.devices_per_node) \
+                + hops * n_micro * c.collective_latency
+        if train and s.dp > 1:
+            # Distributed optimizer: reduce-scatter fp32 grads + all-gather bf16 params,
+            # the volume of half an all-reduce each.
+            shard = spec.param_count / s.model_parallel * (GRAD_BYTES + WEIGHT_BYTES) / 2
+            total += self.allreduce(shard * steps, s.dp, n_ops=2 * steps,
+                                    members_per_node=dp_members_per_node(s, c))
+        return total
+
+    def generate(self, spec: ModelSpec, s: ParallelStrategy, kv_budget: float = INF,
+                 batch_factor: float = 1.0) -> float:
+        """Prefill + response_len decoding steps per wave; INF if not one sequence fits."""
+        key = ("generate", spec, s, batch_factor, round(kv_budget, -6) if kv_budget < INF else INF)
+        if key in self._memo:
+            return self._memo[key]
+        c, wl = self.cluster, self.wl
+        batch = math.ceil(wl.sequences * batch_factor / s.dp)
+        conc = generation_concurrency(spec, s, wl, kv_budget) if kv_budget < INF else batch
+        if conc < 1:
+            self._memo[key] = INF
+            return INF
+        waves = math.ceil(batch / conc)
+        b = math.ceil(batch / waves)
+        mp = s.model_parallel
+        # A step streams every weight once per replica (pipeline stages take turns on
+        # micro-batches, so PP saves memory but not time) plus the KV cache at the mean context.
+        ctx = wl.prompt_len + wl.response_len / 2
+        read = (spec.param_count * WEIGHT_BYTES + b * spec.kv_bytes_per_token * ctx) / s.tp
+        mem = read / (c.memory_bandwidth * c.bandwidth_efficiency)
+        comp = 2 * spec.matmul_params * b / (s.tp * c.peak_flops * c.inference_efficiency)
+        step = max(mem, comp)
+        if s.tp > 1:
+            step += self.allreduce(b * spec.hidden * WEIGHT_BYTES * spec.n_layers * 2, s.tp,
+                                   n_ops=2 * spec.n_layers)
+        if s.pp > 1:
+            step += (s.pp - 1) * (c.collective_latency + b * spec.hidden * WEIGHT_BYTES
+                                  / self.link_bandwidth(s.world > c.devices_per_node))
+        prefill_flops = b * wl.prompt_len * spec.forward_flops_per_token(wl.prompt_len / 2)
+        prefill = prefill_flops / (mp * c.peak_flops * c.inference_efficiency)
+        if s.tp > 1:
+            prefill += self.allreduce(b * wl.prompt_len * spec.hidden * WEIGHT_BYTES
+                                      * spec.n_layers * 2, s.tp, n_ops=2 * spec.n_layers)
+        t = waves * (prefill + wl.response_len * step)
+        self._memo[key] = t
+        return t
+
+    def call_time(self, call: "Call", spec: ModelSpec, s: ParallelStrategy,
+                  kv_budget: float = INF) -> float:
+        if call.kind == "train":
+            return self.train(spec, s, call.batch_factor)
+        if call.kind == "inference":
+            return self.inference(spec, s, call.batch_factor)
+        return self.generate(spec, s, kv_budget, call.batch_factor)
+
+    # --- moving parameters and data ---------------------------------------------------------
+    def reshard_time(self, spec: ModelSpec, train: ParallelStrategy, gen: ParallelStrategy
+                     ) -> float:
+        """3D-HybridEngine train->generation transition (HybridFlow Table 2): all-gather
+        inside each micro-DP group, (tp - t_g·p_g)/(t_g·p_g·t·p)·M bytes per device."""
+        if gen.model_parallel == train.model_parallel:
+            return 0.0
+        m = spec.param_count * WEIGHT_BYTES
+        per_dev = (train.model_parallel - gen.model_parallel) \
+            / (gen.model_parallel * train.model_parallel) * m
+        crosses = train.model_parallel > self.cluster.devices_per_node
+        return per_dev / self.link_bandwidth(crosses) + self.cluster.collective_latency
+
+    def realloc_time(self, spec: ModelSpec, src: ParallelStrategy, src_devs: tuple[int, int],
+                     dst: ParallelStrategy, dst_devs: tuple[int, int]) -> float:
+        """ReaLHF parameter reallocation between two layouts: each destination device
+        receives its shard M/mp_dst, minus what it already holds when it is also a source
+        device of a finer-or-equal layout (then it equals the HybridFlow formula)."""
+        if src == dst and src_devs == dst_devs:
+            return 0.0
+        m = spec.param_count * WEIGHT_BYTES
+        need = m / dst.model_parallel
+        inside = src_devs[0] <= dst_devs[0] and dst_devs[1] <= src_devs[1]
+        if inside and src.model_parallel % dst.model_parallel == 0:
+            need -= m / src.model_parallel
+        lo, hi = min(src_devs[0], dst_devs[0]), max(src_devs[1], dst_devs[1])
+        u = self.cluster.devices_per_node
+        crosses = lo // u != (hi - 1) // u
+        return max(0.0, need) / self.link_bandwidth(crosses) + self.cluster.collective_latency
+
+    def output_bytes(self, call: "Call") -> float:
+        """Bytes a call hands to its dependants: generated token ids (int64) and log-probs
+        for generation; one fp32 per response token for inference; nothing for training."""
+        wl = self.wl
+        seqs = wl.sequences * call.batch_factor
+        if call.kind == "generate":
+            return seqs * (wl.seq_len * 8 + wl.response_len * 4)
+        if call.kind == "inference":
+            return seqs * wl.response_len * 4
+        return 0.0
+
+    def data_transfer_time(self, nbytes: float, crosses_nodes: bool) -> float:
+        if nbytes <= 0:
+            return 0.0
+        c = self.cluster
+        bw = (c.inter_node_bandwidth * c.comm_efficiency) if crosses_nodes else self._intra()
+        return nbytes / bw + c.collective_latency

@@ -1,0 +1,266 @@
+"""Planner inputs as data: model architecture, RLHF workload, and cluster hardware.
+
+Units everywhere in the planner: bytes, seconds, FLOP/s, bytes/s.
+Sources: Llama 2 paper (Touvron et al. 2023) for the model shapes; HybridFlow §8.1 for the
+testbed and workload (see `/work/shared/reference/hybridflow.md` §5).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from workbench.planner.errors import NoMeshError, UnknownPresetError
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only Llama-style transformer (RMSNorm, SwiGLU MLP, optional grouped KV heads)."""
+
+    name: str
+    """Human-readable name, shown in plans and errors."""
+    n_layers: int
+    """Number of transformer blocks (L)."""
+    hidden: int
+    """Model width (h)."""
+    n_heads: int
+    """Attention (query) heads; tensor parallelism must divide it."""
+    n_kv_heads: int
+    """Key/value heads (= n_heads without grouped-query attention); sizes the KV cache."""
+    intermediate: int
+    """SwiGLU MLP inner width."""
+    vocab: int
+    """Vocabulary size."""
+    value_head: bool = False
+    """True for critic / reward / cost models: a scalar head replaces the LM head."""
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.n_heads
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+    @property
+    def layer_matmul_params(self) -> int:
+        """Weights of one block that enter a matmul: q, k, v, o projections and the 3 MLP mats."""
+        h = self.hidden
+        return 2 * h * h + 2 * h * self.kv_dim + 3 * h * self.intermediate
+
+    @property
+    def head_params(self) -> int:
+        return self.hidden if self.value_head else self.vocab * self.hidden
+
+    @property
+    def matmul_params(self) -> int:
+        """Parameters that cost 2 FLOPs per token in a forward pass (all but embedding, norms)."""
+        return self.n_layers * self.layer_matmul_params + self.head_params
+
+    @property
+    def param_count(self) -> int:
+        """Embedding + blocks (with two RMSNorm vectors each) + final norm + head (untied)."""
+        h = self.hidden
+        return self.vocab * h + self.n_layers * (self.layer_matmul_params + 2 * h) + h \
+            + self.head_params
+
+    def forward_flops_per_token(self, context: float) -> float:
+        """2·(matmul params) + 4·L·context·h: dense matmuls plus QKᵀ and AV over `context`
+        attended positions (Kaplan et al. 2020, §2.1; pass the mean context, s/2 for causal)."""
+        return 2.0 * self.matmul_params + 4.0 * self.n_layers * context * self.hidden
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """bf16 K and V for every layer: 2 · L · kv_dim · 2 bytes."""
+        return 4 * self.n_layers * self.kv_dim
+
+    def as_value_model(self) -> "ModelSpec":
+        """The same trunk with a scalar head (critic, reward, cost models)."""
+        if self.value_head:
+            return self
+        return dataclasses.replace(self, name=f"{self.name}-value", value_head=True)
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.param_count / 1e9:.2f}B params)" if self.param_count > 5e8 \
+            else f"{self.name} ({self.param_count / 1e6:.1f}M params)"
+
+
+# Llama-2 shapes from the Llama 2 paper / HF configs. Llama-2-34B was never released; its
+# shape is the one Code Llama 34B uses (48 layers, GQA with 8 KV heads), as in other papers.
+# The tiny-* shapes are Llama-style models for this CPU machine; keep them equal to the
+# tiny model kit in `workbench/models/` when that exists (calibration will check).
+MODEL_PRESETS: dict[str, ModelSpec] = {
+    m.name: m
+    for m in [
+        ModelSpec("llama2-7b", 32, 4096, 32, 32, 11008, 32000),
+        ModelSpec("llama2-13b", 40, 5120, 40, 40, 13824, 32000),
+        ModelSpec("llama2-34b", 48, 8192, 64, 8, 22016, 32000),
+        ModelSpec("llama2-70b", 80, 8192, 64, 8, 28672, 32000),
+        ModelSpec("tiny-1m", 4, 128, 4, 4, 344, 2048),
+        ModelSpec("tiny-10m", 6, 256, 8, 8, 688, 8192),
+        ModelSpec("tiny-30m", 8, 512, 8, 8, 1376, 8192),
+    ]
+}
+
+
+def model_preset(name: str) -> ModelSpec:
+    """A model shape by name (case-insensitive): llama2-7b/13b/34b/70b, tiny-1m/10m/30m."""
+    try:
+        return MODEL_PRESETS[name.lower()]
+    except KeyError:
+        raise UnknownPresetError("model", name, list(MODEL_PRESETS)) from None
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Shapes of one RLHF iteration. Defaults: the HybridFlow paper's setting (§8.1)."""
+
+    global_batch: int = 1024
+    """Prompts per iteration."""
+    prompt_len: int = 1024
+    """Prompt tokens per sequence (padded length)."""
+    response_len: int = 1024
+    """Generated tokens per sequence (decode steps)."""
+    n_samples: int = 1
+    """Responses per prompt (GRPO groups); every call after generation sees batch·n sequences."""
+    ppo_epochs: int = 1
+    """Passes over the batch in each training call."""
+    ppo_mini_batches: int = 8
+    """Optimizer steps per epoch (the batch is split into this many mini-batches)."""
+    micro_batch_size: int = 8
+    """Sequences per forward/backward micro-batch on one data-parallel rank."""
+    recompute: bool = True
+    """Full activation checkpointing in training: stores one tensor per layer, costs a second
+    forward pass (Chen et al. 2016)."""
+
+    @property
+    def seq_len(self) -> int:
+        return self.prompt_len + self.response_len
+
+    @property
+    def sequences(self) -> int:
+        return self.global_batch * self.n_samples
+
+    @classmethod
+    def tiny(cls) -> "Workload":
+        """A workload that runs on this CPU machine with the tiny kit."""
+        return cls(global_batch=16, prompt_len=32, response_len=32, ppo_mini_batches=2,
+                   micro_batch_size=4)
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """`n_nodes` identical machines with `devices_per_node` accelerators each."""
+
+    name: str
+    """Preset or user name, shown in plans."""
+    n_nodes: int
+    """Machines."""
+    devices_per_node: int
+    """Accelerators per machine (U in HybridFlow Alg. 1); tensor parallelism stays inside one."""
+    device_memory: float
+    """Usable memory per device, bytes (Q)."""
+    peak_flops: float
+    """Dense bf16 peak per device, FLOP/s."""
+    train_efficiency: float
+    """Achieved fraction of peak in training matmuls (model FLOPs utilisation)."""
+    inference_efficiency: float
+    """Achieved fraction of peak in forward-only passes and prefill."""
+    memory_bandwidth: float
+    """Device memory (HBM) bandwidth, bytes/s; bounds decoding."""
+    bandwidth_efficiency: float
+    """Achieved fraction of memory bandwidth while decoding."""
+    intra_node_bandwidth: float
+    """Per-device bandwidth to peers in the same machine (NVLink), bytes/s."""
+    inter_node_bandwidth: float
+    """Per-machine network bandwidth to other machines, bytes/s (shared by its devices)."""
+    comm_efficiency: float = 0.7
+    """Achieved fraction of link bandwidth in collectives."""
+    collective_latency: float = 20e-6
+    """Fixed cost of one collective or point-to-point message, seconds."""
+    calibrated: bool = True
+    """False when the figures are placeholders that calibration must replace."""
+    note: str = ""
+    """Where the figures come from."""
+
+    @property
+    def n_devices(self) -> int:
+        return self.n_nodes * self.devices_per_node
+
+    def mesh_sizes(self) -> list[int]:
+        """Valid device-mesh sizes (ReaLHF §1): divisors of one node, or whole nodes."""
+        u = self.devices_per_node
+        return [d for d in range(1, u + 1) if u % d == 0] + \
+            [k * u for k in range(2, self.n_nodes + 1)]
+
+
+def _a100(n_nodes: int) -> ClusterSpec:
+    return ClusterSpec(
+        "a100_80g", n_nodes, 8, device_memory=80e9, peak_flops=312e12,
+        train_efficiency=0.45, inference_efficiency=0.5,
+        memory_bandwidth=2.039e12, bandwidth_efficiency=0.7,
+        intra_node_bandwidth=600e9, inter_node_bandwidth=200e9 / 8,
+        note="HybridFlow testbed: A100-80GB SXM, NVLink 600 GB/s, 200 Gbps between machines")
+
+
+def _h100(n_nodes: int) -> ClusterSpec:
+    return ClusterSpec(
+        "h100", n_nodes, 8, device_memory=80e9, peak_flops=989e12,
+        train_efficiency=0.4, inference_efficiency=0.45,
+        memory_bandwidth=3.35e12, bandwidth_efficiency=0.7,
+        intra_node_bandwidth=900e9, inter_node_bandwidth=8 * 400e9 / 8,
+        note="H100 SXM datasheet: 989 TFLOP/s bf16 dense, 3.35 TB/s HBM3, NVLink 900 GB/s, "
+             "8x400 Gbps InfiniBand per machine; efficiencies assumed")
+
+
+def _h200(n_nodes: int) -> ClusterSpec:
+    return ClusterSpec(
+        "h200", n_nodes, 8, device_memory=141e9, peak_flops=989e12,
+        train_efficiency=0.4, inference_efficiency=0.45,
+        memory_bandwidth=4.8e12, bandwidth_efficiency=0.7,
+        intra_node_bandwidth=900e9, inter_node_bandwidth=8 * 400e9 / 8,
+        note="H200 SXM datasheet: H100 compute, 141 GB HBM3e at 4.8 TB/s; efficiencies assumed")
+
+
+def _local(n_nodes: int, devices_per_node: int = 4) -> ClusterSpec:
+    # PLACEHOLDER figures for this 2-core CPU machine (logical "devices" = CPU slots sharing
+    # two cores). Not measured: issue 4 item 5 (calibration) must fit them from real runs.
+    return ClusterSpec(
+        "local", n_nodes, devices_per_node, device_memory=4 * GIB, peak_flops=2e10,
+        train_efficiency=0.3, inference_efficiency=0.3,
+        memory_bandwidth=5e9, bandwidth_efficiency=0.5,
+        intra_node_bandwidth=2e9, inter_node_bandwidth=1e9, collective_latency=200e-6,
+        calibrated=False,
+        note="UNCALIBRATED placeholder for this CPU machine; run calibration before trusting")
+
+
+_CLUSTER_PRESETS = {"a100_80g": _a100, "h100": _h100, "h200": _h200, "local": _local}
+
+
+def cluster_preset(name: str, n_devices: int | None = None, *, n_nodes: int | None = None
+                   ) -> ClusterSpec:
+    """A cluster preset sized by `n_devices` (a divisor of one machine, or whole machines)
+    or by `n_nodes`. Default: one machine. A sub-machine size gives a one-node cluster with
+    that many devices."""
+    try:
+        make = _CLUSTER_PRESETS[name.lower()]
+    except KeyError:
+        raise UnknownPresetError("cluster", name, list(_CLUSTER_PRESETS)) from None
+    one = make(1)
+    u = one.devices_per_node
+    if n_devices is None:
+        return make(n_nodes or 1)
+    if n_nodes is not None and n_nodes * u != n_devices:
+        raise ValueError(f"n_devices={n_devices} and n_nodes={n_nodes} disagree ({u}/node)")
+    if n_devices >= u and n_devices % u == 0:
+        return make(n_devices // u)
+    if 0 < n_devices < u and u % n_devices == 0:
+        return dataclasses.replace(one, devices_per_node=n_devices)
+    valid = one.mesh_sizes() + [k * u for k in range(2, 17)]
+    raise NoMeshError(n_devices, u, sorted(set(valid)), what=f"cluster {name!r} size")
+
+
+def cluster_presets() -> list[str]:
+    return sorted(_CLUSTER_PRESETS)
