@@ -199,12 +199,13 @@ class AutoMapper:
         n, q = self.cluster.n_devices, self.cluster.device_memory
         for m in self.flow.models:
             if self.set_cost((m,), n) is None:
-                spec = self.specs[m]
-                need = min(st.static + dyn for _, st, dyn, _, _ in self._ranked_strategies(m, n)) \
-                    if self._ranked_strategies(m, n) else INF
-                if self.flow.generates(m):  # at least one sequence of KV cache per replica
-                    need += kv_bytes_per_sequence(spec, ParallelStrategy(1, 1, 1), self.wl) / n
-                raise ModelDoesNotFitError(m, spec.describe(), n, max(need, q * 1.0001), q)
+                spec, need = self.specs[m], INF
+                for _, st, dyn, s, _ in self._ranked_strategies(m, n):
+                    if self.flow.generates(m):  # generation buffer + one sequence of KV cache
+                        dyn = max(dyn, generation_weights(spec, s)
+                                  + kv_bytes_per_sequence(spec, s, self.wl))
+                    need = min(need, st.static + dyn)
+                raise ModelDoesNotFitError(m, spec.describe(), n, need, q)
 
     def run(self) -> Plan:
         t0 = time.perf_counter()
