@@ -31,9 +31,9 @@ def _two_model_flow():
 
 
 def test_consecutive_iterations_overlap_when_dependencies_allow(tiny_workload):
-    # Actor on d0-1, an inference-only model on d2-3. Iteration 1's generation needs only
-    # iteration 0's actor update, so it can run while a slow reward call of iteration 1 is
-    # ... and iteration 0's frozen model runs beside the actor.
+    # Actor on d0-1, a frozen scoring model on d2-3. Iteration 1's generation needs only
+    # iteration 0's actor update, not iteration 0's score, so the score of one iteration
+    # runs beside the actor's calls of the same or the next iteration.
     flow = Dataflow("toy", (
         Call("gen", "actor", "generate"),
         Call("train", "actor", "train", ("gen",)),
