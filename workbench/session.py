@@ -116,13 +116,7 @@ class Session:
         for role in specs:
             if role in self.groups:
                 self._drop_group(role)
-        hostset = HostSet("+".join(specs), pool, mesh, self.threads_per_worker)
-        try:
-            for role, (cls, config) in specs.items():
-                hostset.add_role(role, cls, config)
-        except BaseException:
-            hostset.shutdown()
-            raise
+        hostset = HostSet(pool, mesh, self.threads_per_worker, specs)
         groups = {role: WorkerGroup(role, hostset, cls) for role, (cls, _) in specs.items()}
         self.groups.update(groups)
         return groups

@@ -13,7 +13,6 @@ Destinations read the metas first to know which chunks they need.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -62,66 +61,70 @@ class DataFuture:
     def __init__(
         self,
         info: CallInfo,
-        metas: list[ray.ObjectRef],
         outputs: list[ray.ObjectRef],
+        metas: list[ray.ObjectRef] | None,
         collect_ranks: list[int],
         collect: Callable[[Mesh, list[Any]], Any],
         mesh: Mesh,
     ):
         self.info = info
-        self.metas = metas  # one per rank that ran the call, in info.ranks order
-        self.outputs = outputs
+        self.outputs = outputs  # one per rank that ran the call, in info.ranks order
+        self.metas = metas  # likewise, for calls whose outputs may be split by rows; else None
         self.collect_ranks = collect_ranks
         self.collect = collect
         self.mesh = mesh
         self._value: Any = _UNSET
 
-    def _collected(self) -> tuple[list[ray.ObjectRef], list[ray.ObjectRef]]:
+    def _picks(self) -> list[int]:
         position = {r: i for i, r in enumerate(self.info.ranks)}
-        picks = [position[r] for r in self.collect_ranks]
-        return [self.metas[i] for i in picks], [self.outputs[i] for i in picks]
+        return [position[r] for r in self.collect_ranks]
 
     def done(self) -> bool:
-        ready, _ = ray.wait(self.metas, num_returns=len(self.metas), timeout=0, fetch_local=False)
-        return len(ready) == len(self.metas)
+        refs = self.metas or self.outputs
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+        return len(ready) == len(refs)
 
     def wait(self, timeout: float | None = None) -> None:
-        """Block until every rank has finished; raise the first rank's error, if any."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pending = list(self.metas)
-        # Short waits in a loop keep Ctrl-C responsive in a notebook.
-        while pending:
-            step = 0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic()))
-            _, pending = ray.wait(pending, num_returns=len(pending), timeout=step, fetch_local=False)
-            if pending and deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"{self.info.role}.{self.info.method} still running after {timeout} s "
-                    f"on {len(pending)} of {len(self.metas)} ranks"
-                )
-        for rank, meta, output in zip(self.info.ranks, self.metas, self.outputs):
-            try:
-                fetch(meta, self.info, rank)
-            except (WorkerCallError, WorkerDiedError):
-                _discard(output)  # the output holds the same error; mark it as seen
-                raise
+        """Block until every rank has finished; raise the first failing rank's error."""
+        self._fetch(self.metas or self.outputs, self.info.ranks, timeout)
 
     def get(self, timeout: float | None = None) -> Any:
         """The call's result on the driver (collected per the method's protocol)."""
         if self._value is _UNSET:
-            self.wait(timeout)
-            _, outputs = self._collected()
-            values = [fetch(ref, self.info, r) for ref, r in zip(outputs, self.collect_ranks)]
+            picks = self._picks()
+            if self.metas is None:  # small outputs: fetch every rank's (errors show up too)
+                fetched = self._fetch(self.outputs, self.info.ranks, timeout)
+                values = [fetched[i] for i in picks]
+            else:  # every rank's meta (to see errors on ranks not collected) + collected outputs
+                refs = self.metas + [self.outputs[i] for i in picks]
+                values = self._fetch(refs, self.info.ranks + self.collect_ranks, timeout)[len(self.metas):]
             self._value = self.collect(self.mesh, values)
         return self._value
 
+    def _fetch(self, refs: list[ray.ObjectRef], ranks: list[int], timeout: float | None) -> list[Any]:
+        try:
+            return ray.get(refs, timeout=timeout)  # interruptible: Ctrl-C leaves the call running
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(f"{self.info.role}.{self.info.method} still running after {timeout} s") from None
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError):
+            for output in self.outputs:
+                _discard(output)  # outputs hold the same errors; mark them as seen
+            fetch_all(refs, self.info, ranks)  # raises the error naming the failing rank
+            raise
+
     def slice(self, index: int, count: int) -> RemoteSlice:
         """Rows index/count of this result, to be fetched by whoever receives the slice."""
-        metas, outputs = self._collected()
-        return RemoteSlice(self.info, metas, outputs, self.collect_ranks, index, count, self.collect, self.mesh)
+        picks = self._picks()
+        return RemoteSlice(
+            self.info,
+            [self.outputs[i] for i in picks],
+            None if self.metas is None else [self.metas[i] for i in picks],
+            self.collect_ranks, index, count, self.collect, self.mesh,
+        )
 
     def __repr__(self) -> str:
         state = "done" if self.done() else "running"
-        return f"DataFuture({self.info.role}.{self.info.method}, ranks={len(self.metas)}, {state})"
+        return f"DataFuture({self.info.role}.{self.info.method}, ranks={len(self.outputs)}, {state})"
 
 
 _UNSET = object()
@@ -144,28 +147,41 @@ def fetch(ref: ray.ObjectRef, info: CallInfo, rank: int) -> Any:
         raise WorkerCallError(info.role, rank, info.method, str(err)) from None
 
 
+def fetch_all(refs: list[ray.ObjectRef], info: CallInfo, ranks: list[int]) -> list[Any]:
+    """ray.get several ranks' objects in one round trip; on failure, name the failing rank."""
+    try:
+        return ray.get(refs)
+    except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError):
+        return [fetch(ref, info, rank) for ref, rank in zip(refs, ranks)]
+
+
 @dataclass
 class RemoteSlice:
     """Rows [index/count] of another call's collected output, resolved on the receiving rank.
 
     Rows are counted after dropping the source's padding; if they do not divide by `count`,
     the missing rows are copies of the first rows, marked as padding (as Batch.pad_to_multiple).
+    The source's metas are handed to the receiving task as top-level arguments, so Ray ships
+    their (tiny) values with the task and `meta_values` is filled in before `resolve()`.
     """
 
     source: CallInfo
-    metas: list[ray.ObjectRef]
     outputs: list[ray.ObjectRef]
+    metas: list[ray.ObjectRef] | None
     ranks: list[int]
     index: int
     count: int
     collect: Callable
     mesh: Mesh
+    meta_values: list[OutputMeta] | None = None
 
     def resolve(self) -> Any:
-        metas = [fetch(m, self.source, r) for m, r in zip(self.metas, self.ranks)]
-        if getattr(self.collect, "joins_rows", False) and all(m.rows is not None for m in metas):
+        metas = self.meta_values
+        if metas is None and self.metas is not None:
+            metas = fetch_all(self.metas, self.source, self.ranks)
+        if metas is not None and getattr(self.collect, "joins_rows", False) and all(m.rows is not None for m in metas):
             return self._resolve_rows(metas)
-        whole = self.collect(self.mesh, [fetch(o, self.source, r) for o, r in zip(self.outputs, self.ranks)])
+        whole = self.collect(self.mesh, fetch_all(self.outputs, self.source, self.ranks))
         if self.count == 1:
             return whole
         if not isinstance(whole, Batch):
@@ -182,19 +198,21 @@ class RemoteSlice:
             raise ValueError(f"{self.source.role}.{self.source.method} returned no rows to split")
         per = math.ceil(total / self.count)
         wanted = np.arange(self.index * per, (self.index + 1) * per)
-        source_rows = wanted % total  # rows past the end are padding copies of the first rows
+        rows = wanted % total  # rows past the end are padding copies of the first rows
         starts = np.cumsum([0] + [m.valid for m in metas])
-        needed = sorted({int(np.searchsorted(starts, row, side="right") - 1) for row in source_rows})
-        pieces = {i: fetch(self.outputs[i], self.source, self.ranks[i]).unpad() for i in needed}
-        local = Batch.concat([pieces[i] for i in needed])
-        offsets = {i: int(starts[i]) for i in needed}
-        local_start = np.cumsum([0] + [len(pieces[i]) for i in needed])
-        position = {i: int(local_start[k]) for k, i in enumerate(needed)}
-        picks = []
-        for row in source_rows:
-            chunk = int(np.searchsorted(starts, row, side="right") - 1)
-            picks.append(position[chunk] + int(row) - offsets[chunk])
-        out = local[np.asarray(picks)]
+        chunk_of_row = np.searchsorted(starts, rows, side="right") - 1
+        # Runs of consecutive rows inside one source chunk: each becomes a slice (a view).
+        runs: list[list[int]] = []  # [chunk, first row, last row + 1]
+        for row, chunk in zip(rows.tolist(), chunk_of_row.tolist()):
+            if runs and runs[-1][0] == chunk and runs[-1][2] == row:
+                runs[-1][2] += 1
+            else:
+                runs.append([chunk, row, row + 1])
+        needed = sorted({chunk for chunk, _, _ in runs})
+        fetched = fetch_all([self.outputs[i] for i in needed], self.source, [self.ranks[i] for i in needed])
+        pieces = {i: piece.unpad() for i, piece in zip(needed, fetched)}
+        parts = [pieces[c][lo - int(starts[c]) : hi - int(starts[c])] for c, lo, hi in runs]
+        out = parts[0] if len(parts) == 1 else Batch.concat(parts)
         if total % self.count:
             out.tensors[PAD_KEY] = torch.as_tensor(wanted >= total)
         return out

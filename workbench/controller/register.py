@@ -28,6 +28,12 @@ class Registration:
     """Pad a Batch whose rows do not divide by the data-parallel size (the padding is removed
     on collect); False refuses such a batch with an error instead."""
 
+    @property
+    def returns_rows(self) -> bool:
+        """Outputs are joined row-wise, so another group may later take them apart by rows:
+        each rank then also returns a small OutputMeta (its row counts)."""
+        return self.execute == "all" and getattr(self.protocol.collect, "joins_rows", False)
+
 
 def register(
     protocol: Protocol | str = DP_PROTO, execute: Execute = "all", pad: bool = True

@@ -55,8 +55,9 @@ class ResourcePool:
     node_ids: list[str] = field(default_factory=list)
     """The node of every device, in rank order."""
     placement: PlacementGroup | None = None
-    last_call: list = field(default_factory=list)
-    """Object refs of the last call issued on this pool; the next call waits for them."""
+    last_call: tuple = (None, [])
+    """(host set, object refs) of the last call issued on this pool; a call by another host
+    set waits for those refs first (time-sharing in issue order)."""
 
     @property
     def world_size(self) -> int:

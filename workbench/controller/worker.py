@@ -15,11 +15,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import ray
 import torch
 import torch.distributed as dist
 
 from workbench.controller.future import RemoteSlice, describe_output
 from workbench.controller.mesh import Coord, Mesh
+from workbench.controller.register import registered_methods
 from workbench.data.batch import PAD_KEY, Batch
 from workbench.tracing import CallRecord
 
@@ -83,8 +85,14 @@ class Worker:
         return self._device_mesh
 
 
+# Reserved keyword arguments of host entry points: refs of earlier calls to wait for, and the
+# metas of RemoteSlice inputs (top-level, so Ray ships their values with the task).
+AFTER = "_wb_after"
+META = "_wb_meta_"
+
+
 class WorkerHost:
-    """The Ray actor behind one rank; wrapped with ray.remote by the worker group."""
+    """The Ray actor behind one rank; see host_class for its entry points."""
 
     def __init__(self, pool: str, rank: int, world_size: int, threads: int, backend: str):
         torch.set_num_threads(threads)
@@ -94,14 +102,13 @@ class WorkerHost:
             torch.cuda.set_device(0)  # Ray exposes only this actor's GPU
         self.workers: dict[str, Worker] = {}
         self.records: list[CallRecord] = []
+        self.counts: dict[tuple[str, str], int] = {}
 
     def rendezvous_address(self) -> tuple[str, int]:
         """This node's address and a free port, for rank 0 to host the process-group store."""
         with socket.socket() as s:
             s.bind(("", 0))
             port = s.getsockname()[1]
-        import ray
-
         return ray.util.get_node_ip_address(), port
 
     def init_process_group(self, address: str, port: int) -> None:
@@ -116,9 +123,11 @@ class WorkerHost:
         worker.__init__(*(() if config is None else (config,)))
         self.workers[role] = worker
 
-    def call(self, role: str, method: str, call_id: int, after: list, args: tuple, kwargs: dict):
-        import ray
-
+    def run(self, role: str, method: str, with_meta: bool, args: tuple, kwargs: dict):
+        """Run one call of role.method; returns output, or (OutputMeta, output) with_meta."""
+        after = kwargs.pop(AFTER, None)
+        slice_metas = [kwargs.pop(k) for k in sorted(k for k in kwargs if k.startswith(META))]
+        _attach_metas((*args, *kwargs.values()), slice_metas)
         if after:  # time-sharing: earlier calls on this pool, issued by other groups, go first
             ray.wait(after, num_returns=len(after), fetch_local=False)
         start = time.time()
@@ -126,6 +135,7 @@ class WorkerHost:
         kwargs = {k: _resolve(v) for k, v in kwargs.items()}
         bytes_in = sum(describe_output(v).nbytes for v in (*args, *kwargs.values()))
         compute_start = time.time()
+        sequence = self.counts[role, method] = self.counts.get((role, method), -1) + 1
         ok = False
         try:
             output = getattr(self.workers[role], method)(*args, **kwargs)
@@ -135,12 +145,12 @@ class WorkerHost:
             meta_out = describe_output(output) if ok else None
             self.records.append(
                 CallRecord(
-                    call_id=call_id, role=role, method=method, rank=self.rank, pool=self.pool,
+                    call_id=sequence, role=role, method=method, rank=self.rank, pool=self.pool,
                     pid=os.getpid(), start=start, fetched=compute_start, end=time.time(),
                     bytes_in=bytes_in, bytes_out=meta_out.nbytes if ok else 0, ok=ok,
                 )
             )
-        return meta_out, output
+        return (meta_out, output) if with_meta else output
 
     def drain_records(self) -> list[CallRecord]:
         records, self.records = self.records, []
@@ -154,10 +164,35 @@ class WorkerHost:
             dist.destroy_process_group()
 
 
+def host_class(roles: dict[str, type]) -> type:
+    """A WorkerHost subclass with one entry point per registered method of each role, named
+    role__method. A call then carries only the user's arguments (Ray charges per argument),
+    and methods whose outputs may be split by rows return (meta, output) as two objects."""
+    entries = {}
+    for role, cls in roles.items():
+        for method, registration in registered_methods(cls).items():
+            entries[f"{role}__{method}"] = _entry(role, method, registration.returns_rows)
+    return type(f"WorkerHost[{'+'.join(roles)}]", (WorkerHost,), entries)
+
+
+def _entry(role: str, method: str, with_meta: bool):
+    def entry(self, *args, **kwargs):
+        return self.run(role, method, with_meta, args, kwargs)
+
+    entry.__name__ = f"{role}__{method}"
+    return ray.method(num_returns=2)(entry) if with_meta else entry
+
+
+def _attach_metas(values: tuple, metas: tuple) -> None:
+    start = 0
+    for value in values:
+        if isinstance(value, RemoteSlice) and value.metas is not None:
+            value.meta_values = list(metas[start : start + len(value.metas)])
+            start += len(value.metas)
+
+
 def _resolve(value: Any) -> Any:
     """Fetch inputs that arrive by reference: a stored Batch, or a slice of another call's output."""
-    import ray
-
     if isinstance(value, ray.ObjectRef):
         return ray.get(value)
     if isinstance(value, RemoteSlice):

@@ -12,30 +12,28 @@ separate groups.
 
 from __future__ import annotations
 
-import itertools
 import time
 from typing import Any
 
 import ray
 
-from workbench.controller.future import CallInfo, DataFuture, fetch
+from workbench.controller.future import CallInfo, DataFuture, RemoteSlice, fetch, fetch_all
 from workbench.controller.mesh import Mesh
 from workbench.controller.protocols import Protocol, first
 from workbench.controller.register import Registration, registered_methods
 from workbench.controller.resource_pool import ResourcePool
-from workbench.controller.worker import WorkerHost
+from workbench.controller.worker import AFTER, META, host_class
 from workbench.data.batch import Batch
 from workbench.errors import DispatchError, WorkerCallError
 from workbench.tracing import CallRecord
 
-RemoteHost = ray.remote(WorkerHost)
-_call_ids = itertools.count()
 
 
 class HostSet:
-    """One worker process per device of `pool`, in one process group."""
+    """One worker process per device of `pool`, in one process group, hosting `roles`."""
 
-    def __init__(self, name: str, pool: ResourcePool, mesh: Mesh, threads: int):
+    def __init__(self, pool: ResourcePool, mesh: Mesh, threads: int, roles: dict[str, tuple[type, Any]]):
+        name = "+".join(roles)
         if mesh.world_size != pool.world_size:
             raise DispatchError(
                 f"group {name!r}: {mesh} has {mesh.world_size} ranks but pool {pool.name!r} has "
@@ -43,27 +41,24 @@ class HostSet:
             )
         if pool.placement is None:
             raise DispatchError(f"group {name!r}: pool {pool.name!r} was released; create it again")
-        self.name, self.pool, self.mesh = name, pool, mesh
+        self.pool, self.mesh, self.roles = pool, mesh, list(roles)
         backend = "nccl" if pool.resource == "GPU" else "gloo"
+        remote_host = ray.remote(host_class({role: cls for role, (cls, _) in roles.items()}))
         self.hosts = [
-            RemoteHost.options(name=None, **pool.scheduling(rank)).remote(
-                pool.name, rank, mesh.world_size, threads, backend
-            )
+            remote_host.options(**pool.scheduling(rank)).remote(pool.name, rank, mesh.world_size, threads, backend)
             for rank in range(mesh.world_size)
         ]
-        self.roles: list[str] = []
-        info = CallInfo(name, "init_process_group", list(range(mesh.world_size)))
-        address, port = fetch(self.hosts[0].rendezvous_address.remote(), info, 0)
-        refs = [h.init_process_group.remote(address, port) for h in self.hosts]
-        for rank, ref in enumerate(refs):
-            fetch(ref, info, rank)
-
-    def add_role(self, role: str, cls: type, config: Any) -> None:
-        info = CallInfo(role, f"{cls.__name__}.__init__", list(range(len(self.hosts))))
-        refs = [h.add_role.remote(role, cls, config, self.mesh) for h in self.hosts]
-        for rank, ref in enumerate(refs):
-            fetch(ref, info, rank)
-        self.roles.append(role)
+        try:
+            ranks = list(range(mesh.world_size))
+            address, port = fetch(self.hosts[0].rendezvous_address.remote(), CallInfo(name, "start", ranks), 0)
+            fetch_all([h.init_process_group.remote(address, port) for h in self.hosts],
+                      CallInfo(name, "init_process_group", ranks), ranks)
+            for role, (cls, config) in roles.items():
+                fetch_all([h.add_role.remote(role, cls, config, mesh) for h in self.hosts],
+                          CallInfo(role, f"{cls.__name__}.__init__", ranks), ranks)
+        except BaseException:
+            self.shutdown()
+            raise
 
     def drain_records(self) -> list[CallRecord]:
         records = []
@@ -133,6 +128,9 @@ class WorkerGroup:
     def call(self, method: str, *args, **kwargs) -> DataFuture:
         """Run registered `method` on the group; returns a DataFuture immediately."""
         registration = self.methods[method]
+        reserved = [k for k in kwargs if k.startswith("_wb_")]
+        if reserved:
+            raise DispatchError(f"{self.role}.{method}: keyword names starting with _wb_ are reserved: {reserved}")
         protocol, mesh = registration.protocol, self.mesh
         ranks = [0] if registration.execute == "rank_zero" else list(range(mesh.world_size))
         if registration.execute == "rank_zero":
@@ -145,21 +143,35 @@ class WorkerGroup:
             spread = {k: _put_once(protocol.distribute(mesh, v)) for k, v in kwargs.items()}
             per_rank_kwargs = [{k: v[r] for k, v in spread.items()} for r in ranks]
 
-        after = _unfinished(self.pool.last_call)
-        call_id = next(_call_ids)
-        metas, outputs = [], []
-        for i, rank in enumerate(ranks):
-            meta, output = self.hostset.hosts[rank].call.options(num_returns=2).remote(
-                self.role, method, call_id, after, tuple(per_rank_args[i]), per_rank_kwargs[i]
-            )
-            metas.append(meta)
-            outputs.append(output)
-        self.pool.last_call = metas
+        # Calls of one host set already run in issue order (Ray actor FIFO); only a call
+        # following another group's call on the same pool must wait for it.
+        last_hosts, last_refs = self.pool.last_call
+        after = _unfinished(last_refs) if last_hosts is not self.hostset else []
         if registration.execute == "rank_zero":
             collect_ranks, collect = [0], first
         else:
             collect_ranks, collect = protocol.collect_ranks(mesh), protocol.collect
-        return DataFuture(CallInfo(self.role, method, ranks), metas, outputs, collect_ranks, collect, mesh)
+        entry = f"{self.role}__{method}"
+        metas, outputs = [], []
+        for i, rank in enumerate(ranks):
+            rank_args, rank_kwargs = per_rank_args[i], dict(per_rank_kwargs[i])
+            slice_metas = [
+                m for v in (*rank_args, *rank_kwargs.values())
+                if isinstance(v, RemoteSlice) and v.metas is not None for m in v.metas
+            ]
+            rank_kwargs.update({f"{META}{k:04d}": m for k, m in enumerate(slice_metas)})
+            if after:
+                rank_kwargs[AFTER] = after
+            result = getattr(self.hostset.hosts[rank], entry).remote(*rank_args, **rank_kwargs)
+            if registration.returns_rows:
+                metas.append(result[0])
+                result = result[1]
+            outputs.append(result)
+        self.pool.last_call = (self.hostset, metas or outputs)
+        return DataFuture(
+            CallInfo(self.role, method, ranks), outputs, metas if registration.returns_rows else None,
+            collect_ranks, collect, mesh,
+        )
 
     def _fit(self, method: str, registration: Registration, value: Any) -> Any:
         """Pad (or refuse) a Batch whose rows do not divide into the protocol's chunks."""
