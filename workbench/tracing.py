@@ -68,3 +68,23 @@ def save_chrome_trace(records: Iterable[CallRecord], path: str | Path) -> Path:
     path = Path(path)
     path.write_text(json.dumps(to_chrome_trace(records)))
     return path
+
+
+def text_timeline(records: Iterable[CallRecord], width: int = 60) -> str:
+    """A terminal Gantt chart: one line per (pool, rank), one letter per role."""
+    records = sorted(records, key=lambda r: r.start)
+    if not records:
+        return "(no calls recorded)"
+    t0, t1 = records[0].start, max(r.end for r in records)
+    scale = width / max(t1 - t0, 1e-9)
+    letters = {role: chr(ord("A") + i) for i, role in enumerate(dict.fromkeys(r.role for r in records))}
+    rows: dict[tuple[str, int], list[str]] = {}
+    for r in records:
+        row = rows.setdefault((r.pool, r.rank), [" "] * width)
+        lo = min(width - 1, int((r.fetched - t0) * scale))
+        hi = max(lo + 1, min(width, int((r.end - t0) * scale)))
+        row[lo:hi] = letters[r.role] * (hi - lo)
+    label = max(len(f"{p} rank {k}") for p, k in rows)
+    lines = [f"{f'{p} rank {k}':<{label}} |{''.join(cells)}|" for (p, k), cells in sorted(rows.items())]
+    legend = ", ".join(f"{c}={role}" for role, c in letters.items())
+    return "\n".join([*lines, f"{'':<{label}}  0 s{'':>{width - 10}}{t1 - t0:.2f} s", f"legend: {legend}"])

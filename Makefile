@@ -1,0 +1,31 @@
+# The README's two commands: `make demo` (the main job) and `make test`.
+# Each creates or updates .venv with the pinned dependencies first, so a fresh clone needs
+# only Python 3.11 on the PATH.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench env clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@# The CPU build of torch first: the pin matches the local CPU wheel, so the packages
+	@# below find torch satisfied instead of pulling a multi-GB CUDA build.
+	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $@
+
+env: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m workbench demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	@for script in bench/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache
