@@ -1,0 +1,41 @@
+"""Tasks by name: the rule reward and cost functions a config can refer to as a string.
+
+A rule-reward worker is configured with `task: arithmetic` and looks the functions up
+here; a notebook can register its own task (e.g. a GSM8K-style checker) the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from workbench.data import arithmetic
+
+
+@dataclass(frozen=True)
+class Task:
+    """The plain functions that judge responses to a task's prompts."""
+
+    name: str
+    score: Callable[[str, str], float]
+    """`score(response_text, ground_truth) -> float`, the rule reward."""
+    cost: Callable[[str], float] | None = None
+    """`cost(response_text) -> float` (> 0 is unsafe), for Safe-RLHF; None if not defined."""
+
+
+TASKS: dict[str, Task] = {}
+
+
+def register_task(task: Task) -> Task:
+    """Add or replace a task (re-running a notebook cell replaces it)."""
+    TASKS[task.name] = task
+    return task
+
+
+def get_task(name: str) -> Task:
+    if name not in TASKS:
+        raise KeyError(f"unknown task {name!r}; registered tasks: {sorted(TASKS)} (add one with register_task)")
+    return TASKS[name]
+
+
+register_task(Task("arithmetic", arithmetic.score, arithmetic.cost))

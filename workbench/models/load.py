@@ -1,0 +1,202 @@
+"""Load a local Hugging Face causal-LM directory (tokenizer + model), and save one back.
+
+Everything is checked before weights are read, so a wrong path or a wrong kind of model
+fails in a second with an error that says what was found and what to do:
+
+- the directory must exist and hold a `config.json`;
+- the config must describe a causal LM: its `model_type` must have an
+  `AutoModelForCausalLM` class, and its `architectures` (if listed) must include one;
+- the tokenizer must have a pad token, or get one by a fix the caller allowed
+  (`pad_token="eos"`), and the fix is recorded in `LoadedModel.fixes`.
+
+Saving goes through `save_pretrained`, so a trained model is a normal HF checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from workbench.errors import WorkbenchError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelLoadError(WorkbenchError):
+    """A model or tokenizer directory cannot be used; the message names the remedy."""
+
+
+@dataclass
+class LoadConfig:
+    """How to load a checkpoint directory."""
+
+    dtype: str = "auto"
+    """Parameter dtype: "float32", "bfloat16", "float16", or "auto" = float32 on CPU,
+    bfloat16 on a GPU that supports it (float32 otherwise)."""
+    device: str = "cpu"
+    """Where the model's parameters go after loading."""
+    trust_remote_code: bool = False
+    """Run Python code shipped inside the checkpoint; only for checkpoints you trust."""
+    pad_token: Literal["eos", "refuse"] = "eos"
+    """When the tokenizer has no pad token: "eos" reuses the eos token as pad (masks, not
+    token ids, then tell padding apart from a real eos), "refuse" raises."""
+    attn_implementation: str | None = None
+    """Passed to `from_pretrained` ("eager", "sdpa", ...); None keeps transformers' default."""
+
+
+@dataclass
+class LoadedModel:
+    """A model with its tokenizer and what was done to make them usable."""
+
+    model: Any
+    """The `PreTrainedModel` (eval mode)."""
+    tokenizer: Any
+    """The `PreTrainedTokenizerBase`, with a pad token."""
+    path: Path
+    """The directory it came from."""
+    fixes: list[str] = field(default_factory=list)
+    """Human-readable notes of fix-ups applied (e.g. eos used as pad)."""
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: str = "cpu") -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        on_gpu = torch.device(device).type == "cuda" and torch.cuda.is_available()
+        return torch.bfloat16 if on_gpu and torch.cuda.is_bf16_supported() else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"LoadConfig.dtype={dtype!r}: use 'auto' or one of {sorted(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def check_directory(path: str | os.PathLike) -> Path:
+    """The path as a Path, if it is a directory holding a config.json; else a ModelLoadError."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise ModelLoadError(
+            f"model directory {str(path)!r} does not exist. Point at a local Hugging Face "
+            f"checkpoint directory (one with config.json), or make a tiny one with "
+            f"workbench.models.make_tiny('1m', {str(path)!r}). Nothing is downloaded from a hub."
+        )
+    if not path.is_dir():
+        raise ModelLoadError(f"{str(path)!r} is a file, not a model directory (a folder with config.json)")
+    if not (path / "config.json").exists():
+        found = sorted(os.listdir(path))[:10]
+        raise ModelLoadError(
+            f"{str(path)!r} is not a Hugging Face checkpoint: it has no config.json "
+            f"(found {found}). Save models with model.save_pretrained(dir)."
+        )
+    return path
+
+
+def load_config(path: str | os.PathLike, trust_remote_code: bool = False):
+    """The checkpoint's config, checked to be a causal LM."""
+    from transformers import AutoConfig
+
+    path = check_directory(path)
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except ValueError as error:  # unknown model_type, or custom code not trusted
+        raise ModelLoadError(
+            f"cannot read the config of {str(path)!r}: {error}\nIf this checkpoint ships its "
+            f"own modelling code, pass LoadConfig(trust_remote_code=True) (only for code you trust)."
+        ) from error
+    check_causal_lm(config, path)
+    return config
+
+
+def check_causal_lm(config, path: Path | str = "") -> None:
+    """Raise ModelLoadError unless `config` describes a model AutoModelForCausalLM can build."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = getattr(config, "model_type", None)
+    architectures = list(getattr(config, "architectures", None) or [])
+    remote = bool(getattr(config, "auto_map", {}) or {}) and "AutoModelForCausalLM" in (config.auto_map or {})
+    known = model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or remote
+    causal_arch = [a for a in architectures if a.endswith(("ForCausalLM", "LMHeadModel"))]
+    if known and (not architectures or causal_arch):
+        return
+    examples = ", ".join(["llama", "qwen2", "mistral", "gpt2"])
+    raise ModelLoadError(
+        f"{str(path)!r} is not a causal language model: config.json has model_type={model_type!r} "
+        f"and architectures={architectures}. Expected a model_type with an AutoModelForCausalLM "
+        f"class (e.g. {examples}) and an architecture named *ForCausalLM or *LMHeadModel. "
+        f"Use a decoder-only checkpoint, or workbench.models.make_tiny(...)."
+    )
+
+
+def load_tokenizer(path: str | os.PathLike, cfg: LoadConfig = LoadConfig()):
+    """The tokenizer of a checkpoint directory, with a pad token (see LoadConfig.pad_token).
+
+    Returns (tokenizer, fixes) where fixes lists what was changed.
+    """
+    from transformers import AutoTokenizer
+
+    path = check_directory(path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+    except (OSError, ValueError, TypeError) as error:
+        raise ModelLoadError(
+            f"cannot load a tokenizer from {str(path)!r} ({error}). A checkpoint needs its "
+            f"tokenizer files (tokenizer.json / tokenizer_config.json): save them with "
+            f"tokenizer.save_pretrained(dir)."
+        ) from error
+    return tokenizer, ensure_pad_token(tokenizer, cfg.pad_token, path)
+
+
+def ensure_pad_token(tokenizer, policy: Literal["eos", "refuse"] = "eos", path: Path | str = "") -> list[str]:
+    """Give `tokenizer` a pad token if it lacks one and the policy allows; return the fixes."""
+    if tokenizer.pad_token is not None:
+        return []
+    how_to_fix = (
+        "Fix it with LoadConfig(pad_token='eos') (reuse eos as pad), or add a real pad token: "
+        "tokenizer.add_special_tokens({'pad_token': '<pad>'}); model.resize_token_embeddings("
+        "len(tokenizer)); then save both with save_pretrained."
+    )
+    if policy == "refuse":
+        raise ModelLoadError(f"the tokenizer of {str(path)!r} has no pad token. {how_to_fix}")
+    if policy != "eos":
+        raise ValueError(f"LoadConfig.pad_token={policy!r}: use 'eos' or 'refuse'")
+    if tokenizer.eos_token is None:
+        raise ModelLoadError(f"the tokenizer of {str(path)!r} has neither a pad nor an eos token. {how_to_fix}")
+    tokenizer.pad_token = tokenizer.eos_token
+    fix = (
+        f"tokenizer of {str(path)!r} had no pad token: using eos {tokenizer.eos_token!r} "
+        f"(id {tokenizer.eos_token_id}) as pad; padding is marked by attention masks"
+    )
+    warnings.warn(fix, stacklevel=3)
+    return [fix]
+
+
+def load(path: str | os.PathLike, cfg: LoadConfig = LoadConfig()) -> LoadedModel:
+    """Tokenizer + causal LM from a local directory, checked first, in eval mode on cfg.device."""
+    from transformers import AutoModelForCausalLM
+
+    path = check_directory(path)
+    load_config(path, cfg.trust_remote_code)
+    tokenizer, fixes = load_tokenizer(path, cfg)
+    kwargs = {"attn_implementation": cfg.attn_implementation} if cfg.attn_implementation else {}
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=resolve_dtype(cfg.dtype, cfg.device), trust_remote_code=cfg.trust_remote_code, **kwargs
+    )
+    model.to(cfg.device).eval()
+    # Generation and loss code read pad ids from the model; keep them in step with the tokenizer.
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    if getattr(model, "generation_config", None) is not None and model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return LoadedModel(model, tokenizer, path, fixes)
+
+
+def save(model, tokenizer, path: str | os.PathLike) -> Path:
+    """Write model (safetensors) and tokenizer as a normal Hugging Face checkpoint directory."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
