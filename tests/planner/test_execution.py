@@ -2,7 +2,7 @@ import dataclasses
 
 import pytest
 
-from workbench.planner import (Call, Dataflow, ExecutionPlan, Mesh, NoMeshError,
+from workbench.planner import (Call, Dataflow, ExecutionPlan, DeviceMesh, NoMeshError,
                                ParallelStrategy, PlanEvaluator, Workload, cluster_preset,
                                dataflow_preset, mesh, valid_meshes)
 
@@ -14,8 +14,8 @@ def test_valid_meshes_are_node_divisors_or_whole_nodes():
     ms = valid_meshes(c)
     # Per machine: 8 + 4 + 2 + 1 aligned slices; plus the two machines together.
     assert len(ms) == 2 * 15 + 1
-    assert Mesh(0, 16) in ms and Mesh(4, 4) in ms and Mesh(2, 4) not in ms
-    assert mesh(c, 8, 8) == Mesh(8, 8)
+    assert DeviceMesh(0, 16) in ms and DeviceMesh(4, 4) in ms and DeviceMesh(2, 4) not in ms
+    assert mesh(c, 8, 8) == DeviceMesh(8, 8)
     with pytest.raises(NoMeshError, match="12"):
         mesh(c, 12)
     with pytest.raises(NoMeshError):
@@ -43,8 +43,8 @@ def test_consecutive_iterations_overlap_when_dependencies_allow(tiny_workload):
     ev = PlanEvaluator(flow, flow.model_specs("tiny-10m"), tiny_workload, cluster,
                        n_iterations=2)
     p2 = ParallelStrategy(1, 1, 2)
-    plan = ExecutionPlan({"gen": (Mesh(0, 2), p2), "train": (Mesh(0, 2), p2),
-                          "score": (Mesh(2, 2), p2)})
+    plan = ExecutionPlan({"gen": (DeviceMesh(0, 2), p2), "train": (DeviceMesh(0, 2), p2),
+                          "score": (DeviceMesh(2, 2), p2)})
     r = ev.evaluate(plan)
     names = [t.name for t in r.graph.tasks]
     at = {n: i for i, n in enumerate(names)}
@@ -68,9 +68,9 @@ def test_parameter_transfer_when_layouts_differ(tiny_workload):
     flow = _two_model_flow()
     ev = PlanEvaluator(flow, flow.model_specs("tiny-10m"), tiny_workload,
                        cluster_preset("local"), n_iterations=2)
-    plan = ExecutionPlan({"gen": (Mesh(0, 4), ParallelStrategy(1, 1, 4)),
-                          "score": (Mesh(0, 4), ParallelStrategy(1, 1, 4)),
-                          "train": (Mesh(0, 2), ParallelStrategy(1, 2, 1))})
+    plan = ExecutionPlan({"gen": (DeviceMesh(0, 4), ParallelStrategy(1, 1, 4)),
+                          "score": (DeviceMesh(0, 4), ParallelStrategy(1, 1, 4)),
+                          "train": (DeviceMesh(0, 2), ParallelStrategy(1, 2, 1))})
     r = ev.evaluate(plan)
     params = [(i, x) for i, x in enumerate(r.graph.tasks) if x.kind == "param"]
     assert [x.name for _, x in params] == ["realloc actor->gen@0", "realloc actor->gen@1"]
@@ -84,11 +84,11 @@ def test_max_mem_and_oom_penalty():
     flow = dataflow_preset("ppo")
     cluster = cluster_preset("a100_80g", 8)
     ev = PlanEvaluator(flow, flow.model_specs("llama2-7b"), Workload(), cluster)
-    one = ExecutionPlan({c.name: (Mesh(0, 1), S1) for c in flow.calls})
+    one = ExecutionPlan({c.name: (DeviceMesh(0, 1), S1) for c in flow.calls})
     r = ev.evaluate(one)
     assert r.oom and r.max_mem > cluster.device_memory
     assert r.cost == pytest.approx(r.time * 10 * r.max_mem / cluster.device_memory)
-    spread = ExecutionPlan({c.name: (Mesh(0, 8), ParallelStrategy(1, 8, 1))
+    spread = ExecutionPlan({c.name: (DeviceMesh(0, 8), ParallelStrategy(1, 8, 1))
                             for c in flow.calls})
     r2 = ev.evaluate(spread)
     assert not r2.oom and r2.cost == r2.time and r2.max_mem < r.max_mem

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections import deque
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -89,6 +90,7 @@ class Worker:
 # metas of RemoteSlice inputs (top-level, so Ray ships their values with the task).
 AFTER = "_wb_after"
 META = "_wb_meta_"
+MAX_RECORDS = 100_000  # trace spans kept per worker between two session.trace() calls
 
 
 class WorkerHost:
@@ -101,7 +103,8 @@ class WorkerHost:
         if self.device == "cuda":
             torch.cuda.set_device(0)  # Ray exposes only this actor's GPU
         self.workers: dict[str, Worker] = {}
-        self.records: list[CallRecord] = []
+        # Bounded, so a long run whose driver never asks for its trace cannot grow without end.
+        self.records: deque[CallRecord] = deque(maxlen=MAX_RECORDS)
         self.counts: dict[tuple[str, str], int] = {}
 
     def rendezvous_address(self) -> tuple[str, int]:
@@ -153,7 +156,8 @@ class WorkerHost:
         return (meta_out, output) if with_meta else output
 
     def drain_records(self) -> list[CallRecord]:
-        records, self.records = self.records, []
+        records = list(self.records)
+        self.records.clear()
         return records
 
     def ping(self) -> int:

@@ -16,7 +16,7 @@ from workbench.planner.automap import AutoMapper, automap, compositions, d_cost,
 from workbench.planner.dataflow import Call, Dataflow, dataflow_preset
 from workbench.planner.errors import (ModelDoesNotFitError, NoFeasiblePlanError, NoMeshError,
                                       PlannerError, UnknownPresetError)
-from workbench.planner.execution import (Evaluation, ExecutionPlan, Mesh, PlanEvaluator, mesh,
+from workbench.planner.execution import (Evaluation, ExecutionPlan, DeviceMesh, PlanEvaluator, mesh,
                                          valid_meshes)
 from workbench.planner.memory import MemoryBreakdown, static_memory
 from workbench.planner.plan import ColocatedSet, ModelAssignment, Plan
@@ -30,7 +30,7 @@ from workbench.planner.strategy import ParallelStrategy, strategies
 
 __all__ = [
     "AutoMapper", "Call", "ClusterSpec", "ColocatedSet", "Dataflow", "Evaluation",
-    "ExecutionPlan", "GanttBar", "MODEL_PRESETS", "MemoryBreakdown", "Mesh", "ModelAssignment",
+    "ExecutionPlan", "GanttBar", "MODEL_PRESETS", "MemoryBreakdown", "DeviceMesh", "ModelAssignment",
     "ModelDoesNotFitError", "ModelSpec", "NoFeasiblePlanError", "NoMeshError",
     "ParallelStrategy", "Plan", "PlanEvaluator", "PlanSpace", "PlannerError", "Schedule",
     "SearchResult", "Simulator", "TaskGraph", "UnknownPresetError", "Workload", "automap",

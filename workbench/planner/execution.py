@@ -28,7 +28,7 @@ import math
 
 
 @dataclass(frozen=True, order=True)
-class Mesh:
+class DeviceMesh:
     """Contiguous devices [first, first + size) of the cluster (nodes are filled in order)."""
 
     first: int
@@ -38,26 +38,26 @@ class Mesh:
     def span(self) -> tuple[int, int]:
         return (self.first, self.first + self.size)
 
-    def overlaps(self, other: "Mesh") -> bool:
+    def overlaps(self, other: "DeviceMesh") -> bool:
         return self.first < other.first + other.size and other.first < self.first + self.size
 
     def __str__(self) -> str:
         return f"d{self.first}" if self.size == 1 else f"d{self.first}-{self.first + self.size - 1}"
 
 
-def valid_meshes(cluster: ClusterSpec) -> list[Mesh]:
+def valid_meshes(cluster: ClusterSpec) -> list[DeviceMesh]:
     """ReaLHF meshes: an aligned slice of one machine whose size divides the machine, or
     k whole consecutive machines."""
     u, out = cluster.devices_per_node, []
     for size in cluster.mesh_sizes():
         step = size if size <= u else u
-        out += [Mesh(f, size) for f in range(0, cluster.n_devices - size + 1, step)]
+        out += [DeviceMesh(f, size) for f in range(0, cluster.n_devices - size + 1, step)]
     return out
 
 
-def mesh(cluster: ClusterSpec, size: int, first: int = 0) -> Mesh:
+def mesh(cluster: ClusterSpec, size: int, first: int = 0) -> DeviceMesh:
     """A validated mesh; raises NoMeshError for sizes or offsets no mesh has."""
-    m = Mesh(first, size)
+    m = DeviceMesh(first, size)
     if m not in set(valid_meshes(cluster)):
         raise NoMeshError(size, cluster.devices_per_node, cluster.mesh_sizes(),
                           what=f"mesh of size {size} at device {first}:")
@@ -66,9 +66,9 @@ def mesh(cluster: ClusterSpec, size: int, first: int = 0) -> Mesh:
 
 @dataclass
 class ExecutionPlan:
-    """Mesh and strategy for every call (by call name)."""
+    """DeviceMesh and strategy for every call (by call name)."""
 
-    layouts: dict[str, tuple[Mesh, ParallelStrategy]]
+    layouts: dict[str, tuple[DeviceMesh, ParallelStrategy]]
 
     def describe(self) -> str:
         return ", ".join(f"{c}@{m}:{s}" for c, (m, s) in self.layouts.items())
@@ -106,7 +106,7 @@ class PlanEvaluator:
                                      f"supports one per iteration")
                 self.train_call[c.model] = c.name
 
-    def home(self, model: str, plan: ExecutionPlan) -> tuple[Mesh, ParallelStrategy]:
+    def home(self, model: str, plan: ExecutionPlan) -> tuple[DeviceMesh, ParallelStrategy]:
         call = self.train_call.get(model) or self.flow.calls_of(model)[0].name
         return plan.layouts[call]
 
@@ -141,7 +141,7 @@ class PlanEvaluator:
                     dyn[d] = need
         return static, dyn, kv_budget
 
-    def call_cost(self, call_name: str, mesh_: Mesh, s: ParallelStrategy,
+    def call_cost(self, call_name: str, mesh_: DeviceMesh, s: ParallelStrategy,
                   kv_budget: float = float("inf")) -> float:
         c = self.flow.call(call_name)
         return self.sim.call_time(c, self.specs[c.model], s, kv_budget)

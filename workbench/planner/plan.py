@@ -121,11 +121,11 @@ class Plan:
     def to_execution_plan(self):
         """The same placement as a ReaLHF execution plan (mesh + strategy per call), to be
         scored by TimeCost / MaxMem next to searched plans."""
-        from workbench.planner.execution import ExecutionPlan, Mesh
+        from workbench.planner.execution import ExecutionPlan, DeviceMesh
         layouts = {}
         for c in self.dataflow.calls:
             s = self.set_of(c.model)
-            layouts[c.name] = (Mesh(s.first_device, s.n_devices), self.strategy_of(c.name))
+            layouts[c.name] = (DeviceMesh(s.first_device, s.n_devices), self.strategy_of(c.name))
         return ExecutionPlan(layouts)
 
 

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from workbench.planner.dataflow import Dataflow
-from workbench.planner.execution import (Evaluation, ExecutionPlan, Mesh, PlanEvaluator,
+from workbench.planner.execution import (Evaluation, ExecutionPlan, DeviceMesh, PlanEvaluator,
                                          valid_meshes)
 from workbench.planner.memory import (generation_weights, inference_activations,
                                       kv_bytes_per_sequence, static_memory, train_activations)
@@ -28,13 +28,13 @@ class PlanSpace:
 
     def __init__(self, dataflow: Dataflow, specs: dict[str, ModelSpec], workload: Workload,
                  cluster: ClusterSpec, n_iterations: int = 2, oom_penalty: float = 10.0,
-                 meshes: list[Mesh] | None = None):
+                 meshes: list[DeviceMesh] | None = None):
         self.flow, self.specs, self.wl, self.cluster = dataflow, specs, workload, cluster
         self.evaluator = PlanEvaluator(dataflow, specs, workload, cluster, n_iterations,
                                        oom_penalty)
         self.calls = [c.name for c in dataflow.calls]
         meshes = meshes if meshes is not None else valid_meshes(cluster)
-        self.options: list[list[tuple[Mesh, ParallelStrategy]]] = []
+        self.options: list[list[tuple[DeviceMesh, ParallelStrategy]]] = []
         for c in dataflow.calls:
             spec = specs[c.model]
             opts = [(m, s) for m in meshes
