@@ -86,3 +86,10 @@ def test_missing_pad_token_fixed_with_eos_and_reported(no_pad_dir):
 def test_missing_pad_token_refused_with_the_fix_named(no_pad_dir):
     with pytest.raises(ModelLoadError, match="no pad token.*pad_token='eos'.*add_special_tokens"):
         load_tokenizer(no_pad_dir, LoadConfig(pad_token="refuse"))
+
+
+def test_checkpoint_without_tokenizer_files(tiny_dir, tmp_path):
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / name).write_bytes((tiny_dir / name).read_bytes())
+    with pytest.raises(ModelLoadError, match="tokenizer.*save_pretrained"):
+        load(tmp_path)

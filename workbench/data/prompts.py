@@ -1,0 +1,240 @@
+"""Prompt datasets: rows of `prompt` / `ground_truth` from JSONL or Parquet, and the loader
+that turns them into Batches of left-padded token ids for generation.
+
+A row may carry more columns (e.g. `data_source`, `uid`); they are kept. The Batch a loader
+yields has tensors `input_ids`, `attention_mask`, `position_ids` (B x T, left-padded, so
+every prompt ends at the last column where generation continues) and the columns `prompt`,
+`ground_truth`, `uid`.
+
+Prompts longer than `max_prompt_length` tokens are refused (default) or truncated on the
+left (keeping the end of the prompt, where the question is), never cut silently:
+the count of truncated rows is in `Batch.info["num_truncated"]`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Literal
+
+import torch
+
+from workbench.data.arithmetic import ArithmeticConfig, generate
+from workbench.data.batch import Batch
+from workbench.errors import WorkbenchError
+
+REQUIRED = ("prompt", "ground_truth")
+PARQUET_HINT = "reading Parquet needs pyarrow (pip install pyarrow==26.0.1), or convert the file to JSONL"
+
+
+class PromptDataError(WorkbenchError, ValueError):
+    """A prompt file or row cannot be used; the message names the file, row and remedy."""
+
+
+# ---- reading and writing ---------------------------------------------------------------------
+def load_prompts(
+    path: str | os.PathLike, prompt_key: str = "prompt", ground_truth_key: str = "ground_truth"
+) -> list[dict[str, Any]]:
+    """Rows of a `.jsonl` or `.parquet` file as dicts with `prompt` and `ground_truth`.
+
+    `prompt_key` / `ground_truth_key` name the file's own columns (e.g. "question", "answer"
+    for a GSM8K-style file); they are renamed to `prompt` / `ground_truth`.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise PromptDataError(f"prompt file {str(path)!r} does not exist")
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json"):
+        rows = _read_jsonl(path)
+    elif suffix == ".parquet":
+        rows = _read_parquet(path)
+    else:
+        raise PromptDataError(f"prompt file {str(path)!r}: unknown format {suffix!r}; use .jsonl or .parquet")
+    if not rows:
+        raise PromptDataError(f"prompt file {str(path)!r} has no rows")
+    renamed = []
+    for i, row in enumerate(rows):
+        for key in (prompt_key, ground_truth_key):
+            if key not in row:
+                raise PromptDataError(
+                    f"{str(path)!r} row {i}: missing column {key!r}; columns found: {sorted(row)}. "
+                    f"Name the file's columns with load_prompts(path, prompt_key=..., ground_truth_key=...)"
+                )
+        if not isinstance(row[prompt_key], str):
+            raise PromptDataError(f"{str(path)!r} row {i}: {prompt_key!r} must be text, got {type(row[prompt_key]).__name__}")
+        out = {k: v for k, v in row.items() if k not in (prompt_key, ground_truth_key)}
+        out["prompt"], out["ground_truth"] = row[prompt_key], str(row[ground_truth_key])
+        renamed.append(out)
+    return renamed
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise PromptDataError(f"{str(path)!r} line {line_no}: not valid JSON ({error})") from error
+            if not isinstance(row, dict):
+                raise PromptDataError(f"{str(path)!r} line {line_no}: expected a JSON object, got {type(row).__name__}")
+            rows.append(row)
+    return rows
+
+
+def _read_parquet(path: Path) -> list[dict]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as error:
+        raise PromptDataError(f"{str(path)!r}: {PARQUET_HINT}") from error
+    return pq.read_table(path).to_pylist()
+
+
+def write_jsonl(rows: Iterable[dict[str, Any]], path: str | os.PathLike) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return path
+
+
+def write_arithmetic(path: str | os.PathLike, cfg: ArithmeticConfig = ArithmeticConfig(), n: int = 1000, seed: int = 0) -> Path:
+    """Write n arithmetic problems as a prompt JSONL (columns prompt, ground_truth, data_source)."""
+    rows = ({"prompt": p.prompt, "ground_truth": p.ground_truth, "data_source": "arithmetic"} for p in generate(cfg, n, seed))
+    return write_jsonl(rows, path)
+
+
+# ---- tokenizing into Batches -------------------------------------------------------------------
+@dataclass
+class PromptLoaderConfig:
+    """How prompts become Batches."""
+
+    batch_size: int = 8
+    """Prompts per Batch."""
+    max_prompt_length: int = 128
+    """Most tokens per prompt (special tokens included)."""
+    overlong: Literal["refuse", "truncate"] = "refuse"
+    """A longer prompt: "refuse" raises naming the row, "truncate" keeps its last tokens."""
+    pad_to_max_length: bool = False
+    """Pad every Batch to max_prompt_length columns (static shapes) instead of its longest row."""
+    shuffle: bool = True
+    """Visit rows in a new order each epoch (seeded by seed + epoch)."""
+    seed: int = 0
+    drop_last: bool = False
+    """Skip a final Batch smaller than batch_size."""
+
+
+def tokenize_prompts(
+    rows: list[dict[str, Any]],
+    tokenizer,
+    max_prompt_length: int,
+    overlong: Literal["refuse", "truncate"] = "refuse",
+    pad_to_max_length: bool = False,
+    indices: list[int] | None = None,
+) -> Batch:
+    """One Batch of left-padded prompts.
+
+    position_ids count real tokens only (0 at the first non-pad token), the convention
+    HF and vLLM use for left-padded generation. `indices` are the rows' places in their
+    dataset, used in errors and as the default uid.
+    """
+    if overlong not in ("refuse", "truncate"):
+        raise ValueError(f"overlong={overlong!r}: use 'refuse' or 'truncate'")
+    if tokenizer.pad_token_id is None:
+        raise PromptDataError(
+            "the tokenizer has no pad token; load it with workbench.models.load_tokenizer "
+            "(LoadConfig(pad_token='eos')) or set tokenizer.pad_token"
+        )
+    indices = list(range(len(rows))) if indices is None else indices
+    encoded, truncated = [], 0
+    for index, row in zip(indices, rows):
+        ids = tokenizer(row["prompt"])["input_ids"]
+        if len(ids) > max_prompt_length:
+            if overlong == "refuse":
+                raise PromptDataError(
+                    f"prompt row {index} is {len(ids)} tokens, over max_prompt_length={max_prompt_length} "
+                    f"(starts {row['prompt'][:40]!r}). Raise max_prompt_length, or set "
+                    f"overlong='truncate' to keep its last {max_prompt_length} tokens"
+                )
+            ids, truncated = ids[-max_prompt_length:], truncated + 1
+        encoded.append(ids)
+
+    width = max_prompt_length if pad_to_max_length else max((len(ids) for ids in encoded), default=0)
+    input_ids = torch.full((len(encoded), width), tokenizer.pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(encoded), width), dtype=torch.long)
+    for i, ids in enumerate(encoded):
+        if ids:
+            input_ids[i, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
+            attention_mask[i, width - len(ids):] = 1
+    position_ids = torch.clamp(attention_mask.cumsum(dim=1) - 1, min=0)
+
+    columns = {
+        "prompt": [r["prompt"] for r in rows],
+        "ground_truth": [r["ground_truth"] for r in rows],
+        "uid": [str(r.get("uid", i)) for i, r in zip(indices, rows)],
+    }
+    return Batch(
+        {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids},
+        columns,
+        {"max_prompt_length": max_prompt_length, "num_truncated": truncated},
+    )
+
+
+class PromptLoader:
+    """Iterate a prompt dataset as Batches; one `for` loop is one epoch.
+
+    >>> loader = PromptLoader(load_prompts("train.jsonl"), tokenizer, PromptLoaderConfig(batch_size=16))
+    >>> for batch in loader: ...
+    """
+
+    def __init__(self, rows: list[dict[str, Any]], tokenizer, cfg: PromptLoaderConfig = PromptLoaderConfig()):
+        if cfg.batch_size <= 0:
+            raise ValueError(f"PromptLoaderConfig.batch_size must be positive, got {cfg.batch_size}")
+        self.rows, self.tokenizer, self.cfg = rows, tokenizer, cfg
+        self.epoch = 0
+        if cfg.overlong == "refuse":
+            self.check_lengths()
+
+    def check_lengths(self) -> None:
+        """Refuse an overlong prompt now, before any epoch starts, rather than mid-run."""
+        limit = self.cfg.max_prompt_length
+        lengths = [len(ids) for ids in self.tokenizer([r["prompt"] for r in self.rows])["input_ids"]]
+        for index, length in enumerate(lengths):
+            if length > limit:
+                raise PromptDataError(
+                    f"prompt row {index} is {length} tokens, over max_prompt_length={limit} "
+                    f"(starts {self.rows[index]['prompt'][:40]!r}; {sum(n > limit for n in lengths)} "
+                    f"rows are too long). Raise max_prompt_length, or set overlong='truncate' "
+                    f"to keep their last {limit} tokens"
+                )
+
+    def __len__(self) -> int:
+        full, rest = divmod(len(self.rows), self.cfg.batch_size)
+        return full + (1 if rest and not self.cfg.drop_last else 0)
+
+    def __iter__(self) -> Iterator[Batch]:
+        order = list(range(len(self.rows)))
+        if self.cfg.shuffle:
+            random.Random(self.cfg.seed + self.epoch).shuffle(order)
+        self.epoch += 1
+        size = self.cfg.batch_size
+        for start in range(0, len(order), size):
+            chosen = order[start : start + size]
+            if len(chosen) < size and self.cfg.drop_last:
+                return
+            batch = tokenize_prompts(
+                [self.rows[i] for i in chosen],
+                self.tokenizer,
+                self.cfg.max_prompt_length,
+                self.cfg.overlong,
+                self.cfg.pad_to_max_length,
+                indices=chosen,
+            )
+            batch.info["epoch"] = self.epoch - 1
+            yield batch
