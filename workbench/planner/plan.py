@@ -118,6 +118,12 @@ class Plan:
         from workbench.planner.report import plan_gantt
         return plan_gantt(self)
 
+    def to_pools(self, session) -> dict:
+        """Reserve one pool per colocated set on a live Session; returns {model: (pool, mesh)}
+        ready for `session.group(model, WorkerClass, pool, config, mesh=mesh)`."""
+        from workbench.planner.deploy import to_pools
+        return to_pools(self, session)
+
     def to_execution_plan(self):
         """The same placement as a ReaLHF execution plan (mesh + strategy per call), to be
         scored by TimeCost / MaxMem next to searched plans."""
