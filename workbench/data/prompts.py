@@ -193,7 +193,8 @@ class PromptLoader:
     >>> for batch in loader: ...
     """
 
-    def __init__(self, rows: list[dict[str, Any]], tokenizer, cfg: PromptLoaderConfig = PromptLoaderConfig()):
+    def __init__(self, rows: list[dict[str, Any]], tokenizer, cfg: PromptLoaderConfig | None = None):
+        cfg = cfg or PromptLoaderConfig()
         if cfg.batch_size <= 0:
             raise ValueError(f"PromptLoaderConfig.batch_size must be positive, got {cfg.batch_size}")
         self.rows, self.tokenizer, self.cfg = rows, tokenizer, cfg

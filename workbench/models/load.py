@@ -130,13 +130,14 @@ def check_causal_lm(config, path: Path | str = "") -> None:
     )
 
 
-def load_tokenizer(path: str | os.PathLike, cfg: LoadConfig = LoadConfig()):
+def load_tokenizer(path: str | os.PathLike, cfg: LoadConfig | None = None):
     """The tokenizer of a checkpoint directory, with a pad token (see LoadConfig.pad_token).
 
     Returns (tokenizer, fixes) where fixes lists what was changed.
     """
     from transformers import AutoTokenizer
 
+    cfg = cfg or LoadConfig()
     path = check_directory(path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
@@ -173,10 +174,11 @@ def ensure_pad_token(tokenizer, policy: Literal["eos", "refuse"] = "eos", path: 
     return [fix]
 
 
-def load(path: str | os.PathLike, cfg: LoadConfig = LoadConfig()) -> LoadedModel:
+def load(path: str | os.PathLike, cfg: LoadConfig | None = None) -> LoadedModel:
     """Tokenizer + causal LM from a local directory, checked first, in eval mode on cfg.device."""
     from transformers import AutoModelForCausalLM
 
+    cfg = cfg or LoadConfig()
     path = check_directory(path)
     load_config(path, cfg.trust_remote_code)
     tokenizer, fixes = load_tokenizer(path, cfg)

@@ -141,6 +141,7 @@ def make_tiny(size: str | TinySize, directory: str | os.PathLike, seed: int = 0,
 
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    staging.chmod(0o755)  # mkdtemp makes it private; a checkpoint is ordinary readable data
     try:
         _build(size, seed, staging)
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -163,6 +164,7 @@ def _build(size: str | TinySize, seed: int, out: Path) -> None:
 
     tokenizer = train_tokenizer()
     config = tiny_config(size, tokenizer)
+    tokenizer.model_max_length = config.max_position_embeddings
     # A private RNG stream: the caller's torch RNG state is left untouched.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
