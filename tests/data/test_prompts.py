@@ -34,7 +34,8 @@ def rows():
 def test_arithmetic_jsonl_round_trip(tmp_path):
     path = write_arithmetic(tmp_path / "train.jsonl", ArithmeticConfig(digits=3), n=25, seed=4)
     rows = load_prompts(path)
-    assert len(rows) == 25 and rows == load_prompts(write_arithmetic(tmp_path / "b.jsonl", ArithmeticConfig(digits=3), 25, 4))
+    again = write_arithmetic(tmp_path / "b.jsonl", ArithmeticConfig(digits=3), 25, 4)
+    assert len(rows) == 25 and rows == load_prompts(again)
     assert set(rows[0]) == {"prompt", "ground_truth", "data_source"}
     assert rows[0]["prompt"].startswith("Q: ") and rows[0]["ground_truth"].lstrip("-").isdigit()
 
@@ -47,7 +48,8 @@ def test_own_column_names_are_renamed(tmp_path):
 
 def test_missing_column_names_it_and_the_columns_found(tmp_path):
     path = write_jsonl([{"prompt": "a", "ground_truth": "1"}, {"question": "b", "answer": "2"}], tmp_path / "x.jsonl")
-    with pytest.raises(PromptDataError, match=r"row 1: missing column 'prompt'; columns found: \['answer', 'question'\]"):
+    found = r"row 1: missing column 'prompt'; columns found: \['answer', 'question'\]"
+    with pytest.raises(PromptDataError, match=found):
         load_prompts(path)
 
 
@@ -103,7 +105,8 @@ def test_pad_to_max_length(tokenizer, rows):
 
 def test_overlong_prompt_refused_naming_row_and_length(tokenizer, rows):
     n = len(tokenizer(rows[2]["prompt"])["input_ids"])
-    with pytest.raises(PromptDataError, match=f"row 2 is {n} tokens, over max_prompt_length=14.*overlong='truncate'"):
+    expected = f"row 2 is {n} tokens, over max_prompt_length=14.*overlong='truncate'"
+    with pytest.raises(PromptDataError, match=expected):
         tokenize_prompts(rows, tokenizer, max_prompt_length=14)
 
 

@@ -41,9 +41,13 @@ class ArithmeticConfig:
     def __post_init__(self):
         bad = [op for op in self.operations if op not in OPERATIONS]
         if bad or not self.operations:
-            raise ValueError(f"ArithmeticConfig.operations={self.operations!r}: use a non-empty subset of {OPERATIONS}")
+            raise ValueError(
+                f"ArithmeticConfig.operations={self.operations!r}: use a non-empty subset of {OPERATIONS}"
+            )
         if not 1 <= self.min_digits <= self.digits:
-            raise ValueError(f"ArithmeticConfig needs 1 <= min_digits <= digits, got {self.min_digits}, {self.digits}")
+            raise ValueError(
+                f"ArithmeticConfig needs 1 <= min_digits <= digits, got {self.min_digits}, {self.digits}"
+            )
         if self.num_operands < 2:
             raise ValueError(f"ArithmeticConfig.num_operands must be >= 2, got {self.num_operands}")
         if "{expression}" not in self.template:

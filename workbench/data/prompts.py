@@ -64,7 +64,8 @@ def load_prompts(
                     f"Name the file's columns with load_prompts(path, prompt_key=..., ground_truth_key=...)"
                 )
         if not isinstance(row[prompt_key], str):
-            raise PromptDataError(f"{str(path)!r} row {i}: {prompt_key!r} must be text, got {type(row[prompt_key]).__name__}")
+            kind = type(row[prompt_key]).__name__
+            raise PromptDataError(f"{str(path)!r} row {i}: {prompt_key!r} must be text, got {kind}")
         out = {k: v for k, v in row.items() if k not in (prompt_key, ground_truth_key)}
         out["prompt"], out["ground_truth"] = row[prompt_key], str(row[ground_truth_key])
         renamed.append(out)
@@ -82,7 +83,8 @@ def _read_jsonl(path: Path) -> list[dict]:
             except json.JSONDecodeError as error:
                 raise PromptDataError(f"{str(path)!r} line {line_no}: not valid JSON ({error})") from error
             if not isinstance(row, dict):
-                raise PromptDataError(f"{str(path)!r} line {line_no}: expected a JSON object, got {type(row).__name__}")
+                kind = type(row).__name__
+                raise PromptDataError(f"{str(path)!r} line {line_no}: expected a JSON object, got {kind}")
             rows.append(row)
     return rows
 
@@ -104,9 +106,14 @@ def write_jsonl(rows: Iterable[dict[str, Any]], path: str | os.PathLike) -> Path
     return path
 
 
-def write_arithmetic(path: str | os.PathLike, cfg: ArithmeticConfig = ArithmeticConfig(), n: int = 1000, seed: int = 0) -> Path:
+def write_arithmetic(
+    path: str | os.PathLike, cfg: ArithmeticConfig = ArithmeticConfig(), n: int = 1000, seed: int = 0
+) -> Path:
     """Write n arithmetic problems as a prompt JSONL (columns prompt, ground_truth, data_source)."""
-    rows = ({"prompt": p.prompt, "ground_truth": p.ground_truth, "data_source": "arithmetic"} for p in generate(cfg, n, seed))
+    rows = (
+        {"prompt": p.prompt, "ground_truth": p.ground_truth, "data_source": "arithmetic"}
+        for p in generate(cfg, n, seed)
+    )
     return write_jsonl(rows, path)
 
 

@@ -116,7 +116,8 @@ def check_causal_lm(config, path: Path | str = "") -> None:
 
     model_type = getattr(config, "model_type", None)
     architectures = list(getattr(config, "architectures", None) or [])
-    remote = bool(getattr(config, "auto_map", {}) or {}) and "AutoModelForCausalLM" in (config.auto_map or {})
+    # A trusted checkpoint with its own code declares its causal-LM class in auto_map.
+    remote = "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
     known = model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or remote
     causal_arch = [a for a in architectures if a.endswith(("ForCausalLM", "LMHeadModel"))]
     if known and (not architectures or causal_arch):
