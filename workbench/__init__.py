@@ -3,6 +3,7 @@
 from workbench.controller import (
     ALL_TO_ALL,
     DP_PROTO,
+    DP_REDUCED,
     ONE_TO_ALL,
     RANK_ZERO,
     THREE_D_ALL_MICRO_DP,
@@ -21,7 +22,7 @@ from workbench.errors import DispatchError, PlacementError, WorkerCallError, Wor
 from workbench.session import Session
 
 __all__ = [
-    "ALL_TO_ALL", "DP_PROTO", "ONE_TO_ALL", "RANK_ZERO", "THREE_D_ALL_MICRO_DP", "THREE_D_PP_ONLY",
+    "ALL_TO_ALL", "DP_PROTO", "DP_REDUCED", "ONE_TO_ALL", "RANK_ZERO", "THREE_D_ALL_MICRO_DP", "THREE_D_PP_ONLY",
     "THREE_D_PROTO", "Batch", "DataFuture", "DispatchError", "Mesh", "PlacementError", "Protocol",
     "ResourcePool", "Session", "Worker", "WorkerCallError", "WorkerDiedError", "WorkerGroup", "register",
 ]

@@ -8,7 +8,7 @@ Open an exported file at https://ui.perfetto.dev or chrome://tracing.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
 
@@ -32,6 +32,8 @@ class CallRecord:
     bytes_in: int
     bytes_out: int
     ok: bool
+    extra: dict = field(default_factory=dict)
+    """Anything else the worker measured (e.g. a weight sync's peak memory)."""
 
     @property
     def seconds(self) -> float:
@@ -59,7 +61,8 @@ def to_chrome_trace(records: Iterable[CallRecord]) -> dict:
         events.append({
             **common, "name": f"{r.role}.{r.method}", "ph": "X", "cat": r.role,
             "ts": (r.fetched - t0) * 1e6, "dur": (r.end - r.fetched) * 1e6,
-            "args": {k: v for k, v in asdict(r).items() if k in ("call_id", "rank", "bytes_in", "bytes_out", "ok")},
+            "args": {**{k: v for k, v in asdict(r).items() if k in ("call_id", "rank", "bytes_in", "bytes_out", "ok")},
+                     **r.extra},
         })
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 

@@ -5,6 +5,7 @@ from workbench.controller.mesh import Coord, Mesh
 from workbench.controller.protocols import (
     ALL_TO_ALL,
     DP_PROTO,
+    DP_REDUCED,
     ONE_TO_ALL,
     RANK_ZERO,
     THREE_D_ALL_MICRO_DP,

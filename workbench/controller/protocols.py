@@ -144,10 +144,14 @@ broadcast inside a replica; collect one rank per replica."""
 THREE_D_PP_ONLY = Protocol("3D_PP_ONLY", broadcast, as_list, _pp_stage_heads)
 """Broadcast; collect tp=0, dp=0 of every pipeline stage (e.g. inspecting weight names)."""
 
+DP_REDUCED = Protocol("DP_REDUCED", DP_PROTO.distribute, first, lambda m: [0])
+"""Split like DP_PROTO; the ranks reduce their results among themselves (e.g. all-reduced
+training metrics), so rank 0's output is the answer."""
+
 RANK_ZERO = Protocol("RANK_ZERO", broadcast, first, lambda m: [0])
 """Every rank runs (collectives stay matched); only rank 0's output comes back."""
 
 BUILTIN = {
     p.name: p
-    for p in (ONE_TO_ALL, ALL_TO_ALL, DP_PROTO, THREE_D_PROTO, THREE_D_ALL_MICRO_DP, THREE_D_PP_ONLY, RANK_ZERO)
+    for p in (ONE_TO_ALL, ALL_TO_ALL, DP_PROTO, DP_REDUCED, THREE_D_PROTO, THREE_D_ALL_MICRO_DP, THREE_D_PP_ONLY, RANK_ZERO)
 }

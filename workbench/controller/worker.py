@@ -38,6 +38,8 @@ class RankContext:
     pool: str
     device: str
     backend: str
+    records: deque
+    """The host's trace buffer (Worker.record_span appends to it)."""
 
 
 class Worker:
@@ -72,6 +74,14 @@ class Worker:
     @property
     def device(self) -> torch.device:
         return torch.device(self.context.device)
+
+    def record_span(self, name: str, start: float, end: float, **extra) -> None:
+        """Add a span of this rank's own (e.g. a weight sync) to the session's trace."""
+        c = self.context
+        c.records.append(CallRecord(
+            call_id=-1, role=c.role, method=name, rank=c.rank, pool=c.pool, pid=os.getpid(),
+            start=start, fetched=start, end=end, bytes_in=0, bytes_out=0, ok=True, extra=extra,
+        ))
 
     @property
     def device_mesh(self):
@@ -122,7 +132,9 @@ class WorkerHost:
 
     def add_role(self, role: str, cls: type, config: Any, mesh: Mesh) -> None:
         worker = cls.__new__(cls)
-        worker.context = RankContext(role, self.rank, self.world_size, mesh, self.pool, self.device, self.backend)
+        worker.context = RankContext(
+            role, self.rank, self.world_size, mesh, self.pool, self.device, self.backend, self.records
+        )
         worker.__init__(*(() if config is None else (config,)))
         self.workers[role] = worker
 

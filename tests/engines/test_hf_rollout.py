@@ -1,0 +1,49 @@
+"""HF rollout backend against the shared training forward (no Ray needed)."""
+
+import pytest
+import torch
+
+from workbench.data.prompts import tokenize_prompts
+from workbench.engines.forward import response_log_probs
+from workbench.engines.hf_rollout import HFRollout
+from workbench.engines.rollout import SamplingConfig, mask_after_eos
+from workbench.models import load, make_tiny
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    loaded = load(make_tiny("1m", tmp_path_factory.mktemp("tiny") / "m", seed=5))
+    rows = [{"prompt": p, "ground_truth": "0"} for p in ("Q: 1+2=? A:", "Q: 10+20=? A:", "Q: 7*8=? A:")]
+    prompts = tokenize_prompts(rows, loaded.tokenizer, max_prompt_length=32)
+    tok = loaded.tokenizer
+    return HFRollout(loaded.model, tok.pad_token_id, tok.eos_token_id), prompts
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_rollout_log_probs_match_a_full_forward(engine, temperature):
+    rollout, prompts = engine
+    out = rollout.generate(prompts, SamplingConfig(max_new_tokens=12, temperature=temperature, n=2, seed=3))
+    assert out["responses"].shape == (6, 12) and out["input_ids"].shape[1] == prompts["input_ids"].shape[1] + 12
+    assert list(out["prompt"]) == [p for p in prompts["prompt"] for _ in range(2)]  # n samples adjacent
+    with torch.no_grad():
+        forward, _ = response_log_probs(rollout.model, out, temperature)
+    assert (forward - out["rollout_log_probs"]).abs().max() <= 1e-3
+
+
+def test_greedy_is_deterministic(engine):
+    rollout, prompts = engine
+    a = rollout.generate(prompts, SamplingConfig(max_new_tokens=8, greedy=True))
+    b = rollout.generate(prompts, SamplingConfig(max_new_tokens=8, greedy=True))
+    assert torch.equal(a["responses"], b["responses"])
+
+
+def test_mask_covers_tokens_through_the_first_eos():
+    mask = mask_after_eos(torch.tensor([[5, 2, 7, 2], [1, 1, 1, 1], [2, 3, 3, 3]]), eos_token_id=2)
+    assert mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
+
+
+def test_sampling_config_rejects_nonsense():
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        SamplingConfig(temperature=0)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingConfig(top_p=1.5)

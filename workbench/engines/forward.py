@@ -1,0 +1,43 @@
+"""Per-token log-probs (and entropy) of responses under a causal LM: the one forward every
+actor, reference and rollout check shares, so they agree to the last bit of the recipe.
+
+    log_prob[t] = log_softmax(logits[t-1] / T)[token[t]]   for the R response positions
+    entropy[t]  = -sum_v p_v log p_v                         of that same distribution
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from workbench.data.batch import Batch
+
+
+def response_logits(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """Logits that predict each response token: B x R x V."""
+    responses = batch["responses"]
+    logits = model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]
+    ).logits
+    r = responses.shape[1]
+    return logits[:, -r - 1 : -1]
+
+
+def token_log_probs(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log_softmax(logits / T) at `tokens`, computed in fp32; optionally the entropy."""
+    log_p = F.log_softmax(logits.float() / temperature, dim=-1)
+    picked = log_p.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    entropy = -(log_p.exp() * log_p).sum(-1) if with_entropy else None
+    return picked, entropy
+
+
+def response_log_probs(
+    model: torch.nn.Module, batch: Batch, temperature: float = 1.0, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(log-probs, entropy) of batch["responses"], each B x R, zero where response_mask is 0."""
+    logits = response_logits(model, batch)
+    log_probs, entropy = token_log_probs(logits, batch["responses"], temperature, with_entropy)
+    mask = batch["response_mask"].to(log_probs.dtype)
+    return log_probs * mask, entropy * mask if entropy is not None else None

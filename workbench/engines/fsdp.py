@@ -1,0 +1,90 @@
+"""Training with FSDP2 (`fully_shard`) over the data-parallel ranks of a worker group.
+
+Each decoder layer is its own FSDP unit (parameters gathered just for that layer's forward and
+backward), the root holds the embeddings and head. Gradients are averaged over DP ranks by
+FSDP's reduce-scatter, so with equal rows per rank one step equals a single-process step on the
+whole batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+
+from workbench.data.batch import Batch
+
+LossFn = Callable[[torch.nn.Module, Batch], tuple[torch.Tensor, dict[str, float]]]
+"""loss_fn(model, micro_batch) -> (mean loss over the micro-batch's rows, metrics)."""
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW settings."""
+
+    lr: float = 1e-5
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0 = no clipping; the norm is still reported)."""
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks of an HF causal LM (model.model.layers for Llama-style models)."""
+    inner = getattr(model, "model", model)
+    return list(getattr(inner, "layers", []))
+
+
+class FSDPEngine:
+    def __init__(self, model: torch.nn.Module, optim: OptimConfig, dp_mesh=None):
+        for layer in decoder_layers(model):
+            fully_shard(layer, mesh=dp_mesh)
+        fully_shard(model, mesh=dp_mesh)
+        self.model, self.optim = model, optim
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
+        )
+
+    def train_step(self, loss_fn: LossFn, micro_batches: list[Batch]) -> dict[str, float]:
+        """One optimizer step over micro-batches (gradient accumulation, rows weighted)."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        rows = sum(len(mb) for mb in micro_batches)
+        totals: dict[str, float] = {}
+        for mb in micro_batches:
+            loss, metrics = loss_fn(self.model, mb)
+            (loss * (len(mb) / rows)).backward()
+            for k, v in metrics.items():
+                totals[k] = totals.get(k, 0.0) + float(v) * len(mb) / rows
+        clip = self.optim.grad_clip if self.optim.grad_clip > 0 else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        if isinstance(grad_norm, DTensor):
+            grad_norm = grad_norm.full_tensor()
+        self.optimizer.step()
+        return {**totals, "grad_norm": float(grad_norm), "lr": self.optimizer.param_groups[0]["lr"]}
+
+    @torch.no_grad()
+    def full_weights(self) -> dict[str, torch.Tensor]:
+        """Every parameter and buffer unsharded, on every rank (the hybrid engine's gather)."""
+        return {
+            name: (value.full_tensor() if isinstance(value, DTensor) else value).detach()
+            for name, value in self.model.state_dict().items()
+        }
+
+    def save(self, path: str) -> None:
+        """Sharded model + optimizer state (torch.distributed.checkpoint; each rank its shard)."""
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path)
+
+    def load(self, path: str) -> None:
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_state, "optim": optim_state}
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])

@@ -1,0 +1,92 @@
+"""The contract every rollout backend meets (HF `generate`, vLLM), so workers can swap them.
+
+Input: a Batch of prompts with left-padded `input_ids` and `attention_mask` (B x P).
+Output: a Batch of B*n rows (each prompt's n samples adjacent), holding the prompt fields
+repeated, plus:
+  responses          B*n x R  generated token ids, right-padded with pad_token_id
+  response_mask      B*n x R  1 for generated tokens (up to and including EOS), 0 after
+  rollout_log_probs  B*n x R  log-prob of each generated token under log_softmax(logits / T)
+                              (T = temperature, 1 when greedy; before top-p/top-k truncation,
+                              so training forwards reproduce it), 0 where masked
+  input_ids, attention_mask, position_ids   B*n x (P+R): prompt and response joined, the
+                              layout training forwards consume
+R = max_new_tokens. Weights are updated in place (`load_weights`), never by restarting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Protocol
+
+import torch
+
+from workbench.data.batch import Batch
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How to sample responses."""
+
+    max_new_tokens: int = 32
+    """Response length R (responses stop early at EOS and are padded to R)."""
+    temperature: float = 1.0
+    """Softmax temperature; ignored when greedy."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1.0 = off)."""
+    top_k: int = 0
+    """Keep only the k most likely tokens (0 = off)."""
+    n: int = 1
+    """Samples per prompt (GRPO/RLOO groups); rows of one prompt are adjacent."""
+    greedy: bool = False
+    """Arg-max decoding (ReMax baseline, evaluation)."""
+    seed: int | None = None
+    """Seed for reproducible sampling; None draws fresh randomness."""
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1 or self.n < 1:
+            raise ValueError(f"max_new_tokens and n must be >= 1, got {self.max_new_tokens}, {self.n}")
+        if not self.greedy and self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 (got {self.temperature}); use greedy=True for arg-max")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompts: Batch, sampling: SamplingConfig) -> Batch: ...
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace the weights in place with full (unsharded) HF-named tensors."""
+
+    def release(self) -> None:
+        """Free generation-only memory (KV cache, buffers) until the next generate."""
+
+
+def join_prompt_and_response(
+    prompts: Batch, responses: torch.Tensor, response_mask: torch.Tensor, log_probs: torch.Tensor, n: int
+) -> Batch:
+    """The output layout above, from left-padded prompts and right-padded responses."""
+    rows = prompts.repeat(n, interleave=True) if n > 1 else prompts
+    prompt_mask = rows["attention_mask"]
+    attention_mask = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    out = Batch(
+        {
+            "input_ids": torch.cat([rows["input_ids"], responses], dim=1),
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+            "responses": responses,
+            "response_mask": response_mask.to(prompt_mask.dtype),
+            "rollout_log_probs": log_probs * response_mask,
+        },
+        rows.columns,
+        rows.info,
+    )
+    return out
+
+
+def mask_after_eos(responses: torch.Tensor, eos_token_id: int | list[int]) -> torch.Tensor:
+    """1 up to and including the first EOS of each row, 0 after."""
+    eos = torch.as_tensor(eos_token_id if isinstance(eos_token_id, list) else [eos_token_id])
+    is_eos = torch.isin(responses, eos)
+    after_eos = (is_eos.cumsum(dim=1) - is_eos.long()) > 0
+    return (~after_eos).long()

@@ -1,0 +1,187 @@
+"""ActorRolloutRefWorker: the actor's training, its rollout and (optionally) the reference policy,
+in one process per device — the hybrid engine of HybridFlow §5.
+
+Training weights are FSDP shards over the data-parallel ranks. The rollout engine holds its own
+generation copy; before a generation that follows an update, every rank gathers the full
+weights from the shards and loads them into the engine in place (no restart, no disk), then
+drops the gathered copy. Each switch is recorded in the trace (`hybrid.sync_weights`, with its
+seconds and memory).
+
+With `train=False, rollout=None, reference=True` the same class is a plain reference worker.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+
+import psutil
+import torch
+import torch.distributed as dist
+
+from workbench.controller import DP_PROTO, ONE_TO_ALL, Worker, register
+from workbench.controller.protocols import DP_REDUCED
+from workbench.data.batch import Batch
+from workbench.engines.forward import response_log_probs
+from workbench.engines.fsdp import FSDPEngine, LossFn, OptimConfig
+from workbench.engines.hf_rollout import HFRollout
+from workbench.engines.rollout import SamplingConfig
+from workbench.models.load import LoadConfig, load
+
+
+@dataclass
+class ActorConfig:
+    """What the actor/rollout/reference worker holds and how it trains."""
+
+    model_path: str
+    """A local Hugging Face causal-LM directory (e.g. from workbench.models.make_tiny)."""
+    train: bool = True
+    """Hold trainable FSDP shards and an optimizer (update_actor)."""
+    rollout: str | None = "hf"
+    """Rollout backend: "hf" (transformers generate) or None (no generation)."""
+    reference: bool = False
+    """Keep a frozen copy of the initial weights for compute_ref_log_prob."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    mini_batch_size: int = 8
+    """Rows per optimizer step, summed over data-parallel ranks."""
+    micro_batch_size: int = 4
+    """Rows per forward/backward on one rank (gradient accumulation inside a mini-batch)."""
+    epochs: int = 1
+    """Passes over the batch per update_actor call (PPO epochs)."""
+    shuffle: bool = False
+    """Shuffle rows between mini-batches (seeded by `seed` and the update count)."""
+    temperature: float = 1.0
+    """Log-probs use log_softmax(logits / temperature): set it to the sampling temperature."""
+    seed: int = 0
+    load: LoadConfig = field(default_factory=LoadConfig)
+
+
+class ActorRolloutRefWorker(Worker):
+    def __init__(self, config: ActorConfig):
+        super().__init__(config)
+        torch.manual_seed(config.seed)
+        loaded = load(config.model_path, config.load)
+        self.tokenizer = loaded.tokenizer
+        model = loaded.model
+        self.reference = copy.deepcopy(model).eval().requires_grad_(False) if config.reference else None
+        self.rollout = None
+        if config.rollout == "hf":
+            self.rollout = HFRollout(copy.deepcopy(model), self.tokenizer.pad_token_id, self.tokenizer.eos_token_id)
+        elif config.rollout is not None:
+            raise ValueError(f"ActorConfig.rollout: unknown backend {config.rollout!r}; use 'hf' or None")
+        self.engine = FSDPEngine(model, config.optim, self.device_mesh["dp"]) if config.train else None
+        self.version = 0  # bumped by every update; the rollout copy is synced lazily
+        self.rollout_version = 0
+        self.updates = 0
+
+    # ---- rollout (hybrid engine) -------------------------------------------------------------
+    @register(DP_PROTO)
+    def generate_sequences(self, prompts: Batch, sampling: SamplingConfig = SamplingConfig()) -> Batch:
+        if self.rollout is None:
+            raise RuntimeError("this worker has no rollout engine (ActorConfig.rollout=None)")
+        self._sync_rollout_weights()
+        if sampling.seed is not None:  # distinct but reproducible streams per rank
+            sampling = SamplingConfig(**{**sampling.__dict__, "seed": sampling.seed + self.rank})
+        out = self.rollout.generate(prompts, sampling)
+        self.rollout.release()
+        return out
+
+    def _sync_rollout_weights(self) -> None:
+        """Training shards -> full weights -> rollout copy, in place, when they differ."""
+        if self.engine is None or self.rollout_version == self.version:
+            return
+        start = time.time()
+        weights = self.engine.full_weights()
+        peak_rss = psutil.Process().memory_info().rss
+        self.rollout.load_weights(weights.items())
+        del weights
+        self.rollout_version = self.version
+        self.record_span("hybrid.sync_weights", start, time.time(), peak_rss_bytes=peak_rss, version=self.version)
+
+    # ---- forwards ----------------------------------------------------------------------------
+    @register(DP_PROTO)
+    def compute_log_prob(self, batch: Batch) -> Batch:
+        """old_log_probs and entropy of the responses under the current (training) weights."""
+        log_probs, entropy = self._forward(self._trained_model(), batch, with_entropy=True)
+        return Batch({"old_log_probs": log_probs, "entropy": entropy})
+
+    @register(DP_PROTO)
+    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        if self.reference is None:
+            raise RuntimeError("this worker holds no reference copy (ActorConfig.reference=False)")
+        log_probs, _ = self._forward(self.reference, batch)
+        return Batch({"ref_log_probs": log_probs})
+
+    @torch.no_grad()
+    def _forward(self, model, batch: Batch, with_entropy: bool = False):
+        model.eval()
+        parts = [
+            response_log_probs(model, batch[i : i + self.config.micro_batch_size], self.config.temperature, with_entropy)
+            for i in range(0, len(batch), self.config.micro_batch_size)
+        ]
+        log_probs = torch.cat([p[0] for p in parts])
+        return log_probs, torch.cat([p[1] for p in parts]) if with_entropy else None
+
+    def _trained_model(self):
+        if self.engine is None:
+            raise RuntimeError("this worker does not train (ActorConfig.train=False)")
+        return self.engine.model
+
+    # ---- training ----------------------------------------------------------------------------
+    @register(DP_REDUCED)
+    def update_actor(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
+        """Mini-batch steps over this rank's rows for `epochs` passes; metrics averaged over
+        steps and ranks. `loss_fn(model, micro_batch) -> (loss, metrics)` comes from the driver."""
+        cfg, engine = self.config, self.engine
+        if engine is None:
+            raise RuntimeError("this worker does not train (ActorConfig.train=False)")
+        per_rank = max(1, cfg.mini_batch_size // self.mesh.dp)
+        steps = []
+        for epoch in range(cfg.epochs):
+            order = torch.arange(len(batch))
+            if cfg.shuffle:
+                g = torch.Generator().manual_seed(cfg.seed + 1000 * self.updates + epoch)
+                order = torch.randperm(len(batch), generator=g)
+            for start in range(0, len(batch), per_rank):
+                mini = batch[order[start : start + per_rank]]
+                micro = [mini[i : i + cfg.micro_batch_size] for i in range(0, len(mini), cfg.micro_batch_size)]
+                steps.append(engine.train_step(loss_fn, micro))
+        self.version += 1
+        self.updates += 1
+        return _mean_over_ranks({k: sum(s[k] for s in steps) / len(steps) for k in steps[0]})
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    @register(ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> str:
+        """Sharded model + optimizer state under `path` (every rank writes its shard)."""
+        self._trained_model()
+        self.engine.save(path)
+        return path
+
+    @register(ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> str:
+        self._trained_model()
+        self.engine.load(path)
+        self.version += 1  # the rollout copy must be refreshed
+        return path
+
+    @register(ONE_TO_ALL)
+    def export_hf(self, path: str) -> str:
+        """The current weights as a normal Hugging Face checkpoint directory (rank 0 writes)."""
+        weights = self.engine.full_weights() if self.engine else None
+        if self.rank == 0:
+            model = copy.deepcopy(self.rollout.model if self.rollout else self.reference)
+            if weights is not None:
+                model.load_state_dict(weights)
+            model.save_pretrained(path)
+            self.tokenizer.save_pretrained(path)
+        dist.barrier()
+        return path
+
+
+def _mean_over_ranks(metrics: dict[str, float]) -> dict[str, float]:
+    values = torch.tensor(list(metrics.values()), dtype=torch.float64)
+    dist.all_reduce(values)
+    values /= dist.get_world_size()
+    return dict(zip(metrics, values.tolist()))
