@@ -1,0 +1,62 @@
+"""Reward and cost models: a value-head LM scoring whole sequences (HybridFlow Table 4).
+
+The score is the head's output at the last real token of prompt + response. Sequence-level
+scores go in `scores` (or `costs`); `token_level_scores` puts the same number on the last
+response token (zeros elsewhere), the form PPO's per-token rewards are built from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from workbench.controller import DP_PROTO, Worker, register
+from workbench.data.batch import Batch
+from workbench.models.load import LoadConfig
+from workbench.models.value import last_token_index, load_value_model, token_values
+
+
+@dataclass
+class ScoreModelConfig:
+    model_path: str
+    """A trained value model (see workbench.stages.reward_model) or any causal-LM directory."""
+    micro_batch_size: int = 8
+    load: LoadConfig = field(default_factory=LoadConfig)
+
+
+class RewardModelWorker(Worker):
+    output_key = "scores"
+
+    def __init__(self, config: ScoreModelConfig):
+        super().__init__(config)
+        self.model = load_value_model(config.model_path, config.load).model.eval().requires_grad_(False)
+
+    @torch.no_grad()
+    def _score(self, batch: Batch) -> Batch:
+        step = self.config.micro_batch_size
+        scores = []
+        for i in range(0, len(batch), step):
+            part = batch[i : i + step]
+            values = token_values(self.model, part["input_ids"], part["attention_mask"], part["position_ids"])
+            scores.append(values.gather(1, last_token_index(part["attention_mask"]).unsqueeze(1)).squeeze(1))
+        scores = torch.cat(scores)
+        mask = batch["response_mask"]
+        last = last_token_index(mask)
+        token_level = torch.zeros(mask.shape, dtype=scores.dtype)
+        token_level[torch.arange(len(batch)), last] = scores
+        return Batch({self.output_key: scores, f"token_level_{self.output_key}": token_level * mask})
+
+    @register(DP_PROTO)
+    def compute_reward(self, batch: Batch) -> Batch:
+        return self._score(batch)
+
+
+class CostModelWorker(RewardModelWorker):
+    """Safe-RLHF's cost model: the same scorer, writing `costs`."""
+
+    output_key = "costs"
+
+    @register(DP_PROTO)
+    def compute_cost(self, batch: Batch) -> Batch:
+        return self._score(batch)
