@@ -30,11 +30,19 @@ def load_value_model(path: str | os.PathLike, cfg: LoadConfig | None = None) -> 
             f"in transformers, so no value head can be put on it; use a Llama-style checkpoint"
         )
     tokenizer, fixes = load_tokenizer(path, cfg)
-    with warnings.catch_warnings():  # "newly initialized score head" is expected from an LM
-        warnings.simplefilter("ignore")
-        model = AutoModelForTokenClassification.from_pretrained(
-            path, num_labels=1, dtype=resolve_dtype(cfg.dtype, cfg.device), trust_remote_code=cfg.trust_remote_code
-        )
+    from transformers.utils import logging as hf_logging
+
+    # From an LM checkpoint, "lm_head unexpected, score head newly initialised" is the point.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = AutoModelForTokenClassification.from_pretrained(
+                path, num_labels=1, dtype=resolve_dtype(cfg.dtype, cfg.device), trust_remote_code=cfg.trust_remote_code
+            )
+    finally:
+        hf_logging.set_verbosity(verbosity)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     return LoadedModel(model.to(cfg.device).eval(), tokenizer, path, fixes)
