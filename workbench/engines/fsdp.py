@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from workbench.data.batch import Batch
@@ -44,9 +44,14 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 class FSDPEngine:
     def __init__(self, model: torch.nn.Module, optim: OptimConfig, dp_mesh=None):
+        # bf16 compute with fp32 master weights and gradient reduction where the GPU has bf16;
+        # plain fp32 on CPU (the CPU path is the correctness reference).
+        mp = MixedPrecisionPolicy()
+        if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         for layer in decoder_layers(model):
-            fully_shard(layer, mesh=dp_mesh)
-        fully_shard(model, mesh=dp_mesh)
+            fully_shard(layer, mesh=dp_mesh, mp_policy=mp)
+        fully_shard(model, mesh=dp_mesh, mp_policy=mp)
         self.model, self.optim = model, optim
         self.optimizer = torch.optim.AdamW(
             model.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
