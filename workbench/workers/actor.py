@@ -1,11 +1,11 @@
 """ActorRolloutRefWorker: the actor's training, its rollout and (optionally) the reference policy,
 in one process per device — the hybrid engine of HybridFlow §5.
 
-Training weights are FSDP shards over the data-parallel ranks. The rollout engine holds its own
-generation copy; before a generation that follows an update, every rank gathers the full
-weights from the shards and loads them into the engine in place (no restart, no disk), then
-drops the gathered copy. Each switch is recorded in the trace (`hybrid.sync_weights`, with its
-seconds and memory).
+Training weights are FSDP2 or DeepSpeed ZeRO shards over the data-parallel ranks
+(`ActorConfig.backend`). The rollout engine holds its own generation copy; before a generation
+that follows an update, every rank gathers the full weights from the shards and loads them into
+the engine in place (no restart, no disk), then drops the gathered copy. Each switch is
+recorded in the trace (`hybrid.sync_weights`, with its seconds and memory).
 
 With `train=False, rollout=None, reference=True` the same class is a plain reference worker.
 """
@@ -24,9 +24,10 @@ from workbench.controller import DP_PROTO, ONE_TO_ALL, Worker, register
 from workbench.controller.protocols import DP_REDUCED
 from workbench.data.batch import Batch
 from workbench.engines.forward import response_log_probs
-from workbench.engines.fsdp import FSDPEngine, LossFn, OptimConfig
+from workbench.engines.fsdp import LossFn, OptimConfig
 from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig
+from workbench.engines.training import BACKENDS, make_engine
 from workbench.models.load import LoadConfig, load
 
 
@@ -37,7 +38,11 @@ class ActorConfig:
     model_path: str
     """A local Hugging Face causal-LM directory (e.g. from workbench.models.make_tiny)."""
     train: bool = True
-    """Hold trainable FSDP shards and an optimizer (update_actor)."""
+    """Hold trainable shards and an optimizer (update_actor)."""
+    backend: str = "fsdp"
+    """Training backend: "fsdp" (FSDP2) or "deepspeed" (DeepSpeed ZeRO, stage `zero_stage`)."""
+    zero_stage: int = 2
+    """ZeRO stage for backend="deepspeed": 1 (optimizer state), 2 (+ gradients), 3 (+ parameters)."""
     rollout: str | None = "hf"
     """Rollout backend: "hf" (transformers generate) or None (no generation)."""
     reference: bool = False
@@ -56,6 +61,12 @@ class ActorConfig:
     seed: int = 0
     load: LoadConfig = field(default_factory=LoadConfig)
 
+    def __post_init__(self):
+        if self.backend not in BACKENDS:
+            raise ValueError(f"ActorConfig.backend: unknown training backend {self.backend!r}; use one of {BACKENDS}")
+        if self.zero_stage not in (1, 2, 3):
+            raise ValueError(f"ActorConfig.zero_stage: {self.zero_stage!r} is not a ZeRO stage; use 1, 2 or 3")
+
 
 class ActorRolloutRefWorker(Worker):
     def __init__(self, config: ActorConfig):
@@ -70,7 +81,12 @@ class ActorRolloutRefWorker(Worker):
             self.rollout = HFRollout(copy.deepcopy(model), self.tokenizer.pad_token_id, self.tokenizer.eos_token_id)
         elif config.rollout is not None:
             raise ValueError(f"ActorConfig.rollout: unknown backend {config.rollout!r}; use 'hf' or None")
-        self.engine = FSDPEngine(model, config.optim, self.device_mesh["dp"]) if config.train else None
+        self.engine = None
+        if config.train:
+            self.engine = make_engine(
+                model, config.optim, self.device_mesh["dp"], backend=config.backend, zero_stage=config.zero_stage,
+                micro_batch_size=config.micro_batch_size, mini_batch_size=self._rows_per_step(),
+            )
         self.version = 0  # bumped by every update; the rollout copy is synced lazily
         self.rollout_version = 0
         self.updates = 0
@@ -136,7 +152,7 @@ class ActorRolloutRefWorker(Worker):
         cfg, engine = self.config, self.engine
         if engine is None:
             raise RuntimeError("this worker does not train (ActorConfig.train=False)")
-        per_rank = max(1, cfg.mini_batch_size // self.mesh.dp)
+        per_rank = self._rows_per_step()
         steps = []
         for epoch in range(cfg.epochs):
             order = torch.arange(len(batch))
@@ -150,6 +166,10 @@ class ActorRolloutRefWorker(Worker):
         self.version += 1
         self.updates += 1
         return _mean_over_ranks({k: sum(s[k] for s in steps) / len(steps) for k in steps[0]})
+
+    def _rows_per_step(self) -> int:
+        """This rank's share of a mini-batch."""
+        return max(1, self.config.mini_batch_size // self.mesh.dp)
 
     # ---- checkpoints -------------------------------------------------------------------------
     @register(ONE_TO_ALL)

@@ -1,0 +1,122 @@
+"""Training with DeepSpeed ZeRO (stage 1, 2 or 3) over the data-parallel ranks of a worker group:
+the second training backend, with FSDPEngine's interface so the actor doesn't care which it has.
+
+ZeRO-1 shards the optimizer state, ZeRO-2 also the gradients, ZeRO-3 also the parameters
+(gathered layer by layer by DeepSpeed's hooks in forward and backward). The optimizer is a
+plain torch AdamW handed to DeepSpeed as the client optimizer (DeepSpeedCPUAdam would need a
+~100 s JIT build). DeepSpeed reuses the process group the worker host already formed.
+
+Gradient accumulation: FSDPEngine takes a rows-weighted mean over a step's micro-batches, and a
+step may hold fewer micro-batches than usual (the last mini-batch of a batch). DeepSpeed's
+managed accumulation instead divides every loss by a fixed `gradient_accumulation_steps` and
+steps after exactly that many backwards. So accumulation runs unmanaged
+(`managed_gradient_accumulation: false`): backward only accumulates (without the 1/GAS
+scaling), and `step()` is the boundary that reduces the gradients over ranks (a mean, like
+FSDP's), clips and updates. The batch-size entries of the config are then bookkeeping only.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from workbench.data.batch import Batch
+from workbench.engines.fsdp import LossFn, OptimConfig
+
+# DeepSpeed JIT-compiles a shared-memory comm op (~2 min on 2 cores) the first time a process
+# builds its comm backend, into TORCH_EXTENSIONS_DIR (default: under the home directory, which
+# fresh CI machines and private test HOMEs don't keep). The repo's ignored .cache/ keeps one
+# build for every later run and every Ray actor. Set before deepspeed is imported anywhere in
+# this process; a directory the user chose wins.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(__file__).resolve().parents[2] / ".cache" / "torch_extensions"))
+
+import deepspeed  # noqa: E402  (after TORCH_EXTENSIONS_DIR)
+
+CHECKPOINT_TAG = "state"
+"""DeepSpeed's checkpoint sub-directory name under the path given to save/load."""
+
+
+class DeepSpeedEngine:
+    """`model` is the DeepSpeed engine (an nn.Module wrapping the HF model; its forward must be
+    the one called, because it arms ZeRO's backward hooks). `full_weights()` gives HF names."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optim: OptimConfig,
+        zero_stage: int = 2,
+        dp_mesh=None,
+        micro_batch_size: int = 1,
+        accumulation_steps: int = 1,
+        bf16: bool | None = None,
+    ):
+        if zero_stage not in (1, 2, 3):
+            raise ValueError(f"DeepSpeedEngine: zero_stage must be 1, 2 or 3, got {zero_stage!r}")
+        if not dist.is_initialized():
+            # A worker host has already formed the group; standalone use needs the usual
+            # RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT variables.
+            deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+        world = dist.get_world_size()
+        if dp_mesh is not None and dp_mesh.size() != world:
+            raise ValueError(
+                f"DeepSpeedEngine: data parallelism only; the dp mesh has {dp_mesh.size()} of {world} ranks "
+                f"(pp/tp > 1). Use backend='fsdp' or a mesh with pp = tp = 1"
+            )
+        # DeepSpeed reads the device index from LOCAL_RANK; a Ray actor sees one device (index 0).
+        os.environ.setdefault("LOCAL_RANK", "0")
+        if bf16 is None:
+            bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        config = {
+            "train_micro_batch_size_per_gpu": micro_batch_size,
+            "gradient_accumulation_steps": accumulation_steps,
+            "train_batch_size": micro_batch_size * accumulation_steps * world,
+            "managed_gradient_accumulation": False,
+            # DeepSpeed's default clips at 1.0 when the key is missing; 0 turns clipping off.
+            "gradient_clipping": float(optim.grad_clip),
+            "zero_optimization": {"stage": zero_stage},
+            "bf16": {"enabled": bool(bf16)},
+            "steps_per_print": 2**31 - 1,
+            "wall_clock_breakdown": False,
+        }
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
+        )
+        self.model, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+        self.optim, self.zero_stage = optim, zero_stage
+
+    def train_step(self, loss_fn: LossFn, micro_batches: list[Batch]) -> dict[str, float]:
+        """One optimizer step over micro-batches (gradient accumulation, rows weighted)."""
+        self.model.train()
+        rows = sum(len(mb) for mb in micro_batches)
+        totals: dict[str, float] = {}
+        for mb in micro_batches:
+            loss, metrics = loss_fn(self.model, mb)
+            self.model.backward(loss * (len(mb) / rows), scale_wrt_gas=False)
+            for k, v in metrics.items():
+                totals[k] = totals.get(k, 0.0) + float(v) * len(mb) / rows
+        self.model.step()  # reduce over ranks, clip, AdamW, zero the gradients
+        grad_norm = self.model.get_global_grad_norm()
+        return {**totals, "grad_norm": float(grad_norm), "lr": self.model.get_lr()[0]}
+
+    @torch.no_grad()
+    def full_weights(self) -> dict[str, torch.Tensor]:
+        """Every parameter and buffer unsharded, on every rank, under the HF names. ZeRO-1/2
+        keep full parameters on every rank, so those tensors are the live weights (read them
+        before the next step); ZeRO-3 gathers all parameters at once and returns copies."""
+        module = self.model.module
+        if self.zero_stage < 3:
+            return {name: value.detach() for name, value in module.state_dict().items()}
+        with deepspeed.zero.GatheredParameters(list(module.parameters())):
+            return {name: value.detach().clone() for name, value in module.state_dict().items()}
+
+    def save(self, path: str) -> None:
+        """Model + optimizer state (DeepSpeed's layout: each rank writes its optimizer partition)."""
+        self.model.save_checkpoint(path, tag=CHECKPOINT_TAG)
+
+    def load(self, path: str) -> None:
+        loaded, _ = self.model.load_checkpoint(path, tag=CHECKPOINT_TAG)
+        if loaded is None:
+            raise FileNotFoundError(f"DeepSpeedEngine.load: no DeepSpeed checkpoint under {path!r} (tag {CHECKPOINT_TAG!r})")

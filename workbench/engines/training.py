@@ -1,0 +1,39 @@
+"""The one place a training backend is chosen: FSDP2 (default) or DeepSpeed ZeRO.
+
+Both engines share one interface — `model`, `train_step(loss_fn, micro_batches)`,
+`full_weights()`, `save(path)`, `load(path)` — so workers and algorithms never branch on it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from workbench.engines.fsdp import FSDPEngine, OptimConfig
+
+BACKENDS = ("fsdp", "deepspeed")
+
+
+def make_engine(
+    model: torch.nn.Module,
+    optim: OptimConfig,
+    dp_mesh,
+    backend: str = "fsdp",
+    zero_stage: int = 2,
+    micro_batch_size: int = 1,
+    mini_batch_size: int = 1,
+):
+    """A training engine over `model` for the data-parallel ranks of `dp_mesh`.
+
+    micro_batch_size / mini_batch_size (rows per rank) only fill DeepSpeed's batch bookkeeping;
+    the arithmetic of a step is the same in both engines (rows-weighted gradient accumulation).
+    """
+    if backend == "fsdp":
+        return FSDPEngine(model, optim, dp_mesh)
+    if backend == "deepspeed":
+        from workbench.engines.deepspeed_engine import DeepSpeedEngine  # imports deepspeed: slow
+
+        steps = max(1, math.ceil(mini_batch_size / micro_batch_size))
+        return DeepSpeedEngine(model, optim, zero_stage, dp_mesh, micro_batch_size=micro_batch_size, accumulation_steps=steps)
+    raise ValueError(f"unknown training backend {backend!r}; use one of {', '.join(map(repr, BACKENDS))}")
