@@ -98,7 +98,8 @@ def test_zero_stage_matches_single_process_and_restores_checkpoints(session, mod
 
     # The hybrid engine's gather reaches the rollout copy.
     after = actor.generate_sequences(prompts(tokenizer), greedy).get()
-    expected = HFRollout(single.eval(), tokenizer.pad_token_id, tokenizer.eos_token_id).generate(prompts(tokenizer), greedy)
+    rollout = HFRollout(single.eval(), tokenizer.pad_token_id, tokenizer.eos_token_id)
+    expected = rollout.generate(prompts(tokenizer), greedy)
     assert torch.equal(after["responses"], expected["responses"]), "generation did not pick up the update"
 
     # Checkpoint: save -> update -> load gives back the same log-probs.

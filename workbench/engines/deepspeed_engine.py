@@ -119,4 +119,6 @@ class DeepSpeedEngine:
     def load(self, path: str) -> None:
         loaded, _ = self.model.load_checkpoint(path, tag=CHECKPOINT_TAG)
         if loaded is None:
-            raise FileNotFoundError(f"DeepSpeedEngine.load: no DeepSpeed checkpoint under {path!r} (tag {CHECKPOINT_TAG!r})")
+            raise FileNotFoundError(
+                f"DeepSpeedEngine.load: no DeepSpeed checkpoint under {path!r} (tag {CHECKPOINT_TAG!r})"
+            )

@@ -35,5 +35,7 @@ def make_engine(
         from workbench.engines.deepspeed_engine import DeepSpeedEngine  # imports deepspeed: slow
 
         steps = max(1, math.ceil(mini_batch_size / micro_batch_size))
-        return DeepSpeedEngine(model, optim, zero_stage, dp_mesh, micro_batch_size=micro_batch_size, accumulation_steps=steps)
+        return DeepSpeedEngine(
+            model, optim, zero_stage, dp_mesh, micro_batch_size=micro_batch_size, accumulation_steps=steps
+        )
     raise ValueError(f"unknown training backend {backend!r}; use one of {', '.join(map(repr, BACKENDS))}")
