@@ -6,25 +6,16 @@ answer is "chosen" to cost more).
 
 from __future__ import annotations
 
-import random
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from workbench.models.value import last_token_index, load_value_model, token_values
-from workbench.stages.sft import encode_examples
+from workbench.stages.sft import StageConfig, encode_examples, fit
 
 
-@dataclass(frozen=True)
-class RewardModelConfig:
-    steps: int = 300
-    batch_size: int = 32
-    lr: float = 1e-3
-    max_length: int = 64
-    seed: int = 0
-    log_every: int = 50
+RewardModelConfig = StageConfig
 
 
 def sequence_scores(model, tokenizer, prompts: list[str], responses: list[str], max_length: int) -> torch.Tensor:
@@ -43,31 +34,20 @@ def pairwise_accuracy(model, tokenizer, pairs: list[dict], max_length: int = 64)
     return float((chosen > rejected).float().mean())
 
 
-def train_reward_model(model_dir: str | Path, pairs: list[dict], out_dir: str | Path, config: RewardModelConfig = RewardModelConfig()) -> dict:
+def train_reward_model(model_dir: str | Path, pairs: list[dict], out_dir: str | Path, config: StageConfig = StageConfig()) -> dict:
     """Train on rows {"prompt", "chosen", "rejected"}; saves a value model (load it with
     workbench.models.value.load_value_model, or as RewardModelWorker/CostModelWorker's model_path)."""
-    torch.manual_seed(config.seed)
-    rng = random.Random(config.seed)
     loaded = load_value_model(model_dir)
-    model, tokenizer = loaded.model.train(), loaded.tokenizer
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
-    losses = []
-    for step in range(config.steps):
-        batch = rng.sample(pairs, min(config.batch_size, len(pairs)))
+    model, tokenizer = loaded.model, loaded.tokenizer
+
+    def batch_loss(rows: list[int]) -> torch.Tensor:
+        batch = [pairs[i] for i in rows]
         prompts = [p["prompt"] for p in batch]
-        scores = sequence_scores(
-            model, tokenizer, prompts + prompts, [p["chosen"] for p in batch] + [p["rejected"] for p in batch], config.max_length
-        )
-        chosen, rejected = scores[: len(batch)], scores[len(batch) :]
-        loss = -F.logsigmoid(chosen - rejected).mean()
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        losses.append(loss.item())
-        if config.log_every and step % config.log_every == 0:
-            print(f"reward model step {step}: loss {loss.item():.4f}")
-    model.eval()
+        responses = [p["chosen"] for p in batch] + [p["rejected"] for p in batch]
+        scores = sequence_scores(model, tokenizer, prompts + prompts, responses, config.max_length)
+        return -F.logsigmoid(scores[: len(batch)] - scores[len(batch) :]).mean()
+
+    losses = fit(model, config, len(pairs), batch_loss, "reward model")
     out_dir = Path(out_dir)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -17,15 +18,42 @@ from workbench.models.load import load, save
 
 
 @dataclass(frozen=True)
-class SFTConfig:
+class StageConfig:
+    """Settings of a single-process training stage (SFT, reward model)."""
+
     steps: int = 300
     batch_size: int = 32
+    """Examples (or preference pairs) per step, drawn at random."""
     lr: float = 1e-3
     weight_decay: float = 0.0
     max_length: int = 64
     """Longest prompt + response in tokens; longer examples are refused (not cut)."""
     seed: int = 0
     log_every: int = 50
+    """Print the loss every this many steps (0 = quiet)."""
+
+
+SFTConfig = StageConfig
+
+
+def fit(model, config: StageConfig, num_examples: int, batch_loss: Callable[[list[int]], torch.Tensor], name: str) -> list[float]:
+    """AdamW steps on random batches of example indices; returns the loss of every step."""
+    torch.manual_seed(config.seed)
+    rng = random.Random(config.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    model.train()
+    losses = []
+    for step in range(config.steps):
+        loss = batch_loss(rng.sample(range(num_examples), min(config.batch_size, num_examples)))
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+        if config.log_every and step % config.log_every == 0:
+            print(f"{name} step {step}: loss {loss.item():.4f}")
+    model.eval()
+    return losses
 
 
 def encode_examples(tokenizer, prompts: list[str], responses: list[str], max_length: int, add_eos: bool = True):
@@ -56,26 +84,18 @@ def response_nll(model, input_ids, attention_mask, loss_mask) -> torch.Tensor:
     return (nll.view(targets.shape) * mask).sum() / mask.sum()
 
 
-def train_sft(model_dir: str | Path, demonstrations: list[dict], out_dir: str | Path, config: SFTConfig = SFTConfig()) -> dict:
+def train_sft(model_dir: str | Path, demonstrations: list[dict], out_dir: str | Path, config: StageConfig = StageConfig()) -> dict:
     """Fine-tune on rows {"prompt", "response"}; returns {"path", "losses", "first_loss", "last_loss"}."""
-    torch.manual_seed(config.seed)
-    rng = random.Random(config.seed)
     loaded = load(model_dir)
-    model, tokenizer = loaded.model.train(), loaded.tokenizer
+    model, tokenizer = loaded.model, loaded.tokenizer
     input_ids, attention_mask, loss_mask = encode_examples(
         tokenizer, [d["prompt"] for d in demonstrations], [d["response"] for d in demonstrations], config.max_length
     )
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    losses = []
-    for step in range(config.steps):
-        idx = torch.tensor(rng.sample(range(len(input_ids)), min(config.batch_size, len(input_ids))))
-        loss = response_nll(model, input_ids[idx], attention_mask[idx], loss_mask[idx])
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        losses.append(loss.item())
-        if config.log_every and step % config.log_every == 0:
-            print(f"sft step {step}: loss {loss.item():.4f}")
-    path = save(model.eval(), tokenizer, out_dir)
+
+    def batch_loss(rows: list[int]) -> torch.Tensor:
+        idx = torch.tensor(rows)
+        return response_nll(model, input_ids[idx], attention_mask[idx], loss_mask[idx])
+
+    losses = fit(model, config, len(input_ids), batch_loss, "sft")
+    path = save(model, tokenizer, out_dir)
     return {"path": str(path), "losses": losses, "first_loss": losses[0], "last_loss": losses[-1]}

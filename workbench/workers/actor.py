@@ -29,6 +29,7 @@ from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig
 from workbench.engines.training import BACKENDS, make_engine
 from workbench.models.load import LoadConfig, load
+from workbench.workers.training import mean_over_ranks, run_updates
 
 
 @dataclass
@@ -101,6 +102,9 @@ class ActorRolloutRefWorker(Worker):
             sampling = SamplingConfig(**{**sampling.__dict__, "seed": sampling.seed + self.rank})
         out = self.rollout.generate(prompts, sampling)
         self.rollout.release()
+        # Text of each response (through EOS, special tokens dropped) for rule rewards.
+        tokens = out["responses"] * out["response_mask"] + self.tokenizer.pad_token_id * (1 - out["response_mask"])
+        out["response_text"] = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
         return out
 
     def _sync_rollout_weights(self) -> None:
@@ -149,23 +153,13 @@ class ActorRolloutRefWorker(Worker):
     def update_actor(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
         """Mini-batch steps over this rank's rows for `epochs` passes; metrics averaged over
         steps and ranks. `loss_fn(model, micro_batch) -> (loss, metrics)` comes from the driver."""
-        cfg, engine = self.config, self.engine
-        if engine is None:
-            raise RuntimeError("this worker does not train (ActorConfig.train=False)")
-        per_rank = self._rows_per_step()
-        steps = []
-        for epoch in range(cfg.epochs):
-            order = torch.arange(len(batch))
-            if cfg.shuffle:
-                g = torch.Generator().manual_seed(cfg.seed + 1000 * self.updates + epoch)
-                order = torch.randperm(len(batch), generator=g)
-            for start in range(0, len(batch), per_rank):
-                mini = batch[order[start : start + per_rank]]
-                micro = [mini[i : i + cfg.micro_batch_size] for i in range(0, len(mini), cfg.micro_batch_size)]
-                steps.append(engine.train_step(loss_fn, micro))
+        cfg = self.config
+        self._trained_model()
+        shuffle_seed = cfg.seed + 1000 * self.updates if cfg.shuffle else None
+        metrics = run_updates(self.engine, batch, loss_fn, self._rows_per_step(), cfg.micro_batch_size, cfg.epochs, shuffle_seed)
         self.version += 1
         self.updates += 1
-        return _mean_over_ranks({k: sum(s[k] for s in steps) / len(steps) for k in steps[0]})
+        return mean_over_ranks(metrics)
 
     def _rows_per_step(self) -> int:
         """This rank's share of a mini-batch."""
@@ -199,9 +193,3 @@ class ActorRolloutRefWorker(Worker):
         dist.barrier()
         return path
 
-
-def _mean_over_ranks(metrics: dict[str, float]) -> dict[str, float]:
-    values = torch.tensor(list(metrics.values()), dtype=torch.float64)
-    dist.all_reduce(values)
-    values /= dist.get_world_size()
-    return dict(zip(metrics, values.tolist()))

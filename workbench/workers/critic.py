@@ -9,7 +9,8 @@ import torch
 from workbench.controller import DP_PROTO, Worker, register
 from workbench.controller.protocols import DP_REDUCED
 from workbench.data.batch import Batch
-from workbench.engines.fsdp import FSDPEngine, LossFn, OptimConfig
+from workbench.engines.fsdp import LossFn, OptimConfig
+from workbench.engines.training import BACKENDS, make_engine
 from workbench.models.load import LoadConfig
 from workbench.models.value import load_value_model, token_values
 from workbench.workers.training import mean_over_ranks, run_updates
@@ -24,10 +25,18 @@ class CriticConfig:
     """Rows per optimizer step, summed over data-parallel ranks."""
     micro_batch_size: int = 4
     epochs: int = 1
+    backend: str = "fsdp"
+    """Training backend: "fsdp" or "deepspeed"."""
+    zero_stage: int = 2
+    """DeepSpeed ZeRO stage (1, 2 or 3) when backend="deepspeed"."""
     cliprange_value: float | None = 0.5
     """Clip new values to old_values ± this in the loss (PPO value clipping); None = off."""
     seed: int = 0
     load: LoadConfig = field(default_factory=LoadConfig)
+
+    def __post_init__(self):
+        if self.backend not in BACKENDS:
+            raise ValueError(f"CriticConfig.backend: unknown training backend {self.backend!r}; use one of {BACKENDS}")
 
 
 def response_values(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
@@ -65,7 +74,10 @@ class CriticWorker(Worker):
         super().__init__(config)
         torch.manual_seed(config.seed)
         loaded = load_value_model(config.model_path, config.load)
-        self.engine = FSDPEngine(loaded.model, config.optim, self.device_mesh["dp"])
+        self.engine = make_engine(
+            loaded.model, config.optim, self.device_mesh["dp"], backend=config.backend, zero_stage=config.zero_stage,
+            micro_batch_size=config.micro_batch_size, mini_batch_size=max(1, config.mini_batch_size // self.mesh.dp),
+        )
 
     @register(DP_PROTO)
     @torch.no_grad()
