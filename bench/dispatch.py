@@ -57,7 +57,7 @@ def timed(fn) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=200, help="trivial-call rounds")
-    parser.add_argument("--transfer-rounds", type=int, default=40)
+    parser.add_argument("--transfer-rounds", type=int, default=80)
     parser.add_argument("--mb", type=float, default=4.0, help="batch size in MB for the transfer")
     args = parser.parse_args()
     nbytes = int(args.mb * MB)
