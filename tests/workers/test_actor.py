@@ -17,6 +17,7 @@ from workbench.engines.forward import response_log_probs
 from workbench.engines.fsdp import OptimConfig
 from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig
+from workbench.engines.vllm_rollout import VLLMRolloutConfig
 from workbench.models import load, make_tiny
 from workbench.workers import ActorConfig, ActorRolloutRefWorker
 
@@ -29,9 +30,10 @@ def model_dir(tmp_path_factory):
     return str(make_tiny("1m", tmp_path_factory.mktemp("tiny") / "actor", seed=3))
 
 
-@pytest.fixture(scope="module")
-def actor(shared_session, model_dir):
-    config = ActorConfig(model_path=model_dir, reference=True, optim=OPTIM, mini_batch_size=8, micro_batch_size=2)
+@pytest.fixture(scope="module", params=["hf", "vllm"])
+def actor(request, shared_session, model_dir):
+    config = ActorConfig(model_path=model_dir, rollout=request.param, reference=True, optim=OPTIM,
+                         mini_batch_size=8, micro_batch_size=2, vllm=VLLMRolloutConfig(max_model_len=128, cpu_threads_bind="per-rank"))
     group = shared_session.group("actor", ActorRolloutRefWorker, shared_session.pool("actor_pool", 2), config)
     yield group
     shared_session.clear()

@@ -13,8 +13,9 @@ With `train=False, rollout=None, reference=True` the same class is a plain refer
 from __future__ import annotations
 
 import copy
+import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import psutil
 import torch
@@ -28,8 +29,12 @@ from workbench.engines.fsdp import LossFn, OptimConfig
 from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig
 from workbench.engines.training import BACKENDS, make_engine
+from workbench.engines.vllm_rollout import VLLMRolloutConfig
 from workbench.models.load import LoadConfig, load
 from workbench.workers.training import mean_over_ranks, run_updates
+
+
+ROLLOUTS = ("hf", "vllm", None)
 
 
 @dataclass
@@ -45,7 +50,7 @@ class ActorConfig:
     zero_stage: int = 2
     """ZeRO stage for backend="deepspeed": 1 (optimizer state), 2 (+ gradients), 3 (+ parameters)."""
     rollout: str | None = "hf"
-    """Rollout backend: "hf" (transformers generate) or None (no generation)."""
+    """Rollout backend: "hf" (transformers generate), "vllm", or None (no generation)."""
     reference: bool = False
     """Keep a frozen copy of the initial weights for compute_ref_log_prob."""
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -61,8 +66,13 @@ class ActorConfig:
     """Log-probs use log_softmax(logits / temperature): set it to the sampling temperature."""
     seed: int = 0
     load: LoadConfig = field(default_factory=LoadConfig)
+    vllm: VLLMRolloutConfig = field(default_factory=lambda: VLLMRolloutConfig(cpu_threads_bind="per-rank"))
+    """vLLM engine settings when rollout="vllm"; cpu_threads_bind="per-rank" pins rank r's
+    engine to core r mod cores (several ranks on one machine must not share cores)."""
 
     def __post_init__(self):
+        if self.rollout not in ROLLOUTS:
+            raise ValueError(f"ActorConfig.rollout: unknown backend {self.rollout!r}; use one of {ROLLOUTS}")
         if self.backend not in BACKENDS:
             raise ValueError(f"ActorConfig.backend: unknown training backend {self.backend!r}; use one of {BACKENDS}")
         if self.zero_stage not in (1, 2, 3):
@@ -77,11 +87,7 @@ class ActorRolloutRefWorker(Worker):
         self.tokenizer = loaded.tokenizer
         model = loaded.model
         self.reference = copy.deepcopy(model).eval().requires_grad_(False) if config.reference else None
-        self.rollout = None
-        if config.rollout == "hf":
-            self.rollout = HFRollout(copy.deepcopy(model), self.tokenizer.pad_token_id, self.tokenizer.eos_token_id)
-        elif config.rollout is not None:
-            raise ValueError(f"ActorConfig.rollout: unknown backend {config.rollout!r}; use 'hf' or None")
+        self.rollout = self._make_rollout(model)
         self.engine = None
         if config.train:
             self.engine = make_engine(
@@ -91,6 +97,19 @@ class ActorRolloutRefWorker(Worker):
         self.version = 0  # bumped by every update; the rollout copy is synced lazily
         self.rollout_version = 0
         self.updates = 0
+
+    def _make_rollout(self, model):
+        cfg = self.config
+        if cfg.rollout == "hf":
+            return HFRollout(copy.deepcopy(model), self.tokenizer.pad_token_id, self.tokenizer.eos_token_id)
+        if cfg.rollout == "vllm":
+            from workbench.engines.vllm_rollout import VLLMRollout  # heavy import, only when used
+
+            # Ranks sharing a machine must not pin their engines to the same cores.
+            cores = os.cpu_count() or 1
+            engine = replace(cfg.vllm, cpu_threads_bind=str(self.rank % cores)) if cfg.vllm.cpu_threads_bind == "per-rank" else cfg.vllm
+            return VLLMRollout(cfg.model_path, engine)
+        return None
 
     # ---- rollout (hybrid engine) -------------------------------------------------------------
     @register(DP_PROTO)
@@ -185,7 +204,7 @@ class ActorRolloutRefWorker(Worker):
         """The current weights as a normal Hugging Face checkpoint directory (rank 0 writes)."""
         weights = self.engine.full_weights() if self.engine else None
         if self.rank == 0:
-            model = copy.deepcopy(self.rollout.model if self.rollout else self.reference)
+            model = load(self.config.model_path, self.config.load).model  # an unsharded template
             if weights is not None:
                 model.load_state_dict(weights)
             model.save_pretrained(path)
