@@ -5,6 +5,7 @@ this test process.
 """
 
 import copy
+from pathlib import Path
 
 import pytest
 import ray
@@ -13,7 +14,8 @@ import torch
 import tests.workers.losses as losses
 from workbench import Batch
 from workbench.data.prompts import tokenize_prompts
-from workbench.engines.forward import response_log_probs
+from workbench.engines.forward import response_log_probs, sequence_nll
+from workbench.stages import encode_examples
 from workbench.engines.fsdp import OptimConfig
 from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig
@@ -116,3 +118,15 @@ def test_checkpoint_save_load_restores_log_probs(actor, model_dir, tmp_path):
 
 def advantages_for(batch):
     return Batch({"advantages": torch.linspace(-1.0, 1.0, len(batch))})
+
+
+def test_compute_loss_matches_a_local_forward(actor, model_dir):
+    model, tokenizer = local_model(model_dir)
+    ids, attention, loss_mask = encode_examples(tokenizer, ["Q: 1+2=? A:", "Q: 30+4=? A:", "Q: 5+5=? A:"],
+                                                [" 3", " 34", " 10"], max_length=32)
+    batch = Batch({"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask})
+    remote = actor.compute_loss(batch).get()["ptx_loss"]
+    exported = load(actor.export_hf(str(Path(model_dir).parent / f"ptx-{id(actor)}")).get()[0]).model
+    with torch.no_grad():
+        local = sequence_nll(exported, ids, attention, loss_mask)
+    assert remote.shape == (3,) and (remote - local).abs().max() <= 1e-5

@@ -41,3 +41,14 @@ def response_log_probs(
     log_probs, entropy = token_log_probs(logits, batch["responses"], temperature, with_entropy)
     mask = batch["response_mask"].to(log_probs.dtype)
     return log_probs * mask, entropy * mask if entropy is not None else None
+
+
+def sequence_nll(model: torch.nn.Module, input_ids, attention_mask, loss_mask) -> torch.Tensor:
+    """Per-row mean next-token cross-entropy over the positions loss_mask marks: B.
+
+    The pre-training (PPO-ptx) loss of a right-padded text batch, e.g. from
+    workbench.stages.encode_examples."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
+    targets, mask = input_ids[:, 1:], loss_mask[:, 1:].float()
+    nll = F.cross_entropy(logits.transpose(1, 2).float(), targets, reduction="none")
+    return (nll * mask).sum(1) / mask.sum(1).clamp(min=1)

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from workbench.controller import DP_PROTO, ONE_TO_ALL, Worker, register
 from workbench.controller.protocols import DP_REDUCED
 from workbench.data.batch import Batch
-from workbench.engines.forward import response_log_probs
+from workbench.engines.forward import response_log_probs, sequence_nll
 from workbench.engines.fsdp import LossFn, OptimConfig
 from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig
@@ -120,7 +120,9 @@ class ActorRolloutRefWorker(Worker):
         if sampling.seed is not None:  # distinct but reproducible streams per rank
             sampling = SamplingConfig(**{**sampling.__dict__, "seed": sampling.seed + self.rank})
         out = self.rollout.generate(prompts, sampling)
-        self.rollout.release()
+        start = time.time()
+        self.rollout.release()  # back to the training layout: generation-only memory goes
+        self.record_span("hybrid.release", start, time.time(), rss_bytes=psutil.Process().memory_info().rss)
         # Text of each response (through EOS, special tokens dropped) for rule rewards.
         tokens = out["responses"] * out["response_mask"] + self.tokenizer.pad_token_id * (1 - out["response_mask"])
         out["response_text"] = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
@@ -144,6 +146,19 @@ class ActorRolloutRefWorker(Worker):
         """old_log_probs and entropy of the responses under the current (training) weights."""
         log_probs, entropy = self._forward(self._trained_model(), batch, with_entropy=True)
         return Batch({"old_log_probs": log_probs, "entropy": entropy})
+
+    @register(DP_PROTO)
+    @torch.no_grad()
+    def compute_loss(self, batch: Batch) -> Batch:
+        """Pre-training (PPO-ptx) loss per row of a text batch with input_ids, attention_mask
+        and loss_mask (workbench.stages.encode_examples), under the current weights."""
+        model, step = self._trained_model(), self.config.micro_batch_size
+        model.eval()
+        nll = [
+            sequence_nll(model, part["input_ids"], part["attention_mask"], part["loss_mask"])
+            for part in (batch[i : i + step] for i in range(0, len(batch), step))
+        ]
+        return Batch({"ptx_loss": torch.cat(nll)})
 
     @register(DP_PROTO)
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
