@@ -62,7 +62,6 @@ def run(args, work: Path) -> None:
     sampling = SamplingConfig(max_new_tokens=args.new_tokens, temperature=1.0, seed=0)
 
     rollout = VLLMRollout(model_dir, cfg)
-    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     llm = rollout.llm

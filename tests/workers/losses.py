@@ -1,7 +1,5 @@
 """Loss functions the tests ship to workers (by value, as a notebook's would be)."""
 
-import torch
-
 from workbench.engines.forward import response_log_probs
 
 

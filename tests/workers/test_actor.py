@@ -12,11 +12,10 @@ import ray
 import torch
 
 import tests.workers.losses as losses
+from tests.workers.reference import OPTIM, advantages_for, prompts, single_process_step
 from workbench import Batch
-from workbench.data.prompts import tokenize_prompts
 from workbench.engines.forward import response_log_probs, sequence_nll
 from workbench.stages import encode_examples
-from workbench.engines.fsdp import OptimConfig
 from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig
 from workbench.engines.vllm_rollout import VLLMRolloutConfig
@@ -24,7 +23,6 @@ from workbench.models import load, make_tiny
 from workbench.workers import ActorConfig, ActorRolloutRefWorker
 
 ray.cloudpickle.register_pickle_by_value(losses)
-OPTIM = OptimConfig(lr=1e-3, grad_clip=1.0)
 
 
 @pytest.fixture(scope="module")
@@ -40,10 +38,6 @@ def actor(request, shared_session, model_dir):
     yield group
     shared_session.clear()
 
-
-def prompts(tokenizer, n=8):
-    rows = [{"prompt": f"Q: {i}+{i + 3}=? A:", "ground_truth": str(2 * i + 3)} for i in range(n)]
-    return tokenize_prompts(rows, tokenizer, max_prompt_length=32)
 
 
 def local_model(model_dir):
@@ -73,17 +67,7 @@ def test_update_matches_single_process_and_next_generation_uses_new_weights(acto
     metrics = actor.update_actor(train, losses.reinforce_loss).get()
     assert set(metrics) >= {"loss", "grad_norm", "lr"} and metrics["grad_norm"] > 0
 
-    # The same step in one process, with the same arithmetic: each rank's 4 rows in
-    # micro-batches of 2 (gradient accumulation), then the mean of the two ranks' gradients.
-    single = copy.deepcopy(model).train()
-    opt = torch.optim.AdamW(single.parameters(), lr=OPTIM.lr, betas=OPTIM.betas, eps=OPTIM.eps, weight_decay=0.0)
-    for rank in range(2):
-        for micro in range(2):
-            rows = train[rank * 4 + micro * 2 : rank * 4 + micro * 2 + 2]
-            loss, _ = losses.reinforce_loss(single, rows)
-            (loss * 0.5 * 0.5).backward()
-    torch.nn.utils.clip_grad_norm_(single.parameters(), OPTIM.grad_clip)
-    opt.step()
+    single, _ = single_process_step(model, train)
 
     exported = actor.export_hf(str(tmp_path / "hf")).get()[0]
     trained = load(exported).model.state_dict()
@@ -114,10 +98,6 @@ def test_checkpoint_save_load_restores_log_probs(actor, model_dir, tmp_path):
     actor.load_checkpoint(str(tmp_path / "ckpt")).get()
     restored = actor.compute_log_prob(batch).get()["old_log_probs"]
     assert torch.equal(restored, saved)
-
-
-def advantages_for(batch):
-    return Batch({"advantages": torch.linspace(-1.0, 1.0, len(batch))})
 
 
 def test_compute_loss_matches_a_local_forward(actor, model_dir):

@@ -18,23 +18,19 @@ What works here (deepspeed 0.19.8, torch 2.13 CPU, gloo, torch AdamW as client o
 The first DeepSpeed start on a machine JIT-compiles a shm comm op (~1-2 min) into .cache/.
 """
 
-import copy
 
 import pytest
 import ray
 import torch
 
 import tests.workers.losses as losses
-from workbench import Batch
-from workbench.data.prompts import tokenize_prompts
-from workbench.engines.fsdp import OptimConfig
+from tests.workers.reference import OPTIM, advantages_for, prompts, single_process_step
 from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig
 from workbench.models import load, make_tiny
 from workbench.workers import ActorConfig, ActorRolloutRefWorker
 
 ray.cloudpickle.register_pickle_by_value(losses)
-OPTIM = OptimConfig(lr=1e-3, grad_clip=1.0)
 ADAM_SAFE_GRAD = 1e-6
 """Below this |gradient| AdamW's first step amplifies rounding (see the module docstring)."""
 
@@ -44,29 +40,6 @@ def model_dir(tmp_path_factory):
     return str(make_tiny("1m", tmp_path_factory.mktemp("tiny") / "actor", seed=3))
 
 
-def prompts(tokenizer, n=8):
-    rows = [{"prompt": f"Q: {i}+{i + 3}=? A:", "ground_truth": str(2 * i + 3)} for i in range(n)]
-    return tokenize_prompts(rows, tokenizer, max_prompt_length=32)
-
-
-def advantages_for(batch):
-    return Batch({"advantages": torch.linspace(-1.0, 1.0, len(batch))})
-
-
-def single_process_step(model, train):
-    """The actor's step in one process: each rank's 4 rows in micro-batches of 2 (gradient
-    accumulation), the mean over the two ranks, clipping, AdamW. Returns (model, clipped grads)."""
-    single = copy.deepcopy(model).train()
-    opt = torch.optim.AdamW(single.parameters(), lr=OPTIM.lr, betas=OPTIM.betas, eps=OPTIM.eps, weight_decay=0.0)
-    for rank in range(2):
-        for micro in range(2):
-            rows = train[rank * 4 + micro * 2 : rank * 4 + micro * 2 + 2]
-            loss, _ = losses.reinforce_loss(single, rows)
-            (loss * 0.5 * 0.5).backward()
-    torch.nn.utils.clip_grad_norm_(single.parameters(), OPTIM.grad_clip)
-    grads = {name: p.grad.clone() for name, p in single.named_parameters()}
-    opt.step()
-    return single, grads
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])

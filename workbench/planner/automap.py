@@ -113,7 +113,6 @@ class AutoMapper:
         key = (model, n, int(budget // 2**20))
         if key in self._choice:
             return self._choice[key]
-        spec = self.specs[model]
         gen_calls = [c for c in self.flow.calls_of(model) if c.kind == "generate"]
         choice = None
         for _, static, dyn, s, times in self._ranked_strategies(model, n):

@@ -1,0 +1,38 @@
+"""What the actor tests compare against: the same inputs and the same step in one process."""
+
+import copy
+
+import torch
+
+from tests.workers.losses import reinforce_loss
+from workbench import Batch
+from workbench.data.prompts import tokenize_prompts
+from workbench.engines.fsdp import OptimConfig
+
+OPTIM = OptimConfig(lr=1e-3, grad_clip=1.0)
+
+
+def prompts(tokenizer, n=8):
+    rows = [{"prompt": f"Q: {i}+{i + 3}=? A:", "ground_truth": str(2 * i + 3)} for i in range(n)]
+    return tokenize_prompts(rows, tokenizer, max_prompt_length=32)
+
+
+def advantages_for(batch):
+    return Batch({"advantages": torch.linspace(-1.0, 1.0, len(batch))})
+
+
+def single_process_step(model, train, optim=OPTIM):
+    """The 2-rank actor's step in one process, with the same arithmetic: each rank's 4 rows in
+    micro-batches of 2 (gradient accumulation), the mean over the two ranks, clipping, AdamW.
+    Returns (updated copy of model, its clipped gradients)."""
+    single = copy.deepcopy(model).train()
+    opt = torch.optim.AdamW(single.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=0.0)
+    for rank in range(2):
+        for micro in range(2):
+            rows = train[rank * 4 + micro * 2 : rank * 4 + micro * 2 + 2]
+            loss, _ = reinforce_loss(single, rows)
+            (loss * 0.5 * 0.5).backward()
+    torch.nn.utils.clip_grad_norm_(single.parameters(), optim.grad_clip)
+    grads = {name: p.grad.clone() for name, p in single.named_parameters()}
+    opt.step()
+    return single, grads
