@@ -52,6 +52,9 @@ def bare_engine(backend: str, model_dir, loaded):
     engine = VLLMRollout(model_dir, VLLMRolloutConfig(max_model_len=256, cpu_threads_bind="0"))
 
     def generate(prompts, sampling):  # llm.generate with the very requests the worker sends
+        # The worker's engine drops its prefix cache after every generation (release()), and
+        # RL never sends the same prompts twice: don't let the bare engine reuse cached KV.
+        engine.llm.reset_prefix_cache()
         tokens = engine._prompt_tokens(prompts, sampling.max_new_tokens)
         params = [engine._sampling_params(sampling, i) for i in range(len(tokens))]
         outs = engine.llm.generate([TokensPrompt(prompt_token_ids=t) for t in tokens], params, use_tqdm=False)
