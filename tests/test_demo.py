@@ -1,6 +1,7 @@
 """The README's main command runs end to end (in its own process and Ray instance)."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -8,14 +9,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_demo_runs_and_writes_a_trace(tmp_path):
+def test_demo_runs_real_workers_and_writes_a_trace(tmp_path):
     trace = tmp_path / "trace.json"
     run = subprocess.run(
-        [sys.executable, "-m", "workbench", "demo", "--prompts", "6", "--trace", str(trace)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "workbench", "demo", "--prompts", "6", "--sft-steps", "60",
+         "--workdir", str(tmp_path / "demo"), "--trace", str(trace)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert "critic all-reduce over its 2 ranks: [3.0, 3.0]" in run.stdout
-    assert "Batch(rows=6" in run.stdout
-    events = json.loads(trace.read_text())["traceEvents"]
-    assert {"actor.generate_sequences", "critic.compute_values", "reward.compute_reward"} <= {e["name"] for e in events}
+    assert "Batch(rows=12" in run.stdout  # 6 prompts x 2 samples
+    accuracy = float(re.search(r"exact-match accuracy of the sampled answers: ([0-9.]+)", run.stdout).group(1))
+    assert 0.0 <= accuracy <= 1.0
+    events = {e["name"] for e in json.loads(trace.read_text())["traceEvents"]}
+    assert {"actor.generate_sequences", "actor.compute_ref_log_prob", "critic.compute_values"} <= events

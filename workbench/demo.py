@@ -1,10 +1,11 @@
-"""`make demo` / `python -m workbench demo`: the single controller driving a PPO-shaped dataflow.
+"""`make demo` / `python -m workbench demo`: one PPO-shaped iteration's dataflow on real models.
 
-Until the model workers land, the models here are toy numeric workers (a random policy over a
-tiny vocabulary, a critic and a reward that are a few tensor ops), but everything around them
-is the real runtime: an embedded Ray, placement groups, gloo process groups, futures flowing
-worker to worker, time-sharing on a colocated pool and overlap across split pools, and a
-Perfetto trace of every call.
+A tiny Llama (the built-in kit) is fine-tuned for a few seconds on arithmetic, then the single
+controller drives real worker groups on a split placement: the actor (FSDP2 shards + HF
+rollout + a frozen reference copy, one process per device) on one pool, the critic on
+another, and an exact-match rule reward in Ray tasks. Futures flow worker to worker; the
+driver fetches only the final columns. It prints a few rows, a timeline of every call, and
+writes a Perfetto trace. (Updates and the algorithms come with `algorithms/`.)
 """
 
 from __future__ import annotations
@@ -14,82 +15,73 @@ import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
-from workbench import DP_PROTO, ONE_TO_ALL, Batch, Mesh, Session, Worker, register
+from workbench import Session
+from workbench.data import arithmetic
+from workbench.data.prompts import tokenize_prompts
+from workbench.engines.rollout import SamplingConfig
+from workbench.models import load, make_tiny
+from workbench.stages import SFTConfig, train_sft
 from workbench.tracing import text_timeline
+from workbench.workers import ActorConfig, ActorRolloutRefWorker
+from workbench.workers.critic import CriticConfig, CriticWorker
+from workbench.workers.rule_reward import RuleReward
 
 
-class ToyPolicy(Worker):
-    """Samples 'responses' from a random policy; stands in for the actor until real models."""
-
-    @register(DP_PROTO)
-    def generate_sequences(self, prompts: Batch) -> Batch:
-        g = torch.Generator().manual_seed(1000 + self.rank)
-        responses = torch.randint(0, 32, (len(prompts), 16), generator=g)
-        time.sleep(0.3)  # stands in for decoding time
-        out = prompts.union(Batch({"responses": responses}))
-        out["old_log_probs"] = torch.full(responses.shape, -3.47)
-        return out
-
-
-class ToyCritic(Worker):
-    @register(DP_PROTO)
-    def compute_values(self, batch: Batch) -> Batch:
-        time.sleep(0.3)
-        values = batch["responses"].float().mean(dim=1, keepdim=True).expand(-1, 16) / 32
-        return Batch({"values": values.contiguous()})
-
-    @register(ONE_TO_ALL)
-    def sync_check(self) -> float:
-        """An all-reduce over the critic's process group (what a DP gradient sync does)."""
-        x = torch.ones(1) * (self.rank + 1)
-        dist.all_reduce(x)
-        return x.item()
+def prepare_model(workdir: Path, sft_steps: int) -> Path:
+    """The tiny model, fine-tuned on one-digit additions (cached between runs)."""
+    sft_dir = workdir / f"sft-{sft_steps}"
+    if not (sft_dir / "config.json").exists():
+        torch.set_num_threads(1)
+        base = make_tiny("1m", workdir / "base")
+        problems = arithmetic.generate(arithmetic.ArithmeticConfig(digits=1), 400, seed=0)
+        result = train_sft(base, arithmetic.demonstrations(problems), sft_dir, SFTConfig(steps=sft_steps, log_every=0))
+        print(f"SFT: loss {result['first_loss']:.2f} -> {result['last_loss']:.2f} in {sft_steps} steps")
+    return sft_dir
 
 
-class ToyReward(Worker):
-    @register(DP_PROTO)
-    def compute_reward(self, batch: Batch) -> Batch:
-        time.sleep(0.3)
-        return Batch({"scores": (batch["responses"] % 2 == 0).float().mean(dim=1)})
+def run(num_prompts: int, workdir: Path, trace_path: Path, sft_steps: int = 200) -> dict:
+    model_dir = prepare_model(workdir, sft_steps)
+    tokenizer = load(model_dir).tokenizer
+    problems = arithmetic.generate(arithmetic.ArithmeticConfig(digits=1), num_prompts, seed=1)
+    prompts = tokenize_prompts([p.__dict__ for p in problems], tokenizer, max_prompt_length=32)
 
-
-def run(num_prompts: int, trace_path: Path) -> dict:
     with Session(num_devices=4) as session:
-        actor_pool = session.pool("actor_pool", 2)
-        critic_pool = session.pool("critic_pool", 2)
-        actor = session.group("actor", ToyPolicy, actor_pool)
-        critic = session.group("critic", ToyCritic, critic_pool, mesh=Mesh(dp=2))
-        reward = session.group("reward", ToyReward, critic_pool)  # colocated with the critic
-        print(f"pools: {actor_pool}, {critic_pool}")
-        print(f"critic all-reduce over its 2 ranks: {critic.sync_check().get()}")
-
-        prompts = Batch(
-            {"input_ids": torch.arange(num_prompts * 8).view(num_prompts, 8)},
-            {"prompt": [f"Q: {i}+{i}=? A:" for i in range(num_prompts)]},
+        actor = session.group(
+            "actor", ActorRolloutRefWorker, session.pool("actor_pool", 2),
+            ActorConfig(model_path=str(model_dir), reference=True),
         )
+        critic = session.group("critic", CriticWorker, session.pool("critic_pool", 2), CriticConfig(model_path=str(model_dir)))
+        reward = RuleReward(arithmetic.score)
+        print(f"placement: actor+reference on {actor.pool}, critic on {critic.pool}, rule reward in Ray tasks")
+
         start = time.monotonic()
-        generated = actor.generate_sequences(prompts)  # a future; nothing fetched yet
-        values = critic.compute_values(generated)  # critic ranks pull their rows from the actor
-        scores = reward.compute_reward(generated)  # same pool as the critic: runs after it
-        batch = generated.get().union(values.get()).union(scores.get())
+        generated = actor.generate_sequences(prompts, SamplingConfig(max_new_tokens=6, n=2, seed=0))
+        ref = actor.compute_ref_log_prob(generated)  # same processes as the actor: runs next
+        values = critic.compute_values(generated)  # other pool: overlaps with the reference pass
+        scores = reward.compute_reward(generated)  # each task pulls its rows from actor ranks
+        batch = generated.get().union(ref.get()).union(values.get()).union(scores.get())
         elapsed = time.monotonic() - start
-        print(f"one iteration's dataflow over {len(batch)} prompts took {elapsed:.2f} s")
+
+        print(f"one iteration's dataflow over {num_prompts} prompts x 2 samples took {elapsed:.2f} s")
         print(f"batch: {batch}")
-        for row in batch.table(max_rows=3):
-            print("  ", {k: row[k] for k in ("prompt", "scores")})
+        for i in range(min(4, len(batch))):
+            print(f"  {batch['prompt'][i]!r:>16} -> {batch['response_text'][i]!r:<8} score {batch['scores'][i]:.0f}")
+        accuracy = float(batch["scores"].mean())
+        print(f"exact-match accuracy of the sampled answers: {accuracy:.2f}")
         records = session.trace()
         print(text_timeline(records))
         session.save_trace(trace_path)
         print(f"trace written to {trace_path} (open it at https://ui.perfetto.dev)")
-        return {"rows": len(batch), "seconds": elapsed, "calls": len(records)}
+        return {"rows": len(batch), "seconds": elapsed, "calls": len(records), "accuracy": accuracy}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m workbench demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=12)
-    parser.add_argument("--trace", type=Path, default=Path("runs/demo_trace.json"))
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--workdir", type=Path, default=Path("runs/demo"))
+    parser.add_argument("--trace", type=Path, default=Path("runs/demo/trace.json"))
+    parser.add_argument("--sft-steps", type=int, default=200)
     args = parser.parse_args(argv)
     args.trace.parent.mkdir(parents=True, exist_ok=True)
-    run(args.prompts, args.trace)
+    run(args.prompts, args.workdir, args.trace, args.sft_steps)

@@ -127,7 +127,9 @@ class WorkerGroup:
 
     def call(self, method: str, *args, **kwargs) -> DataFuture:
         """Run registered `method` on the group; returns a DataFuture immediately."""
-        registration = self.methods[method]
+        registration = self.methods.get(method)
+        if registration is None:
+            raise DispatchError(f"{self.role} has no registered method {method!r}; registered: {sorted(self.methods)}")
         reserved = [k for k in kwargs if k.startswith("_wb_")]
         if reserved:
             raise DispatchError(f"{self.role}.{method}: keyword names starting with _wb_ are reserved: {reserved}")
