@@ -4,6 +4,7 @@ import copy
 
 import torch
 
+from tests.workers import losses
 from tests.workers.losses import reinforce_loss
 from workbench import Batch
 from workbench.data.prompts import tokenize_prompts
@@ -36,3 +37,15 @@ def single_process_step(model, train, optim=OPTIM):
     grads = {name: p.grad.clone() for name, p in single.named_parameters()}
     opt.step()
     return single, grads
+
+
+def assert_checkpoint_roundtrip(actor, batch, path):
+    """save -> update (log-probs change) -> load gives back exactly the saved log-probs."""
+    actor.save_checkpoint(str(path)).get()
+    saved = actor.compute_log_prob(batch).get()["old_log_probs"]
+    actor.update_actor(batch.union(advantages_for(batch)), losses.reinforce_loss).get()
+    changed = actor.compute_log_prob(batch).get()["old_log_probs"]
+    assert (changed - saved).abs().max() > 1e-4
+    actor.load_checkpoint(str(path)).get()
+    restored = actor.compute_log_prob(batch).get()["old_log_probs"]
+    assert torch.equal(restored, saved)

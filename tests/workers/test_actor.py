@@ -12,7 +12,7 @@ import ray
 import torch
 
 import tests.workers.losses as losses
-from tests.workers.reference import OPTIM, advantages_for, prompts, single_process_step
+from tests.workers.reference import OPTIM, advantages_for, assert_checkpoint_roundtrip, prompts, single_process_step
 from workbench import Batch
 from workbench.engines.forward import response_log_probs, sequence_nll
 from workbench.stages import encode_examples
@@ -90,14 +90,7 @@ def test_update_matches_single_process_and_next_generation_uses_new_weights(acto
 def test_checkpoint_save_load_restores_log_probs(actor, model_dir, tmp_path):
     _, tokenizer = local_model(model_dir)
     batch = actor.generate_sequences(prompts(tokenizer), SamplingConfig(max_new_tokens=8, seed=1)).get()
-    actor.save_checkpoint(str(tmp_path / "ckpt")).get()
-    saved = actor.compute_log_prob(batch).get()["old_log_probs"]
-    actor.update_actor(batch.union(advantages_for(batch)), losses.reinforce_loss).get()
-    changed = actor.compute_log_prob(batch).get()["old_log_probs"]
-    assert (changed - saved).abs().max() > 1e-4
-    actor.load_checkpoint(str(tmp_path / "ckpt")).get()
-    restored = actor.compute_log_prob(batch).get()["old_log_probs"]
-    assert torch.equal(restored, saved)
+    assert_checkpoint_roundtrip(actor, batch, tmp_path / "ckpt")
 
 
 def test_compute_loss_matches_a_local_forward(actor, model_dir):

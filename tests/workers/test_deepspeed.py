@@ -24,7 +24,7 @@ import ray
 import torch
 
 import tests.workers.losses as losses
-from tests.workers.reference import OPTIM, advantages_for, prompts, single_process_step
+from tests.workers.reference import OPTIM, advantages_for, assert_checkpoint_roundtrip, prompts, single_process_step
 from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig
 from workbench.models import load, make_tiny
@@ -76,14 +76,7 @@ def test_zero_stage_matches_single_process_and_restores_checkpoints(session, mod
     assert torch.equal(after["responses"], expected["responses"]), "generation did not pick up the update"
 
     # Checkpoint: save -> update -> load gives back the same log-probs.
-    actor.save_checkpoint(str(tmp_path / "ckpt")).get()
-    saved = actor.compute_log_prob(after).get()["old_log_probs"]
-    actor.update_actor(after.union(advantages_for(after)), losses.reinforce_loss).get()
-    changed = actor.compute_log_prob(after).get()["old_log_probs"]
-    assert (changed - saved).abs().max() > 1e-4
-    actor.load_checkpoint(str(tmp_path / "ckpt")).get()
-    restored = actor.compute_log_prob(after).get()["old_log_probs"]
-    assert torch.equal(restored, saved)
+    assert_checkpoint_roundtrip(actor, after, tmp_path / "ckpt")
 
 
 def test_unknown_backend_or_stage_is_refused():

@@ -146,8 +146,8 @@ class WorkerHost:
         if after:  # time-sharing: earlier calls on this pool, issued by other groups, go first
             ray.wait(after, num_returns=len(after), fetch_local=False)
         start = time.time()
-        args = tuple(_resolve(a) for a in args)
-        kwargs = {k: _resolve(v) for k, v in kwargs.items()}
+        args = tuple(resolve_input(a) for a in args)
+        kwargs = {k: resolve_input(v) for k, v in kwargs.items()}
         bytes_in = sum(describe_output(v).nbytes for v in (*args, *kwargs.values()))
         compute_start = time.time()
         sequence = self.counts[role, method] = self.counts.get((role, method), -1) + 1
@@ -207,7 +207,7 @@ def _attach_metas(values: tuple, metas: tuple) -> None:
             start += len(value.metas)
 
 
-def _resolve(value: Any) -> Any:
+def resolve_input(value: Any) -> Any:
     """Fetch inputs that arrive by reference: a stored Batch, or a slice of another call's output."""
     if isinstance(value, ray.ObjectRef):
         return ray.get(value)

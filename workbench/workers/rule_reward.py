@@ -20,7 +20,7 @@ import torch
 from workbench.controller.future import CallInfo, DataFuture, describe_output
 from workbench.controller.mesh import Mesh
 from workbench.controller.protocols import concat
-from workbench.controller.worker import _resolve
+from workbench.controller.worker import resolve_input
 from workbench.data.batch import PAD_KEY, Batch
 from workbench.errors import DispatchError, WorkbenchError
 
@@ -71,7 +71,7 @@ class RuleReward:
 @ray.remote(num_cpus=0, num_returns=2)
 def _score_rows(spec: tuple, rows) -> tuple:
     fn, name, timeout, output_key, text_key, truth_key = spec
-    rows = _resolve(rows)
+    rows = resolve_input(rows)
     texts, truths = rows[text_key], rows[truth_key]
     uids = rows["uid"] if "uid" in rows else range(len(rows))
 
