@@ -6,7 +6,7 @@
     print(plan.table())
 
 Modules, one job each: `specs` (models, workload, cluster), `dataflow` (calls of an
-algorithm), `strategy` (3-D layouts), `memory` and `simulator` (the cost model), `automap`
+algorithm), `derive` (reads those calls off `algorithms/<name>.py`), `strategy` (3-D layouts), `memory` and `simulator` (the cost model), `automap`
 (HybridFlow Alg. 1/2), `plan` (its result), `schedule` (TimeCost list scheduling),
 `execution` (ReaLHF plans, augmented graph, MaxMem), `search` (Metropolis-Hastings),
 `report` (tables and Gantt bars).
@@ -14,6 +14,7 @@ algorithm), `strategy` (3-D layouts), `memory` and `simulator` (the cost model),
 
 from workbench.planner.automap import AutoMapper, automap, compositions, d_cost, set_partitions
 from workbench.planner.dataflow import Call, Dataflow, dataflow_preset
+from workbench.planner.derive import DeriveError, derive_dataflow
 from workbench.planner.errors import (ModelDoesNotFitError, NoFeasiblePlanError, NoMeshError,
                                       PlannerError, UnknownPresetError)
 from workbench.planner.execution import (Evaluation, ExecutionPlan, DeviceMesh, PlanEvaluator, mesh,
@@ -29,11 +30,11 @@ from workbench.planner.specs import (MODEL_PRESETS, ClusterSpec, ModelSpec, Work
 from workbench.planner.strategy import ParallelStrategy, strategies
 
 __all__ = [
-    "AutoMapper", "Call", "ClusterSpec", "ColocatedSet", "Dataflow", "Evaluation",
+    "AutoMapper", "Call", "ClusterSpec", "ColocatedSet", "Dataflow", "DeriveError", "Evaluation",
     "ExecutionPlan", "GanttBar", "MODEL_PRESETS", "MemoryBreakdown", "DeviceMesh", "ModelAssignment",
     "ModelDoesNotFitError", "ModelSpec", "NoFeasiblePlanError", "NoMeshError",
     "ParallelStrategy", "Plan", "PlanEvaluator", "PlanSpace", "PlannerError", "Schedule",
     "SearchResult", "Simulator", "TaskGraph", "UnknownPresetError", "Workload", "automap",
-    "cluster_preset", "cluster_presets", "compositions", "d_cost", "dataflow_preset",
+    "cluster_preset", "cluster_presets", "compositions", "d_cost", "dataflow_preset", "derive_dataflow",
     "execution_gantt", "execution_table", "exhaustive", "mcmc", "mesh", "model_preset", "search", "set_partitions", "static_memory", "strategies", "time_cost", "valid_meshes",
 ]

@@ -104,67 +104,13 @@ class Dataflow:
                 for r in self.models}
 
 
-# The algorithm dataflows, written as data in this ONE place. Later they should be derived
-# from `algorithms/<name>.py` (e.g. by tracing the worker-group calls of one `step`); until
-# then keep these in step with those files by hand. Every algorithm there recomputes the
-# old log-probs with the training weights (`actor_logp`) after generation.
-def _ppo() -> Dataflow:
-    return Dataflow("ppo", (
-        Call("actor_gen", "actor", "generate"),
-        Call("actor_logp", "actor", "inference", ("actor_gen",)),
-        Call("critic_values", "critic", "inference", ("actor_gen",)),
-        Call("ref_logp", "reference", "inference", ("actor_gen",)),
-        Call("reward", "reward", "inference", ("actor_gen",)),
-        Call("critic_train", "critic", "train",
-             ("actor_logp", "critic_values", "ref_logp", "reward")),
-        Call("actor_train", "actor", "train", ("actor_logp", "critic_values", "ref_logp", "reward")),
-    ), value_models=("critic", "reward"))
-
-
-def _grpo() -> Dataflow:
-    return Dataflow("grpo", (
-        Call("actor_gen", "actor", "generate"),
-        Call("actor_logp", "actor", "inference", ("actor_gen",)),
-        Call("ref_logp", "reference", "inference", ("actor_gen",)),
-        Call("reward", "reward", "inference", ("actor_gen",)),
-        Call("actor_train", "actor", "train", ("actor_logp", "ref_logp", "reward")),
-    ), value_models=("reward",))
-
-
-def _remax() -> Dataflow:
-    return Dataflow("remax", (
-        Call("actor_gen", "actor", "generate"),
-        Call("actor_logp", "actor", "inference", ("actor_gen",)),
-        Call("actor_gen_greedy", "actor", "generate"),
-        Call("ref_logp", "reference", "inference", ("actor_gen",)),
-        Call("reward", "reward", "inference", ("actor_gen", "actor_gen_greedy")),
-        Call("actor_train", "actor", "train", ("actor_logp", "ref_logp", "reward")),
-    ), value_models=("reward",))
-
-
-def _safe_rlhf() -> Dataflow:
-    return Dataflow("safe_rlhf", (
-        Call("actor_gen", "actor", "generate"),
-        Call("actor_logp", "actor", "inference", ("actor_gen",)),
-        Call("critic_values", "critic", "inference", ("actor_gen",)),
-        Call("ref_logp", "reference", "inference", ("actor_gen",)),
-        Call("reward", "reward", "inference", ("actor_gen",)),
-        Call("cost", "cost", "inference", ("actor_gen",)),
-        Call("critic_train", "critic", "train",
-             ("actor_logp", "critic_values", "ref_logp", "reward", "cost")),
-        # PPO-ptx: the update also runs a pre-training batch of the same size.
-        Call("actor_train", "actor", "train",
-             ("actor_logp", "critic_values", "ref_logp", "reward", "cost"), batch_factor=2.0),
-    ), value_models=("critic", "reward", "cost"))
-
-
-_DATAFLOWS = {"ppo": _ppo, "grpo": _grpo, "remax": _remax, "safe_rlhf": _safe_rlhf}
-
-
 def dataflow_preset(name: str) -> Dataflow:
-    """The dataflow of a built-in algorithm: ppo, grpo, remax, safe_rlhf."""
-    try:
-        return _DATAFLOWS[name.lower().replace("-", "_")]()
-    except KeyError:
-        raise UnknownPresetError("dataflow", name, list(_DATAFLOWS)) from None
+    """The dataflow of a built-in algorithm (`algorithms.ALGORITHMS`: ppo, grpo, remax,
+    safe_rlhf, rloo, reinforce_pp), read off its `step()` so plan and code cannot drift."""
+    import algorithms  # the algorithms import the workbench, so look them up at call time
+    from workbench.planner.derive import derive_dataflow
 
+    key = name.lower().replace("-", "_")
+    if key not in algorithms.ALGORITHMS:
+        raise UnknownPresetError("dataflow", name, list(algorithms.ALGORITHMS))
+    return derive_dataflow(algorithms.ALGORITHMS[key], key)
