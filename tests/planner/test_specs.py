@@ -1,6 +1,6 @@
 import pytest
 
-from workbench.planner import (MODEL_PRESETS, NoMeshError, UnknownPresetError, Workload,
+from workbench.planner import (MODEL_PRESETS, ModelSpec, NoMeshError, UnknownPresetError, Workload,
                                cluster_preset, dataflow_preset, model_preset)
 
 
@@ -10,9 +10,14 @@ def test_llama_param_counts_match_published_sizes(name, billions):
     assert model_preset(name).param_count / 1e9 == pytest.approx(billions, rel=0.01)
 
 
-@pytest.mark.parametrize("name,millions", [("tiny-1m", 1), ("tiny-10m", 10), ("tiny-30m", 30)])
-def test_tiny_kit_sizes(name, millions):
-    assert 0.5 * millions < model_preset(name).param_count / 1e6 < 1.5 * millions
+@pytest.mark.parametrize("size", ["1m", "10m", "30m"])
+def test_tiny_presets_are_the_kits_models(size):
+    from workbench.models import count_parameters, tiny_config, train_tokenizer
+
+    tokenizer = train_tokenizer()
+    kit = ModelSpec.from_hf_config(tiny_config(size, tokenizer), f"tiny-{size}")
+    assert model_preset(f"tiny-{size}") == kit
+    assert kit.param_count == count_parameters(size, tokenizer)
 
 
 def test_value_head_drops_lm_head():
@@ -28,7 +33,7 @@ def test_unknown_presets_list_the_known_ones():
     assert set(e.value.known) == set(MODEL_PRESETS)
     with pytest.raises(UnknownPresetError, match="a100_80g, h100, h200, local"):
         cluster_preset("tpu")
-    with pytest.raises(UnknownPresetError, match="grpo, ppo, remax, safe_rlhf"):
+    with pytest.raises(UnknownPresetError, match="grpo, ppo, reinforce_pp, remax, rloo, safe_rlhf"):
         dataflow_preset("dpo")
 
 

@@ -98,8 +98,8 @@ class ModelSpec:
 
 # Llama-2 shapes from the Llama 2 paper / HF configs. Llama-2-34B was never released; its
 # shape is the one Code Llama 34B uses (48 layers, GQA with 8 KV heads), as in other papers.
-# The tiny-* shapes are Llama-style models for this CPU machine; keep them equal to the
-# tiny model kit in `workbench/models/` when that exists (calibration will check).
+# The tiny-* shapes are the tiny model kit's (`workbench.models.tiny.SIZES` with its default
+# 262-token tokenizer), written out so the planner stays free of torch; a test keeps them equal.
 MODEL_PRESETS: dict[str, ModelSpec] = {
     m.name: m
     for m in [
@@ -107,9 +107,9 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         ModelSpec("llama2-13b", 40, 5120, 40, 40, 13824, 32000),
         ModelSpec("llama2-34b", 48, 8192, 64, 8, 22016, 32000),
         ModelSpec("llama2-70b", 80, 8192, 64, 8, 28672, 32000),
-        ModelSpec("tiny-1m", 4, 128, 4, 4, 344, 2048),
-        ModelSpec("tiny-10m", 6, 256, 8, 8, 688, 8192),
-        ModelSpec("tiny-30m", 8, 512, 8, 8, 1376, 8192),
+        ModelSpec("tiny-1m", 4, 128, 4, 4, 352, 262),
+        ModelSpec("tiny-10m", 6, 384, 6, 6, 1024, 262),
+        ModelSpec("tiny-30m", 10, 512, 8, 8, 1280, 262),
     ]
 }
 
