@@ -81,8 +81,9 @@ class AutoMapper:
     """Holds the caches of one auto-mapping run; `run()` returns the best Plan."""
 
     def __init__(self, dataflow: Dataflow, specs: dict[str, ModelSpec], workload: Workload,
-                 cluster: ClusterSpec):
+                 cluster: ClusterSpec, max_tp: int | None = None, max_pp: int | None = None):
         self.flow, self.specs, self.wl, self.cluster = dataflow, specs, workload, cluster
+        self.max_tp, self.max_pp = max_tp, max_pp
         self.sim = Simulator(cluster, workload)
         self.stage = dataflow.stages()
         self.n_stages = dataflow.n_stages
@@ -100,6 +101,8 @@ class AutoMapper:
             calls = [c for c in self.flow.calls_of(model) if c.kind != "generate"]
             rows = []
             for s in strategies(spec, n, self.cluster.devices_per_node):
+                if s.tp > (self.max_tp or s.tp) or s.pp > (self.max_pp or s.pp):
+                    continue
                 times = {c.name: self.sim.call_time(c, spec, s) for c in calls}
                 dyn = max([train_activations(spec, s, self.wl) if c.kind == "train" else
                            inference_activations(spec, s, self.wl) for c in calls], default=0.0)
@@ -268,8 +271,9 @@ class AutoMapper:
 
 
 def automap(dataflow: Dataflow, models: ModelSpec | str | dict, workload: Workload,
-            cluster: ClusterSpec) -> Plan:
+            cluster: ClusterSpec, max_tp: int | None = None, max_pp: int | None = None) -> Plan:
     """HybridFlow auto-mapping: the placement, allocation and per-model layouts with the
     lowest estimated iteration time. `models` is one spec/preset name for every role or a
-    dict role -> spec/preset."""
-    return AutoMapper(dataflow, dataflow.model_specs(models), workload, cluster).run()
+    dict role -> spec/preset. `max_tp` / `max_pp` bound the layouts to what the workers that
+    will run the plan implement (`max_tp=1, max_pp=1`: data parallelism only)."""
+    return AutoMapper(dataflow, dataflow.model_specs(models), workload, cluster, max_tp, max_pp).run()

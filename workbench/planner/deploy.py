@@ -1,21 +1,23 @@
-"""From a plan to real resources: one pool per colocated set, one layout per model.
+"""From a plan to real resources: one pool per colocated set, one layout and group per model.
 
-    layouts = plan.to_pools(session)
-    pool, mesh = layouts["critic"]
-    critic = session.group("critic", CriticWorker, pool, config, mesh=mesh)
+    groups = plan.deploy(session, {"actor": (ActorRolloutRefWorker, actor_cfg), ...})
+    ppo = PPO(Groups(**groups), PPOConfig())
 
+or, to wire the groups by hand, `plan.to_pools(session)` gives each model's (pool, mesh).
 The planner itself stays free of Ray: this module only calls the session it is given.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from workbench.controller.mesh import Mesh
+from workbench.planner.errors import PlannerError
 
 if TYPE_CHECKING:
     from workbench.controller.resource_pool import ResourcePool
-    from workbench.planner.plan import ModelAssignment, Plan
+    from workbench.controller.worker_group import WorkerGroup
+    from workbench.planner.plan import ColocatedSet, ModelAssignment, Plan
     from workbench.session import Session
 
 
@@ -32,10 +34,50 @@ def model_mesh(assignment: ModelAssignment) -> Mesh:
 
 def to_pools(plan: Plan, session: Session) -> dict[str, Layout]:
     """Reserve the plan's pools on `session` and return each model's (pool, mesh)."""
-    layouts = {}
+    return {m: layout for colocated in plan.sets for m, layout in _set_layouts(colocated, session).items()}
+
+
+def deploy(plan: Plan, session: Session, workers: dict[str, tuple[type, Any]],
+           data_parallel_only: bool = True) -> dict[str, WorkerGroup]:
+    """Pools, layouts and worker groups for the plan; returns {model: WorkerGroup}.
+
+    workers: model -> (Worker class, config) for every model of the plan. Models of one
+    colocated set with the same (pp, tp, dp) share one process per device (`session.fused`,
+    as HybridFlow colocates actor and reference); a different layout gets its own processes
+    on the set's pool. Everything is checked before any pool is reserved.
+    data_parallel_only: the workers shard with FSDP/ZeRO over data-parallel ranks only, so a
+    plan with tensor or pipeline parallelism is refused (plan with max_tp=1, max_pp=1).
+    """
+    models = [m for s in plan.sets for m in s.models]
+    missing, unknown = [m for m in models if m not in workers], [w for w in workers if w not in models]
+    if missing or unknown:
+        raise PlannerError(f"deploy needs a (Worker class, config) for each planned model {models}; "
+                           + (f"missing {missing}" if missing else f"not in the plan: {unknown}"))
+    if data_parallel_only:
+        for s in plan.sets:
+            for m, a in s.assignments.items():
+                layouts = [a.strategy] + ([a.generation] if a.generation else [])
+                if any(x.tp > 1 or x.pp > 1 for x in layouts):
+                    raise PlannerError(
+                        f"model {m!r} is planned as {' / '.join(map(str, layouts))}, but the workers run "
+                        f"data parallelism only (FSDP/ZeRO shards); plan with automap(..., max_tp=1, max_pp=1)")
+    groups = {}
     for colocated in plan.sets:
-        devices = list(colocated.devices_per_node)
-        pool = session.pool(colocated.name, devices if len(devices) > 1 else devices[0])
-        for model, assignment in colocated.assignments.items():
-            layouts[model] = Layout(pool, model_mesh(assignment))
-    return layouts
+        layouts = _set_layouts(colocated, session)
+        by_layout: dict[tuple[int, int, int], list[str]] = {}  # same (pp, tp, dp) -> one process
+        for model in colocated.models:
+            mesh = layouts[model].mesh
+            by_layout.setdefault((mesh.pp, mesh.tp, mesh.dp), []).append(model)
+        for models_here in by_layout.values():
+            # The generation layout only matters to the model that generates; keep it if any.
+            mesh = max((layouts[m].mesh for m in models_here), key=lambda x: x.gen_tp is not None)
+            pool = layouts[models_here[0]].pool
+            groups |= session.fused(pool, mesh=mesh, **{m: workers[m] for m in models_here})
+    return groups
+
+
+def _set_layouts(colocated: ColocatedSet, session: Session) -> dict[str, Layout]:
+    """Reserve one colocated set's pool; its models' (pool, mesh)."""
+    devices = list(colocated.devices_per_node)
+    pool = session.pool(colocated.name, devices if len(devices) > 1 else devices[0])
+    return {m: Layout(pool, model_mesh(a)) for m, a in colocated.assignments.items()}

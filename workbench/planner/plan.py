@@ -1,8 +1,8 @@
 """A HybridFlow plan: placement (colocated sets), allocation (devices per set) and strategies.
 
-Shaped so that execution can be wired later (issue 4 item 6): every colocated set becomes one
-`ResourcePool(name, devices_per_node=...)`, every model in it one worker group on that pool
-with its (pp, tp, dp) layout, and the actor's hybrid engine gets the generation layout.
+`Plan.deploy` runs it (see `deploy`): every colocated set becomes one resource pool, every
+model in it one worker group on that pool with its (pp, tp, dp) layout, and the actor's
+hybrid engine gets the generation layout.
 """
 
 from __future__ import annotations
@@ -123,6 +123,12 @@ class Plan:
         ready for `session.group(model, WorkerClass, pool, config, mesh=mesh)`."""
         from workbench.planner.deploy import to_pools
         return to_pools(self, session)
+
+    def deploy(self, session, workers: dict, data_parallel_only: bool = True) -> dict:
+        """Pools, layouts and worker groups of this plan on a live Session: `workers` maps
+        each model to (Worker class, config); returns {model: WorkerGroup}."""
+        from workbench.planner.deploy import deploy
+        return deploy(self, session, workers, data_parallel_only)
 
     def to_execution_plan(self):
         """The same placement as a ReaLHF execution plan (mesh + strategy per call), to be
