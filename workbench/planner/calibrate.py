@@ -237,7 +237,8 @@ def fit_collectives(samples: list[CollectiveTiming]) -> tuple[float, float]:
 
     def predict(x):
         inv_bw, lat = x
-        c = dataclasses.replace(base, intra_node_bandwidth=1 / inv_bw, collective_latency=lat)
+        # the non-negative solve may reach inv_bw = 0 (bandwidth not resolved by the samples)
+        c = dataclasses.replace(base, intra_node_bandwidth=1 / max(inv_bw, 1e-15), collective_latency=lat)
         return np.array([s.predict(c) for s in samples])
 
     measured = np.array([s.seconds for s in samples])
