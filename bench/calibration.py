@@ -3,7 +3,8 @@
 1. Profile this machine (`workbench.planner.profiler`: model calls on one worker, gloo
    all-reduces, how workers share the cores) and fit the `local` cluster preset.
 2. For several placements of the four PPO models (actor, reference, critic, reward model) on
-   local Ray workers, one device per colocated set, run real iterations of `algorithms.ppo`.
+   local Ray workers, one device per colocated set (and one placement with two, data parallel
+   with FSDP), run real iterations of `algorithms.ppo`.
 3. Compare with the planner's estimate for the same placement: TimeCost (ReaLHF list
    scheduling, with the fitted core sharing) over the simulator's call times under the fitted
    preset. Nothing measured in step 2 feeds the estimate.
@@ -45,13 +46,15 @@ from workbench.workers.critic import CriticConfig, CriticWorker
 from workbench.workers.reward import RewardModelWorker, ScoreModelConfig
 
 ROLES = ("actor", "reference", "critic", "reward")
-PLACEMENTS = {   # colocated sets; each set is one pool of one device
+PLACEMENTS = {   # colocated sets; each set is one pool of one device unless DEVICES says more
     "colocate all": [ROLES],
     "actor+ref | critic+reward": [("actor", "reference"), ("critic", "reward")],
     "actor | ref+critic+reward": [("actor",), ("reference", "critic", "reward")],
     "actor+critic | ref+reward": [("actor", "critic"), ("reference", "reward")],
     "standalone": [(r,) for r in ROLES],
+    "actor+ref | critic+reward, dp=2": [("actor", "reference"), ("critic", "reward")],
 }
+DEVICES = {"actor+ref | critic+reward, dp=2": 2}   # data parallel: FSDP over 2 devices per set
 MICRO, MINI = 4, 8
 
 
@@ -65,11 +68,11 @@ def worker_specs(model_dir: str) -> dict:
     }
 
 
-def build(session: Session, tag: str, sets, model_dir: str, cfg: PPOConfig) -> PPO:
+def build(session: Session, tag: str, sets, devices: int, model_dir: str, cfg: PPOConfig) -> PPO:
     """PPO over fresh groups for one placement; roles get the tag so placements coexist."""
     specs, groups = worker_specs(model_dir), {}
     for i, roles in enumerate(sets):
-        pool = session.pool(f"{tag}-set{i}", 1)
+        pool = session.pool(f"{tag}-set{i}", devices)
         made = session.fused(pool, **{f"{tag}_{r}": specs[r] for r in roles})
         groups |= {r: made[f"{tag}_{r}"] for r in roles}
     return PPO(Groups(**groups), cfg)
@@ -85,11 +88,12 @@ def run_round(algos: dict[str, PPO], prompts) -> dict[str, float]:
     return times
 
 
-def estimate(sets, spec: ModelSpec, workload: Workload, cluster) -> float:
-    """The planner's seconds per iteration: one device per set, every call on its model's set."""
+def estimate(sets, devices: int, spec: ModelSpec, workload: Workload, cluster) -> float:
+    """The planner's seconds per iteration: `devices` per set, every call on its model's set,
+    data parallel over them."""
     flow = dataflow_preset("ppo")
-    home = {role: DeviceMesh(i, 1) for i, roles in enumerate(sets) for role in roles}
-    plan = ExecutionPlan({c.name: (home[c.model], ParallelStrategy(1, 1, 1)) for c in flow.calls})
+    home = {role: DeviceMesh(i * devices, devices) for i, roles in enumerate(sets) for role in roles}
+    plan = ExecutionPlan({c.name: (home[c.model], ParallelStrategy(1, 1, devices)) for c in flow.calls})
     evaluator = PlanEvaluator(flow, flow.model_specs(spec), workload, cluster, n_iterations=1)
     return evaluator.evaluate(plan).time
 
@@ -128,20 +132,21 @@ def main(argv=None) -> dict:
     workload = Workload(global_batch=args.prompts, prompt_len=prompts["input_ids"].shape[1],
                         response_len=args.new_tokens, n_samples=args.samples, ppo_epochs=1,
                         ppo_mini_batches=max(1, sequences // MINI), micro_batch_size=MICRO,
-                        recompute=False)
+                        recompute=False, param_sharding="full")
 
-    # Logical devices for every placement at once (13 sets) plus the probes; only one
+    # Logical devices for every placement at once (15) plus the probes (5); only one
     # placement (or the profiler) computes at a time.
     rounds = []
     with Session(num_devices=24) as session:
         profiler = Profiler(session, {spec.name: model_dir})
-        algos = {name: build(session, f"p{i}", sets, model_dir, cfg)
+        algos = {name: build(session, f"p{i}", sets, DEVICES.get(name, 1), model_dir, cfg)
                  for i, (name, sets) in enumerate(PLACEMENTS.items())}
         for k in range(args.warmup + args.iterations):
             # Profile, then measure, every round: the machine is shared and its load drifts.
             cal = profiler.calibration() if args.calibration is None else load_calibration(args.calibration)
             cluster = cluster_preset("local", 4, calibration=cal)
-            est = {name: estimate(sets, spec, workload, cluster) for name, sets in PLACEMENTS.items()}
+            est = {name: estimate(sets, DEVICES.get(name, 1), spec, workload, cluster)
+                   for name, sets in PLACEMENTS.items()}
             times = run_round(algos, prompts)
             print(f"round {k}{' (warm-up)' if k < args.warmup else ''}: load {os.getloadavg()[0]:.1f}, "
                   + ", ".join(f"{n}: est {est[n]:.2f} / {times[n]:.2f} s" for n in PLACEMENTS), flush=True)

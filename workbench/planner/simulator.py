@@ -113,7 +113,18 @@ class Simulator:
             params = spec.param_count / s.world
             total += steps * params * OPTIMIZER_STEP_BYTES \
                 / (c.memory_bandwidth * c.bandwidth_efficiency)
-        if train and s.dp > 1:
+        if s.dp > 1 and wl.param_sharding == "full":
+            # FSDP / ZeRO-3: per micro-batch, one all-gather of every layer's parameters per
+            # forward (two when training: the backward gathers again) and, when training, one
+            # gradient reduce-scatter; each moves half an all-reduce's volume.
+            weights = spec.param_count / s.model_parallel
+            gathers = 2 if train else 1
+            volume = weights * (gathers * WEIGHT_BYTES + (GRAD_BYTES if train else 0)) / 2
+            units = spec.n_layers / s.pp + 1   # one FSDP unit per decoder layer, plus the root
+            total += self.allreduce(volume * n_micro, s.dp,
+                                    n_ops=(gathers + train) * units * n_micro,
+                                    members_per_node=dp_members_per_node(s, c))
+        elif train and s.dp > 1:
             # Distributed optimizer: reduce-scatter fp32 grads + all-gather bf16 params,
             # the volume of half an all-reduce each.
             shard = spec.param_count / s.model_parallel * (GRAD_BYTES + WEIGHT_BYTES) / 2

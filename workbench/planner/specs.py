@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
+from typing import Literal
 
 from workbench.planner.errors import NoMeshError, UnknownPresetError
 
@@ -143,6 +144,13 @@ class Workload:
     recompute: bool = True
     """Full activation checkpointing in training: stores one tensor per layer, costs a second
     forward pass (Chen et al. 2016)."""
+    param_sharding: Literal["optimizer", "full"] = "optimizer"
+    """How data-parallel ranks shard a model. "optimizer": the Megatron distributed optimizer
+    (ZeRO-1; the papers' setting), one gradient reduce-scatter and one parameter all-gather
+    per optimizer step. "full": FSDP / ZeRO-3, as the workbench's workers run; every
+    micro-batch all-gathers each layer's parameters in the forward (and again in the
+    backward) and reduce-scatters its gradients. Memory is estimated as for "optimizer"
+    either way (an upper bound for "full")."""
 
     @property
     def seq_len(self) -> int:

@@ -1,0 +1,39 @@
+"""The simulator's data-parallel traffic under the two parameter-sharding modes."""
+
+import dataclasses
+
+import pytest
+
+from workbench.planner import ParallelStrategy, Simulator, Workload, cluster_preset, model_preset
+from workbench.planner.memory import GRAD_BYTES, WEIGHT_BYTES
+
+SPEC = model_preset("tiny-10m")
+OPT = Workload(global_batch=16, n_samples=2, prompt_len=16, response_len=16, ppo_mini_batches=4,
+               micro_batch_size=4, recompute=False)
+FULL = dataclasses.replace(OPT, param_sharding="full")
+
+
+def sims():
+    cluster = cluster_preset("local", 4)
+    return Simulator(cluster, OPT), Simulator(cluster, FULL)
+
+
+def test_full_sharding_is_free_without_data_parallelism():
+    opt, full = sims()
+    one = ParallelStrategy(1, 1, 1)
+    assert full.train(SPEC, one) == opt.train(SPEC, one)
+    assert full.inference(SPEC, one) == opt.inference(SPEC, one)
+
+
+def test_full_sharding_gathers_every_layer_per_micro_batch():
+    opt, full = sims()
+    dp2 = ParallelStrategy(1, 1, 2)
+    # 32 sequences over 2 ranks, 4 optimizer steps: one micro-batch of 4 per step and rank;
+    # 4 micro-batches per rank in a forward-only pass. 7 FSDP units (6 layers + root).
+    units, p = SPEC.n_layers + 1, SPEC.param_count
+    train_ar = full.allreduce(p * (2 * WEIGHT_BYTES + GRAD_BYTES) / 2 * 4, 2, n_ops=3 * units * 4)
+    optimizer_ar = opt.allreduce(p * (GRAD_BYTES + WEIGHT_BYTES) / 2 * 4, 2, n_ops=2 * 4)
+    assert full.train(SPEC, dp2) - opt.train(SPEC, dp2) == pytest.approx(train_ar - optimizer_ar)
+    infer_ar = full.allreduce(p * WEIGHT_BYTES / 2 * 4, 2, n_ops=units * 4)
+    assert full.inference(SPEC, dp2) - opt.inference(SPEC, dp2) == pytest.approx(infer_ar)
+    assert train_ar > optimizer_ar > 0
