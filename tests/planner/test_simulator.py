@@ -37,3 +37,8 @@ def test_full_sharding_gathers_every_layer_per_micro_batch():
     infer_ar = full.allreduce(p * WEIGHT_BYTES / 2 * 4, 2, n_ops=units * 4)
     assert full.inference(SPEC, dp2) - opt.inference(SPEC, dp2) == pytest.approx(infer_ar)
     assert train_ar > optimizer_ar > 0
+
+
+def test_unknown_sharding_mode_is_refused():
+    with pytest.raises(ValueError, match="param_sharding='fsdp'.*'optimizer'.*'full'"):
+        dataclasses.replace(OPT, param_sharding="fsdp")

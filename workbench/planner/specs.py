@@ -152,6 +152,11 @@ class Workload:
     backward) and reduce-scatters its gradients. Memory is estimated as for "optimizer"
     either way (an upper bound for "full")."""
 
+    def __post_init__(self) -> None:
+        if self.param_sharding not in ("optimizer", "full"):  # a typo would silently mean "optimizer"
+            raise ValueError(f"Workload.param_sharding={self.param_sharding!r}: use 'optimizer' "
+                             f"(distributed optimizer, ZeRO-1) or 'full' (FSDP / ZeRO-3)")
+
     @property
     def seq_len(self) -> int:
         return self.prompt_len + self.response_len
