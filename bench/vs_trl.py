@@ -121,10 +121,17 @@ def build_workbench(session, algo: str, model_dir: Path, reward_dir: Path, args,
     return PPO(Groups(actor=groups["actor"], reference=groups["actor"], critic=groups["critic"], reward=groups["reward"]), config)
 
 
-def compute_spans(records, since: float) -> float:
-    """Seconds the workers spent computing (inputs fetched to output ready) in calls that
-    started after `since`, summed (the trace holds every span of the session)."""
-    return sum(r.end - r.fetched for r in records if r.start >= since and r.call_id >= 0)
+def compute_seconds(records, since: float) -> float:
+    """Wall seconds during which some worker was computing (inputs fetched to output ready), for
+    calls that started after `since`: the union of those spans over every rank, so ranks that
+    compute at the same time count once (the trace holds every span of the session)."""
+    spans = sorted((r.fetched, r.end) for r in records if r.start >= since and r.call_id >= 0)
+    total, reach = 0.0, float("-inf")
+    for start, end in spans:
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
 
 
 # ---- the compute limit -------------------------------------------------------------------------
@@ -228,7 +235,7 @@ def run_case(session, algo: str, size: str, args) -> dict:
                 if k.startswith("timing_s/"):
                     stages.setdefault(k, []).append(v)
         records = session.trace()
-        overhead.append(1 - compute_spans(records, since) / sum(ours[-args.iterations :]))
+        overhead.append(1 - compute_seconds(records, since) / sum(ours[-args.iterations :]))
         for b in batches[: args.iterations]:
             bare.append(limit.iteration(b, sampling))
 
