@@ -5,9 +5,12 @@ the tiny kit's 1m model with 16 new tokens (bookkeeping dominates) and 10m with 
 dominates). Equal settings on both sides: the same model directory and tokenizer, prompts,
 reward (arithmetic exact match for GRPO; the same saved reward-model directory for PPO),
 samples per prompt, max new tokens, temperature, learning rate, one optimizer step per batch
-(one epoch, one mini-batch), fp32, no KL for GRPO, and the same cores: each side is one
-process of `--threads` torch threads (the workbench: one device, its groups fused into one
-worker process, HF rollout — its best placement here; see the note in the output).
+(one epoch, one mini-batch), fp32, no KL for GRPO, and the same cores: `--threads` torch
+threads in all. TRL runs as it is meant to, one process with all the threads. The workbench
+uses its best placement here (`--placement`, default dp2-zero2, picked by measuring the three
+in PLACEMENTS): two devices of one thread each, data parallel, every role fused into one
+process per device, DeepSpeed ZeRO-2 training (whole weights on each rank, so the HF rollout
+reads them: no sync), HF rollout.
 
 Each case alternates rounds: a fresh TRL process runs warm-up + measured steps, then the
 workbench runs as many iterations on its long-lived groups, then the compute limit is measured:
