@@ -18,7 +18,7 @@ from workbench.planner.dataflow import Dataflow
 from workbench.planner.errors import NoMeshError
 from workbench.planner.memory import (generation_concurrency, generation_weights,
                                       inference_activations, kv_bytes_per_sequence,
-                                      static_memory, train_activations)
+                                      static_memory, train_activations, transition)
 from workbench.planner.schedule import Schedule, TaskGraph, time_cost
 from workbench.planner.simulator import Simulator
 from workbench.planner.specs import ClusterSpec, ModelSpec, Workload
@@ -116,14 +116,24 @@ class PlanEvaluator:
         static = [0.0] * n
         for m in self.flow.models:
             mesh_, s = self.home(m, plan)
-            v = static_memory(self.specs[m], s, m in self.train_call).static
+            v = static_memory(self.specs[m], s, m in self.train_call, self.wl.param_sharding).static
             for d in range(*mesh_.span):
                 static[d] += v
         dyn, kv_budget = [0.0] * n, {}
         for c in self.flow.calls:
             mesh_, s = plan.layouts[c.name]
             spec = self.specs[c.model]
-            extra = 0.0 if (mesh_, s) == self.home(c.model, plan) else generation_weights(spec, s)
+            home_mesh, home_s = self.home(c.model, plan)
+            if (mesh_, s) == (home_mesh, home_s):
+                extra = 0.0
+            elif c.kind == "generate" and mesh_ == home_mesh:
+                # The 3D-HybridEngine on the model's own devices: Table 2's resident weights
+                # (shard + redundancy) replace the static training weights.
+                home_params = static_memory(spec, home_s, True, self.wl.param_sharding).params
+                extra = max(0.0, transition(spec, home_s, s, self.wl.transition).resident_params
+                            - home_params)
+            else:
+                extra = generation_weights(spec, s)
             if c.kind == "train":
                 need = train_activations(spec, s, self.wl) + extra
             elif c.kind == "inference":
