@@ -53,13 +53,14 @@ def test_no_switch_when_generation_keeps_the_training_layout():
 
 
 @pytest.mark.parametrize("method", TRANSITION_METHODS)
-def test_switch_time_is_table_2_bytes_over_the_link(method):
+def test_switch_time_is_table_2_bytes_over_the_link_plus_the_buffer_copy(method):
     cluster = cluster_preset("a100_80g", 16)
     sim = Simulator(cluster, Workload(transition=method))
     train, gen = ParallelStrategy(1, 8, 2), ParallelStrategy(1, 2, 8)
     bytes_ = table2(method, 8, 1, 2, 2, 1)[0]
     crosses = method == "deepspeed_chat"   # its all-gather spans both machines
-    expected = bytes_ / sim.link_bandwidth(crosses) + cluster.collective_latency
+    copy = 2 * M / gen.model_parallel / (cluster.memory_bandwidth * cluster.bandwidth_efficiency)
+    expected = bytes_ / sim.link_bandwidth(crosses) + cluster.collective_latency + copy
     assert sim.reshard_time(SPEC, train, gen) == pytest.approx(expected)
 
 

@@ -175,6 +175,11 @@ class PlanEvaluator:
                 parents += self._param_parents(g, ids, plan, c, k)
                 cost = self.sim.call_time(c, self.specs[c.model], s,
                                           kv_budget.get(c.name, float("inf")))
+                if c.kind == "generate" and c.model in self.train_call \
+                        and (mesh_, s) == self.home(c.model, plan):
+                    # Same layout: the updated weights are still copied into the generation
+                    # engine's buffer (weight sync); other layouts pay it in their realloc task.
+                    cost += self.sim.reshard_time(self.specs[c.model], s, s)
                 ids[c.name, k] = g.add(f"{c.name}@{k}", cost, mesh_.span, parents,
                                        call=c.name, iteration=k)
         return g

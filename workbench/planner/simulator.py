@@ -189,11 +189,14 @@ class Simulator:
 
     def call_time(self, call: "Call", spec: ModelSpec, s: ParallelStrategy,
                   kv_budget: float = INF) -> float:
+        """Seconds of one call as the driver sees it: its work plus `call_overhead`."""
         if call.kind == "train":
-            return self.train(spec, s, call.batch_factor)
-        if call.kind == "inference":
-            return self.inference(spec, s, call.batch_factor)
-        return self.generate(spec, s, kv_budget, call.batch_factor)
+            work = self.train(spec, s, call.batch_factor)
+        elif call.kind == "inference":
+            work = self.inference(spec, s, call.batch_factor)
+        else:
+            work = self.generate(spec, s, kv_budget, call.batch_factor)
+        return work + self.cluster.call_overhead
 
     # --- moving parameters and data ---------------------------------------------------------
     def reshard_time(self, spec: ModelSpec, train: ParallelStrategy, gen: ParallelStrategy,
@@ -201,11 +204,20 @@ class Simulator:
         """3D-HybridEngine train->generation switch: each device receives Table 2's bytes
         (`memory.transition`) over the links its all-gather group spans."""
         t = transition(spec, train, gen, method or self.wl.transition)
-        if t.comm_bytes <= 0:
-            return 0.0
+        return self.weight_copy_time(t.generation_params) + (
+            0.0 if t.comm_bytes <= 0 else
+            t.comm_bytes / self.link_bandwidth(self._gather_crosses(t, train))
+            + self.cluster.collective_latency)
+
+    def _gather_crosses(self, t, train: ParallelStrategy) -> bool:
         group = train.world if t.method == "deepspeed_chat" else train.model_parallel
-        crosses = group > self.cluster.devices_per_node
-        return t.comm_bytes / self.link_bandwidth(crosses) + self.cluster.collective_latency
+        return group > self.cluster.devices_per_node
+
+    def weight_copy_time(self, nbytes: float) -> float:
+        """Writing the generation weights into their separate buffer (HybridFlow keeps one
+        for training and one for generation): read + write at memory bandwidth."""
+        c = self.cluster
+        return 2 * nbytes / (c.memory_bandwidth * c.bandwidth_efficiency)
 
     def realloc_time(self, spec: ModelSpec, src: ParallelStrategy, src_devs: tuple[int, int],
                      dst: ParallelStrategy, dst_devs: tuple[int, int]) -> float:

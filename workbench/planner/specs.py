@@ -220,6 +220,11 @@ class ClusterSpec:
     t = (n + n½)/r∞ model of a kernel moving n bytes at rate r∞, with n½/r∞ written as a time.
     Charged for every kernel of a layer (`KERNELS_PER_LAYER`) in each decoding step and each
     forward pass, so small per-device work (large TP, tiny models) gets less efficient."""
+    call_overhead: float = 0.0
+    """Seconds each model-function call costs beyond its work: the driver's dispatch, argument
+    hand-off and result collection. Negligible against minute-long calls on GPUs (HybridFlow
+    §4: the single controller's overhead is small), so 0 in their presets; milliseconds
+    against sub-second calls here (measured by the profiler)."""
     allocation: Literal["aligned", "free"] = "free"
     """Default device split between colocated sets. "aligned": ReaLHF meshes only, whole
     machines or a power-of-two slice inside one (1, 2, 4, 8, 16, 24, ... on 8-GPU machines),
