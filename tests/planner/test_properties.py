@@ -146,3 +146,16 @@ def test_actor_layouts_are_chosen_with_generation():
         if c is not None and layout.static.total + c.dynamic.total <= q:
             assert best <= c.time * (1 + 1e-12)
     assert math.isclose(sum(stages), best)
+
+
+def test_free_allocation_is_still_available_and_monotone():
+    costs = []
+    for n in (8, 16, 32):
+        plan = automap(FLOW, "llama2-7b", Workload(), cluster_preset("a100_80g", n), allocation="free")
+        assert plan.stats["allocation_policy"] == "free"
+        costs.append(plan.iteration_time)
+        # Free splits may cut across machine boundaries; the aligned default never does.
+        assert sum(plan.allocation) <= n
+    assert costs == sorted(costs, reverse=True)
+    with pytest.raises(ValueError, match="allocation='odd'"):
+        automap(FLOW, "llama2-7b", Workload(), cluster_preset("a100_80g", 8), allocation="odd")
