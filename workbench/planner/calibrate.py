@@ -120,6 +120,8 @@ class Calibration:
     """Measured seconds of one tiny tensor op in a worker (the per-kernel fixed cost)."""
     call_overhead: float = 0.0
     """Measured seconds of an empty model-function call from the driver (dispatch, collect)."""
+    driver_bandwidth: float = float("inf")
+    """Measured bytes/s of data sent through the driver to a worker and back."""
 
     def cluster(self, n_nodes: int = 1, devices_per_node: int = 4) -> ClusterSpec:
         """The `local` preset with these figures."""
@@ -133,6 +135,7 @@ class Calibration:
             inter_node_bandwidth=self.intra_node_bandwidth, comm_efficiency=1.0,
             collective_latency=self.collective_latency, step_overhead=self.step_overhead,
             kernel_latency=self.kernel_latency, call_overhead=self.call_overhead,
+            driver_bandwidth=self.driver_bandwidth,
             cores_per_node=self.cores, calibrated=True,
             note=f"calibrated on this machine ({self.machine.get('cpu_count', '?')} cores, "
                  f"load {self.machine.get('loadavg', '?')})")
@@ -283,7 +286,7 @@ def fit_cores(slowdown: dict[int, float]) -> float:
 def fit(timings: list[Timing], collectives: list[CollectiveTiming], *, peak_flops: float,
         memory_bandwidth: float, slowdown: dict[int, float], device_memory: float = 4 * GIB,
         machine: dict | None = None, kernel_latency: float = 0.0,
-        call_overhead: float = 0.0) -> Calibration:
+        call_overhead: float = 0.0, driver_bandwidth: float = float("inf")) -> Calibration:
     """All fitted figures as one Calibration (kernel latency and call overhead as measured)."""
     train_eff, inf_eff, bw_eff, overhead = fit_compute(timings, peak_flops, memory_bandwidth,
                                                        kernel_latency)
@@ -291,7 +294,7 @@ def fit(timings: list[Timing], collectives: list[CollectiveTiming], *, peak_flop
     return Calibration(peak_flops, train_eff, inf_eff, overhead, memory_bandwidth, bw_eff, bw, lat,
                        fit_cores(slowdown), device_memory, list(timings), list(collectives),
                        dict(machine or {}, slowdown={str(k): v for k, v in slowdown.items()}),
-                       kernel_latency, call_overhead)
+                       kernel_latency, call_overhead, driver_bandwidth)
 
 
 def _placeholder(peak_flops: float, memory_bandwidth: float) -> ClusterSpec:

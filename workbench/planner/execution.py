@@ -158,10 +158,20 @@ class PlanEvaluator:
 
     def build_graph(self, plan: ExecutionPlan, kv_budget: dict[str, float]) -> TaskGraph:
         g, ids, u = TaskGraph(), {}, self.cluster.devices_per_node
+        trains = [c for c in self.flow.calls if c.kind == "train"]
+        gathered = list(dict.fromkeys(d for c in trains for d in c.deps
+                                      if self.flow.call(d).kind != "train"))
         for k in range(self.n_iterations):
+            driver = None
             for c in self.flow.calls:
                 mesh_, s = plan.layouts[c.name]
                 parents = []
+                if c.kind == "train" and gathered:
+                    if driver is None:   # the driver-side stage (advantages), once per iteration
+                        driver = g.add(f"driver@{k}", self.sim.driver_time(
+                            [self.flow.call(d) for d in gathered], len(trains)), (),
+                            [ids[d, k] for d in gathered], kind="driver", iteration=k)
+                    parents.append(driver)
                 for d in c.deps:
                     src_mesh = plan.layouts[d][0]
                     if src_mesh == mesh_:
@@ -180,6 +190,10 @@ class PlanEvaluator:
                     # Same layout: the updated weights are still copied into the generation
                     # engine's buffer (weight sync); other layouts pay it in their realloc task.
                     cost += self.sim.reshard_time(self.specs[c.model], s, s)
+                if self.cluster.call_overhead > 0:   # the driver's dispatch, before the call runs
+                    cost -= self.cluster.call_overhead
+                    parents = [g.add(f"dispatch {c.name}@{k}", self.cluster.call_overhead, (),
+                                     parents, kind="dispatch", call=c.name, iteration=k)]
                 ids[c.name, k] = g.add(f"{c.name}@{k}", cost, mesh_.span, parents,
                                        call=c.name, iteration=k)
         return g

@@ -247,6 +247,12 @@ class Simulator:
             return seqs * wl.response_len * 4
         return 0.0
 
+    def driver_time(self, gathered: list["Call"], n_trained: int) -> float:
+        """The driver-side stage: gather the outputs of `gathered` calls (advantages are
+        computed on the driver) and send the assembled batch to each of `n_trained` models."""
+        batch = sum(self.output_bytes(c) for c in gathered)
+        return (1 + n_trained) * batch / self.cluster.driver_bandwidth
+
     def data_transfer_time(self, nbytes: float, crosses_nodes: bool) -> float:
         if nbytes <= 0:
             return 0.0

@@ -225,6 +225,11 @@ class ClusterSpec:
     hand-off and result collection. Negligible against minute-long calls on GPUs (HybridFlow
     §4: the single controller's overhead is small), so 0 in their presets; milliseconds
     against sub-second calls here (measured by the profiler)."""
+    driver_bandwidth: float = float("inf")
+    """Bytes/s at which data passes through the driver (single controller), where the
+    algorithm computes on it: the advantage stage gathers the calls' outputs and sends the
+    batch to every trained model. inf (not modelled) on GPU presets, where HybridFlow moves
+    data worker to worker; measured by the profiler here (Ray object transfers, pickling)."""
     allocation: Literal["aligned", "free"] = "free"
     """Default device split between colocated sets. "aligned": ReaLHF meshes only, whole
     machines or a power-of-two slice inside one (1, 2, 4, 8, 16, 24, ... on 8-GPU machines),
