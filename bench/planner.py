@@ -39,7 +39,13 @@ FIXED = {
 
 
 def _kind(placement) -> str:
+    """colocate / split / standalone, "split, reward with the actor" (split with the two
+    frozen models swapped: same shape, the smaller value-head model beside the actor), or
+    other."""
     canon = lambda p: sorted(tuple(sorted(s)) for s in p)  # noqa: E731
+    swapped = (("actor", "reward"), ("critic", "reference"))
+    if canon(swapped) == canon(placement):
+        return "split, reward with the actor"
     return next((k for k, v in FIXED.items() if canon(v) == canon(placement)), "other")
 
 
@@ -132,7 +138,8 @@ def main() -> None:
     solved = [c for c in cases if c["best"]]
     ratios = [c["mcmc"]["vs_automap"] for c in solved if c["mcmc"] and c["mcmc"]["fits"]]
     max_s = max(c["automap_s"] for c in cases)
-    picks = {k: sum(c["pick"] == k for c in solved) for k in (*FIXED, "other")}
+    picks = {k: sum(c["pick"] == k for c in solved)
+             for k in (*FIXED, "split, reward with the actor", "other")}
     print(f"\nmax auto-mapping time {max_s:.2f}s (goal < 10 s); picks {picks}; "
           f"monotone in devices: {_monotone(cases)}")
     print(json.dumps({

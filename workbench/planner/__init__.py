@@ -6,10 +6,13 @@
     print(plan.table())
 
 Modules, one job each: `specs` (models, workload, cluster), `dataflow` (calls of an
-algorithm), `derive` (reads those calls off `algorithms/<name>.py`), `strategy` (3-D layouts), `memory` and `simulator` (the cost model), `automap`
-(HybridFlow Alg. 1/2), `plan` (its result), `schedule` (TimeCost list scheduling),
-`execution` (ReaLHF plans, augmented graph, MaxMem), `search` (Metropolis-Hastings),
-`report` (tables and Gantt bars).
+algorithm), `derive` (reads those calls off `algorithms/<name>.py`), `strategy` (3-D layouts),
+`memory` (per-device bytes, the hybrid engine's Table 2 switch) and `simulator` (call times)
+for the cost model, `automap` (HybridFlow Alg. 1/2: joint layouts per colocated set, aligned
+allocations), `plan` (its result), `schedule` (TimeCost list scheduling), `execution`
+(ReaLHF plans, augmented graph, MaxMem), `search` (Metropolis-Hastings chains with a
+convergence report), `report` (tables and Gantt bars), `profiler` / `calibrate` (fit the
+local preset on this machine).
 """
 
 from workbench.planner.automap import AutoMapper, automap, compositions, d_cost, set_partitions
