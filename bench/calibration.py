@@ -13,7 +13,10 @@ machine is shared, and a calibration only predicts runs made under the load it s
 columns are medians over the rounds after the warm-up round.
 
 Prints a table (placement, estimated s, measured s, relative error), whether the estimates
-rank the placements in the measured order, and as the last line one JSON object.
+rank the placements in the measured order, the error broken down by stage (each model call's
+estimated seconds against its traced span, and the time outside every call: dispatch,
+transfers and driver-side work), the fitted constants' spread over the rounds, and as the
+last line one JSON object.
 
     python bench/calibration.py [--model 10m] [--iterations 3] [--calibration PATH]
 """
@@ -56,6 +59,13 @@ PLACEMENTS = {   # colocated sets; each set is one pool of one device unless DEV
 }
 DEVICES = {"actor+ref | critic+reward, dp=2": 2}   # data parallel: FSDP over 2 devices per set
 MICRO, MINI = 4, 8
+# Worker method -> planner call name (the PPO dataflow derived from algorithms/ppo.py).
+CALL_OF_METHOD = {"generate_sequences": "actor_gen", "compute_log_prob": "actor_logp",
+                  "compute_ref_log_prob": "ref_logp", "compute_values": "critic_values",
+                  "compute_reward": "reward", "update_critic": "critic_train",
+                  "update_actor": "actor_train"}
+CONSTANTS = ("train_efficiency", "inference_efficiency", "bandwidth_efficiency", "step_overhead",
+             "kernel_latency", "call_overhead", "collective_latency", "cores", "peak_flops")
 
 
 def worker_specs(model_dir: str) -> dict:
@@ -78,24 +88,56 @@ def build(session: Session, tag: str, sets, devices: int, model_dir: str, cfg: P
     return PPO(Groups(**groups), cfg)
 
 
-def run_round(algos: dict[str, PPO], prompts) -> dict[str, float]:
-    """Seconds of one PPO iteration per placement; placements take turns."""
-    times = {}
-    for name, algo in algos.items():
-        start = time.perf_counter()
+def run_round(session: Session, algos: dict[str, PPO], prompts) -> tuple[dict, dict]:
+    """Seconds of one PPO iteration per placement (placements take turns), and per placement
+    its traced seconds per call plus the time outside every call."""
+    times, stages = {}, {}
+    for i, (name, algo) in enumerate(algos.items()):
+        wall, start = time.time(), time.perf_counter()
         algo.step(prompts)
         times[name] = time.perf_counter() - start
-    return times
+        records = [r for r in session.trace() if r.start >= wall and r.role.startswith(f"p{i}_")
+                   and r.method in CALL_OF_METHOD]
+        stages[name] = _traced_stages(records, wall, wall + times[name])
+    return times, stages
 
 
-def estimate(sets, devices: int, spec: ModelSpec, workload: Workload, cluster) -> float:
-    """The planner's seconds per iteration: `devices` per set, every call on its model's set,
-    data parallel over them."""
+def _traced_stages(records, begin: float, end: float) -> dict[str, float]:
+    """Per call: the longest rank's span; 'outside calls': the step's time no call covered."""
+    out: dict[str, float] = {}
+    for r in records:
+        call = CALL_OF_METHOD[r.method]
+        out[call] = max(out.get(call, 0.0), r.end - r.start)
+    out["outside calls"] = (end - begin) - _union([(r.start, r.end) for r in records])
+    return out
+
+
+def _union(spans) -> float:
+    total, reach = 0.0, None
+    for a, b in sorted(spans):
+        if reach is None or a > reach:
+            total += b - a
+            reach = b
+        elif b > reach:
+            total += b - reach
+            reach = b
+    return total
+
+
+def estimate(sets, devices: int, spec: ModelSpec, workload: Workload, cluster) -> tuple[float, dict]:
+    """The planner's seconds per iteration (`devices` per set, every call on its model's set,
+    data parallel over them), and its seconds per call plus outside every call."""
     flow = dataflow_preset("ppo")
     home = {role: DeviceMesh(i * devices, devices) for i, roles in enumerate(sets) for role in roles}
     plan = ExecutionPlan({c.name: (home[c.model], ParallelStrategy(1, 1, devices)) for c in flow.calls})
     evaluator = PlanEvaluator(flow, flow.model_specs(spec), workload, cluster, n_iterations=1)
-    return evaluator.evaluate(plan).time
+    ev = evaluator.evaluate(plan)
+    calls = {t.call: ev.schedule.end[i] - ev.schedule.start[i]
+             for i, t in enumerate(ev.graph.tasks) if t.kind == "compute"}
+    spans = [(ev.schedule.start[i], ev.schedule.end[i])
+             for i, t in enumerate(ev.graph.tasks) if t.kind == "compute"]
+    calls["outside calls"] = ev.makespan - _union(spans)
+    return ev.time, calls
 
 
 def kendall_tau(a: list[float], b: list[float]) -> float:
@@ -145,13 +187,15 @@ def main(argv=None) -> dict:
             # Profile, then measure, every round: the machine is shared and its load drifts.
             cal = profiler.calibration() if args.calibration is None else load_calibration(args.calibration)
             cluster = cluster_preset("local", 4, calibration=cal)
-            est = {name: estimate(sets, DEVICES.get(name, 1), spec, workload, cluster)
-                   for name, sets in PLACEMENTS.items()}
-            times = run_round(algos, prompts)
+            estimated = {name: estimate(sets, DEVICES.get(name, 1), spec, workload, cluster)
+                         for name, sets in PLACEMENTS.items()}
+            est = {name: e[0] for name, e in estimated.items()}
+            times, traced = run_round(session, algos, prompts)
             print(f"round {k}{' (warm-up)' if k < args.warmup else ''}: load {os.getloadavg()[0]:.1f}, "
                   + ", ".join(f"{n}: est {est[n]:.2f} / {times[n]:.2f} s" for n in PLACEMENTS), flush=True)
             if k >= args.warmup:
                 rounds.append({"calibration": cal, "estimated": est, "measured": times,
+                               "stages": {n: (estimated[n][1], traced[n]) for n in PLACEMENTS},
                                "loadavg": round(os.getloadavg()[0], 2)})
         profiler.close()
     cal.save(args.save)
@@ -163,6 +207,29 @@ def main(argv=None) -> dict:
                      "rel_error": round(est / meas - 1, 3),
                      "rounds": [[round(r["estimated"][name], 3), round(r["measured"][name], 3)] for r in rounds]})
 
+    stage_rows = {}
+    for name in PLACEMENTS:
+        keys = list(rounds[0]["stages"][name][0])
+        stage_rows[name] = {k: [round(statistics.median(r["stages"][name][0].get(k, 0.0) for r in rounds), 3),
+                                round(statistics.median(r["stages"][name][1].get(k, 0.0) for r in rounds), 3)]
+                            for k in keys}
+    spread = {}
+    for k in CONSTANTS:
+        values = [getattr(r["calibration"], k) for r in rounds]
+        mid = statistics.median(values)
+        spread[k] = {"median": mid, "min": min(values), "max": max(values),
+                     "rel_spread": round((max(values) - min(values)) / mid, 3) if mid else 0.0}
+
+    print("\nper stage, estimated / traced seconds (median over rounds); 'outside calls' is the "
+          "iteration time no model call covered (dispatch, transfers, driver-side work):")
+    calls = list(next(iter(stage_rows.values())))
+    print(f"{'placement':32s} " + " ".join(f"{c:>15s}" for c in calls))
+    for name, row in stage_rows.items():
+        print(f"{name:32s} " + " ".join(f"{row[c][0]:6.2f} / {row[c][1]:5.2f}" for c in calls))
+    print("\nfitted constants over the rounds (median, min - max, spread):")
+    for k, v in spread.items():
+        print(f"  {k:22s} {v['median']:.4g}  ({v['min']:.4g} - {v['max']:.4g}, {v['rel_spread']:.0%})")
+
     print("\nprofiled calls under the fit (measured s, predicted s):")
     for label, measured, predicted in cal.residuals():
         print(f"  {label:36s} {measured:7.3f} {predicted:7.3f} {predicted / measured - 1:+6.0%}")
@@ -170,7 +237,8 @@ def main(argv=None) -> dict:
           f"{cal.train_efficiency:.2f}, inference eff {cal.inference_efficiency:.2f}, decode bandwidth "
           f"{cal.memory_bandwidth * cal.bandwidth_efficiency / 1e9:.1f} GB/s, step overhead "
           f"{cal.step_overhead * 1e3:.2f} ms, all-reduce {cal.intra_node_bandwidth / 1e9:.2f} GB/s + "
-          f"{cal.collective_latency * 1e3:.2f} ms, cores {cal.cores:.2f}")
+          f"{cal.collective_latency * 1e3:.2f} ms, cores {cal.cores:.2f}, kernel "
+          f"{cal.kernel_latency * 1e6:.1f} us, call overhead {cal.call_overhead * 1e3:.1f} ms")
     print(f"\nPPO, {args.model} models, {args.prompts} prompts x {args.samples} samples x {args.new_tokens} tokens, "
           f"median of {args.iterations} rounds after {args.warmup} warm-up")
     print(f"{'placement':28s} {'estimated s':>12s} {'measured s':>11s} {'rel error':>10s}")
@@ -191,9 +259,10 @@ def main(argv=None) -> dict:
         "placements": rows,
         "rank_agreement": {"kendall_tau": round(tau, 3), "same_order": est_order == meas_order},
         "fitted": {k: v for k, v in cal.to_dict().items() if k not in ("timings", "collectives", "machine")},
-        "fitted_per_round": [{k: round(getattr(r["calibration"], k), 4 if k != "peak_flops" else -6)
-                              for k in ("train_efficiency", "inference_efficiency", "step_overhead", "cores",
-                                        "peak_flops")} for r in rounds],
+        "fitted_per_round": [{k: float(f"{getattr(r['calibration'], k):.4g}") for k in CONSTANTS}
+                             for r in rounds],
+        "fitted_spread": {k: v["rel_spread"] for k, v in spread.items()},
+        "stages": stage_rows,
         "loadavg_per_round": [r["loadavg"] for r in rounds],
         "slowdown": cal.machine.get("slowdown"),
         "loadavg_start": [round(x, 2) for x in load_start],

@@ -1,15 +1,20 @@
-"""Planner benchmark: HybridFlow auto-mapping runtime, and ReaLHF MCMC vs auto-mapping.
+"""Planner benchmark: what HybridFlow auto-mapping picks on the paper's testbed, and why.
 
 For PPO with Llama-2 7B/13B/34B/70B (all four models the same size, as in the HybridFlow
-paper) on 8-128 A100-80GB (paper testbed figures), it prints
-  * how long auto-mapping (Alg. 1) takes and the placement + allocation it picks
-    (goal: < 10 s per case on a 2-core machine; the paper reports up to ~half an hour);
-  * the estimated iteration time of the MCMC-searched plan (ReaLHF, from the greedy plan,
-    fixed time budget) vs the auto-mapped plan, both scored by the same TimeCost on a
-    2-iteration unrolled graph (so both may overlap consecutive iterations).
+paper §8) on 8-128 A100-80GB (8 per machine; 1024 + 1024 tokens, batch 1024), it prints per
+model and cluster size
+  * the planner's best placement, allocation and layouts, with its stage times
+    (generation | preparation | training) and the stage that dominates;
+  * beside it the three fixed placements (colocate: all on all devices; split: actor+reference
+    | critic+reward; standalone: a set per model), each with its best allocation and layouts,
+    so a reader sees what the choice gains and where;
+  * which of the three (or "other") the planner picked, and how long auto-mapping took
+    (goal: < 10 s per case on a 2-core machine);
+  * the ReaLHF MCMC search (several chains, a step budget) on the same case: its best
+    TimeCost against the auto-mapped plan's, and whether its chains agree.
 The last line is one JSON object with stable keys.
 
-    python bench/planner.py [--mcmc-seconds 3] [--seed 0]
+    python bench/planner.py [--mcmc-steps 4000] [--chains 3]
 """
 
 from __future__ import annotations
@@ -20,87 +25,143 @@ import math
 import time
 
 from workbench.planner import (ModelDoesNotFitError, NoFeasiblePlanError, PlanSpace, Workload,
-                               automap, cluster_preset, dataflow_preset, mcmc)
+                               cluster_preset, dataflow_preset, multi_chain)
+from workbench.planner.automap import AutoMapper
 
 MODELS = ["llama2-7b", "llama2-13b", "llama2-34b", "llama2-70b"]
 DEVICES = [8, 16, 32, 64, 128]
+STAGES = ("generation", "preparation", "training")
+FIXED = {
+    "colocate": (("actor", "reference", "critic", "reward"),),
+    "split": (("actor", "reference"), ("critic", "reward")),
+    "standalone": (("actor",), ("reference",), ("critic",), ("reward",)),
+}
 
 
-def run_case(model: str, n: int, mcmc_seconds: float, seed: int) -> dict:
+def _kind(placement) -> str:
+    """colocate / split / standalone, "split, reward with the actor" (split with the two
+    frozen models swapped: same shape, the smaller value-head model beside the actor), or
+    other."""
+    canon = lambda p: sorted(tuple(sorted(s)) for s in p)  # noqa: E731
+    swapped = (("actor", "reward"), ("critic", "reference"))
+    if canon(swapped) == canon(placement):
+        return "split, reward with the actor"
+    return next((k for k, v in FIXED.items() if canon(v) == canon(placement)), "other")
+
+
+def _summary(plan) -> dict:
+    stages = [round(t, 1) for t in plan.stage_times]
+    return {
+        "placement": [s.name for s in plan.sets],
+        "allocation": list(plan.allocation),
+        "layouts": {m: str(a.strategy) + (f"|{a.generation}" if a.generation else "")
+                    for s in plan.sets for m, a in s.assignments.items()},
+        "iteration_s": round(plan.iteration_time, 2),
+        "stages_s": stages,
+        "dominant": STAGES[max(range(len(stages)), key=stages.__getitem__)],
+        "idle_devices": plan.stats["idle_devices"],
+        "peak_memory_gb": round(plan.peak_memory / 1e9, 1),
+    }
+
+
+def run_case(model: str, n: int, mcmc_steps: int, chains: int) -> dict:
     flow, wl = dataflow_preset("ppo"), Workload()
     cluster = cluster_preset("a100_80g", n)
-    case = {"model": model, "n_devices": n, "automap_s": None, "placement": None,
-            "allocation": None, "automap_iter_s": None, "automap_timecost_s": None,
-            "mcmc_iter_s": None, "mcmc_fits": None, "mcmc_steps": 0,
-            "mcmc_vs_automap": None, "error": None}
+    case = {"model": model, "n_devices": n, "automap_s": None, "best": None, "pick": None,
+            "fixed": {}, "error": None, "mcmc": None}
+    mapper = AutoMapper(flow, flow.model_specs(model), wl, cluster)
     t0 = time.perf_counter()
-    plan = None
     try:
-        plan = automap(flow, model, wl, cluster)
+        plan = mapper.run()
     except (ModelDoesNotFitError, NoFeasiblePlanError) as e:
         case["error"] = f"{type(e).__name__}: {e}"
-    case["automap_s"] = round(time.perf_counter() - t0, 3)
-    if isinstance(case["error"], str) and case["error"].startswith("ModelDoesNotFit"):
+        case["automap_s"] = round(time.perf_counter() - t0, 3)
         return case
-    space = PlanSpace(flow, flow.model_specs(model), wl, cluster, n_iterations=2)
-    if plan is not None:
-        case["placement"] = ["+".join(s.models) for s in plan.sets]
-        case["allocation"] = list(plan.allocation)
-        case["automap_iter_s"] = round(plan.iteration_time, 2)
-        case["automap_timecost_s"] = round(
-            space.evaluator.evaluate(plan.to_execution_plan()).time, 2)
-    r = mcmc(space, time_limit=mcmc_seconds, seed=seed)
-    case["mcmc_iter_s"] = round(r.evaluation.time, 2)
-    case["mcmc_fits"] = not r.evaluation.oom
-    case["mcmc_steps"] = r.steps
-    if plan is not None and case["mcmc_fits"]:
-        case["mcmc_vs_automap"] = round(r.evaluation.time / case["automap_timecost_s"], 3)
+    case["automap_s"] = round(time.perf_counter() - t0, 3)
+    case["best"], case["pick"] = _summary(plan), _kind(plan.placement)
+    for name, placement in FIXED.items():
+        try:
+            case["fixed"][name] = _summary(mapper.run([placement]))
+        except NoFeasiblePlanError:
+            case["fixed"][name] = None
+    if mcmc_steps:
+        space = PlanSpace(flow, flow.model_specs(model), wl, cluster, n_iterations=2)
+        automap_timecost = space.evaluator.evaluate(plan.to_execution_plan()).time
+        r = multi_chain(space, tuple(range(chains)), max_steps=mcmc_steps, tolerance=0.05)
+        case["mcmc"] = {"iter_s": round(r.evaluation.time, 2), "fits": not r.evaluation.oom,
+                        "automap_timecost_s": round(automap_timecost, 2),
+                        "vs_automap": round(r.evaluation.time / automap_timecost, 3),
+                        "chain_best": [round(c, 2) for c in r.convergence.best_costs],
+                        "chains_agree": r.convergence.agree,
+                        "spread": round(r.convergence.spread, 3)}
     return case
+
+
+def _row(label: str, s: dict | None) -> str:
+    if s is None:
+        return f"  {label:<10} does not fit"
+    place = " | ".join(f"{p}:{a}" for p, a in zip(s["placement"], s["allocation"]))
+    stages = " | ".join(f"{t:6.1f}" for t in s["stages_s"])
+    idle = f"  ({s['idle_devices']} idle)" if s["idle_devices"] else ""
+    return (f"  {label:<10} {s['iteration_s']:8.1f} s  [{stages}]  {s['dominant']:<11} "
+            f"{s['peak_memory_gb']:5.1f} GB  {place}{idle}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mcmc-seconds", type=float, default=3.0,
-                    help="MCMC time limit per case (ReaLHF uses minutes)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--mcmc-steps", type=int, default=4000,
+                    help="MCMC proposals per chain (0: skip the search)")
+    ap.add_argument("--chains", type=int, default=3)
     args = ap.parse_args()
 
     cases = []
-    print(f"{'model':<11} {'N':>4} {'automap s':>9}  {'placement : allocation':<52} "
-          f"{'d_cost':>8} {'TimeCost':>8} {'MCMC':>8} {'ratio':>6}")
+    print("per case: estimated s/iteration, [generation | preparation | training] s, dominant "
+          "stage, peak GB/device, placement:devices")
     for model in MODELS:
         for n in DEVICES:
-            c = run_case(model, n, args.mcmc_seconds, args.seed)
+            c = run_case(model, n, args.mcmc_steps, args.chains)
             cases.append(c)
-            if c["placement"]:
-                place = " | ".join(f"{p}:{a}" for p, a in zip(c["placement"], c["allocation"]))
-            else:
-                place = (c["error"] or "").split(":")[0]
-            fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
-            mc = fmt(c["mcmc_iter_s"]) + ("" if c["mcmc_fits"] in (None, True) else "!")
-            ratio = "-" if c["mcmc_vs_automap"] is None else f"{c['mcmc_vs_automap']:.2f}"
-            print(f"{model:<11} {n:>4} {c['automap_s']:>9.2f}  {place:<52} "
-                  f"{fmt(c['automap_iter_s']):>8} {fmt(c['automap_timecost_s']):>8} "
-                  f"{mc:>8} {ratio:>6}", flush=True)
+            print(f"\n{model} on {n} GPUs (auto-mapping {c['automap_s']:.2f} s)", flush=True)
+            if c["error"]:
+                print(f"  {c['error'].split(':')[0]}: {c['error'].split(': ', 1)[1][:110]}")
+                continue
+            print(_row("PLANNER", c["best"]) + f"   = {c['pick']}")
+            print("             layouts: " + ", ".join(f"{m} {l}" for m, l in c["best"]["layouts"].items()))
+            for name in FIXED:
+                print(_row(name, c["fixed"][name]))
+            if c["mcmc"]:
+                m = c["mcmc"]
+                print(f"  MCMC       {m['iter_s']:8.1f} s TimeCost vs auto-mapped {m['automap_timecost_s']:.1f} s "
+                      f"(x{m['vs_automap']:.2f}); chains {m['chain_best']} "
+                      f"{'agree' if m['chains_agree'] else 'DISAGREE'}", flush=True)
 
-    ratios = [c["mcmc_vs_automap"] for c in cases if c["mcmc_vs_automap"] is not None]
+    solved = [c for c in cases if c["best"]]
+    ratios = [c["mcmc"]["vs_automap"] for c in solved if c["mcmc"] and c["mcmc"]["fits"]]
     max_s = max(c["automap_s"] for c in cases)
-    print(f"\nmax auto-mapping time {max_s:.2f}s (goal < 10 s); MCMC/automap estimated "
-          f"iteration time: geomean {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f} "
-          f"over {len(ratios)} cases (< 1 means the searched plan is faster). '!' = MCMC best "
-          f"plan out of memory. Times in seconds per iteration; d_cost is HybridFlow's stage "
-          f"model, TimeCost the list-scheduled 2-iteration estimate.")
+    picks = {k: sum(c["pick"] == k for c in solved)
+             for k in (*FIXED, "split, reward with the actor", "other")}
+    print(f"\nmax auto-mapping time {max_s:.2f}s (goal < 10 s); picks {picks}; "
+          f"monotone in devices: {_monotone(cases)}")
     print(json.dumps({
         "bench": "planner",
         "max_automap_s": max_s,
         "automap_under_10s": max_s < 10,
-        "mcmc_seconds": args.mcmc_seconds,
+        "picks": picks,
+        "monotone": _monotone(cases),
+        "mcmc_steps": args.mcmc_steps, "chains": args.chains,
         "geomean_mcmc_vs_automap": round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3)
         if ratios else None,
-        "mcmc_better_cases": sum(r < 1 for r in ratios),
-        "compared_cases": len(ratios),
+        "mcmc_chains_agree": sum(bool(c["mcmc"] and c["mcmc"]["chains_agree"]) for c in solved),
         "cases": cases,
     }))
+
+
+def _monotone(cases) -> bool:
+    for model in MODELS:
+        times = [c["best"]["iteration_s"] for c in cases if c["model"] == model and c["best"]]
+        if any(b > a for a, b in zip(times, times[1:])):
+            return False
+    return True
 
 
 if __name__ == "__main__":

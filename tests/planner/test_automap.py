@@ -91,8 +91,8 @@ def test_strategy_cache_is_per_model_and_device_count():
     flow = dataflow_preset("ppo")
     m = AutoMapper(flow, flow.model_specs("llama2-7b"), Workload(), cluster_preset("a100_80g", 8))
     m.run()
-    assert all(isinstance(k, tuple) and len(k) == 2 for k in m._ranked)
-    assert len(m._ranked) <= 4 * 8
+    assert all(isinstance(k, tuple) and len(k) == 2 for k in m._layouts)
+    assert len(m._layouts) <= 4 * 8
 
 
 def test_model_that_cannot_fit_names_model_and_shortfall():

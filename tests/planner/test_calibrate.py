@@ -129,3 +129,25 @@ def test_fit_pins_a_zero_overhead_at_zero():
     cal = fit(timings, _synthetic()[1], peak_flops=PEAK, memory_bandwidth=MEM_BW, slowdown={1: 1.0})
     assert cal.step_overhead == pytest.approx(0.0, abs=1e-9)
     assert cal.train_efficiency == pytest.approx(TRUE["train_efficiency"], rel=1e-3)
+
+
+def test_fit_stays_inside_physical_bounds_when_decoding_is_overhead_bound():
+    # Decoding that no bandwidth explains (all fixed cost): the unbounded fit would send the
+    # decode rate to infinity; the bounded one pins it at EFFICIENCY_BOUNDS and moves the time
+    # into the per-step overhead.
+    from workbench.planner.calibrate import EFFICIENCY_BOUNDS
+
+    truth = dataclasses.replace(_truth(), bandwidth_efficiency=1e6, step_overhead=4e-3)
+    timings = [dataclasses.replace(t, seconds=t.predict(truth)) for t in _synthetic()[0]]
+    cal = fit(timings, _synthetic()[1], peak_flops=PEAK, memory_bandwidth=MEM_BW, slowdown={1: 1.0})
+    assert cal.bandwidth_efficiency <= EFFICIENCY_BOUNDS["bandwidth_efficiency"] * (1 + 1e-9)
+    assert cal.train_efficiency <= EFFICIENCY_BOUNDS["train_efficiency"] * (1 + 1e-9)
+    assert cal.step_overhead == pytest.approx(4e-3, rel=0.1)
+
+
+def test_measured_fixed_costs_reach_the_local_preset():
+    timings, coll = _synthetic()
+    cal = fit(timings, coll, peak_flops=PEAK, memory_bandwidth=MEM_BW, slowdown={1: 1.0},
+              kernel_latency=7e-6, call_overhead=3e-3)
+    local = cal.cluster(1, 4)
+    assert (local.kernel_latency, local.call_overhead) == (7e-6, 3e-3)

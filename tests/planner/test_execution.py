@@ -103,3 +103,26 @@ def test_automap_plan_scores_as_execution_plan():
     assert not r.oom
     # One iteration, no cross-iteration overlap: TimeCost cannot exceed the stage model.
     assert r.time <= plan.iteration_time * 1.0001
+
+
+def test_driver_stage_and_dispatch_are_tasks_of_the_iteration(tiny_workload):
+    # Everything on one device: the makespan grows by the driver stage (gather the outputs,
+    # send the batch to both trained models) and by the dispatches on the critical path (the
+    # driver issues calls as futures, so a dispatch overlaps a call already running).
+    import dataclasses
+
+    flow = dataflow_preset("ppo")
+    base = cluster_preset("local", 1)
+    slow = dataclasses.replace(base, call_overhead=0.01, driver_bandwidth=1e8)
+    one = ExecutionPlan({c.name: (DeviceMesh(0, 1), S1) for c in flow.calls})
+    evs = [PlanEvaluator(flow, flow.model_specs("tiny-10m"), tiny_workload, c, n_iterations=1).evaluate(one)
+           for c in (base, slow)]
+    kinds = [t.kind for t in evs[1].graph.tasks]
+    assert kinds.count("driver") == 1 and kinds.count("dispatch") == len(flow.calls)
+    sim = evs[1].graph  # the driver task waits for every call the updates read
+    driver = next(t for t in sim.tasks if t.kind == "driver")
+    assert {sim.tasks[p].call for p in driver.parents} == {"actor_gen", "actor_logp", "ref_logp",
+                                                            "critic_values", "reward"}
+    grown = evs[1].makespan - evs[0].makespan
+    assert driver.cost + 0.01 - 1e-9 <= grown <= driver.cost + len(flow.calls) * 0.01 + 1e-9
+    assert driver.cost > 0

@@ -1,6 +1,7 @@
 import pytest
 
-from workbench.planner import Dataflow, ModelSpec, PlanSpace, Workload, cluster_preset, dataflow_preset, exhaustive, mcmc
+from workbench.planner import (Dataflow, ModelSpec, PlanSpace, Workload, cluster_preset, dataflow_preset,
+                               exhaustive, mcmc, multi_chain, search)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +55,7 @@ def test_mcmc_is_seeded_and_never_worse_than_greedy(small_space):
 def test_mcmc_stops_at_time_limit():
     flow = dataflow_preset("ppo")
     space = PlanSpace(flow, flow.model_specs("llama2-7b"), Workload(), cluster_preset("a100_80g", 16))
-    r = mcmc(space, time_limit=0.5, seed=0)
+    r = mcmc(space, max_steps=None, time_limit=0.5, seed=0)
     assert r.seconds < 1.5 and r.steps > 10
     assert not r.evaluation.oom
 
@@ -64,3 +65,32 @@ def test_exhaustive_refuses_large_spaces():
     space = PlanSpace(flow, flow.model_specs("llama2-7b"), Workload(), cluster_preset("a100_80g", 8))
     with pytest.raises(ValueError, match="above the limit"):
         exhaustive(space)
+
+
+def test_chains_from_different_starts_agree_on_the_enumerable_optimum(small_space, optimum):
+    r = multi_chain(small_space, seeds=(0, 1, 2, 3), max_steps=5000, tolerance=0.01)
+    conv = r.convergence
+    assert conv.agree and conv.spread <= 0.01, conv.describe()
+    assert r.evaluation.cost == pytest.approx(optimum[1], rel=0.01)
+    assert len(r.chains) == 4 and len({c.initial_cost for c in r.chains}) > 1   # different starts
+    assert "agree" in conv.describe()
+
+
+def test_chains_report_disagreement_when_the_budget_is_too_small(small_space):
+    conv = multi_chain(small_space, seeds=(0, 1, 2, 3), max_steps=3, tolerance=0.01).convergence
+    assert not conv.agree and conv.spread > 0.01
+    assert "DISAGREE" in conv.describe()
+
+
+def test_search_with_a_step_budget_is_deterministic():
+    flow = dataflow_preset("ppo")
+    wl, cluster = Workload.tiny(), cluster_preset("local", 4)
+    a = search(flow, "tiny-10m", wl, cluster, max_steps=400, seeds=(3, 4))
+    b = search(flow, "tiny-10m", wl, cluster, max_steps=400, seeds=(3, 4))
+    assert a.choice == b.choice and a.convergence.best_costs == b.convergence.best_costs
+    assert all(c.steps == 400 for c in a.chains)
+
+
+def test_mcmc_needs_a_budget(small_space):
+    with pytest.raises(ValueError, match="budget"):
+        mcmc(small_space, max_steps=None, time_limit=None)

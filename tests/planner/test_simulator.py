@@ -42,3 +42,32 @@ def test_full_sharding_gathers_every_layer_per_micro_batch():
 def test_unknown_sharding_mode_is_refused():
     with pytest.raises(ValueError, match="param_sharding='fsdp'.*'optimizer'.*'full'"):
         dataclasses.replace(OPT, param_sharding="fsdp")
+
+
+def test_small_per_device_work_stops_tensor_parallelism_from_always_winning():
+    # 7B decoding its whole batch at once on 8 A100s: per-kernel, per-step and per-all-reduce
+    # fixed costs make tp=8 lose to a smaller degree: they are a larger share of its time.
+    from workbench.planner.strategy import ParallelStrategy as P
+
+    spec, gpu = model_preset("llama2-7b"), cluster_preset("a100_80g", 8)
+    ideal = dataclasses.replace(gpu, kernel_latency=0.0, step_overhead=0.0, collective_latency=0.0)
+    times = {}
+    for name, cluster in (("gpu", gpu), ("ideal", ideal)):
+        sim = Simulator(cluster, Workload())
+        times[name] = {tp: sim.generate(spec, P(1, tp, 8 // tp)) for tp in (1, 2, 4, 8)}
+    assert min(times["gpu"], key=times["gpu"].get) != 8, times
+    share = {tp: 1 - times["ideal"][tp] / times["gpu"][tp] for tp in (1, 8)}
+    assert share[8] > share[1] > 0
+
+
+def test_fixed_costs_per_decoding_step_are_kernels_all_reduces_and_step_overhead():
+    from workbench.planner.simulator import KERNELS_PER_LAYER
+    from workbench.planner.strategy import ParallelStrategy as P
+
+    spec, gpu = model_preset("llama2-7b"), cluster_preset("a100_80g", 8)
+    bare = dataclasses.replace(gpu, kernel_latency=0.0, step_overhead=0.0)
+    wl = Workload(global_batch=8)   # one wave of 8 sequences per replica at tp=1
+    s = P(1, 1, 1)
+    extra = Simulator(gpu, wl).generate(spec, s) - Simulator(bare, wl).generate(spec, s)
+    per_step = KERNELS_PER_LAYER * spec.n_layers * gpu.kernel_latency + gpu.step_overhead
+    assert extra == pytest.approx((wl.response_len + 1) * per_step)

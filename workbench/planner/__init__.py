@@ -6,10 +6,13 @@
     print(plan.table())
 
 Modules, one job each: `specs` (models, workload, cluster), `dataflow` (calls of an
-algorithm), `derive` (reads those calls off `algorithms/<name>.py`), `strategy` (3-D layouts), `memory` and `simulator` (the cost model), `automap`
-(HybridFlow Alg. 1/2), `plan` (its result), `schedule` (TimeCost list scheduling),
-`execution` (ReaLHF plans, augmented graph, MaxMem), `search` (Metropolis-Hastings),
-`report` (tables and Gantt bars).
+algorithm), `derive` (reads those calls off `algorithms/<name>.py`), `strategy` (3-D layouts),
+`memory` (per-device bytes, the hybrid engine's Table 2 switch) and `simulator` (call times)
+for the cost model, `automap` (HybridFlow Alg. 1/2: joint layouts per colocated set, aligned
+allocations), `plan` (its result), `schedule` (TimeCost list scheduling), `execution`
+(ReaLHF plans, augmented graph, MaxMem), `search` (Metropolis-Hastings chains with a
+convergence report), `report` (tables and Gantt bars), `profiler` / `calibrate` (fit the
+local preset on this machine).
 """
 
 from workbench.planner.automap import AutoMapper, automap, compositions, d_cost, set_partitions
@@ -23,18 +26,19 @@ from workbench.planner.memory import MemoryBreakdown, static_memory
 from workbench.planner.plan import ColocatedSet, ModelAssignment, Plan
 from workbench.planner.report import GanttBar, execution_gantt, execution_table
 from workbench.planner.schedule import Schedule, TaskGraph, time_cost
-from workbench.planner.search import PlanSpace, SearchResult, exhaustive, mcmc, search
+from workbench.planner.search import (Convergence, PlanSpace, SearchResult, exhaustive, mcmc,
+                                      multi_chain, search)
 from workbench.planner.simulator import Simulator
 from workbench.planner.specs import (MODEL_PRESETS, ClusterSpec, ModelSpec, Workload,
                                      cluster_preset, cluster_presets, model_preset)
 from workbench.planner.strategy import ParallelStrategy, strategies
 
 __all__ = [
-    "AutoMapper", "Call", "ClusterSpec", "ColocatedSet", "Dataflow", "DeriveError", "Evaluation",
+    "AutoMapper", "Call", "Convergence", "ClusterSpec", "ColocatedSet", "Dataflow", "DeriveError", "Evaluation",
     "ExecutionPlan", "GanttBar", "MODEL_PRESETS", "MemoryBreakdown", "DeviceMesh", "ModelAssignment",
     "ModelDoesNotFitError", "ModelSpec", "NoFeasiblePlanError", "NoMeshError",
     "ParallelStrategy", "Plan", "PlanEvaluator", "PlanSpace", "PlannerError", "Schedule",
     "SearchResult", "Simulator", "TaskGraph", "UnknownPresetError", "Workload", "automap",
     "cluster_preset", "cluster_presets", "compositions", "d_cost", "dataflow_preset", "derive_dataflow",
-    "execution_gantt", "execution_table", "exhaustive", "mcmc", "mesh", "model_preset", "search", "set_partitions", "static_memory", "strategies", "time_cost", "valid_meshes",
+    "execution_gantt", "execution_table", "exhaustive", "mcmc", "mesh", "multi_chain", "model_preset", "search", "set_partitions", "static_memory", "strategies", "time_cost", "valid_meshes",
 ]

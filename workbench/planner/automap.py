@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 from workbench.planner.dataflow import Dataflow
-from workbench.planner.errors import ModelDoesNotFitError, NoFeasiblePlanError
-from workbench.planner.memory import (MemoryBreakdown, generation_concurrency, generation_weights,
-                                      inference_activations, kv_bytes_per_sequence,
-                                      min_static_memory, static_memory, train_activations)
+from workbench.planner.errors import ModelDoesNotFitError, NoFeasiblePlanError, PlannerError
+from workbench.planner.memory import (MemoryBreakdown, Transition, generation_memory,
+                                      inference_activations, kv_bytes_per_sequence, static_memory,
+                                      train_activations, transition)
 from workbench.planner.plan import ColocatedSet, ModelAssignment, Plan, pack_sets
 from workbench.planner.simulator import INF, Simulator
 from workbench.planner.specs import ClusterSpec, ModelSpec, Workload
@@ -67,131 +67,177 @@ def d_cost(stage_costs: Sequence[Sequence[float]]) -> float:
 
 @dataclass(frozen=True)
 class ModelChoice:
-    """auto_parallel's answer for one model on n devices under a memory budget."""
+    """One model's layout inside a colocated set, with its call times and memory."""
 
     strategy: ParallelStrategy
     generation: ParallelStrategy | None
     call_times: dict[str, float]
     static: MemoryBreakdown
-    dynamic: float
-    """Peak per-device dynamic bytes over the model's calls."""
+    dynamic: MemoryBreakdown
+    """Peak per-device dynamic bytes over the model's calls, by kind."""
+    transition: Transition | None = None
+    """The actor's training -> generation switch (Table 2 bytes and memory)."""
+
+    @property
+    def time(self) -> float:
+        return sum(self.call_times.values())
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """A candidate layout of one model on n devices, before its colocated set is known."""
+
+    strategy: ParallelStrategy
+    generation: ParallelStrategy | None
+    static: MemoryBreakdown
+    activations: float
+    """Peak activations of its train / inference calls."""
+    times: dict[str, float]
+    """Seconds of the calls that do not generate."""
+    bound: float
+    """Lower bound of the layout's total time (generation with its whole batch at once)."""
 
 
 class AutoMapper:
     """Holds the caches of one auto-mapping run; `run()` returns the best Plan."""
 
     def __init__(self, dataflow: Dataflow, specs: dict[str, ModelSpec], workload: Workload,
-                 cluster: ClusterSpec, max_tp: int | None = None, max_pp: int | None = None):
+                 cluster: ClusterSpec, max_tp: int | None = None, max_pp: int | None = None,
+                 allocation: str | None = None):
         self.flow, self.specs, self.wl, self.cluster = dataflow, specs, workload, cluster
         self.max_tp, self.max_pp = max_tp, max_pp
+        self.allocation = allocation or cluster.allocation
+        if self.allocation not in ("aligned", "free"):
+            raise ValueError(f"allocation={self.allocation!r}: use 'aligned' (whole machines or "
+                             f"power-of-two slices of one) or 'free' (any device count)")
         self.sim = Simulator(cluster, workload)
         self.stage = dataflow.stages()
         self.n_stages = dataflow.n_stages
-        self._ranked: dict[tuple[str, int], list] = {}
-        self._choice: dict[tuple[str, int, int], ModelChoice | None] = {}
+        self._layouts: dict[tuple[str, int], list[_Layout]] = {}
         self._sets: dict[tuple[tuple[str, ...], int], tuple | None] = {}
 
-    # --- auto_parallel (Alg. 2) ----------------------------------------------------------------
-    def _ranked_strategies(self, model: str, n: int) -> list:
-        """(time of non-generation calls, bytes needed, strategy, call times), fastest first;
-        cached per (model, device count) as in the paper."""
+    # --- layouts of one model (Alg. 2's candidates) -------------------------------------------
+    def layouts(self, model: str, n: int) -> list[_Layout]:
+        """Candidate layouts of `model` on n devices, cached per (model, device count) as in
+        the paper. The actor's are (training, generation) pairs, so both are chosen together
+        with the transition between them; other models keep only layouts no other one beats
+        in static memory, activations and time at once."""
         key = (model, n)
-        if key not in self._ranked:
-            spec, trained = self.specs[model], self.flow.trained(model)
-            calls = [c for c in self.flow.calls_of(model) if c.kind != "generate"]
-            rows = []
-            for s in strategies(spec, n, self.cluster.devices_per_node):
-                if s.tp > (self.max_tp or s.tp) or s.pp > (self.max_pp or s.pp):
-                    continue
-                times = {c.name: self.sim.call_time(c, spec, s) for c in calls}
-                dyn = max([train_activations(spec, s, self.wl) if c.kind == "train" else
-                           inference_activations(spec, s, self.wl) for c in calls], default=0.0)
-                rows.append((sum(times.values()), static_memory(spec, s, trained), dyn, s, times))
-            rows.sort(key=lambda r: (r[0], r[3]))
-            self._ranked[key] = rows
-        return self._ranked[key]
-
-    def auto_parallel(self, model: str, n: int, budget: float) -> ModelChoice | None:
-        """Fastest layout of `model` on n devices whose per-device memory fits `budget`."""
-        key = (model, n, int(budget // 2**20))
-        if key in self._choice:
-            return self._choice[key]
+        if key in self._layouts:
+            return self._layouts[key]
+        spec, trained = self.specs[model], self.flow.trained(model)
+        calls = [c for c in self.flow.calls_of(model) if c.kind != "generate"]
         gen_calls = [c for c in self.flow.calls_of(model) if c.kind == "generate"]
-        choice = None
-        for _, static, dyn, s, times in self._ranked_strategies(model, n):
-            if static.static + dyn > budget:
+        out = []
+        for s in strategies(spec, n, self.cluster.devices_per_node):
+            if s.tp > (self.max_tp or s.tp) or s.pp > (self.max_pp or s.pp):
                 continue
+            times = {c.name: self.sim.call_time(c, spec, s) for c in calls}
+            act = max([train_activations(spec, s, self.wl) if c.kind == "train" else
+                       inference_activations(spec, s, self.wl) for c in calls], default=0.0)
+            static = static_memory(spec, s, trained, self.wl.param_sharding)
             if not gen_calls:
-                choice = ModelChoice(s, None, dict(times), static, dyn)
-                break
-            gen = self._generation(model, s, budget - static.static)
-            if gen is not None:
-                g, gen_times, gen_dyn = gen
-                choice = ModelChoice(s, g, {**times, **gen_times}, static, max(dyn, gen_dyn))
-                break
-        self._choice[key] = choice
-        return choice
-
-    def _generation(self, model: str, train: ParallelStrategy, free: float):
-        """Fastest generation layout for a training layout, KV cache in the `free` bytes."""
-        spec = self.specs[model]
-        best = None
-        for g in generation_strategies(train):
-            kv_budget = free - generation_weights(spec, g)
-            if kv_budget <= 0:
+                out.append(_Layout(s, None, static, act, times, sum(times.values())))
                 continue
-            times, total = {}, 0.0
-            for c in self.flow.calls_of(model):
-                if c.kind == "generate":
-                    t = self.sim.generate(spec, g, kv_budget, c.batch_factor) \
-                        + self.sim.reshard_time(spec, train, g)
-                    times[c.name] = t
-                    total += t
-            if total < INF and (best is None or total < best[0]):
-                batch = math.ceil(self.wl.sequences / g.dp)
-                conc = min(batch, generation_concurrency(spec, g, self.wl, kv_budget))
-                dyn = generation_weights(spec, g) + conc * kv_bytes_per_sequence(spec, g, self.wl)
-                best = (total, g, times, dyn)
-        return None if best is None else best[1:]
+            for g in generation_strategies(s):
+                if g.tp > (self.max_tp or g.tp) or g.pp > (self.max_pp or g.pp):
+                    continue
+                bound = sum(times.values()) + self.sim.reshard_time(spec, s, g) + sum(
+                    self.sim.generate(spec, g, batch_factor=c.batch_factor) for c in gen_calls)
+                out.append(_Layout(s, g, static, act, times, bound))
+        if not gen_calls:
+            out = _pareto(out)
+        out.sort(key=lambda o: (o.bound, o.strategy, o.generation or o.strategy))
+        self._layouts[key] = out
+        return out
+
+    def _generating_choice(self, model: str, layout: _Layout, free: float):
+        """(ModelChoice, dynamic bytes) of a generating layout when `free` bytes per device
+        are left after the set's static memory; None if its generation does not fit."""
+        spec, s, g = self.specs[model], layout.strategy, layout.generation
+        times, dyn, gm = dict(layout.times), MemoryBreakdown(activations=layout.activations), None
+        first = True
+        for c in self.flow.calls_of(model):
+            if c.kind != "generate":
+                continue
+            gm = generation_memory(spec, s, g, self.wl, layout.static.params, free,
+                                   self.wl.transition, c.batch_factor)
+            if gm is None:
+                return None
+            batch = math.ceil(self.wl.sequences * c.batch_factor / g.dp)
+            times[c.name] = self.sim.generate_waves(spec, g, batch, gm.concurrency) \
+                + (self.sim.reshard_time(spec, s, g) if first else 0.0)
+            first = False
+            if gm.dynamic > dyn.total:
+                dyn = MemoryBreakdown(kv_cache=gm.dynamic - gm.extra_params
+                                      if gm.dynamic > gm.peak_extra else 0.0,
+                                      extra_params=gm.extra_params
+                                      if gm.dynamic > gm.peak_extra else gm.peak_extra)
+        return ModelChoice(s, g, times, layout.static, dyn, gm.transition if gm else None)
 
     # --- colocated sets ------------------------------------------------------------------------
     def set_cost(self, models: tuple[str, ...], n: int):
-        """(stage costs, choices, peak memory) of a colocated set on n devices, or None when it
-        does not fit. Budgets start from the others' sharded floor and are tightened to their
-        chosen layouts until the whole set fits (at most three rounds)."""
+        """(stage costs, choices, peak memory) of a colocated set on n devices, or None when
+        no combination of layouts fits. The layouts are searched jointly under the shared
+        budget: the set fits iff the static memory of all its models plus the largest call's
+        dynamic memory fits; the fastest such combination (sum of the set's call times)
+        wins. The generating model (the actor) is chosen last, its KV cache taking what the
+        others' static memory leaves."""
         key = (models, n)
         if key in self._sets:
             return self._sets[key]
         q = self.cluster.device_memory
-        static_of = {m: min_static_memory(self.specs[m], n, self.flow.trained(m)) for m in models}
-        result = None
-        if sum(static_of.values()) < q:
-            for _ in range(3):
-                choices = {}
-                for m in models:
-                    budget = q - sum(v for o, v in static_of.items() if o != m)
-                    choices[m] = self.auto_parallel(m, n, budget)
-                    if choices[m] is None:
-                        break
-                else:
-                    static = sum(c.static.static for c in choices.values())
-                    peak = static + max(c.dynamic for c in choices.values())
-                    if peak <= q:
-                        stages = [0.0] * self.n_stages
-                        for c in choices.values():
-                            for call, t in c.call_times.items():
-                                stages[self.stage[call]] += t
-                        result = (tuple(stages), choices, peak)
-                        break
-                    static_of = {m: choices[m].static.static for m in models}
+        gens = [m for m in models if self.flow.generates(m)]
+        if len(gens) > 1:
+            raise PlannerError(f"colocated set {'+'.join(models)}: more than one generating "
+                               f"model ({gens}); the planner handles one per set")
+        plain = [m for m in models if m not in gens]
+        best = None   # (total time, {model: ModelChoice}, peak)
+        for combo in itertools.product(*(self.layouts(m, n) for m in plain)):
+            s_o = sum(o.static.total for o in combo)
+            d_o = max((o.activations for o in combo), default=0.0)
+            t_o = sum(o.bound for o in combo)
+            if s_o + d_o > q or (best is not None and t_o >= best[0]):
+                continue
+            choices = {m: ModelChoice(o.strategy, None, dict(o.times), o.static,
+                                      MemoryBreakdown(activations=o.activations))
+                       for m, o in zip(plain, combo)}
+            if not gens:
+                best = (t_o, choices, s_o + d_o)
+                continue
+            for layout in self.layouts(gens[0], n):
+                if best is not None and t_o + layout.bound >= best[0]:
+                    break
+                total_static = s_o + layout.static.total
+                if total_static + max(d_o, layout.activations) > q:
                     continue
-                break
+                choice = self._generating_choice(gens[0], layout, q - total_static)
+                if choice is None:
+                    continue
+                total = t_o + choice.time
+                if best is None or total < best[0]:
+                    peak = total_static + max(d_o, choice.dynamic.total)
+                    best = (total, {**choices, gens[0]: choice}, peak)
+        result = None
+        if best is not None:
+            choices = {m: best[1][m] for m in models}
+            stages = [0.0] * self.n_stages
+            for c in choices.values():
+                for call, t in c.call_times.items():
+                    stages[self.stage[call]] += t
+            result = (tuple(stages), choices, best[2])
         self._sets[key] = result
         return result
 
+    def sizes(self, n_max: int) -> list[int]:
+        """Device counts a colocated set may get: ReaLHF meshes when aligned, else any."""
+        if self.allocation == "aligned":
+            return [k for k in self.cluster.mesh_sizes() if k <= n_max]
+        return list(range(1, n_max + 1))
+
     def min_devices(self, models: tuple[str, ...], n_max: int) -> int | None:
         """A_min: the least device count on which the set fits (None if none up to n_max)."""
-        for n in range(1, n_max + 1):
+        for n in self.sizes(n_max):
             if self.set_cost(models, n) is not None:
                 return n
         return None
@@ -200,43 +246,37 @@ class AutoMapper:
     def check_each_model_fits(self) -> None:
         n, q = self.cluster.n_devices, self.cluster.device_memory
         for m in self.flow.models:
-            if self.set_cost((m,), n) is None:
+            if self.min_devices((m,), n) is None:
                 spec, need = self.specs[m], INF
-                for _, st, dyn, s, _ in self._ranked_strategies(m, n):
-                    if self.flow.generates(m):  # generation buffer + one sequence of KV cache
-                        dyn = max(dyn, generation_weights(spec, s)
-                                  + kv_bytes_per_sequence(spec, s, self.wl))
-                    need = min(need, st.static + dyn)
+                for o in self.layouts(m, n):
+                    dyn = o.activations
+                    if o.generation is not None:  # the switch's peak and one sequence of KV
+                        t = transition(spec, o.strategy, o.generation, self.wl.transition)
+                        kv = kv_bytes_per_sequence(spec, o.generation, self.wl)
+                        dyn = max(dyn, max(t.peak_params, t.resident_params + kv)
+                                  - o.static.params)
+                    need = min(need, o.static.total + dyn)
                 raise ModelDoesNotFitError(m, spec.describe(), n, need, q)
 
-    def run(self) -> Plan:
+    def run(self, placements: Sequence[tuple[tuple[str, ...], ...]] | None = None) -> Plan:
+        """The best plan over every placement, or over `placements` only (e.g. the colocate,
+        split and standalone baselines). A set may leave devices of its allocation idle
+        when fewer run it faster, so a larger cluster never gives a slower plan."""
         t0 = time.perf_counter()
         n = self.cluster.n_devices
         self.check_each_model_fits()
         best, n_alloc, n_place = None, 0, 0
-        for placement in set_partitions(self.flow.models):
+        for placement in (placements if placements is not None else set_partitions(self.flow.models)):
             n_place += 1
             mins = [self.min_devices(p, n) for p in placement]
             if any(m is None for m in mins) or sum(mins) > n:
                 continue
-            # Stage-cost tables per set for every device count it can get.
             hi = [n - sum(mins) + m for m in mins]
-            tables = []
-            for p, lo, h in zip(placement, mins, hi):
-                row = {}
-                for k in range(lo, h + 1):
-                    r = self.set_cost(p, k)
-                    if r is not None:
-                        row[k] = r[0]
-                tables.append(row)
-            for alloc in compositions(n, mins):
-                n_alloc += 1
-                try:
-                    cost = d_cost([t[a] for t, a in zip(tables, alloc)])
-                except KeyError:   # a size at which the set does not fit
-                    continue
-                if best is None or cost < best[0]:
-                    best = (cost, placement, alloc)
+            tables = [self._table(p, lo, h) for p, lo, h in zip(placement, mins, hi)]
+            found, count = self._best_allocation(tables, n)
+            n_alloc += count
+            if found is not None and (best is None or found[0] < best[0]):
+                best = (found[0], placement, found[1])
         if best is None:
             floors = {m: self.min_devices((m,), n) for m in self.flow.models}
             raise NoFeasiblePlanError(
@@ -245,13 +285,65 @@ class AutoMapper:
                 f"alone: {floors}. Use more devices or smaller models/micro-batches.")
         return self._build(best, {"placements": n_place, "allocations": n_alloc,
                                   "seconds": time.perf_counter() - t0,
-                                  "strategy_cache": len(self._ranked)})
+                                  "allocation_policy": self.allocation,
+                                  "strategy_cache": len(self._layouts)})
+
+    def _table(self, models: tuple[str, ...], lo: int, hi: int) -> dict[int, tuple]:
+        """{device count: (stage costs, devices used)} of a set. Free allocation keeps the best
+        of every count up to it (a set may leave devices idle); aligned allocation lists the
+        mesh sizes it fits on, and idle devices stay outside every set."""
+        row, best = {}, None
+        for k in self.sizes(hi):
+            if k < lo:
+                continue
+            r = self.set_cost(models, k)
+            if r is not None and (self.allocation == "aligned" or best is None
+                                  or sum(r[0]) < sum(best[0])):
+                best = (r[0], k)
+            if self.allocation == "aligned":
+                if r is not None:
+                    row[k] = (r[0], k)
+            elif best is not None:
+                row[k] = best
+        return row
+
+    def _best_allocation(self, tables: list[dict], n: int):
+        """((cost, devices used per set), allocations tried) with the lowest d_cost."""
+        best, count = None, 0
+        if self.allocation == "free":
+            mins = [min(t) for t in tables]
+            for alloc in compositions(n, mins):
+                count += 1
+                try:
+                    rows = [t[a] for t, a in zip(tables, alloc)]
+                except KeyError:
+                    continue
+                cost = d_cost([r[0] for r in rows])
+                if best is None or cost < best[0]:
+                    best = (cost, tuple(r[1] for r in rows))
+            return best, count
+        u = self.cluster.devices_per_node
+        for alloc in itertools.product(*(sorted(t) for t in tables)):
+            if sum(alloc) > n:
+                continue
+            count += 1
+            cost = d_cost([t[a][0] for t, a in zip(tables, alloc)])
+            if (best is None or cost < best[0]) and \
+                    pack_aligned(list(alloc), u, self.cluster.n_nodes) is not None:
+                best = (cost, alloc)
+        return best, count
 
     def _build(self, best, stats) -> Plan:
         cost, placement, alloc = best
-        # Larger sets first so they start on a machine boundary (TP groups stay in a node).
-        order = sorted(range(len(placement)), key=lambda i: -alloc[i])
-        packed = pack_sets([alloc[i] for i in order], self.cluster.devices_per_node)
+        u = self.cluster.devices_per_node
+        if self.allocation == "aligned":
+            firsts = pack_aligned(list(alloc), u, self.cluster.n_nodes)
+            packed = [_span(f, k, u) for f, k in zip(firsts, alloc)]
+            order = list(range(len(placement)))
+        else:
+            # Larger sets first so they start on a machine boundary (TP groups stay in a node).
+            order = sorted(range(len(placement)), key=lambda i: -alloc[i])
+            packed = pack_sets([alloc[i] for i in order], u)
         sets, call_times, stages = [], {}, [0.0] * self.n_stages
         for i, (first, counts, nodes) in zip(order, packed):
             models = placement[i]
@@ -263,17 +355,76 @@ class AutoMapper:
                 c = choices[m]
                 call_times.update(c.call_times)
                 assigns[m] = ModelAssignment(m, self.specs[m], c.strategy, c.generation,
-                                             c.static + MemoryBreakdown(activations=c.dynamic))
+                                             c.static + c.dynamic, c.transition)
             sets.append(ColocatedSet("+".join(models), models, first, alloc[i], counts, nodes,
                                      assigns, peak))
+        sets.sort(key=lambda s: s.first_device)
+        stats["idle_devices"] = self.cluster.n_devices - sum(alloc)
         return Plan(self.flow, self.cluster, self.wl, tuple(sets), call_times, tuple(stages),
                     cost, stats)
 
 
+def _pareto(layouts: list[_Layout]) -> list[_Layout]:
+    """Layouts not beaten by another in static memory, activations and time together."""
+    keep = []
+    for o in sorted(layouts, key=lambda o: (o.bound, o.static.total, o.activations)):
+        if not any(k.static.total <= o.static.total and k.activations <= o.activations
+                   for k in keep):
+            keep.append(o)
+    return keep
+
+
+def pack_aligned(sizes: list[int], devices_per_node: int, n_nodes: int) -> list[int] | None:
+    """First device of each set on ReaLHF meshes: sets of whole machines on consecutive
+    machines, smaller sets at offsets that are multiples of their size inside one machine
+    (largest first). None if they do not fit."""
+    u = devices_per_node
+    free = [u] * n_nodes          # free devices per machine (filled from its start)
+    used = [[False] * u for _ in range(n_nodes)]
+    firsts: list[int | None] = [None] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        k = sizes[i]
+        if k >= u:
+            whole = k // u
+            start = next((j for j in range(n_nodes - whole + 1)
+                          if all(free[x] == u for x in range(j, j + whole))), None)
+            if start is None:
+                return None
+            for x in range(start, start + whole):
+                free[x], used[x] = 0, [True] * u
+            firsts[i] = start * u
+            continue
+        spot = next(((j, o) for j in range(n_nodes) for o in range(0, u, k)
+                     if not any(used[j][o:o + k])), None)
+        if spot is None:
+            return None
+        j, o = spot
+        used[j][o:o + k] = [True] * k
+        free[j] -= k
+        firsts[i] = j * u + o
+    return firsts
+
+
+def _span(first: int, k: int, u: int) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    counts, nodes, d = [], [], first
+    while d < first + k:
+        node = d // u
+        take = min(first + k, (node + 1) * u) - d
+        counts.append(take)
+        nodes.append(node)
+        d += take
+    return first, tuple(counts), tuple(nodes)
+
+
 def automap(dataflow: Dataflow, models: ModelSpec | str | dict, workload: Workload,
-            cluster: ClusterSpec, max_tp: int | None = None, max_pp: int | None = None) -> Plan:
+            cluster: ClusterSpec, max_tp: int | None = None, max_pp: int | None = None,
+            allocation: str | None = None,
+            placements: Sequence[tuple[tuple[str, ...], ...]] | None = None) -> Plan:
     """HybridFlow auto-mapping: the placement, allocation and per-model layouts with the
     lowest estimated iteration time. `models` is one spec/preset name for every role or a
     dict role -> spec/preset. `max_tp` / `max_pp` bound the layouts to what the workers that
-    will run the plan implement (`max_tp=1, max_pp=1`: data parallelism only)."""
-    return AutoMapper(dataflow, dataflow.model_specs(models), workload, cluster, max_tp, max_pp).run()
+    will run the plan implement (`max_tp=1, max_pp=1`: data parallelism only). `allocation`
+    overrides the cluster's default device split ("aligned" ReaLHF meshes or "free");
+    `placements` restricts the search to the given set partitions."""
+    return AutoMapper(dataflow, dataflow.model_specs(models), workload, cluster, max_tp, max_pp,
+                      allocation).run(placements)

@@ -6,8 +6,13 @@ The fit keeps the simulator's formulas: every measured call is replayed through 
 with a one-device strategy and a workload of the measured shape, and the cluster figures are
 chosen to minimise the squared *relative* error of those predictions. Each call time is
 piecewise linear in (1 / achieved train FLOP/s, 1 / achieved inference FLOP/s, 1 / achieved
-decoding bytes/s, seconds of fixed overhead per forward pass), so Gauss-Newton with finite differences solves it exactly inside
-one branch of the decoding max(memory, compute) and converges in a few rounds.
+decoding bytes/s, seconds of fixed overhead per forward pass), so Gauss-Newton with finite
+differences solves it exactly inside one branch of the decoding max(memory, compute) and
+converges in a few rounds. The rates are kept inside physical bounds (`EFFICIENCY_BOUNDS`):
+a fit that would need a matmul faster than the measured peak GEMM, or decoding faster than a
+few times the measured streaming copy, is pinned at the bound instead of going degenerate.
+Two fixed costs are measured directly rather than fitted: the time of one tiny kernel
+(`kernel_latency`) and of one empty model-function call from the driver (`call_overhead`).
 
     cal = fit(timings, collectives, peak_flops=..., memory_bandwidth=..., cores=...)
     cal.save(".cache/planner/local.json")
@@ -30,6 +35,12 @@ from workbench.planner.specs import GIB, ClusterSpec, ModelSpec, Workload
 from workbench.planner.strategy import ParallelStrategy
 
 ONE = ParallelStrategy(1, 1, 1)
+# Largest achieved fraction of the measured single-thread figures a fit may claim: matmuls in
+# a model do not beat the peak GEMM they are measured against (1.25 leaves room for noise in
+# that one measurement); decoding counts bf16 bytes while the CPU reads fp32 from caches as
+# well as memory, so it may reach a few times the streaming-copy rate, not 1000 times.
+EFFICIENCY_BOUNDS = {"train_efficiency": 1.25, "inference_efficiency": 1.25,
+                     "bandwidth_efficiency": 4.0}
 DEFAULT_PATH = Path(".cache/planner/local-calibration.json")
 
 
@@ -105,6 +116,12 @@ class Calibration:
     collectives: list[CollectiveTiming] = field(default_factory=list)
     machine: dict = field(default_factory=dict)
     """Where and when: cpu count, load average, seconds spent profiling."""
+    kernel_latency: float = 0.0
+    """Measured seconds of one tiny tensor op in a worker (the per-kernel fixed cost)."""
+    call_overhead: float = 0.0
+    """Measured seconds of an empty model-function call from the driver (dispatch, collect)."""
+    driver_bandwidth: float = float("inf")
+    """Measured bytes/s of data sent through the driver to a worker and back."""
 
     def cluster(self, n_nodes: int = 1, devices_per_node: int = 4) -> ClusterSpec:
         """The `local` preset with these figures."""
@@ -117,6 +134,8 @@ class Calibration:
             intra_node_bandwidth=self.intra_node_bandwidth,
             inter_node_bandwidth=self.intra_node_bandwidth, comm_efficiency=1.0,
             collective_latency=self.collective_latency, step_overhead=self.step_overhead,
+            kernel_latency=self.kernel_latency, call_overhead=self.call_overhead,
+            driver_bandwidth=self.driver_bandwidth,
             cores_per_node=self.cores, calibrated=True,
             note=f"calibrated on this machine ({self.machine.get('cpu_count', '?')} cores, "
                  f"load {self.machine.get('loadavg', '?')})")
@@ -155,10 +174,17 @@ def load_calibration(path: str | Path = DEFAULT_PATH) -> Calibration:
 
 # ---- fitting -------------------------------------------------------------------------------------
 def fit_piecewise_linear(predict: Callable[[np.ndarray], np.ndarray], measured: np.ndarray,
-                         starts: list[np.ndarray], rounds: int = 30) -> np.ndarray:
-    """Least squares in relative error of `predict(x) ≈ measured`, x >= 0, for a predict that
-    is linear in x within each branch: Gauss-Newton with exact finite-difference columns and
-    non-negative solves, from each start; the best fit wins (branches make it non-convex)."""
+                         starts: list[np.ndarray], rounds: int = 30,
+                         lower: np.ndarray | None = None) -> np.ndarray:
+    """Least squares in relative error of `predict(x) ≈ measured`, x >= lower (default 0),
+    for a predict that is linear in x within each branch: Gauss-Newton with exact
+    finite-difference columns and bounded solves, from each start; the best fit wins
+    (branches make it non-convex)."""
+    if lower is not None and np.any(lower > 0):
+        lo = np.asarray(lower, dtype=float)
+        y = fit_piecewise_linear(lambda y: predict(y + lo), measured,
+                                 [np.maximum(x0 - lo, 0.0) + 1e-3 * lo for x0 in starts], rounds)
+        return y + lo
     w = 1.0 / np.asarray(measured, dtype=float)
 
     def error(x):
@@ -200,18 +226,18 @@ def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray, keep: np.ndarray) -> np.nda
     return x
 
 
-def fit_compute(timings: list[Timing], peak_flops: float, memory_bandwidth: float
-                ) -> tuple[float, float, float, float]:
+def fit_compute(timings: list[Timing], peak_flops: float, memory_bandwidth: float,
+                kernel_latency: float = 0.0) -> tuple[float, float, float, float]:
     """(train_efficiency, inference_efficiency, bandwidth_efficiency, step_overhead)
     minimising relative error."""
     kinds = {t.kind for t in timings}
     if not {"train", "inference"} <= kinds:
         raise ValueError(f"calibration needs train and inference timings; got {sorted(kinds)}")
-    base = _placeholder(peak_flops, memory_bandwidth)
+    base = dataclasses.replace(_placeholder(peak_flops, memory_bandwidth),
+                               kernel_latency=kernel_latency)
 
     def cluster_of(x):
-        a, b, m, o = np.maximum(x, [1e-3 / peak_flops, 1e-3 / peak_flops,
-                                    1e-3 / memory_bandwidth, 0.0])
+        a, b, m, o = x
         # (s/FLOP train and inference, s/byte decoding, s per forward; floors keep a pinned-
         # at-zero cost from dividing by zero)
         return dataclasses.replace(base, train_efficiency=1 / (a * peak_flops),
@@ -227,7 +253,11 @@ def fit_compute(timings: list[Timing], peak_flops: float, memory_bandwidth: floa
     # Starts from compute-bound to memory-bound decoding.
     starts = [np.array([2 / peak_flops, 2 / peak_flops, k / memory_bandwidth, 1e-3])
               for k in (1, 4, 16)]
-    c = cluster_of(fit_piecewise_linear(predict, measured, starts))
+    b = EFFICIENCY_BOUNDS
+    lower = np.array([1 / (b["train_efficiency"] * peak_flops),
+                      1 / (b["inference_efficiency"] * peak_flops),
+                      1 / (b["bandwidth_efficiency"] * memory_bandwidth), 0.0])
+    c = cluster_of(fit_piecewise_linear(predict, measured, starts, lower=lower))
     return c.train_efficiency, c.inference_efficiency, c.bandwidth_efficiency, c.step_overhead
 
 
@@ -255,13 +285,16 @@ def fit_cores(slowdown: dict[int, float]) -> float:
 
 def fit(timings: list[Timing], collectives: list[CollectiveTiming], *, peak_flops: float,
         memory_bandwidth: float, slowdown: dict[int, float], device_memory: float = 4 * GIB,
-        machine: dict | None = None) -> Calibration:
-    """All fitted figures as one Calibration."""
-    train_eff, inf_eff, bw_eff, overhead = fit_compute(timings, peak_flops, memory_bandwidth)
+        machine: dict | None = None, kernel_latency: float = 0.0,
+        call_overhead: float = 0.0, driver_bandwidth: float = float("inf")) -> Calibration:
+    """All fitted figures as one Calibration (kernel latency and call overhead as measured)."""
+    train_eff, inf_eff, bw_eff, overhead = fit_compute(timings, peak_flops, memory_bandwidth,
+                                                       kernel_latency)
     bw, lat = fit_collectives(collectives)
     return Calibration(peak_flops, train_eff, inf_eff, overhead, memory_bandwidth, bw_eff, bw, lat,
                        fit_cores(slowdown), device_memory, list(timings), list(collectives),
-                       dict(machine or {}, slowdown={str(k): v for k, v in slowdown.items()}))
+                       dict(machine or {}, slowdown={str(k): v for k, v in slowdown.items()}),
+                       kernel_latency, call_overhead, driver_bandwidth)
 
 
 def _placeholder(peak_flops: float, memory_bandwidth: float) -> ClusterSpec:

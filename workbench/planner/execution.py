@@ -18,7 +18,7 @@ from workbench.planner.dataflow import Dataflow
 from workbench.planner.errors import NoMeshError
 from workbench.planner.memory import (generation_concurrency, generation_weights,
                                       inference_activations, kv_bytes_per_sequence,
-                                      static_memory, train_activations)
+                                      static_memory, train_activations, transition)
 from workbench.planner.schedule import Schedule, TaskGraph, time_cost
 from workbench.planner.simulator import Simulator
 from workbench.planner.specs import ClusterSpec, ModelSpec, Workload
@@ -116,14 +116,24 @@ class PlanEvaluator:
         static = [0.0] * n
         for m in self.flow.models:
             mesh_, s = self.home(m, plan)
-            v = static_memory(self.specs[m], s, m in self.train_call).static
+            v = static_memory(self.specs[m], s, m in self.train_call, self.wl.param_sharding).static
             for d in range(*mesh_.span):
                 static[d] += v
         dyn, kv_budget = [0.0] * n, {}
         for c in self.flow.calls:
             mesh_, s = plan.layouts[c.name]
             spec = self.specs[c.model]
-            extra = 0.0 if (mesh_, s) == self.home(c.model, plan) else generation_weights(spec, s)
+            home_mesh, home_s = self.home(c.model, plan)
+            if (mesh_, s) == (home_mesh, home_s):
+                extra = 0.0
+            elif c.kind == "generate" and mesh_ == home_mesh:
+                # The 3D-HybridEngine on the model's own devices: Table 2's resident weights
+                # (shard + redundancy) replace the static training weights.
+                home_params = static_memory(spec, home_s, True, self.wl.param_sharding).params
+                extra = max(0.0, transition(spec, home_s, s, self.wl.transition).resident_params
+                            - home_params)
+            else:
+                extra = generation_weights(spec, s)
             if c.kind == "train":
                 need = train_activations(spec, s, self.wl) + extra
             elif c.kind == "inference":
@@ -148,10 +158,20 @@ class PlanEvaluator:
 
     def build_graph(self, plan: ExecutionPlan, kv_budget: dict[str, float]) -> TaskGraph:
         g, ids, u = TaskGraph(), {}, self.cluster.devices_per_node
+        trains = [c for c in self.flow.calls if c.kind == "train"]
+        gathered = list(dict.fromkeys(d for c in trains for d in c.deps
+                                      if self.flow.call(d).kind != "train"))
         for k in range(self.n_iterations):
+            driver = None
             for c in self.flow.calls:
                 mesh_, s = plan.layouts[c.name]
                 parents = []
+                if c.kind == "train" and gathered:
+                    if driver is None:   # the driver-side stage (advantages), once per iteration
+                        driver = g.add(f"driver@{k}", self.sim.driver_time(
+                            [self.flow.call(d) for d in gathered], len(trains)), (),
+                            [ids[d, k] for d in gathered], kind="driver", iteration=k)
+                    parents.append(driver)
                 for d in c.deps:
                     src_mesh = plan.layouts[d][0]
                     if src_mesh == mesh_:
@@ -165,6 +185,15 @@ class PlanEvaluator:
                 parents += self._param_parents(g, ids, plan, c, k)
                 cost = self.sim.call_time(c, self.specs[c.model], s,
                                           kv_budget.get(c.name, float("inf")))
+                if c.kind == "generate" and c.model in self.train_call \
+                        and (mesh_, s) == self.home(c.model, plan):
+                    # Same layout: the updated weights are still copied into the generation
+                    # engine's buffer (weight sync); other layouts pay it in their realloc task.
+                    cost += self.sim.reshard_time(self.specs[c.model], s, s)
+                if self.cluster.call_overhead > 0:   # the driver's dispatch, before the call runs
+                    cost -= self.cluster.call_overhead
+                    parents = [g.add(f"dispatch {c.name}@{k}", self.cluster.call_overhead, (),
+                                     parents, kind="dispatch", call=c.name, iteration=k)]
                 ids[c.name, k] = g.add(f"{c.name}@{k}", cost, mesh_.span, parents,
                                        call=c.name, iteration=k)
         return g

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 from workbench.planner.specs import ModelSpec, Workload
 from workbench.planner.strategy import ParallelStrategy
@@ -64,13 +65,69 @@ class MemoryBreakdown:
                 self.extra_params)
 
 
-def static_memory(spec: ModelSpec, s: ParallelStrategy, trained: bool) -> MemoryBreakdown:
-    """Weights (and, if trained, gradients and optimizer states) kept on each device."""
+def static_memory(spec: ModelSpec, s: ParallelStrategy, trained: bool,
+                  sharding: str = "optimizer") -> MemoryBreakdown:
+    """Weights (and, if trained, gradients and optimizer states) kept on each device.
+
+    sharding "optimizer" (Megatron distributed optimizer, ZeRO-1): weights and gradients are
+    replicated over data-parallel ranks, Adam states sharded. "full" (FSDP / ZeRO-3, what the
+    workbench's workers run, frozen models included): everything sharded over all devices."""
     shard = spec.param_count / s.model_parallel
+    per_dp = shard / s.dp if sharding == "full" else shard
     if not trained:
-        return MemoryBreakdown(params=shard * WEIGHT_BYTES)
-    return MemoryBreakdown(params=shard * WEIGHT_BYTES, grads=shard * GRAD_BYTES,
+        return MemoryBreakdown(params=per_dp * WEIGHT_BYTES)
+    return MemoryBreakdown(params=per_dp * WEIGHT_BYTES, grads=per_dp * GRAD_BYTES,
                            optimizer=shard / s.dp * ADAM_BYTES)
+
+
+TransitionMethod = Literal["deepspeed_chat", "vanilla", "hybridflow"]
+TRANSITION_METHODS: tuple[str, ...] = ("deepspeed_chat", "vanilla", "hybridflow")
+
+
+@dataclass(frozen=True)
+class Transition:
+    """The actor's training -> generation switch on its devices (HybridFlow Table 2), per
+    device, in bytes. M is the bf16 model size."""
+
+    method: str
+    comm_bytes: float
+    """Bytes each device receives in the all-gather."""
+    peak_params: float
+    """Parameter bytes on a device at the peak of the switch."""
+    redundant: float
+    """Training weights kept beside the generation shard while generating."""
+    generation_params: float
+    """The generation shard, M/(t_g·p_g)."""
+
+    @property
+    def resident_params(self) -> float:
+        """Parameter bytes on a device while generating: the generation shard + redundancy."""
+        return self.generation_params + self.redundant
+
+
+def transition(spec: ModelSpec, train: ParallelStrategy, gen: ParallelStrategy,
+               method: str = "hybridflow") -> Transition:
+    """Table 2 of HybridFlow for model size M, training layout (p, t, d), generation (p_g, t_g):
+
+    | method         | all-gather over | comm per device          | peak          | redundancy |
+    | deepspeed_chat | all N_a = tpd   | (tpd-1)/(tpd)·M          | M             | M/(tpd)    |
+    | vanilla        | the TP·PP group | (tp-1)/(tp)·M            | M             | M/(tp)     |
+    | hybridflow     | micro-DP group  | (tp-t_g·p_g)/(t_g·p_g·tp)·M | M/(t_g·p_g) | 0          |
+
+    vanilla and hybridflow need no switch when the generation layout is the training one."""
+    if method not in TRANSITION_METHODS:
+        raise ValueError(f"transition method {method!r}: use one of {', '.join(TRANSITION_METHODS)}")
+    m = spec.param_count * WEIGHT_BYTES
+    tp, gen_mp = train.model_parallel, gen.model_parallel
+    gen_params = m / gen_mp
+    if method == "deepspeed_chat":
+        n = train.world
+        return Transition(method, (n - 1) / n * m, m, m / n, gen_params)
+    if (gen.tp, gen.pp) == (train.tp, train.pp):
+        return Transition(method, 0.0, m / tp, 0.0, gen_params)
+    if method == "vanilla":
+        return Transition(method, (tp - 1) / tp * m, m, m / tp, gen_params)
+    return Transition(method, (tp - gen_mp) / (gen_mp * tp) * m, gen_params, 0.0, gen_params)
 
 
 def train_activations(spec: ModelSpec, s: ParallelStrategy, wl: Workload) -> float:
@@ -115,3 +172,44 @@ def generation_concurrency(spec: ModelSpec, s: ParallelStrategy, wl: Workload,
     """Sequences a generation replica can decode at once within `kv_budget` bytes/device."""
     per_seq = kv_bytes_per_sequence(spec, s, wl)
     return max(0, math.floor(kv_budget / per_seq)) if per_seq > 0 else 1 << 30
+
+
+@dataclass(frozen=True)
+class GenerationMemory:
+    """The actor's dynamic memory while it generates in the 3D-HybridEngine, per device."""
+
+    transition: Transition
+    extra_params: float
+    """Parameter bytes beyond the static training weights while generating (shard + redundancy
+    minus the training weights it replaces)."""
+    peak_extra: float
+    """The same at the peak of the switch (before the KV cache is allocated)."""
+    kv_per_sequence: float
+    concurrency: int
+    """Sequences decoded at once: the replica's batch, or what the KV budget holds."""
+
+    @property
+    def kv_cache(self) -> float:
+        return self.concurrency * self.kv_per_sequence
+
+    @property
+    def dynamic(self) -> float:
+        return max(self.peak_extra, self.extra_params + self.kv_cache)
+
+
+def generation_memory(spec: ModelSpec, train: ParallelStrategy, gen: ParallelStrategy,
+                      wl: Workload, static_params: float, free: float, method: str = "hybridflow",
+                      batch_factor: float = 1.0) -> GenerationMemory | None:
+    """Generation memory when `free` bytes per device are left after every colocated model's
+    static memory (`static_params`: the actor's own training weights among them). The KV
+    cache takes what the weights leave; None when not one sequence fits."""
+    t = transition(spec, train, gen, method)
+    extra = max(0.0, t.resident_params - static_params)
+    peak_extra = max(0.0, t.peak_params - static_params)
+    per_seq = kv_bytes_per_sequence(spec, gen, wl)
+    batch = math.ceil(wl.sequences * batch_factor / gen.dp)
+    fit = math.floor((free - extra) / per_seq) if per_seq > 0 else batch
+    conc = min(batch, fit)
+    if conc < 1 or peak_extra > free:
+        return None
+    return GenerationMemory(t, extra, peak_extra, per_seq, conc)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from workbench.planner.dataflow import Dataflow
-from workbench.planner.memory import MemoryBreakdown
+from workbench.planner.memory import MemoryBreakdown, Transition
 from workbench.planner.specs import ClusterSpec, ModelSpec, Workload
 from workbench.planner.strategy import ParallelStrategy
 
@@ -29,6 +29,8 @@ class ModelAssignment:
     """Actor only: 3D-HybridEngine generation layout (p_g, t_g, d_g·d) on the same devices."""
     memory: MemoryBreakdown = field(default_factory=MemoryBreakdown)
     """Per-device static memory plus the peak dynamic memory of this model's calls."""
+    transition: Transition | None = None
+    """Actor only: the training -> generation switch (HybridFlow Table 2 bytes and memory)."""
 
 
 @dataclass(frozen=True)

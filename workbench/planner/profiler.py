@@ -74,6 +74,12 @@ def _batch(rows: int, prompt: int, response: int, vocab: int, seed: int = 0) -> 
                   "responses": ids[:, prompt:], "response_mask": mask[:, prompt:]})
 
 
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
 def _median_time(fn, repeats: int) -> float:
     fn()   # warm-up: first-call allocations and lazy inits
     times = []
@@ -96,8 +102,22 @@ class ProbeWorker(Worker):
         x = torch.empty(1 << 25)   # 128 MiB
         y = torch.empty_like(x)
         copy_s = _median_time(lambda: y.copy_(x), 5)
+        # One tiny op: what every kernel costs beyond its bytes and FLOPs (dispatch).
+        small = torch.ones(64)
+        ops = 200
+        kernel = _median_time(lambda: [small.add_(1.0) for _ in range(ops)], 5) / ops
         return {"peak_flops": 2 * n**3 / gemm, "memory_bandwidth": 2 * x.numel() * 4 / copy_s,
-                "threads": torch.get_num_threads()}
+                "kernel_latency": kernel, "threads": torch.get_num_threads()}
+
+    @register(ONE_TO_ALL)
+    def noop(self) -> None:
+        """An empty call: its round trip from the driver is the per-call overhead."""
+        return None
+
+    @register(ONE_TO_ALL)
+    def echo(self, payload):
+        """Send the payload back: data through the driver and back."""
+        return payload
 
     @register(ONE_TO_ALL)
     def model_calls(self, name: str, model_path: str, shapes: ProfileShapes) -> list[Timing]:
@@ -188,6 +208,18 @@ class Profiler:
     def run(self) -> Profile:
         started = time.perf_counter()
         result = Profile(machine=dict(self.one.machine().get()[0]))
+        self.one.noop().get()
+        round_trips = []
+        for _ in range(15):
+            start = time.perf_counter()
+            self.one.noop().get()
+            round_trips.append(time.perf_counter() - start)
+        result.machine["call_overhead"] = statistics.median(round_trips)
+        payload = torch.zeros(1 << 20, dtype=torch.int64)   # 8 MiB, a batch of token ids
+        self.one.echo(payload).get()
+        echo = statistics.median(_timed(lambda: self.one.echo(payload).get()) for _ in range(5))
+        result.machine["driver_bandwidth"] = 2 * payload.numel() * 8 / max(
+            echo - result.machine["call_overhead"], 1e-6)
         for name, path in self.models.items():
             result.timings += self.one.model_calls(name, str(path), self.shapes).get()[0]
         for g in sorted({2, self.devices}):
@@ -207,7 +239,9 @@ class Profiler:
         p = self.run()
         return fit(p.timings, p.collectives, peak_flops=p.machine["peak_flops"],
                    memory_bandwidth=p.machine["memory_bandwidth"], slowdown=p.slowdown,
-                   device_memory=psutil.virtual_memory().total / self.devices, machine=p.machine)
+                   device_memory=psutil.virtual_memory().total / self.devices, machine=p.machine,
+                   kernel_latency=p.machine["kernel_latency"], call_overhead=p.machine["call_overhead"],
+                   driver_bandwidth=p.machine["driver_bandwidth"])
 
     def close(self) -> None:
         for name in ("calibration_one", "calibration_all"):

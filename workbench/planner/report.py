@@ -61,7 +61,16 @@ def plan_table(plan: "Plan") -> str:
         [[k.name, k.model, k.kind, stage[k.name], plan.set_of(k.model).name,
           plan.strategy_of(k.name), f"{plan.call_times[k.name]:.2f}"]
          for k in plan.dataflow.calls])
+    switches = [f"{m}: {a.transition.method} switch {a.strategy} -> {a.generation}, "
+                f"{a.transition.comm_bytes / GB:.2f} GB moved/device, peak "
+                f"{a.transition.peak_params / GB:.2f} GB params, redundancy "
+                f"{a.transition.redundant / GB:.2f} GB"
+                for s in plan.sets for m, a in s.assignments.items() if a.transition is not None]
+    idle = plan.stats.get("idle_devices", 0)
     stages = "  ".join(f"stage {i}: {t:.2f}s" for i, t in enumerate(plan.stage_times))
+    if switches or idle:
+        sets += "\n" + "\n".join(switches + ([f"{idle} device(s) left idle: more would not be "
+                                                f"faster"] if idle else []))
     tail = (f"{stages}\niteration: {plan.iteration_time:.2f}s   throughput: "
             f"{plan.throughput:,.0f} tokens/s")
     return "\n\n".join([head, sets, calls, tail])

@@ -3,7 +3,11 @@
 Cost(p) = TimeCost(p) if MaxMem(p) fits, else an OOM-penalised TimeCost. The chain targets
 P(p) ∝ exp(-β·Cost(p)); it starts from the greedy plan (each call on its own fastest
 mesh/strategy), proposes a new mesh and/or strategy for one random call, accepts with
-min(1, P(new)/P(old)), and keeps the best plan seen until the time or step limit.
+min(1, P(new)/P(old)), and keeps the best plan seen until its step budget (and, if given, a
+wall-time limit) is spent. `search` runs several chains from different seeds and reports
+whether they agree: the best cost of each chain, their spread, and where each last improved,
+so a result that depends on the seed says so. With a step budget and no time limit the
+result depends only on the seeds, not on how fast the machine is.
 """
 
 from __future__ import annotations
@@ -76,7 +80,7 @@ class PlanSpace:
             spec, trained = self.specs[call.model], self.flow.trained(call.model)
             best = None
             for j, (m, s) in enumerate(opts):
-                static = static_memory(spec, s, trained).static
+                static = static_memory(spec, s, trained, self.wl.param_sharding).static
                 if call.kind == "train":
                     dyn, t = train_activations(spec, s, self.wl), None
                 elif call.kind == "inference":
@@ -93,6 +97,10 @@ class PlanSpace:
                     best = (key, j)
             out.append(best[1])
         return tuple(out)
+
+    def random_plan(self, rng: random.Random) -> tuple[int, ...]:
+        """A uniformly random option for every call."""
+        return tuple(rng.randrange(len(o)) for o in self.options)
 
     def _move_one(self, choice: tuple[int, ...], i: int, rng: random.Random) -> int:
         m, s = self.options[i][choice[i]]
@@ -128,17 +136,26 @@ class SearchResult:
     initial_cost: float
     history: list[tuple[int, float]] = field(default_factory=list)
     """(step, best cost) each time the best improved."""
+    seed: int = 0
+    convergence: "Convergence | None" = None
+    """Set by `multi_chain` / `search`: agreement of the chains."""
+    chains: list["SearchResult"] = field(default_factory=list)
+    """Every chain's result (multi_chain / search)."""
 
 
-def mcmc(space: PlanSpace, *, time_limit: float = 10.0, max_steps: int | None = None,
+def mcmc(space: PlanSpace, *, max_steps: int | None = 20_000, time_limit: float | None = None,
          seed: int = 0, beta: float | None = None, beta_scale: float = 20.0,
          init: tuple[int, ...] | None = None
          ) -> SearchResult:
-    """Metropolis-Hastings from the greedy plan (or `init`). Unless `beta` is given, β is
-    beta_scale / (best cost so far): with the default 20, a plan 5% worse than the best is
-    accepted with probability 1/e. Rescaling when the best improves keeps the temperature at
-    the scale of good plans rather than of an OOM-penalised greedy start. (20 was chosen on
-    the enumerable test space: colder chains stuck in near-tie local optima more often.)"""
+    """Metropolis-Hastings from the greedy plan (or `init`) for `max_steps` proposals (and at
+    most `time_limit` seconds when given; then the result depends on the machine's speed).
+    Unless `beta` is given, β is beta_scale / (best cost so far): with the default 20, a plan
+    5% worse than the best is accepted with probability 1/e. Rescaling when the best improves
+    keeps the temperature at the scale of good plans rather than of an OOM-penalised greedy
+    start. (20 was chosen on the enumerable test space: colder chains stuck in near-tie local
+    optima more often.)"""
+    if max_steps is None and time_limit is None:
+        raise ValueError("mcmc needs a budget: max_steps (deterministic) and/or time_limit")
     rng = random.Random(seed)
     t0 = time.perf_counter()
     cur = init if init is not None else space.greedy()
@@ -147,7 +164,8 @@ def mcmc(space: PlanSpace, *, time_limit: float = 10.0, max_steps: int | None = 
     beta = fixed_beta if fixed_beta is not None else beta_scale / cur_cost
     best, best_cost = cur, cur_cost
     history, steps, accepted = [(0, cur_cost)], 0, 0
-    while (max_steps is None or steps < max_steps) and time.perf_counter() - t0 < time_limit:
+    while (max_steps is None or steps < max_steps) and \
+            (time_limit is None or time.perf_counter() - t0 < time_limit):
         steps += 1
         new = space.propose(cur, rng)
         new_cost = space.cost(new)
@@ -161,7 +179,61 @@ def mcmc(space: PlanSpace, *, time_limit: float = 10.0, max_steps: int | None = 
                 if fixed_beta is None:
                     beta = beta_scale / best_cost
     return SearchResult(space.plan(best), space.evaluate(best), best, steps, accepted,
-                        time.perf_counter() - t0, history[0][1], history)
+                        time.perf_counter() - t0, history[0][1], history, seed)
+
+
+@dataclass
+class Convergence:
+    """How far several chains agree on the best plan."""
+
+    seeds: tuple[int, ...]
+    best_costs: tuple[float, ...]
+    """Best cost reached by each chain."""
+    last_improvement: tuple[float, ...]
+    """Fraction of each chain's steps after which it found nothing better (near 1: still
+    improving at the end, the budget is too small)."""
+    tolerance: float
+    """Relative spread of the best costs accepted as agreement."""
+
+    @property
+    def spread(self) -> float:
+        """(worst - best) / best over the chains' best costs."""
+        lo = min(self.best_costs)
+        return (max(self.best_costs) - lo) / lo
+
+    @property
+    def agree(self) -> bool:
+        return self.spread <= self.tolerance
+
+    @property
+    def same_plan(self) -> bool:
+        return len(set(self.best_costs)) == 1
+
+    def describe(self) -> str:
+        costs = ", ".join(f"{c:.2f}" for c in self.best_costs)
+        late = max(self.last_improvement)
+        verdict = "agree" if self.agree else "DISAGREE (raise max_steps or chains)"
+        return (f"{len(self.seeds)} chains {verdict}: best costs [{costs}], spread "
+                f"{self.spread:.1%} (tolerance {self.tolerance:.1%}); latest improvement at "
+                f"{late:.0%} of a chain's steps")
+
+
+def multi_chain(space: PlanSpace, seeds: tuple[int, ...] = (0, 1, 2, 3), *,
+                max_steps: int | None = 20_000, time_limit: float | None = None,
+                tolerance: float = 0.01, **kw) -> SearchResult:
+    """One chain per seed; the best chain's result with a `convergence` report. The first
+    chain starts from the greedy plan (ReaLHF), the others from a random plan drawn from their
+    seed, so that agreement means the chains found the same optimum from different places."""
+    runs = []
+    for i, s in enumerate(seeds):
+        start = None if i == 0 else space.random_plan(random.Random(f"start {s}"))
+        runs.append(mcmc(space, max_steps=max_steps, time_limit=time_limit, seed=s, init=start, **kw))
+    best = min(runs, key=lambda r: (r.evaluation.cost, r.seed))
+    best.convergence = Convergence(
+        tuple(seeds), tuple(r.evaluation.cost for r in runs),
+        tuple(r.history[-1][0] / max(1, r.steps) for r in runs), tolerance)
+    best.chains = runs
+    return best
 
 
 def exhaustive(space: PlanSpace, limit: int = 200_000) -> tuple[tuple[int, ...], float]:
@@ -177,8 +249,12 @@ def exhaustive(space: PlanSpace, limit: int = 200_000) -> tuple[tuple[int, ...],
 
 
 def search(dataflow: Dataflow, models: ModelSpec | str | dict, workload: Workload,
-           cluster: ClusterSpec, *, time_limit: float = 10.0, seed: int = 0,
-           n_iterations: int = 2, max_steps: int | None = None) -> SearchResult:
-    """ReaLHF search with the defaults: valid meshes, a 2-iteration unrolled graph."""
+           cluster: ClusterSpec, *, max_steps: int | None = 20_000,
+           time_limit: float | None = None, seeds: tuple[int, ...] = (0, 1, 2, 3),
+           n_iterations: int = 2, tolerance: float = 0.01) -> SearchResult:
+    """ReaLHF search with the defaults: valid meshes, a 2-iteration unrolled graph, one chain
+    per seed for `max_steps` proposals each. `result.convergence` says whether the chains'
+    best costs agree within `tolerance`."""
     space = PlanSpace(dataflow, dataflow.model_specs(models), workload, cluster, n_iterations)
-    return mcmc(space, time_limit=time_limit, seed=seed, max_steps=max_steps)
+    return multi_chain(space, seeds, max_steps=max_steps, time_limit=time_limit,
+                       tolerance=tolerance)

@@ -7,9 +7,14 @@ the optimizer step itself (memory-bound: Adam streams its states once per step).
 Generation is memory-bound: every decoding step reads the weights and the KV cache once
 (over HBM bandwidth) plus two tensor-parallel all-reduces per layer; the prompt prefill is
 compute-bound. When the KV cache of a replica's whole batch does not fit the memory left,
-the batch is decoded in several waves (as a paged-attention engine would). A cluster may add
-a fixed cost per forward pass (`step_overhead`): what tiny models on a CPU spend outside
-matmuls, measured by `calibrate`.
+the batch is decoded in several waves (as a paged-attention engine would).
+
+Small per-device work is less efficient, which is what stops "more tensor parallelism" from
+always winning: every kernel costs `kernel_latency` beyond its bytes and FLOPs (Hockney's
+n½ model; `KERNELS_PER_LAYER` per layer), every tensor-parallel all-reduce pays
+`collective_latency` (2 per layer per decoding step), and every forward pass or decoding step
+pays `step_overhead` (sampling, scheduling). `calibrate` fits them on this machine; the GPU
+presets document their defaults.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import math
 from typing import TYPE_CHECKING
 
 from workbench.planner.memory import (ADAM_BYTES, GRAD_BYTES, WEIGHT_BYTES,
-                                      generation_concurrency)
+                                      generation_concurrency, transition)
 from workbench.planner.specs import ClusterSpec, ModelSpec, Workload
 from workbench.planner.strategy import ParallelStrategy, dp_members_per_node
 
@@ -27,6 +32,9 @@ if TYPE_CHECKING:
 
 INF = float("inf")
 OPTIMIZER_STEP_BYTES = GRAD_BYTES + 2 * ADAM_BYTES + WEIGHT_BYTES
+# Kernels of one Llama block in a forward pass or decoding step: 2 RMSNorms, fused QKV,
+# rotary, attention, output projection, 2 residual adds, gate+up, SiLU·mul, down.
+KERNELS_PER_LAYER = 11
 
 
 class Simulator:
@@ -101,7 +109,7 @@ class Simulator:
                             n_ops=layers * ar_per_layer * n_micro)
         bubble = 1 + (s.pp - 1) / micro
         # Fixed framework cost per forward-equivalent of each micro-batch (0 on GPU presets).
-        overhead = n_micro * passes * c.step_overhead
+        overhead = n_micro * passes * (c.step_overhead + self.kernel_time(spec, s))
         total = (compute + tp + overhead) * bubble
         if s.pp > 1:  # activations forward (and their gradients backward) between stages
             hops = 2 if train else 1
@@ -132,18 +140,27 @@ class Simulator:
                                     members_per_node=dp_members_per_node(s, c))
         return total
 
+    def kernel_time(self, spec: ModelSpec, s: ParallelStrategy) -> float:
+        """Fixed kernel costs of one forward pass or decoding step on one pipeline stage's
+        layers (the stages run one after another for one micro-batch)."""
+        return KERNELS_PER_LAYER * spec.n_layers * self.cluster.kernel_latency
+
     def generate(self, spec: ModelSpec, s: ParallelStrategy, kv_budget: float = INF,
                  batch_factor: float = 1.0) -> float:
         """Prefill + response_len decoding steps per wave; INF if not one sequence fits."""
-        key = ("generate", spec, s, batch_factor, round(kv_budget, -6) if kv_budget < INF else INF)
+        wl = self.wl
+        batch = math.ceil(wl.sequences * batch_factor / s.dp)
+        conc = generation_concurrency(spec, s, wl, kv_budget) if kv_budget < INF else batch
+        return self.generate_waves(spec, s, batch, min(batch, conc))
+
+    def generate_waves(self, spec: ModelSpec, s: ParallelStrategy, batch: int, conc: int) -> float:
+        """Seconds to generate `batch` sequences per replica, `conc` at a time."""
+        if conc < 1:
+            return INF
+        key = ("generate", spec, s, batch, conc)
         if key in self._memo:
             return self._memo[key]
         c, wl = self.cluster, self.wl
-        batch = math.ceil(wl.sequences * batch_factor / s.dp)
-        conc = generation_concurrency(spec, s, wl, kv_budget) if kv_budget < INF else batch
-        if conc < 1:
-            self._memo[key] = INF
-            return INF
         waves = math.ceil(batch / conc)
         b = math.ceil(batch / waves)
         mp = s.model_parallel
@@ -153,7 +170,8 @@ class Simulator:
         read = (spec.param_count * WEIGHT_BYTES + b * spec.kv_bytes_per_token * ctx) / s.tp
         mem = read / (c.memory_bandwidth * c.bandwidth_efficiency)
         comp = 2 * spec.matmul_params * b / (s.tp * c.peak_flops * c.inference_efficiency)
-        step = max(mem, comp) + c.step_overhead
+        fixed = c.step_overhead + self.kernel_time(spec, s)
+        step = max(mem, comp) + fixed
         if s.tp > 1:
             step += self.allreduce(b * spec.hidden * WEIGHT_BYTES * spec.n_layers * 2, s.tp,
                                    n_ops=2 * spec.n_layers)
@@ -161,7 +179,7 @@ class Simulator:
             step += (s.pp - 1) * (c.collective_latency + b * spec.hidden * WEIGHT_BYTES
                                   / self.link_bandwidth(s.world > c.devices_per_node))
         prefill_flops = b * wl.prompt_len * spec.forward_flops_per_token(wl.prompt_len / 2)
-        prefill = prefill_flops / (mp * c.peak_flops * c.inference_efficiency) + c.step_overhead
+        prefill = prefill_flops / (mp * c.peak_flops * c.inference_efficiency) + fixed
         if s.tp > 1:
             prefill += self.allreduce(b * wl.prompt_len * spec.hidden * WEIGHT_BYTES
                                       * spec.n_layers * 2, s.tp, n_ops=2 * spec.n_layers)
@@ -171,24 +189,35 @@ class Simulator:
 
     def call_time(self, call: "Call", spec: ModelSpec, s: ParallelStrategy,
                   kv_budget: float = INF) -> float:
+        """Seconds of one call as the driver sees it: its work plus `call_overhead`."""
         if call.kind == "train":
-            return self.train(spec, s, call.batch_factor)
-        if call.kind == "inference":
-            return self.inference(spec, s, call.batch_factor)
-        return self.generate(spec, s, kv_budget, call.batch_factor)
+            work = self.train(spec, s, call.batch_factor)
+        elif call.kind == "inference":
+            work = self.inference(spec, s, call.batch_factor)
+        else:
+            work = self.generate(spec, s, kv_budget, call.batch_factor)
+        return work + self.cluster.call_overhead
 
     # --- moving parameters and data ---------------------------------------------------------
-    def reshard_time(self, spec: ModelSpec, train: ParallelStrategy, gen: ParallelStrategy
-                     ) -> float:
-        """3D-HybridEngine train->generation transition (HybridFlow Table 2): all-gather
-        inside each micro-DP group, (tp - t_g·p_g)/(t_g·p_g·t·p)·M bytes per device."""
-        if gen.model_parallel == train.model_parallel:
-            return 0.0
-        m = spec.param_count * WEIGHT_BYTES
-        per_dev = (train.model_parallel - gen.model_parallel) \
-            / (gen.model_parallel * train.model_parallel) * m
-        crosses = train.model_parallel > self.cluster.devices_per_node
-        return per_dev / self.link_bandwidth(crosses) + self.cluster.collective_latency
+    def reshard_time(self, spec: ModelSpec, train: ParallelStrategy, gen: ParallelStrategy,
+                     method: str | None = None) -> float:
+        """3D-HybridEngine train->generation switch: each device receives Table 2's bytes
+        (`memory.transition`) over the links its all-gather group spans."""
+        t = transition(spec, train, gen, method or self.wl.transition)
+        return self.weight_copy_time(t.generation_params) + (
+            0.0 if t.comm_bytes <= 0 else
+            t.comm_bytes / self.link_bandwidth(self._gather_crosses(t, train))
+            + self.cluster.collective_latency)
+
+    def _gather_crosses(self, t, train: ParallelStrategy) -> bool:
+        group = train.world if t.method == "deepspeed_chat" else train.model_parallel
+        return group > self.cluster.devices_per_node
+
+    def weight_copy_time(self, nbytes: float) -> float:
+        """Writing the generation weights into their separate buffer (HybridFlow keeps one
+        for training and one for generation): read + write at memory bandwidth."""
+        c = self.cluster
+        return 2 * nbytes / (c.memory_bandwidth * c.bandwidth_efficiency)
 
     def realloc_time(self, spec: ModelSpec, src: ParallelStrategy, src_devs: tuple[int, int],
                      dst: ParallelStrategy, dst_devs: tuple[int, int]) -> float:
@@ -217,6 +246,12 @@ class Simulator:
         if call.kind == "inference":
             return seqs * wl.response_len * 4
         return 0.0
+
+    def driver_time(self, gathered: list["Call"], n_trained: int) -> float:
+        """The driver-side stage: gather the outputs of `gathered` calls (advantages are
+        computed on the driver) and send the assembled batch to each of `n_trained` models."""
+        batch = sum(self.output_bytes(c) for c in gathered)
+        return (1 + n_trained) * batch / self.cluster.driver_bandwidth
 
     def data_transfer_time(self, nbytes: float, crosses_nodes: bool) -> float:
         if nbytes <= 0:

@@ -152,10 +152,19 @@ class Workload:
     backward) and reduce-scatters its gradients. Memory is estimated as for "optimizer"
     either way (an upper bound for "full")."""
 
+    transition: Literal["deepspeed_chat", "vanilla", "hybridflow"] = "hybridflow"
+    """How the actor's weights go from the training to the generation layout (HybridFlow
+    Table 2): "hybridflow" (all-gather inside micro-DP groups, no redundant copy), "vanilla"
+    (all-gather inside TP·PP groups, training shard kept beside) or "deepspeed_chat"
+    (all-gather over all the actor's devices)."""
+
     def __post_init__(self) -> None:
         if self.param_sharding not in ("optimizer", "full"):  # a typo would silently mean "optimizer"
             raise ValueError(f"Workload.param_sharding={self.param_sharding!r}: use 'optimizer' "
                              f"(distributed optimizer, ZeRO-1) or 'full' (FSDP / ZeRO-3)")
+        if self.transition not in ("deepspeed_chat", "vanilla", "hybridflow"):
+            raise ValueError(f"Workload.transition={self.transition!r}: use 'hybridflow', "
+                             f"'vanilla' or 'deepspeed_chat' (HybridFlow Table 2)")
 
     @property
     def seq_len(self) -> int:
@@ -206,6 +215,25 @@ class ClusterSpec:
     """Fixed seconds per forward pass of a micro-batch or decoding step (framework dispatch,
     sampling, cache bookkeeping), on top of FLOPs and bytes. Negligible for large models on
     GPUs (0 in their presets); several ms per step for tiny models on a CPU (calibration)."""
+    kernel_latency: float = 0.0
+    """Seconds one kernel costs beyond its bytes and FLOPs (launch, ramp-up): Hockney's
+    t = (n + n½)/r∞ model of a kernel moving n bytes at rate r∞, with n½/r∞ written as a time.
+    Charged for every kernel of a layer (`KERNELS_PER_LAYER`) in each decoding step and each
+    forward pass, so small per-device work (large TP, tiny models) gets less efficient."""
+    call_overhead: float = 0.0
+    """Seconds each model-function call costs beyond its work: the driver's dispatch, argument
+    hand-off and result collection. Negligible against minute-long calls on GPUs (HybridFlow
+    §4: the single controller's overhead is small), so 0 in their presets; milliseconds
+    against sub-second calls here (measured by the profiler)."""
+    driver_bandwidth: float = float("inf")
+    """Bytes/s at which data passes through the driver (single controller), where the
+    algorithm computes on it: the advantage stage gathers the calls' outputs and sends the
+    batch to every trained model. inf (not modelled) on GPU presets, where HybridFlow moves
+    data worker to worker; measured by the profiler here (Ray object transfers, pickling)."""
+    allocation: Literal["aligned", "free"] = "free"
+    """Default device split between colocated sets. "aligned": ReaLHF meshes only, whole
+    machines or a power-of-two slice inside one (1, 2, 4, 8, 16, 24, ... on 8-GPU machines),
+    as real clusters schedule them. "free": any device count, packed machine by machine."""
     cores_per_node: float | None = None
     """Compute units the devices of one machine time-share: a CPU machine offering more
     logical devices than cores. With k busy devices each runs at min(1, cores/k) of its
@@ -226,13 +254,26 @@ class ClusterSpec:
             [k * u for k in range(2, self.n_nodes + 1)]
 
 
+# Fixed costs of small work on GPU presets (defaults, not measured here):
+#   kernel_latency 5 us: a CUDA kernel launch costs ~3-5 us of host time and a small kernel
+#     about as much to ramp up (NVIDIA, "Getting Started with CUDA Graphs", 2019 dev blog);
+#   collective_latency 20 us: small-message NCCL all-reduce inside an NVLink machine
+#     (nccl-tests all_reduce_perf, 8 x A100, 8 B - 64 KiB: ~15-25 us);
+#   step_overhead 2 ms: per decoding step/forward outside kernels (sampling, scheduling,
+#     Python): an assumption of the order of an inference engine's CPU time per step.
+_GPU_LATENCIES = dict(kernel_latency=5e-6, collective_latency=20e-6, step_overhead=2e-3,
+                      allocation="aligned")
+_GPU_LATENCY_NOTE = "kernel 5 us, collective 20 us, step 2 ms (see specs.py); ReaLHF meshes"
+
+
 def _a100(n_nodes: int) -> ClusterSpec:
     return ClusterSpec(
         "a100_80g", n_nodes, 8, device_memory=80e9, peak_flops=312e12,
         train_efficiency=0.45, inference_efficiency=0.5,
         memory_bandwidth=2.039e12, bandwidth_efficiency=0.7,
-        intra_node_bandwidth=600e9, inter_node_bandwidth=200e9 / 8,
-        note="HybridFlow testbed: A100-80GB SXM, NVLink 600 GB/s, 200 Gbps between machines")
+        intra_node_bandwidth=600e9, inter_node_bandwidth=200e9 / 8, **_GPU_LATENCIES,
+        note="HybridFlow testbed: A100-80GB SXM, NVLink 600 GB/s, 200 Gbps between machines; "
+             + _GPU_LATENCY_NOTE)
 
 
 def _h100(n_nodes: int) -> ClusterSpec:
@@ -240,9 +281,9 @@ def _h100(n_nodes: int) -> ClusterSpec:
         "h100", n_nodes, 8, device_memory=80e9, peak_flops=989e12,
         train_efficiency=0.4, inference_efficiency=0.45,
         memory_bandwidth=3.35e12, bandwidth_efficiency=0.7,
-        intra_node_bandwidth=900e9, inter_node_bandwidth=8 * 400e9 / 8,
+        intra_node_bandwidth=900e9, inter_node_bandwidth=8 * 400e9 / 8, **_GPU_LATENCIES,
         note="H100 SXM datasheet: 989 TFLOP/s bf16 dense, 3.35 TB/s HBM3, NVLink 900 GB/s, "
-             "8x400 Gbps InfiniBand per machine; efficiencies assumed")
+             "8x400 Gbps InfiniBand per machine; efficiencies assumed; " + _GPU_LATENCY_NOTE)
 
 
 def _h200(n_nodes: int) -> ClusterSpec:
@@ -250,8 +291,9 @@ def _h200(n_nodes: int) -> ClusterSpec:
         "h200", n_nodes, 8, device_memory=141e9, peak_flops=989e12,
         train_efficiency=0.4, inference_efficiency=0.45,
         memory_bandwidth=4.8e12, bandwidth_efficiency=0.7,
-        intra_node_bandwidth=900e9, inter_node_bandwidth=8 * 400e9 / 8,
-        note="H200 SXM datasheet: H100 compute, 141 GB HBM3e at 4.8 TB/s; efficiencies assumed")
+        intra_node_bandwidth=900e9, inter_node_bandwidth=8 * 400e9 / 8, **_GPU_LATENCIES,
+        note="H200 SXM datasheet: H100 compute, 141 GB HBM3e at 4.8 TB/s; efficiencies assumed; "
+             + _GPU_LATENCY_NOTE)
 
 
 def _local(n_nodes: int, devices_per_node: int = 4, calibration=None) -> ClusterSpec:

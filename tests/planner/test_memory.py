@@ -1,0 +1,87 @@
+"""The hybrid engine's memory and transfer model equals HybridFlow Table 2 for all three
+transition methods, and the generation memory and switch time are built from it."""
+
+import itertools
+
+import pytest
+
+from workbench.planner import ParallelStrategy, Simulator, Workload, cluster_preset, model_preset
+from workbench.planner.memory import (TRANSITION_METHODS, WEIGHT_BYTES, generation_memory,
+                                      kv_bytes_per_sequence, static_memory, transition)
+from workbench.planner.strategy import generation_strategies, strategies
+
+SPEC = model_preset("llama2-13b")
+M = SPEC.param_count * WEIGHT_BYTES
+
+
+def table2(method, t, p, d, tg, pg):
+    """Table 2 written out: (comm per device, peak parameter memory, redundancy)."""
+    if method == "deepspeed_chat":
+        return (t * p * d - 1) / (t * p * d) * M, M, M / (t * p * d)
+    if method == "vanilla":
+        return (t * p - 1) / (t * p) * M, M, M / (t * p)
+    return (t * p - tg * pg) / (tg * pg * t * p) * M, M / (tg * pg), 0.0
+
+
+LAYOUTS = [(train, gen) for n in (8, 16, 32) for train in strategies(SPEC, n, 8)
+           for gen in generation_strategies(train) if (gen.tp, gen.pp) != (train.tp, train.pp)]
+
+
+@pytest.mark.parametrize("method", TRANSITION_METHODS)
+def test_transition_bytes_and_memory_are_table_2(method):
+    assert len(LAYOUTS) > 20
+    for train, gen in LAYOUTS:
+        tr = transition(SPEC, train, gen, method)
+        comm, peak, redundant = table2(method, train.tp, train.pp, train.dp, gen.tp, gen.pp)
+        assert (tr.comm_bytes, tr.peak_params, tr.redundant) == pytest.approx((comm, peak, redundant))
+        assert tr.resident_params == pytest.approx(M / gen.model_parallel + redundant)
+
+
+def test_hybridflow_moves_least_and_keeps_no_copy():
+    for train, gen in LAYOUTS:
+        hf, va, ds = (transition(SPEC, train, gen, m) for m in ("hybridflow", "vanilla", "deepspeed_chat"))
+        assert hf.comm_bytes <= va.comm_bytes <= ds.comm_bytes
+        assert hf.peak_params <= va.peak_params == ds.peak_params == M
+        assert hf.redundant == 0 < ds.redundant <= va.redundant
+
+
+def test_no_switch_when_generation_keeps_the_training_layout():
+    s = ParallelStrategy(1, 4, 2)
+    for method in ("hybridflow", "vanilla"):
+        tr = transition(SPEC, s, s, method)
+        assert tr.comm_bytes == 0 and tr.redundant == 0 and tr.peak_params == M / 4
+
+
+@pytest.mark.parametrize("method", TRANSITION_METHODS)
+def test_switch_time_is_table_2_bytes_over_the_link_plus_the_buffer_copy(method):
+    cluster = cluster_preset("a100_80g", 16)
+    sim = Simulator(cluster, Workload(transition=method))
+    train, gen = ParallelStrategy(1, 8, 2), ParallelStrategy(1, 2, 8)
+    bytes_ = table2(method, 8, 1, 2, 2, 1)[0]
+    crosses = method == "deepspeed_chat"   # its all-gather spans both machines
+    copy = 2 * M / gen.model_parallel / (cluster.memory_bandwidth * cluster.bandwidth_efficiency)
+    expected = bytes_ / sim.link_bandwidth(crosses) + cluster.collective_latency + copy
+    assert sim.reshard_time(SPEC, train, gen) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("method", TRANSITION_METHODS)
+def test_generation_memory_is_redundancy_plus_shard_plus_kv(method):
+    wl = Workload(transition=method)
+    train, gen = ParallelStrategy(1, 8, 1), ParallelStrategy(1, 2, 4)
+    static = static_memory(SPEC, train, True)
+    free = 80e9 - static.total
+    gm = generation_memory(SPEC, train, gen, wl, static.params, free, method)
+    tr = transition(SPEC, train, gen, method)
+    assert gm.extra_params == pytest.approx(tr.resident_params - static.params)
+    assert gm.peak_extra == pytest.approx(max(0.0, tr.peak_params - static.params))
+    per_seq = kv_bytes_per_sequence(SPEC, gen, wl)
+    assert gm.concurrency == min(1024 // 4, int((free - gm.extra_params) // per_seq))
+    assert gm.dynamic == pytest.approx(max(gm.peak_extra, gm.extra_params + gm.concurrency * per_seq))
+
+
+def test_frozen_models_are_sharded_like_the_workers_under_full_sharding():
+    s = ParallelStrategy(1, 2, 4)
+    assert static_memory(SPEC, s, False, "full").params * 4 == pytest.approx(
+        static_memory(SPEC, s, False, "optimizer").params)
+    trained = static_memory(SPEC, s, True, "full")
+    assert trained.params == pytest.approx(M / 8) and trained.grads == pytest.approx(M / 8 * 2)
