@@ -230,14 +230,27 @@ class Algorithm:
     def step(self, prompts: Batch) -> tuple[Batch, dict[str, float]]:
         raise NotImplementedError
 
-    def fit(self, prompts: Iterable[Batch], iterations: int, log: Callable[[str], None] | None = print) -> list[dict]:
-        """`iterations` steps over the prompt batches (cycled), logging one line each."""
+    def fit(
+        self, prompts: Iterable[Batch], iterations: int, log: Callable[[str], None] | None = print,
+        callbacks: Iterable[Callable] = (),
+    ) -> list[dict]:
+        """`iterations` steps over the prompt batches (cycled), logging one line each.
+
+        callbacks: called after every step as `callback(algorithm, batch, metrics)`, e.g. a
+            `widgets.MetricsDashboard` or `widgets.LiveTimeline`; one that returns False stops
+            the loop after that step. Pass `log=None` to silence the line."""
+        callbacks = list(callbacks)
+        for callback in callbacks:
+            if not callable(callback):
+                raise TypeError(f"fit: callbacks must be callables callback(algorithm, batch, metrics); got {callback!r}")
         metrics = []
         for prompt_batch in itertools.islice(_epochs(prompts), iterations):
-            _, m = self.step(prompt_batch)
+            batch, m = self.step(prompt_batch)
             metrics.append(m)
             if log:
                 log(format_line(self.iteration, m, self.log_keys))
+            if [callback(self, batch, m) for callback in callbacks].count(False):
+                break
         return metrics
 
     def evaluate(self, prompts: Batch, reward=None, max_new_tokens: int | None = None) -> float:
