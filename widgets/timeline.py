@@ -90,8 +90,8 @@ class LiveTimeline(View):
                     "iteration": r.extra.get("iteration"), "stage": r.extra.get("stage"), "call": r.extra.get("call"),
                 })
                 if "iteration" in r.extra:
-                    marks[r.extra["iteration"]] = min(marks.get(r.extra["iteration"], r.start), r.start) - t0
-            out["iterations"] = sorted(marks.items())
+                    marks[r.extra["iteration"]] = min(marks.get(r.extra["iteration"], r.start), r.start)
+            out["iterations"] = sorted((it, start - t0) for it, start in marks.items())
         if self.estimate is not None:
             plan = self.estimate
             sets = {(s.devices.start, s.devices.stop): i for i, s in enumerate(plan.sets)}
