@@ -32,6 +32,7 @@ class MetricsDashboard(View):
     """Charts of metrics dicts, one per iteration."""
 
     width, height = 10.0, 4.8
+    margins = {"left": 0.05, "right": 0.99, "top": 0.93, "bottom": 0.07, "wspace": 0.3, "hspace": 0.35}
 
     def __init__(self, history: list[dict] | None = None):
         super().__init__()
@@ -97,4 +98,4 @@ class MetricsDashboard(View):
                 ax.legend(fontsize=5)
         for ax in axes[len(d):]:
             ax.set_axis_off()
-        fig.tight_layout()
+        fig.subplots_adjust(**self.margins)

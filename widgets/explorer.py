@@ -30,6 +30,7 @@ class PlacementExplorer(View):
     """Sliders and selectors over a `Scenario`, and the planner's estimate for it."""
 
     width, height = 9.0, 3.6
+    margins = {"left": 0.14, "right": 0.98, "top": 0.9, "bottom": 0.15, "wspace": 0.25}
 
     def __init__(self, **scenario):
         super().__init__()
@@ -127,17 +128,17 @@ class PlacementExplorer(View):
             gantt.barh(y, b["end"] - b["start"], left=b["start"], color=role_colour(b["role"]), edgecolor="white")
             if b["reshard"] > 0:  # the hybrid engine's switch to its generation layout
                 gantt.barh(y, b["reshard"], left=b["start"], color="none", edgecolor="black", hatch="///")
-            if b["end"] - b["start"] > 0.06 * (d["iteration_s"] or 1):
+            if b["end"] - b["start"] > 0.1 * (d["iteration_s"] or 1):
                 gantt.text((b["start"] + b["end"]) / 2, y, b["call"], ha="center", va="center", fontsize=7, color="white")
-        gantt.set_yticks(range(len(d["lanes"])), d["lanes"], fontsize=7)
+        gantt.set_yticks(range(len(d["lanes"])), [lane.replace("+", "+\n") for lane in d["lanes"]], fontsize=6)
         gantt.invert_yaxis()
         gantt.set_xlabel("seconds (estimated)")
         gantt.set_title(f"one iteration: {d['iteration_s']:.3g} s", fontsize=9)
         used = [m["used_gib"] for m in d["memory"]]
         memory.barh(range(len(used)), used, color="#4c72b0")
         memory.axvline(d["memory"][0]["capacity_gib"], color="red", linestyle="--")
-        memory.set_yticks(range(len(used)), [m["set"] for m in d["memory"]], fontsize=6)
+        memory.set_yticks(range(len(used)), [f"set {i}" for i in range(len(used))], fontsize=6)
         memory.invert_yaxis()
         memory.set_xlabel("GiB / device", fontsize=7)
         memory.set_title("memory vs capacity", fontsize=9)
-        fig.tight_layout()
+        fig.subplots_adjust(**self.margins)

@@ -119,11 +119,18 @@ class LiveTimeline(View):
         rows = [len(d["lanes"]) or 1] + ([len(d["estimate_lanes"])] if d["estimate"] else [])
         axes = fig.subplots(len(rows), 1, sharex=True, gridspec_kw={"height_ratios": rows}, squeeze=False)[:, 0]
         ax = axes[0]
+        # One collection per (lane, colour, style): a live refresh draws hundreds of spans.
+        groups: dict[tuple, list] = {}
         for b in d["bars"]:
             colour = "black" if b["kind"] == "transition" else role_colour(b["role"])
-            if b["fetched"] > b["start"]:
-                ax.barh(b["lane"], b["fetched"] - b["start"], left=b["start"], color=colour, alpha=0.3, height=0.8)
-            ax.barh(b["lane"], max(b["end"] - b["fetched"], 1e-4), left=b["fetched"], color=colour, height=0.8 if b["kind"] == "call" else 0.4)
+            if b["fetched"] > b["start"]:  # waiting for inputs: pale
+                groups.setdefault((b["lane"], colour, 0.3, 0.8), []).append((b["start"], b["fetched"] - b["start"]))
+            height = 0.8 if b["kind"] == "call" else 0.4
+            groups.setdefault((b["lane"], colour, 1.0, height), []).append((b["fetched"], max(b["end"] - b["fetched"], 1e-4)))
+        for (lane, colour, alpha, height), spans in groups.items():
+            ax.broken_barh(spans, (lane - height / 2, height), facecolors=colour, alpha=alpha)
+        ax.set_xlim(0, max([b["end"] for b in d["bars"]], default=1.0) * 1.01)
+        ax.set_ylim(-0.7, max(len(d["lanes"]), 1) - 0.3)
         for iteration, start in d["iterations"]:
             ax.axvline(start, color="grey", linewidth=0.6, linestyle=":")
             ax.text(start, -0.6, f"it {iteration}", fontsize=6, color="grey")
@@ -138,4 +145,4 @@ class LiveTimeline(View):
             est.invert_yaxis()
             est.set_title("planner's estimate, one iteration", fontsize=8)
         axes[-1].set_xlabel("seconds")
-        fig.tight_layout()
+        fig.subplots_adjust(**self.margins)

@@ -45,6 +45,8 @@ class View:
     """Base of the views: settings, figure data, figure, summary, and their two front ends."""
 
     width, height = 9.0, 3.2
+    margins = {"left": 0.2, "right": 0.98, "top": 0.9, "bottom": 0.15, "wspace": 0.5, "hspace": 0.5}
+    """Fixed figure margins (matplotlib's tight_layout costs more than the drawing)."""
     has_figure = True
     """False for views that are all HTML (summary() carries everything)."""
 
