@@ -94,7 +94,7 @@ class View:
                 box = w.IntSlider(value=c.value, min=low, max=high, step=step, description=c.label,
                                   continuous_update=False)
             elif c.kind == "steps":
-                box = w.SelectionSlider(options=list(c.options), value=c.value, description=c.label,
+                box = w.SelectionSlider(options=_with(c.options, c.value), value=c.value, description=c.label,
                                         continuous_update=False)
             else:
                 box = w.Dropdown(options=list(c.options), value=c.value, description=c.label)
@@ -129,7 +129,7 @@ class View:
                 low, high, step = c.options
                 box = pn.widgets.IntSlider(label=c.label, start=low, end=high, step=step, value=c.value)
             elif c.kind == "steps":
-                box = pn.widgets.DiscreteSlider(label=c.label, options=list(c.options), value=c.value)
+                box = pn.widgets.DiscreteSlider(label=c.label, options=_with(c.options, c.value), value=c.value)
             else:
                 box = pn.widgets.Select(label=c.label, options=list(c.options), value=c.value)
             box.param.watch(lambda event, name=c.name: self.set(**{name: event.new}), "value")
@@ -144,6 +144,11 @@ class View:
 
         self._listeners.append(redraw)
         return pn.Column(pn.GridBox(*inputs, ncols=3) if inputs else pn.Spacer(height=0), text, image)
+
+
+def _with(options, value) -> list:
+    """A slider's steps, with the current value among them (a scenario may start between steps)."""
+    return sorted({*options, value}) if value not in options else list(options)
 
 
 def escape(text: Any) -> str:
