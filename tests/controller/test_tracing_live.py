@@ -18,16 +18,16 @@ def rows(n):
 def test_trace_answers_beside_a_long_call_and_loses_no_span(session):
     group = session.group("busy", EchoWorker, session.pool("two", 2))
     for _ in range(3):
-        group.double(rows(4))
-    long_call = group.sleep(4.0)
+        group.double(rows(4)).get()
+    long_call = group.sleep(8.0)
     group.double(rows(4))  # queued behind the long call
-    # Drain repeatedly while the long call holds both ranks: the answers must not wait for it.
-    seen = []
-    for _ in range(5):
-        seen += [r for r in session.trace() if r.role == "busy"]
+    # Drain repeatedly while the long call holds both ranks: the answers must not wait for it,
+    # and the finished calls' spans are there.
+    for _ in range(3):
+        spans = [r for r in session.trace() if r.role == "busy"]
         ready, _ = ray.wait(long_call.outputs, num_returns=len(long_call.outputs), timeout=0)
         assert not ready, "trace() waited for the long call to finish"
-    assert sorted((r.method, r.rank) for r in {id(r): r for r in seen}.values() if r.method == "double").count(("double", 0)) == 3
+    assert sorted((r.method, r.rank) for r in spans) == [("double", 0)] * 3 + [("double", 1)] * 3
     long_call.get()
     group.double(rows(4)).get()
     spans = [r for r in session.trace() if r.role == "busy"]

@@ -97,3 +97,17 @@ def test_a_callback_returning_false_stops_fit(run):
     assert len(history) == 1 and len(calls) == 1
     with pytest.raises(TypeError, match="callbacks must be callables"):
         grpo.fit([run["prompts"]], iterations=1, callbacks=["print"])
+
+
+def test_fit_in_the_background_leaves_the_driver_free(run):
+    grpo, session = run["grpo"], run["session"]
+    before = grpo.iteration
+    background = grpo.fit_background([run["prompts"]], iterations=2, callbacks=[run["dashboard"]])
+    spans = session.trace()  # the driver is free: it reads the trace while the run goes on
+    assert isinstance(spans, list)
+    history = background.wait(timeout=600)
+    assert len(history) == 2 and grpo.iteration == before + 2 and background.done
+    assert run["dashboard"].history[-1] == history[-1]
+    stopped = grpo.fit_background([run["prompts"]], iterations=5)
+    stopped.stop()
+    assert len(stopped.wait(timeout=600)) == 1
