@@ -9,6 +9,7 @@
 """
 
 from algorithms import core
+from algorithms.show import rollout_table
 from algorithms.base import AlgoConfig, Algorithm
 from algorithms.groups import Groups
 from algorithms.grpo import GRPO, GRPOConfig
@@ -21,7 +22,7 @@ from algorithms.safe_rlhf import SafeRLHF, SafeRLHFConfig
 ALGORITHMS = {"ppo": PPO, "grpo": GRPO, "remax": ReMax, "safe_rlhf": SafeRLHF, "rloo": RLOO, "reinforce_pp": ReinforcePP}
 
 __all__ = [
-    "ALGORITHMS", "AlgoConfig", "Algorithm", "Groups", "core",
+    "ALGORITHMS", "AlgoConfig", "Algorithm", "Groups", "core", "rollout_table",
     "PPO", "PPOConfig", "GRPO", "GRPOConfig", "ReMax", "ReMaxConfig", "SafeRLHF", "SafeRLHFConfig",
     "RLOO", "RLOOConfig", "ReinforcePP", "ReinforcePPConfig",
 ]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import threading
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -277,15 +278,33 @@ class Algorithm:
     def step(self, prompts: Batch) -> tuple[Batch, dict[str, float]]:
         raise NotImplementedError
 
-    def fit(self, prompts: Iterable[Batch], iterations: int, log: Callable[[str], None] | None = print) -> list[dict]:
-        """`iterations` steps over the prompt batches (cycled), logging one line each."""
+    def fit(
+        self, prompts: Iterable[Batch], iterations: int, log: Callable[[str], None] | None = print,
+        callbacks: Iterable[Callable] = (),
+    ) -> list[dict]:
+        """`iterations` steps over the prompt batches (cycled), logging one line each.
+
+        callbacks: called after every step as `callback(algorithm, batch, metrics)`, e.g. a
+            `widgets.MetricsDashboard` or `widgets.LiveTimeline`; one that returns False stops
+            the loop after that step. Pass `log=None` to silence the line."""
+        callbacks = list(callbacks)
+        for callback in callbacks:
+            if not callable(callback):
+                raise TypeError(f"fit: callbacks must be callables callback(algorithm, batch, metrics); got {callback!r}")
         metrics = []
         for prompt_batch in itertools.islice(_epochs(prompts), iterations):
-            _, m = self.step(prompt_batch)
+            batch, m = self.step(prompt_batch)
             metrics.append(m)
             if log:
                 log(format_line(self.iteration, m, self.log_keys))
+            if [callback(self, batch, m) for callback in callbacks].count(False):
+                break
         return metrics
+
+    def fit_background(self, prompts: Iterable[Batch], iterations: int, callbacks: Iterable[Callable] = ()) -> "BackgroundFit":
+        """`fit` in a thread: the notebook's kernel stays free (look at the trace, the batch, the
+        dashboard) while the iterations run. Returns at once; `.wait()` gives the metrics."""
+        return BackgroundFit(self, prompts, iterations, list(callbacks))
 
     def evaluate(self, prompts: Batch, reward=None, max_new_tokens: int | None = None) -> float:
         """Mean score of greedy responses (e.g. exact-match accuracy on held-out prompts); `reward`
@@ -295,6 +314,47 @@ class Algorithm:
         scorer = reward or self.groups.reward
         out = scorer.compute_reward(gen).get()
         return float(out[getattr(scorer, "output_key", "scores")].mean())
+
+
+class BackgroundFit:
+    """A `fit` running in a thread. `history` fills in as iterations finish; `stop()` ends the
+    run after the current iteration; `wait()` returns the metrics (or raises the run's error)."""
+
+    def __init__(self, algorithm: Algorithm, prompts: Iterable[Batch], iterations: int, callbacks: list[Callable]):
+        self.history: list[dict] = []
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+
+        def keep(algo, batch, metrics):
+            self.history.append(metrics)
+            return not self._stop.is_set()
+
+        def run():
+            try:
+                algorithm.fit(prompts, iterations, log=None, callbacks=[*callbacks, keep])
+            except BaseException as e:  # handed to wait()
+                self.error = e
+
+        self._thread = threading.Thread(target=run, name=f"fit {type(algorithm).__name__}", daemon=True)
+        self._thread.start()
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def wait(self, timeout: float | None = None) -> list[dict]:
+        self._thread.join(timeout)
+        if not self.done:
+            raise TimeoutError(f"fit still running after {timeout} s ({len(self.history)} iterations done)")
+        if self.error is not None:
+            raise self.error
+        return self.history
+
+    def __repr__(self) -> str:
+        return f"BackgroundFit({len(self.history)} iterations done{', finished' if self.done else ''})"
 
 
 def _epochs(prompts: Iterable[Batch]):

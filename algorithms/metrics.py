@@ -6,6 +6,10 @@ Stages that overlap on disjoint pools each show their own length, so `timing_s/s
 than their sum; colocated stages that queue behind each other include their wait. In step()
 the clock watches every pending result; run cell by cell, a stage's time ends when its result
 was first asked for.
+
+The clock also tags each launched call's trace spans with the iteration and stage they belong
+to (`extra["iteration"]`, `extra["stage"]` in `session.trace()`), so a timeline can be read
+against the stages.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from algorithms.core import masked_mean
 
 class StageClock:
     def __init__(self):
+        self.iteration = 1
+        """The iteration the next launched stages belong to (1-based, as metrics["iteration"])."""
         self.reset()
 
     def reset(self) -> None:
@@ -37,6 +43,9 @@ class StageClock:
         stage runs from its first launch to its last result."""
         now = time.monotonic()
         self.first = self.first or now
+        tags = getattr(future, "trace_tags", None)
+        if tags is not None:  # a worker-group call (a rule reward's Ray tasks have no spans)
+            tags.update(iteration=self.iteration, stage=stage)
         refs = list(future.metas or future.outputs)
         if not refs:
             self.seconds[stage] = 0.0
@@ -80,6 +89,7 @@ class StageClock:
         out = {f"timing_s/{k}": v for k, v in self.seconds.items()}
         out["timing_s/step"] = time.monotonic() - self.first if self.first else 0.0
         self.reset()
+        self.iteration += 1
         return out
 
 

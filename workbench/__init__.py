@@ -28,7 +28,42 @@ from workbench.data import Batch
 from workbench.errors import DispatchError, PlacementError, WorkerCallError, WorkerDiedError
 from workbench.session import Session
 
+# Heavier pieces a notebook needs, imported on first use (worker processes import this package
+# too, and most never touch the model stack): `from workbench import ActorConfig, RuleReward`.
+_LAZY = {
+    "ActorConfig": "workbench.workers.actor",
+    "ActorRolloutRefWorker": "workbench.workers.actor",
+    "CriticConfig": "workbench.workers.critic",
+    "CriticWorker": "workbench.workers.critic",
+    "ScoreModelConfig": "workbench.workers.reward",
+    "RewardModelWorker": "workbench.workers.reward",
+    "CostModelWorker": "workbench.workers.reward",
+    "RuleReward": "workbench.workers.rule_reward",
+    "SamplingConfig": "workbench.engines.rollout",
+    "OptimConfig": "workbench.engines.fsdp",
+    "arithmetic": "workbench.data",
+    "tokenize_prompts": "workbench.data.prompts",
+    "PromptLoader": "workbench.data.prompts",
+    "load_model": ("workbench.models", "load"),
+    "arithmetic_policy": "workbench.stages.arithmetic_policy",
+    "text_timeline": "workbench.tracing",
+    "tags": "workbench.tracing",
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'workbench' has no attribute {name!r}")
+    import importlib
+
+    module, attribute = _LAZY[name] if isinstance(_LAZY[name], tuple) else (_LAZY[name], name)
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value
+    return value
+
+
 __all__ = [
+    *_LAZY,
     "ALL_TO_ALL", "DP_PROTO", "DP_REDUCED", "ONE_TO_ALL", "RANK_ZERO", "THREE_D_ALL_MICRO_DP", "THREE_D_PP_ONLY",
     "THREE_D_PROTO", "Batch", "DataFuture", "DispatchError", "Mesh", "PlacementError", "Protocol",
     "ResourcePool", "Session", "Worker", "WorkerCallError", "WorkerDiedError", "WorkerGroup", "register",

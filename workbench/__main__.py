@@ -1,10 +1,18 @@
-"""Command line: `python -m workbench demo` runs the demo (the README's main command)."""
+"""Command line: `python -m workbench demo` runs the demo (the README's main command);
+`python -m workbench app [--run DIR]` serves the widgets as a panel app on 127.0.0.1."""
 
 import sys
 
 from workbench import demo
 
-COMMANDS = {"demo": demo.main}
+
+def app(argv: list[str]) -> None:
+    from widgets.app import main  # panel and the widgets load only for this command
+
+    main(argv)
+
+
+COMMANDS = {"demo": demo.main, "app": app}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:

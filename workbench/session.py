@@ -12,6 +12,7 @@ with a name already in use tears the old one down first, so a notebook never lea
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -136,14 +137,18 @@ class Session:
             self.groups.pop(name, None)
 
     # ---- tracing and lifetime ----------------------------------------------------------------
-    def trace(self) -> list[CallRecord]:
-        """Every call's span records so far, from every live worker."""
-        seen = set()
-        for group in self.groups.values():
-            if id(group.hostset) not in seen:
-                seen.add(id(group.hostset))
-                self.records += group.hostset.drain_records()
-        return sorted(self.records, key=lambda r: r.start)
+    def trace(self, timeout: float = 10.0) -> list[CallRecord]:
+        """Every call's span records so far, from every live worker, in start order. Workers
+        answer beside the calls they are running, so this is cheap while work is in flight;
+        all host sets are asked at once and given `timeout` seconds together."""
+        hostsets = list({id(g.hostset): g.hostset for g in self.groups.values()}.values())
+        for hostset in hostsets:
+            hostset.request_records()
+        deadline = time.monotonic() + timeout
+        for hostset in hostsets:
+            self.records += hostset.drain_records(max(0.0, deadline - time.monotonic()), request=False)
+        self.records.sort(key=lambda r: r.start)
+        return list(self.records)
 
     def save_trace(self, path: str | Path) -> Path:
         """Write a Chrome/Perfetto trace JSON of all calls so far."""

@@ -1,16 +1,39 @@
 """Span records of every remote call, and their export to Chrome/Perfetto trace JSON.
 
 Each worker host appends one CallRecord per call it runs; the session drains them on demand
-(`session.trace()`). The same records feed the timeline widget and the planner's calibration.
-Open an exported file at https://ui.perfetto.dev or chrome://tracing.
+(`session.trace()`), without waiting for calls in flight. Every span carries the driver call it
+belongs to (`extra["call"]`) and, once an algorithm launched it, the iteration and stage
+(`extra["iteration"]`, `extra["stage"]`); `tags(...)` adds tags of your own to the calls a
+block of code issues. The same records feed the timeline widget and the planner's calibration.
+Open an exported file at https://ui.perfetto.dev or chrome://tracing; `save_records` /
+`load_records` keep them whole (JSON lines) for the panel app.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
+
+_TAGS: contextvars.ContextVar[dict] = contextvars.ContextVar("workbench_trace_tags", default={})
+
+
+@contextlib.contextmanager
+def tags(**values) -> Iterator[dict]:
+    """Tag the spans of every call issued inside the block, e.g. `with tags(stage="probe"):`."""
+    token = _TAGS.set({**_TAGS.get(), **values})
+    try:
+        yield _TAGS.get()
+    finally:
+        _TAGS.reset(token)
+
+
+def current_tags() -> dict:
+    """The tags `tags(...)` blocks set around this point (empty outside any)."""
+    return dict(_TAGS.get())
 
 
 @dataclass(frozen=True)
@@ -71,6 +94,26 @@ def save_chrome_trace(records: Iterable[CallRecord], path: str | Path) -> Path:
     path = Path(path)
     path.write_text(json.dumps(to_chrome_trace(records)))
     return path
+
+
+def save_records(records: Iterable[CallRecord], path: str | Path, append: bool = False) -> Path:
+    """CallRecords as JSON lines (one span a line); `append` adds to an existing file."""
+    path = Path(path)
+    with path.open("a" if append else "w") as f:
+        for r in records:
+            f.write(json.dumps(asdict(r), default=float) + "\n")
+    return path
+
+
+def load_records(path: str | Path) -> list[CallRecord]:
+    """The spans `save_records` wrote, in start order (a half-written last line is skipped)."""
+    records = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            records.append(CallRecord(**json.loads(line)))
+        except (json.JSONDecodeError, TypeError):
+            continue  # a writer may be mid-line
+    return sorted(records, key=lambda r: r.start)
 
 
 def text_timeline(records: Iterable[CallRecord], width: int = 60) -> str:

@@ -49,6 +49,12 @@ class EchoWorker(Worker):
         return seconds
 
     @register(ONE_TO_ALL)
+    def record_inner(self) -> int:
+        now = time.time()
+        self.record_span("inner.span", now, now + 0.001, note="inside a call")
+        return self.rank
+
+    @register(ONE_TO_ALL)
     def all_reduce(self) -> float:
         value = torch.tensor([float(self.rank + 1)])
         dist.all_reduce(value)

@@ -40,6 +40,8 @@ class RankContext:
     backend: str
     records: deque
     """The host's trace buffer (Worker.record_span appends to it)."""
+    current: dict | None = None
+    """Tags of the call this rank is running (its driver call number), for record_span."""
 
 
 class Worker:
@@ -80,7 +82,8 @@ class Worker:
         c = self.context
         c.records.append(CallRecord(
             call_id=-1, role=c.role, method=name, rank=c.rank, pool=c.pool, pid=os.getpid(),
-            start=start, fetched=start, end=end, bytes_in=0, bytes_out=0, ok=True, extra=extra,
+            start=start, fetched=start, end=end, bytes_in=0, bytes_out=0, ok=True,
+            extra={**(c.current or {}), **extra},
         ))
 
     @property
@@ -96,10 +99,15 @@ class Worker:
         return self._device_mesh
 
 
-# Reserved keyword arguments of host entry points: refs of earlier calls to wait for, and the
-# metas of RemoteSlice inputs (top-level, so Ray ships their values with the task).
+# Reserved keyword arguments of host entry points: refs of earlier calls to wait for, the
+# metas of RemoteSlice inputs (top-level, so Ray ships their values with the task), and the
+# trace tags of the call (its driver call number, and any tracing.tags()).
 AFTER = "_wb_after"
 META = "_wb_meta_"
+TAGS = "_wb_tags"
+# drain_records runs in its own thread (Ray concurrency group), so spans reach the driver while
+# a long call holds the host's main thread.
+TRACE_GROUP = "trace"
 MAX_RECORDS = 100_000  # trace spans kept per worker between two session.trace() calls
 
 
@@ -116,6 +124,7 @@ class WorkerHost:
         # Bounded, so a long run whose driver never asks for its trace cannot grow without end.
         self.records: deque[CallRecord] = deque(maxlen=MAX_RECORDS)
         self.counts: dict[tuple[str, str], int] = {}
+        self.current: dict = {}
 
     def rendezvous_address(self) -> tuple[str, int]:
         """This node's address and a free port, for rank 0 to host the process-group store."""
@@ -133,7 +142,8 @@ class WorkerHost:
     def add_role(self, role: str, cls: type, config: Any, mesh: Mesh) -> None:
         worker = cls.__new__(cls)
         worker.context = RankContext(
-            role, self.rank, self.world_size, mesh, self.pool, self.device, self.backend, self.records
+            role, self.rank, self.world_size, mesh, self.pool, self.device, self.backend, self.records,
+            self.current,
         )
         worker.__init__(*(() if config is None else (config,)))
         self.workers[role] = worker
@@ -141,6 +151,7 @@ class WorkerHost:
     def run(self, role: str, method: str, with_meta: bool, args: tuple, kwargs: dict):
         """Run one call of role.method; returns output, or (OutputMeta, output) with_meta."""
         after = kwargs.pop(AFTER, None)
+        tags = kwargs.pop(TAGS, None) or {}
         slice_metas = [kwargs.pop(k) for k in sorted(k for k in kwargs if k.startswith(META))]
         _attach_metas((*args, *kwargs.values()), slice_metas)
         if after:  # time-sharing: earlier calls on this pool, issued by other groups, go first
@@ -151,6 +162,8 @@ class WorkerHost:
         bytes_in = sum(describe_output(v).nbytes for v in (*args, *kwargs.values()))
         compute_start = time.time()
         sequence = self.counts[role, method] = self.counts.get((role, method), -1) + 1
+        self.current.clear()
+        self.current.update(tags)
         ok = False
         try:
             output = getattr(self.workers[role], method)(*args, **kwargs)
@@ -162,15 +175,22 @@ class WorkerHost:
                 CallRecord(
                     call_id=sequence, role=role, method=method, rank=self.rank, pool=self.pool,
                     pid=os.getpid(), start=start, fetched=compute_start, end=time.time(),
-                    bytes_in=bytes_in, bytes_out=meta_out.nbytes if ok else 0, ok=ok,
+                    bytes_in=bytes_in, bytes_out=meta_out.nbytes if ok else 0, ok=ok, extra=dict(tags),
                 )
             )
+            self.current.clear()
         return (meta_out, output) if with_meta else output
 
+    @ray.method(concurrency_group=TRACE_GROUP)
     def drain_records(self) -> list[CallRecord]:
-        records = list(self.records)
-        self.records.clear()
-        return records
+        """Hand over the spans recorded so far. Runs beside a call in flight: popleft is atomic,
+        so a span appended meanwhile stays for the next drain instead of being lost."""
+        records = []
+        while True:
+            try:
+                records.append(self.records.popleft())
+            except IndexError:
+                return records
 
     def ping(self) -> int:
         return os.getpid()

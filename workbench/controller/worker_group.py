@@ -12,7 +12,9 @@ separate groups.
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections import OrderedDict
 from typing import Any
 
 import ray
@@ -22,11 +24,14 @@ from workbench.controller.mesh import Mesh
 from workbench.controller.protocols import Protocol, first
 from workbench.controller.register import Registration, registered_methods
 from workbench.controller.resource_pool import ResourcePool
-from workbench.controller.worker import AFTER, META, host_class
+from workbench.controller.worker import AFTER, META, TAGS, TRACE_GROUP, host_class
 from workbench.data.batch import Batch
 from workbench.errors import DispatchError, WorkerCallError
-from workbench.tracing import CallRecord
+from workbench.tracing import CallRecord, current_tags
 
+# Driver call numbers, unique in this process: they tie every rank's span to its call's tags.
+_CALL_NUMBERS = itertools.count()
+MAX_CALL_TAGS = 100_000  # tags kept per host set for spans not drained yet
 
 
 class HostSet:
@@ -44,7 +49,10 @@ class HostSet:
         self.pool, self.mesh, self.roles = pool, mesh, list(roles)
         self.configs = {role: config for role, (_, config) in roles.items()}
         backend = "nccl" if pool.resource == "GPU" else "gloo"
-        remote_host = ray.remote(host_class({role: cls for role, (cls, _) in roles.items()}))
+        remote_host = ray.remote(concurrency_groups={TRACE_GROUP: 1})(
+            host_class({role: cls for role, (cls, _) in roles.items()}))
+        self.call_tags: OrderedDict[int, dict] = OrderedDict()
+        self._drains: list = []  # drain_records calls that had not answered yet
         self.hosts = [
             remote_host.options(**pool.scheduling(rank)).remote(pool.name, rank, mesh.world_size, threads, backend)
             for rank in range(mesh.world_size)
@@ -61,13 +69,33 @@ class HostSet:
             self.shutdown()
             raise
 
-    def drain_records(self) -> list[CallRecord]:
+    def tag_call(self, number: int, tags: dict) -> dict:
+        """Keep the tags of driver call `number`; the dict returned can still be added to (the
+        algorithm's stage clock adds iteration and stage) until its spans are drained."""
+        self.call_tags[number] = tags
+        while len(self.call_tags) > MAX_CALL_TAGS:
+            self.call_tags.popitem(last=False)
+        return tags
+
+    def request_records(self) -> None:
+        """Ask every rank for its spans (answered from the hosts' trace thread, beside any call
+        in flight); `drain_records` collects the answers."""
+        self._drains += [h.drain_records.remote() for h in self.hosts]
+
+    def drain_records(self, timeout: float = 10.0, request: bool = True) -> list[CallRecord]:
+        """Spans from every rank. A rank that does not answer within `timeout` keeps its answer
+        pending for the next drain, so no span is lost."""
+        if request:
+            self.request_records()
+        ready, self._drains = ray.wait(self._drains, num_returns=len(self._drains), timeout=timeout)
         records = []
-        for ref in [h.drain_records.remote() for h in self.hosts]:
+        for ref in ready:
             try:
-                records += ray.get(ref, timeout=10)
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                records += ray.get(ref)
+            except ray.exceptions.RayActorError:
                 pass  # a dead rank's spans died with it
+        for r in records:
+            r.extra.update(self.call_tags.get(r.extra.get("call"), {}))
         return records
 
     def shutdown(self, timeout: float = 10.0) -> None:
@@ -160,6 +188,8 @@ class WorkerGroup:
         else:
             collect_ranks, collect = protocol.collect_ranks(mesh), protocol.collect
         entry = f"{self.role}__{method}"
+        number = next(_CALL_NUMBERS)
+        tags = self.hostset.tag_call(number, current_tags())
         metas, outputs = [], []
         for i, rank in enumerate(ranks):
             rank_args, rank_kwargs = per_rank_args[i], dict(per_rank_kwargs[i])
@@ -170,16 +200,19 @@ class WorkerGroup:
             rank_kwargs.update({f"{META}{k:04d}": m for k, m in enumerate(slice_metas)})
             if after:
                 rank_kwargs[AFTER] = after
+            rank_kwargs[TAGS] = {"call": number}
             result = getattr(self.hostset.hosts[rank], entry).remote(*rank_args, **rank_kwargs)
             if registration.returns_rows:
                 metas.append(result[0])
                 result = result[1]
             outputs.append(result)
         self.pool.last_call = (self.hostset, metas or outputs)
-        return DataFuture(
+        future = DataFuture(
             CallInfo(self.role, method, ranks), outputs, metas if registration.returns_rows else None,
             collect_ranks, collect, mesh,
         )
+        future.trace_tags = tags  # StageClock.launch adds the iteration and stage
+        return future
 
     def _fit(self, method: str, registration: Registration, value: Any) -> Any:
         """Pad (or refuse) a Batch whose rows do not divide into the protocol's chunks."""

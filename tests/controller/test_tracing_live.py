@@ -1,0 +1,84 @@
+"""Trace spans reach the driver while work runs, none is lost, and each is tied to its call,
+iteration and stage."""
+
+import pytest
+import ray
+import torch
+
+from algorithms.metrics import StageClock
+from tests.controller.workers import EchoWorker
+from workbench import Batch, tags
+from workbench.tracing import load_records, save_records
+
+
+def rows(n):
+    return Batch({"x": torch.arange(float(n))}, {"uid": [str(i) for i in range(n)]})
+
+
+def test_trace_answers_beside_a_long_call_and_loses_no_span(session):
+    group = session.group("busy", EchoWorker, session.pool("two", 2))
+    for _ in range(3):
+        group.double(rows(4)).get()
+    long_call = group.sleep(8.0)
+    group.double(rows(4))  # queued behind the long call
+    # Drain repeatedly while the long call holds both ranks: the answers must not wait for it,
+    # and the finished calls' spans are there.
+    for _ in range(3):
+        spans = [r for r in session.trace() if r.role == "busy"]
+        ready, _ = ray.wait(long_call.outputs, num_returns=len(long_call.outputs), timeout=0)
+        assert not ready, "trace() waited for the long call to finish"
+    assert sorted((r.method, r.rank) for r in spans) == [("double", 0)] * 3 + [("double", 1)] * 3
+    long_call.get()
+    group.double(rows(4)).get()
+    spans = [r for r in session.trace() if r.role == "busy"]
+    # Every call on every rank exactly once: 5 doubles and one sleep, on 2 ranks.
+    assert sorted((r.method, r.rank) for r in spans) == sorted(
+        [("double", 0)] * 5 + [("double", 1)] * 5 + [("sleep", 0), ("sleep", 1)])
+    assert len({(r.extra["call"], r.rank) for r in spans}) == len(spans)
+
+
+def test_spans_carry_their_call_and_tags(session):
+    group = session.group("tagged", EchoWorker, session.pool("two", 2))
+    with tags(stage="probe", note="mine"):
+        group.double(rows(4)).get()
+    group.double(rows(4)).get()
+    spans = [r for r in session.trace() if r.role == "tagged"]
+    first, second = sorted({r.extra["call"] for r in spans})
+    assert {(r.rank, r.extra.get("stage"), r.extra.get("note")) for r in spans if r.extra["call"] == first} == {
+        (0, "probe", "mine"), (1, "probe", "mine")}
+    assert all("stage" not in r.extra for r in spans if r.extra["call"] == second)
+
+
+def test_stage_clock_tags_spans_with_iteration_and_stage(session):
+    group = session.group("clocked", EchoWorker, session.pool("two", 2))
+    clock = StageClock()
+    for _ in range(2):
+        gen = clock.launch("gen", group.double(rows(4)))
+        clock.launch("values", group.double(gen), gen)
+        clock.report()
+    spans = [r for r in session.trace() if r.role == "clocked"]
+    assert sorted((r.extra["iteration"], r.extra["stage"]) for r in spans) == [
+        (1, "gen"), (1, "gen"), (1, "values"), (1, "values"),
+        (2, "gen"), (2, "gen"), (2, "values"), (2, "values")]
+
+
+def test_records_round_trip_through_json_lines(session, tmp_path):
+    group = session.group("saved", EchoWorker, session.pool("two", 2))
+    with tags(stage="s"):
+        group.double(rows(4)).get()
+    spans = [r for r in session.trace() if r.role == "saved"]
+    path = save_records(spans[:1], tmp_path / "trace.jsonl")
+    save_records(spans[1:], path, append=True)
+    with path.open("a") as f:
+        f.write('{"call_id": 3, "role": "half-writ')  # a writer caught mid-line
+    assert load_records(path) == spans
+
+
+def test_a_span_recorded_inside_a_call_gets_the_call_tags(session):
+    group = session.group("inner", EchoWorker, session.pool("one", 1))
+    with tags(stage="sync"):
+        group.record_inner().get()
+    spans = [r for r in session.trace() if r.role == "inner"]
+    inner = [r for r in spans if r.method == "inner.span"]
+    outer = [r for r in spans if r.method == "record_inner"]
+    assert len(inner) == 1 and inner[0].extra["stage"] == "sync" and inner[0].extra["call"] == outer[0].extra["call"]

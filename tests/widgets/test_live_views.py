@@ -1,0 +1,113 @@
+"""The live views on a real run (tests/widgets/conftest.py): a tiny GRPO on real worker groups,
+two iterations through `fit(callbacks=...)`, watched by the dashboard, the timeline and a
+run recorder."""
+
+import json
+
+import pytest
+
+from widgets import BatchInspector, ClusterView, LiveTimeline, MetricsDashboard
+from widgets.inspector import shade
+from workbench.tracing import load_records
+
+def test_dashboard_follows_fit(run):
+    data = run["dashboard"].data()
+    history = run["history"]
+    assert data["score"]["critic/score/mean"] == ([1.0, 2.0], [m["critic/score/mean"] for m in history])
+    assert data["losses"]["actor/pg_loss"][1] == [m["actor/pg_loss"] for m in history]
+    assert {"timing_s/gen", "timing_s/step"} <= set(data["stage times (s)"])
+    assert "iteration 2" in run["dashboard"].summary()
+    run["dashboard"].png()
+
+
+def test_timeline_shows_every_span_of_the_run_tagged_with_its_stage(run):
+    timeline = run["timeline"]
+    assert len(timeline.refresh_seconds) >= 3  # built, then refreshed after each iteration of fit
+    timeline.refresh()  # (the browser test may have run another iteration since)
+    trace = [r for r in run["session"].trace() if r.role == "actor"]
+    data = timeline.data()
+    shown = {(data["lanes"][b["lane"]], b["method"], b["call"]) for b in data["bars"]}
+    assert {(f"{r.pool} rank {r.rank}", r.method, r.extra.get("call")) for r in trace} <= shown
+    stages = {(b["method"], b["stage"]) for b in data["bars"] if b["kind"] == "call"}
+    assert {("generate_sequences", "gen"), ("compute_ref_log_prob", "ref"), ("update_actor", "update_actor")} <= stages
+    assert [i for i, _ in data["iterations"]] == list(range(1, run["grpo"].iteration + 1))
+    for iteration, start in data["iterations"]:  # each mark at its iteration's first span
+        assert start == min(b["start"] for b in data["bars"] if b["iteration"] == iteration) >= 0
+    assert any(b["kind"] == "transition" for b in data["bars"])  # the hybrid engine's weight sync
+    timeline.png()
+
+
+def test_timeline_beside_the_planner_estimate(run):
+    from widgets import estimate, Scenario
+
+    plan = estimate(Scenario(algorithm="GRPO", machines=1, devices_per_machine=2, placement="colocate")).plan
+    data = LiveTimeline(run["session"], estimate=plan).data()
+    assert data["estimate_lanes"] == ["actor+reference+reward"] and data["estimate"]
+
+
+def test_inspector_colours_follow_the_batch_values(run):
+    batch = run["batch"]
+    inspector = BatchInspector(batch, run["tokenizer"], field="log-prob", sort="none")
+    values = batch["old_log_probs"]
+    mask = batch["response_mask"].bool()
+    scale = float(values[mask].abs().max())
+    tokens = inspector.tokens(0)
+    assert [t["value"] for t in tokens] == pytest.approx(values[0][mask[0]].tolist())
+    assert [t["colour"] for t in tokens] == [shade(v, scale) for v in values[0][mask[0]].tolist()]
+    assert all(t["colour"].endswith("ff") for t in tokens if t["value"] < 0)  # below zero: blue
+    inspector.set(field="advantage", sort="advantage (high first)")
+    advantages = [r["advantage"] for r in inspector.rows()]
+    assert advantages == sorted(advantages, reverse=True)
+    top = max(set(float(x) for x in batch["scores"]))
+    inspector.set(min_score=top)
+    assert inspector.rows() and all(r["score"] >= top for r in inspector.rows())
+    assert "<table>" in inspector.summary()
+    with pytest.raises(ValueError, match="field 'value' is not in this batch"):
+        BatchInspector(batch, field="value")
+
+
+def test_cluster_view_lists_every_worker(run):
+    data = ClusterView(run["session"]).data()
+    actors = [w for w in data["workers"] if "actor" in w["roles"]]
+    assert sorted(w["rank"] for w in actors) == [0, 1]
+    assert all(w["layout"] == "pp1 tp1 dp2" and w["memory_mib"] > 0 and w["pid"] for w in actors)
+    assert {"pool": "actor_pool", "devices_per_node": [2], "resource": "CPU"} in data["pools"]
+    assert data["nodes"] and "actor_pool" in ClusterView(run["session"]).summary()
+
+
+def test_recorder_writes_metrics_and_every_span(run):
+    recorder = run["recorder"]
+    lines = [json.loads(l) for l in recorder.metrics_path.read_text().splitlines()]
+    assert len(lines) >= 2 and [l["iteration"] for l in lines] == [float(i) for i in range(1, len(lines) + 1)]
+    saved = load_records(recorder.trace_path)
+    trace = run["session"].trace()
+    assert len(saved) == len({(r.extra.get("call"), r.rank, r.method, r.start) for r in saved})
+    actor_saved = {(r.extra.get("call"), r.rank, r.method) for r in saved if r.role == "actor"}
+    # spans up to the last iteration's end were all written
+    last = max(r.end for r in saved)
+    assert {(r.extra.get("call"), r.rank, r.method) for r in trace if r.role == "actor" and r.end <= last} <= actor_saved
+    assert MetricsDashboard.from_jsonl(recorder.metrics_path).data()["score"]["critic/score/mean"][1] == \
+        [l["critic/score/mean"] for l in lines]
+
+
+def test_a_callback_returning_false_stops_fit(run):
+    grpo = run["grpo"]
+    calls = []
+    history = grpo.fit([run["prompts"]], iterations=5, log=None, callbacks=[lambda a, b, m: calls.append(m) or False])
+    assert len(history) == 1 and len(calls) == 1
+    with pytest.raises(TypeError, match="callbacks must be callables"):
+        grpo.fit([run["prompts"]], iterations=1, callbacks=["print"])
+
+
+def test_fit_in_the_background_leaves_the_driver_free(run):
+    grpo, session = run["grpo"], run["session"]
+    before = grpo.iteration
+    background = grpo.fit_background([run["prompts"]], iterations=2, callbacks=[run["dashboard"]])
+    spans = session.trace()  # the driver is free: it reads the trace while the run goes on
+    assert isinstance(spans, list)
+    history = background.wait(timeout=600)
+    assert len(history) == 2 and grpo.iteration == before + 2 and background.done
+    assert run["dashboard"].history[-1] == history[-1]
+    stopped = grpo.fit_background([run["prompts"]], iterations=5)
+    stopped.stop()
+    assert len(stopped.wait(timeout=600)) == 1

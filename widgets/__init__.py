@@ -1,0 +1,19 @@
+"""Views of what the single controller is doing, for notebooks (ipywidgets) and the panel app.
+
+    from widgets import PlacementExplorer, LiveTimeline, MetricsDashboard, BatchInspector, ClusterView
+
+Every view computes plain figure data (`view.data()`), draws it with matplotlib, and shows
+itself as ipywidgets when it is a cell's value (`view.widget()`) or as a panel layout
+(`view.panel()`). `RunRecorder` writes a run's metrics and trace as it goes, for the app.
+"""
+
+from widgets.cluster import ClusterView
+from widgets.dashboard import MetricsDashboard
+from widgets.explorer import PlacementExplorer
+from widgets.inspector import BatchInspector
+from widgets.planning import Estimate, Scenario, estimate
+from widgets.recorder import RunRecorder
+from widgets.timeline import LiveTimeline
+
+__all__ = ["BatchInspector", "ClusterView", "Estimate", "LiveTimeline", "MetricsDashboard", "PlacementExplorer",
+           "RunRecorder", "Scenario", "estimate"]

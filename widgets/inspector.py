@@ -1,0 +1,138 @@
+"""BatchInspector: browse an iteration's Batch row by row, per-token values shown as colour.
+
+    BatchInspector(batch, tokenizer)          # in a notebook: filters and the coloured rows
+
+Each row shows its prompt, response, score (and cost), and the response's tokens shaded by
+one per-token column: log-prob, reference log-prob, KL (old - ref), value or advantage.
+Red is above zero, blue below, the shade scaled by the largest magnitude of that column in
+the whole batch, so rows compare. Filter by score, sort by mean advantage.
+"""
+
+from __future__ import annotations
+
+from widgets.ui import Control, View, escape
+
+TOKEN_FIELDS = {"advantage": "advantages", "log-prob": "old_log_probs", "reference log-prob": "ref_log_probs",
+                "KL (old - ref)": None, "value": "values", "return": "returns"}
+SORTS = ("none", "advantage (high first)", "advantage (low first)", "score (high first)")
+
+
+def shade(value: float, scale: float) -> str:
+    """Background colour of a value: white at 0, full red at +scale, full blue at -scale."""
+    t = max(-1.0, min(1.0, value / scale)) if scale > 0 else 0.0
+    fade = int(round(255 * (1 - abs(t))))
+    return f"#ff{fade:02x}{fade:02x}" if t >= 0 else f"#{fade:02x}{fade:02x}ff"
+
+
+class BatchInspector(View):
+    """Rows of a Batch with per-token colour; `rows()` and `tokens(i)` are the data shown."""
+
+    has_figure = False
+
+    def __init__(self, batch, tokenizer=None, field: str = "advantage", sort: str = "advantage (high first)",
+                 min_score: float | None = None, max_rows: int = 8):
+        super().__init__()
+        self.batch, self.tokenizer = batch, tokenizer
+        self.field, self.sort, self.min_score, self.max_rows = field, sort, min_score, max_rows
+        self._check()
+
+    def _check(self) -> None:
+        if self.field not in self.fields():
+            raise ValueError(f"BatchInspector: field {self.field!r} is not in this batch; available: {self.fields()}")
+        if self.sort not in SORTS:
+            raise ValueError(f"BatchInspector: sort {self.sort!r}: use one of {SORTS}")
+
+    def fields(self) -> list[str]:
+        keys = set(self.batch.keys())
+        out = [name for name, key in TOKEN_FIELDS.items() if key in keys]
+        if {"old_log_probs", "ref_log_probs"} <= keys:
+            out.append("KL (old - ref)")
+        return sorted(out, key=list(TOKEN_FIELDS).index)
+
+    def _scores(self) -> list[float]:
+        return [float(x) for x in self.batch["scores"]] if "scores" in self.batch.keys() else [0.0] * len(self.batch)
+
+    def controls(self) -> list[Control]:
+        scores = sorted(set(self._scores()))
+        return [
+            Control("field", "colour by", "choice", self.fields(), self.field),
+            Control("sort", "sort", "choice", SORTS, self.sort),
+            Control("min_score", "min score", "choice", ["any", *scores],
+                    "any" if self.min_score is None else self.min_score),
+        ]
+
+    def set(self, **values) -> None:
+        if values.get("min_score") == "any":
+            values["min_score"] = None
+        for name, value in values.items():
+            setattr(self, name, value)
+        self._check()
+        self.changed()
+
+    # ---- what is shown -------------------------------------------------------------------------
+    def values(self, field: str | None = None):
+        """The per-token column shown (B x T response positions), masked positions as 0."""
+        field = field or self.field
+        mask = self.batch["response_mask"].float()
+        if field == "KL (old - ref)":
+            values = self.batch["old_log_probs"] - self.batch["ref_log_probs"]
+        else:
+            values = self.batch[TOKEN_FIELDS[field]]
+        return values.float() * mask
+
+    def rows(self) -> list[dict]:
+        """Rows after filtering and sorting: index, prompt, response, score, cost, mean advantage."""
+        b, scores = self.batch, self._scores()
+        mask = b["response_mask"].float()
+        advantage = ((b["advantages"] * mask).sum(-1) / mask.sum(-1).clamp(min=1)).tolist() \
+            if "advantages" in b.keys() else [0.0] * len(b)
+        rows = []
+        for i in range(len(b)):
+            if self.min_score is not None and scores[i] < self.min_score:
+                continue
+            rows.append({"index": i, "prompt": str(b["prompt"][i]) if "prompt" in b.keys() else "",
+                         "response": str(b["response_text"][i]) if "response_text" in b.keys() else "",
+                         "score": scores[i], "cost": float(b["costs"][i]) if "costs" in b.keys() else None,
+                         "advantage": advantage[i]})
+        if self.sort.startswith("advantage"):
+            rows.sort(key=lambda r: r["advantage"], reverse="high" in self.sort)
+        elif self.sort.startswith("score"):
+            rows.sort(key=lambda r: r["score"], reverse=True)
+        return rows
+
+    def scale(self) -> float:
+        values = self.values()
+        valid = values[self.batch["response_mask"].bool()]
+        return float(valid.abs().max()) if valid.numel() else 0.0
+
+    def tokens(self, index: int) -> list[dict]:
+        """Response tokens of one row: text, value of the shown column, colour."""
+        mask = self.batch["response_mask"][index].bool()
+        ids = self.batch["responses"][index][mask].tolist()
+        values = self.values()[index][mask].tolist()
+        if self.tokenizer is not None:
+            texts = [self.tokenizer.decode([t]) for t in ids]
+        else:
+            texts = [str(t) for t in ids]
+        scale = self.scale()
+        return [{"text": t, "value": v, "colour": shade(v, scale)} for t, v in zip(texts, values)]
+
+    def data(self) -> dict:
+        rows = self.rows()[: self.max_rows]
+        return {"field": self.field, "scale": self.scale(), "rows": [{**r, "tokens": self.tokens(r["index"])} for r in rows],
+                "matching": len(self.rows()), "total": len(self.batch)}
+
+    def summary(self) -> str:
+        d = self.data()
+        head = (f"<div>{d['matching']} of {d['total']} rows; colour: {escape(d['field'])} "
+                f"(<span style='background:{shade(d['scale'], d['scale'])}'>&nbsp;+{d['scale']:.3g}&nbsp;</span> "
+                f"<span style='background:{shade(-d['scale'], d['scale'])}'>&nbsp;-{d['scale']:.3g}&nbsp;</span>)</div>")
+        lines = []
+        for r in d["rows"]:
+            tokens = "".join(f"<span title='{t['value']:.4g}' style='background:{t['colour']}'>{escape(t['text'])}</span>"
+                             for t in r["tokens"])
+            cost = f" cost {r['cost']:.3g}" if r["cost"] is not None else ""
+            lines.append(f"<tr><td>{r['index']}</td><td><code>{escape(r['prompt'])}</code></td>"
+                         f"<td><code>{tokens}</code></td><td>{r['score']:.3g}{cost}</td><td>{r['advantage']:+.3f}</td></tr>")
+        return (head + "<table><tr><th>row</th><th>prompt</th><th>response</th><th>score</th><th>mean adv.</th></tr>"
+                + "".join(lines) + "</table>")
