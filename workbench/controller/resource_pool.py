@@ -11,6 +11,7 @@ Groups on disjoint pools run concurrently.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 
 import ray
@@ -140,7 +141,7 @@ def reserved_per_node(resource: str, exclude: PlacementGroup | None = None) -> d
 def check_devices(name: str, devices) -> int | list[int]:
     """devices as given, if it is a positive int or a non-empty list of them; else a PlacementError."""
     def whole(d):
-        return isinstance(d, int) and not isinstance(d, bool) and d >= 1
+        return isinstance(d, numbers.Integral) and not isinstance(d, bool) and d >= 1
 
     if whole(devices) or (isinstance(devices, (list, tuple)) and devices and all(whole(d) for d in devices)):
         return devices if isinstance(devices, int) else list(devices)

@@ -226,6 +226,9 @@ class WorkerGroup:
         registration = self.methods.get(method)
         if registration is None:
             raise DispatchError(f"{self.role} has no registered method {method!r}; registered: {sorted(self.methods)}")
+        check = getattr(self._hostset.configs.get(self.role), "check_call", None)
+        if callable(check):  # the config's own driver-side checks of these inputs
+            check(self.role, method, args, kwargs)
         reserved = [k for k in kwargs if k.startswith("_wb_")]
         if reserved:
             raise DispatchError(f"{self.role}.{method}: keyword names starting with _wb_ are reserved: {reserved}")
