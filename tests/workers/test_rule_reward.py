@@ -1,6 +1,7 @@
-"""Rule rewards run as Ray tasks, fed by Batches or by another group's future."""
+"""Rule rewards run in long-lived scoring processes, fed by Batches or by another group's future."""
 
 import math
+import signal
 import time
 
 import pytest
@@ -10,6 +11,10 @@ from tests.controller.workers import EchoWorker
 from workbench import Batch, DispatchError, WorkerCallError
 from workbench.data import arithmetic
 from workbench.workers.rule_reward import RuleReward
+
+from pathlib import Path
+
+CACHE = Path(__file__).resolve().parents[2] / ".cache" / "tests"
 
 
 def answers(texts, truths):
@@ -54,3 +59,69 @@ def test_a_hanging_function_times_out(shared_session):
     with pytest.raises(WorkerCallError, match=r"took more than 1.0 s"):
         RuleReward(hangs, timeout=1.0).compute_reward(answers(["x"], ["1"])).get()
     assert time.monotonic() - start < 20
+
+
+def test_a_function_that_swallows_exceptions_and_ignores_signals_is_still_stopped(shared_session):
+    def stubborn(text, truth):
+        signal.signal(signal.SIGALRM, signal.SIG_IGN)  # no alarm can reach it
+        if text == "slow":
+            while True:
+                try:
+                    time.sleep(60)
+                except Exception:  # swallows anything raised to interrupt it
+                    pass
+        return 1.0
+
+    reward = RuleReward(stubborn, timeout=2.0)
+    before = dict(reward.process_ids())
+    start = time.monotonic()
+    with pytest.raises(WorkerCallError, match=r"took more than 2.0 s .* killed on row uid=u1 \(response 'slow'\)"):
+        reward.compute_reward(answers(["ok", "slow", "ok"], ["1", "1", "1"])).get()
+    assert time.monotonic() - start < 30
+    # The next call runs: the scorer (same process) replaced only the killed child.
+    assert reward.compute_reward(answers(["ok"], ["1"])).get()["scores"].tolist() == [1.0]
+    after = dict(reward.process_ids())
+    assert set(after) == set(before)
+    assert any(after[pid] != before[pid] for pid in before)
+
+
+def test_a_function_that_kills_its_process_is_reported_and_replaced(shared_session):
+    def exits(text, truth):
+        if text == "boom":
+            import os
+
+            os._exit(3)
+        return 0.5
+
+    reward = RuleReward(exits, processes=1)
+    with pytest.raises(WorkerCallError, match=r"ended its process \(exit code 3\) on row uid=u0"):
+        reward.compute_reward(answers(["boom"], ["1"])).get()
+    assert reward.compute_reward(answers(["fine"], ["1"])).get()["scores"].tolist() == [0.5]
+
+
+def scorer_pid(text, truth):
+    import os
+
+    return float(os.getpid())
+
+
+def test_iterations_are_scored_by_the_same_processes(session):
+    """No process churn: the second iteration is scored by the very processes of the first
+    (the reward returns the pid of the process that ran it)."""
+    from algorithms import GRPO, Groups, GRPOConfig
+    from workbench.data.prompts import tokenize_prompts
+    from workbench.engines.rollout import SamplingConfig
+    from workbench.models import load, make_tiny
+    from workbench.workers import ActorConfig, ActorRolloutRefWorker
+
+    model_dir = make_tiny("1m", CACHE / "tiny-1m")
+    tokenizer = load(model_dir).tokenizer
+    problems = arithmetic.generate(arithmetic.ArithmeticConfig(digits=1), 4, seed=0)
+    prompts = tokenize_prompts([p.__dict__ for p in problems], tokenizer, max_prompt_length=16)
+    actor = session.group("actor", ActorRolloutRefWorker, session.pool("actor_pool", 1),
+                          ActorConfig(model_path=str(model_dir), mini_batch_size=8, micro_batch_size=8))
+    reward = RuleReward(scorer_pid, chunk_size=2)
+    grpo = GRPO(Groups(actor=actor, reward=reward), GRPOConfig(sampling=SamplingConfig(max_new_tokens=4, n=2), kl_loss_coef=0.0))
+    scored_by = [set(grpo.step(prompts)[0]["scores"].long().tolist()) for _ in range(2)]
+    assert scored_by[0] == scored_by[1]
+    assert scored_by[0] <= {child for _, child in reward.process_ids()}

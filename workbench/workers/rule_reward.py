@@ -1,21 +1,33 @@
 """Rule-based rewards: a plain Python function (exact match, a unit-test sandbox, a verifier)
-scored in Ray tasks and called like a worker group (HybridFlow §5: non-neural reward modules).
+scored off the driver and called like a worker group (HybridFlow §5: non-neural reward modules).
 
     reward = RuleReward(arithmetic.score)            # fn(response_text, ground_truth) -> float
     scores = reward.compute_reward(generated)        # a DataFuture, like any group's call
 
-Rows are scored in chunks, one Ray task each, with a time limit per chunk. A function that
-raises or returns NaN/inf fails the call with an error naming the function and the row.
+Scoring runs in long-lived processes, started once per session and reused by every call: a
+small pool of Ray actors (`RewardScorer`), each owning one child process that runs the
+functions. A new process per call would cost seconds of imports each iteration (and Ray kills
+idle task workers when the pools hold every CPU slot), so nothing here is started per call.
+
+The time limit is enforced from outside the function: the scorer waits on its child with a
+deadline and SIGKILLs it when the deadline passes, so a function that swallows exceptions,
+ignores signals or deadlocks is still stopped. The error names the row being scored; a fresh
+child replaces the killed one on the next call. A function that raises or returns NaN/inf
+fails the call with an error naming the function and the row.
 """
 
 from __future__ import annotations
 
 import math
-import signal
+import multiprocessing
+import os
+import time
+import traceback
 from typing import Callable
 
 import ray
 import torch
+from ray import cloudpickle
 
 from workbench.controller.future import CallInfo, DataFuture, describe_output
 from workbench.controller.mesh import Mesh
@@ -23,6 +35,11 @@ from workbench.controller.protocols import concat
 from workbench.controller.worker import resolve_input
 from workbench.data.batch import PAD_KEY, Batch
 from workbench.errors import DispatchError, WorkbenchError
+
+SCORER_NAMESPACE = "workbench"
+SCORER_PREFIX = "workbench:reward_scorer:"
+LOAD_TIMEOUT = 120.0
+"""Seconds a scoring process may take to load a reward function (its imports), apart from the time limit."""
 
 
 class RuleRewardError(WorkbenchError):
@@ -38,12 +55,21 @@ class RuleReward:
         output_key: str = "scores",
         text_key: str = "response_text",
         truth_key: str = "ground_truth",
+        processes: int = 2,
     ):
         """fn(text, truth) -> float, applied to batch[text_key] and batch[truth_key] per row;
-        timeout: seconds allowed for one chunk of chunk_size rows."""
-        self.fn, self.chunk_size, self.timeout = fn, chunk_size, timeout
+        timeout: seconds allowed for one chunk of chunk_size rows (the process running the
+        function is killed when it passes); processes: long-lived scoring processes shared by
+        every RuleReward of the session (chunks are spread over them)."""
+        if timeout <= 0:
+            raise ValueError(f"RuleReward.timeout={timeout!r}: give the seconds allowed per chunk, > 0")
+        if chunk_size < 1 or processes < 1:
+            raise ValueError(f"RuleReward: chunk_size={chunk_size!r} and processes={processes!r} must be >= 1")
+        self.fn, self.chunk_size, self.timeout, self.processes = fn, chunk_size, timeout, processes
         self.output_key, self.text_key, self.truth_key = output_key, text_key, truth_key
         self.name = getattr(fn, "__qualname__", repr(fn))
+        if ray.is_initialized():
+            scorer_pool(processes)  # start (or find) the scoring processes while groups start
 
     def compute_reward(self, batch: Batch | DataFuture) -> DataFuture:
         if isinstance(batch, Batch):
@@ -54,50 +80,164 @@ class RuleReward:
                     f"{batch.keys()} (responses are decoded into {self.text_key!r} by generate_sequences)"
                 )
             pieces = [batch[i : i + self.chunk_size] for i in range(0, len(batch), self.chunk_size)]
-        else:  # one task per source rank, each pulling its rows from the source directly
+        else:  # one piece per source rank, each pulled from the source by a scorer directly
             count = len(batch.collect_ranks)
             pieces = [batch.slice(i, count) for i in range(count)]
-        spec = (self.fn, self.name, self.timeout, self.output_key, self.text_key, self.truth_key)
-        results = [_score_rows.remote(spec, piece) for piece in pieces]
+        spec = (cloudpickle.dumps(self.fn), self.name, self.timeout, self.output_key, self.text_key,
+                self.truth_key, self.chunk_size)
+        scorers = scorer_pool(self.processes)
+        results = [scorers[i % len(scorers)].score.remote(spec, piece) for i, piece in enumerate(pieces)]
         metas, outputs = [r[0] for r in results], [r[1] for r in results]
         ranks = list(range(len(pieces)))
         return DataFuture(CallInfo("rule_reward", self.name, ranks), outputs, metas, ranks, concat, Mesh(dp=len(pieces)))
 
     compute_cost = compute_reward  # a rule cost (output_key="costs") is called like a cost model
 
+    def process_ids(self) -> list[tuple[int, int]]:
+        """(scorer actor pid, child pid) of each scoring process this reward uses."""
+        return ray.get([s.pids.remote() for s in scorer_pool(self.processes)])
+
     def __repr__(self) -> str:
         return f"RuleReward({self.name}, chunk_size={self.chunk_size}, timeout={self.timeout})"
 
 
+# The scorer handles of the current Ray cluster. Held here because Ray ends a (non-detached)
+# actor when its last handle goes: without this, every call would start fresh processes.
+_scorers: dict[str, list] = {}
+
+
+def scorer_pool(size: int) -> list:
+    """The first `size` scorer actors of this Ray cluster, started on first use and then reused
+    until the cluster shuts down or `stop_scorers()` is called."""
+    context = ray.get_runtime_context()
+    key = f"{context.gcs_address}/{context.get_job_id()}"
+    if key not in _scorers:  # a new cluster: handles of an earlier one are dead
+        _scorers.clear()
+    pool = _scorers.setdefault(key, [])
+    while len(pool) < size:
+        pool.append(RewardScorer.options(
+            name=f"{SCORER_PREFIX}{len(pool)}", namespace=SCORER_NAMESPACE, get_if_exists=True).remote())
+    return pool[:size]
+
+
+def stop_scorers() -> None:
+    """Kill the scorer processes of this Ray cluster (new ones start on the next call)."""
+    for pool in _scorers.values():
+        for actor in pool:
+            ray.kill(actor, no_restart=True)
+    _scorers.clear()
+
+
 # num_cpus=0: scoring is light, and pools may have reserved every CPU slot.
-@ray.remote(num_cpus=0, num_returns=2)
-def _score_rows(spec: tuple, rows) -> tuple:
-    fn, name, timeout, output_key, text_key, truth_key = spec
-    rows = resolve_input(rows)
-    texts, truths = rows[text_key], rows[truth_key]
-    uids = rows["uid"] if "uid" in rows else range(len(rows))
+@ray.remote(num_cpus=0)
+class RewardScorer:
+    """One long-lived scoring process: keeps a child that runs reward functions, and replaces
+    the child only when it had to be killed (time limit) or died."""
 
-    def on_timeout(signum, frame):
-        raise RuleRewardError(f"rule reward {name} took more than {timeout} s on a chunk of {len(rows)} rows")
+    def __init__(self):
+        self.child = None
+        self._start_child()
 
-    previous = signal.signal(signal.SIGALRM, on_timeout)
-    signal.setitimer(signal.ITIMER_REAL, timeout)
-    try:
-        scores = []
-        for text, truth, uid in zip(texts, truths, uids):
+    def _start_child(self) -> None:
+        # spawn, not fork: this process has Ray's threads, which a fork would copy mid-lock.
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child_conn = ctx.Pipe()
+        self.child = ctx.Process(target=_child_loop, args=(child_conn,), daemon=True, name="workbench-reward")
+        self.child.start()
+        child_conn.close()
+
+    def _kill_child(self) -> None:
+        self.child.kill()
+        self.child.join(5)
+        self.conn.close()
+        self.child = None
+
+    def pids(self) -> tuple[int, int]:
+        if self.child is None or not self.child.is_alive():
+            self._start_child()
+        return os.getpid(), self.child.pid
+
+    @ray.method(num_returns=2)
+    def score(self, spec: tuple, rows):
+        fn_bytes, name, timeout, output_key, text_key, truth_key, chunk_size = spec
+        rows = resolve_input(rows)
+        texts, truths = list(rows[text_key]), list(rows[truth_key])
+        uids = list(rows["uid"]) if "uid" in rows else list(range(len(rows)))
+        scores: list[float] = []
+        for start in range(0, len(rows), chunk_size):  # one deadline per chunk of chunk_size rows
+            end = min(start + chunk_size, len(rows))
+            scores += self._score_chunk(fn_bytes, name, timeout, texts[start:end], truths[start:end], uids[start:end])
+        out = Batch({output_key: torch.tensor(scores, dtype=torch.float32)})
+        if PAD_KEY in rows.tensors.keys():
+            out.tensors[PAD_KEY] = rows.tensors[PAD_KEY]
+        return describe_output(out), out
+
+    def _score_chunk(self, fn_bytes, name, timeout, texts, truths, uids) -> list[float]:
+        if self.child is None or not self.child.is_alive():
+            self._start_child()
+        self.conn.send((fn_bytes, texts, truths))
+        # Loading the function (importing its modules, in a fresh child) is not scoring: it
+        # gets its own, generous limit; the chunk's deadline starts once the function is loaded.
+        self._receive(max(LOAD_TIMEOUT, timeout), name, f"while loading the function (limit {max(LOAD_TIMEOUT, timeout)} s)")
+        deadline = time.monotonic() + timeout
+        scores: list[float] = []
+        while len(scores) < len(texts):
+            row = len(scores)
+            where = f"on row uid={uids[row]} (response {texts[row]!r:.80})"
+            kind, value = self._receive(deadline - time.monotonic(), name, where, timeout, len(texts))
+            if kind == "raised":
+                raise RuleRewardError(f"rule reward {name} raised {where}: {value}")
+            if not math.isfinite(value):
+                self._drain(len(texts) - row - 1, deadline)
+                raise RuleRewardError(f"rule reward {name} returned {value} {where}")
+            scores.append(value)
+        return scores
+
+    def _receive(self, seconds: float, name: str, where: str, timeout: float | None = None, rows: int = 0):
+        """The child's next message, or kill the child and raise once `seconds` pass."""
+        if not self.conn.poll(max(0.0, seconds)):
+            self._kill_child()
+            limit = f"more than {timeout} s on a chunk of {rows} rows" if timeout else "too long"
+            raise RuleRewardError(
+                f"rule reward {name} took {limit}; its process was killed {where}. "
+                f"Make the function faster, or raise RuleReward(timeout=...)"
+            )
+        try:
+            return self.conn.recv()
+        except (EOFError, OSError):
+            self.child.join(5)
+            code = self.child.exitcode
+            self._kill_child()
+            raise RuleRewardError(f"rule reward {name} ended its process (exit code {code}) {where}") from None
+
+    def _drain(self, remaining: int, deadline: float) -> None:
+        """Read the rest of an abandoned chunk so the next one starts clean (or kill the child)."""
+        for _ in range(remaining):
+            if not self.conn.poll(max(0.0, deadline - time.monotonic())):
+                self._kill_child()
+                return
+            if self.conn.recv()[0] == "raised":
+                return
+
+
+def _child_loop(conn) -> None:
+    """The child: score chunks forever. It acknowledges each chunk once the function is loaded,
+    then sends one message per row (so the parent knows which row a hang or crash was on). A
+    function that raises ends its chunk."""
+    torch.set_num_threads(1)
+    loaded, fn = None, None
+    while True:
+        try:
+            fn_bytes, texts, truths = conn.recv()
+        except EOFError:
+            return
+        if fn_bytes != loaded:
+            fn, loaded = cloudpickle.loads(fn_bytes), fn_bytes
+        conn.send(("loaded", None))
+        for text, truth in zip(texts, truths):
             try:
                 value = float(fn(text, truth))
-            except RuleRewardError:
-                raise
             except Exception as err:
-                raise RuleRewardError(f"rule reward {name} raised on row uid={uid} (response {text!r:.80}): {err!r}") from err
-            if not math.isfinite(value):
-                raise RuleRewardError(f"rule reward {name} returned {value} on row uid={uid} (response {text!r:.80})")
-            scores.append(value)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-    out = Batch({output_key: torch.tensor(scores, dtype=torch.float32)})
-    if PAD_KEY in rows.tensors.keys():
-        out.tensors[PAD_KEY] = rows.tensors[PAD_KEY]
-    return describe_output(out), out
+                conn.send(("raised", f"{err!r}\n{traceback.format_exc(limit=-3)}"))
+                break
+            conn.send(("ok", value))
