@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import uuid
 from pathlib import Path
 from typing import Any, ClassVar
@@ -311,6 +312,9 @@ class Session:
         if getattr(self, "_closed", True):
             return
         self.clear(reason="session.shutdown() was called")
+        rule_reward = sys.modules.get("workbench.workers.rule_reward")
+        if rule_reward is not None and ray.is_initialized():  # scorer processes started for this run
+            rule_reward.stop_scorers()
         if self.owns_ray and ray.is_initialized():
             ray.shutdown()
         self._closed = True
