@@ -99,12 +99,12 @@ class AlgoConfig:
         if not isinstance(self.estimator_args, dict):
             raise ConfigError(f"{owner}.estimator_args", self.estimator_args, "pass a dict of keyword values")
         if self.loss_agg_mode not in core.LOSS_AGG_MODES:
-            raise ValueError(f"{type(self).__name__}.loss_agg_mode={self.loss_agg_mode!r}: use one of {core.LOSS_AGG_MODES}")
+            raise ConfigError(f"{owner}.loss_agg_mode", self.loss_agg_mode, f"use one of {core.LOSS_AGG_MODES}")
         if self.kl_target is not None and self.kl_coef <= 0:
-            raise ValueError(f"{type(self).__name__}: kl_target={self.kl_target} adapts kl_coef, which must start > 0")
+            raise ConfigError(f"{owner}.kl_coef", self.kl_coef, f"kl_target={self.kl_target} adapts kl_coef, which must start > 0")
         for name in ("kl_penalty", "kl_loss_type"):
             if getattr(self, name) not in core.KL_PENALTIES:
-                raise ValueError(f"{type(self).__name__}.{name}={getattr(self, name)!r}: use one of {sorted(core.KL_PENALTIES.entries)}")
+                raise ConfigError(f"{owner}.{name}", getattr(self, name), f"use one of {sorted(core.KL_PENALTIES.entries)}")
 
     def settings(self) -> dict[str, Any]:
         """Every field by name, then estimator_args: what estimators and losses are bound from."""

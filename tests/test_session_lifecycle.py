@@ -139,3 +139,43 @@ def test_a_worker_exception_with_live_peers_keeps_the_group(clean):
     with pytest.raises(WorkerCallError, match=r"failed on rank 1\. Every rank of the group answers, so it is still usable"):
         group.fail_on(1).get()
     assert group.fail_on(7).get() == [0, 1]
+
+
+SHUTDOWN_SCRIPT = """
+import json, ray
+import tests.controller.workers as workers
+from workbench import Session
+from workbench.errors import SessionClosedError
+ray.cloudpickle.register_pickle_by_value(workers)
+ray.init(num_cpus=2, include_dashboard=False)      # a Ray the session does not own
+session = Session()
+session.group("g", workers.EchoWorker, session.pool("p", 2)).where().get()
+again = Session()                                   # re-run: the same session, reset
+again.group("g", workers.EchoWorker, again.pool("p", 2)).where().get()
+again.shutdown()
+alive = [a for a in ray._private.state.actors().values() if a["State"] == "ALIVE"]
+pgs = [p for p in ray.util.placement_group_table().values() if p["state"] != "REMOVED"]
+try:
+    session.pool("p", 1)
+    closed = False
+except SessionClosedError:
+    closed = True
+print(json.dumps({"same": again is session, "alive": len(alive), "pgs": len(pgs),
+                  "ray_up": ray.is_initialized(), "closed": closed, "fresh": Session() is not session}))
+"""
+
+
+def test_shutdown_releases_everything_even_on_a_ray_it_did_not_start():
+    import json
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "RAY_TMPDIR": tempfile.mkdtemp(prefix="wb-ray-")}
+    run = subprocess.run([sys.executable, "-c", SHUTDOWN_SCRIPT], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result == {"same": True, "alive": 0, "pgs": 0, "ray_up": True, "closed": True, "fresh": True}
