@@ -154,9 +154,7 @@ class WorkerGroup:
 
     def live(self) -> WorkerGroup:
         """The group this handle stands for now (itself, or the group that replaced it)."""
-        group = self
-        while group._successor is not None:
-            group = group._successor
+        group = self._latest()
         if group._removed is not None:
             raise GroupRemovedError(self.role, group._removed)
         return group
