@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+import torch
 import yaml
 
 from algorithms import core
@@ -30,6 +31,9 @@ from workbench import checks
 from workbench.data.batch import Batch
 from workbench.engines.rollout import SamplingConfig
 from workbench.errors import ConfigError
+from workbench.models.load import resolve_dtype
+
+OLD_LOG_PROB_SOURCES = ("auto", "recompute", "rollout")
 
 
 @dataclass
@@ -68,6 +72,12 @@ class AlgoConfig:
     kl_loss_type: str = "k3"
     cliprange_value: float | None = 0.5
     """Critic value clipping; None = plain MSE."""
+    old_log_probs: str = "auto"
+    """Where log pi_old comes from: "recompute" (a forward of the training engine over the
+    sampled rows), "rollout" (the log-probs the rollout engine computed while sampling: no extra
+    forward), or "auto" = "rollout" where that is exact — the update is on-policy (one epoch,
+    one mini-batch per batch, so the ratio is 1 at its only step) and the rollout computes its
+    log-probs like training does (HF rollout, fp32) — and "recompute" elsewhere."""
 
     def __post_init__(self):
         self.validate()
@@ -98,6 +108,8 @@ class AlgoConfig:
                     fix="use a value clip range > 0, or None for plain MSE")
         if not isinstance(self.estimator_args, dict):
             raise ConfigError(f"{owner}.estimator_args", self.estimator_args, "pass a dict of keyword values")
+        if self.old_log_probs not in OLD_LOG_PROB_SOURCES:
+            raise ConfigError(f"{owner}.old_log_probs", self.old_log_probs, f"use one of {OLD_LOG_PROB_SOURCES}")
         if self.loss_agg_mode not in core.LOSS_AGG_MODES:
             raise ConfigError(f"{owner}.loss_agg_mode", self.loss_agg_mode, f"use one of {core.LOSS_AGG_MODES}")
         if self.kl_target is not None and self.kl_coef <= 0:
@@ -140,6 +152,7 @@ class Algorithm:
         self._check_temperature()
         self.kl_ctl = core.AdaptiveKL(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.kl_target else core.FixedKL(cfg.kl_coef)
         self.clock = StageClock()
+        self.reuse_rollout_log_probs = False  # decided per iteration, in generate()
         self.iteration = 0
         self.history: list[dict[str, float]] = []
 
@@ -177,14 +190,44 @@ class Algorithm:
 
     # ---- remote stages: each returns a future at once ------------------------------------------
     def generate(self, prompts: Batch, sampling: SamplingConfig | None = None, stage: str = "gen"):
+        sampling = sampling or self.config.sampling
         if stage == "gen":  # an iteration starts here; drop whatever a failed one left behind
             self._check(prompts)
             self.clock.reset()
-        return self.clock.launch(stage, self.groups.actor.generate_sequences(prompts, sampling or self.config.sampling))
+            self.reuse_rollout_log_probs = self.old_log_prob_source(len(prompts) * sampling.n) == "rollout"
+        return self.clock.launch(stage, self.groups.actor.generate_sequences(prompts, sampling))
 
     def old_log_probs(self, gen):
-        """log pi_old of the sampled tokens, recomputed by the training forward (+ entropy)."""
+        """log pi_old of the sampled tokens, recomputed by the training forward (+ entropy);
+        None when this iteration reuses the rollout's log-probs (see AlgoConfig.old_log_probs)."""
+        if self.reuse_rollout_log_probs:
+            return None
         return self.clock.launch("old_log_prob", self.groups.actor.compute_log_prob(gen), gen)
+
+    def old_log_prob_source(self, rows: int) -> str:
+        """"rollout" or "recompute" for an iteration of `rows` responses, per config.old_log_probs;
+        asking for "rollout" where it would not be exact is refused here, before remote work."""
+        mode = self.config.old_log_probs
+        if mode == "recompute":
+            return mode
+        actor = getattr(self.groups.actor, "config", None)
+        if actor is None or not hasattr(actor, "epochs"):
+            why = "the actor's config is unknown (not a workbench ActorRolloutRefWorker group)"
+        elif actor.epochs != 1:
+            why = f"ActorConfig.epochs={actor.epochs} (after the first pass pi_old is no longer the sampling policy's copy)"
+        elif actor.mini_batch_size < rows:
+            why = (f"ActorConfig.mini_batch_size={actor.mini_batch_size} splits the {rows} rows of a batch into "
+                   f"several optimizer steps")
+        elif mode == "auto" and (actor.rollout != "hf" or resolve_dtype(actor.load.dtype, actor.load.device) != torch.float32):
+            why = "the rollout's log-probs are not computed like the training forward's (HF rollout in fp32)"
+        else:
+            return "rollout"
+        if mode == "rollout":
+            raise ValueError(
+                f"{type(self).__name__}: old_log_probs='rollout' is exact only for an on-policy update, but {why}; "
+                f"set old_log_probs='recompute' (or 'auto'), or make the update on-policy (epochs=1, mini_batch_size >= {rows})"
+            )
+        return "recompute"
 
     def reference(self, gen):
         return self.clock.launch("ref", self.groups.reference.compute_ref_log_prob(gen), gen)
@@ -210,6 +253,8 @@ class Algorithm:
         for part in parts[1:]:
             if part is not None:
                 batch = batch.union(part.get() if hasattr(part, "get") else part)
+        if self.reuse_rollout_log_probs and "old_log_probs" not in batch:
+            batch["old_log_probs"] = batch["rollout_log_probs"]
         for key in ("scores", "costs"):  # rule rewards give one number per sequence
             if key in batch and f"token_level_{key}" not in batch:
                 batch[f"token_level_{key}"] = core.last_token_scores(batch[key], batch["response_mask"])

@@ -78,8 +78,9 @@ def mini_batch_splits(owner: str, mini_batch_size: int, dp: int, role: str) -> N
 
 
 def rows_split(owner: str, mini_batch_size: int, rows: int, role: str) -> None:
-    """An update over `rows` rows takes mini-batches of mini_batch_size rows: all equal."""
-    if rows % mini_batch_size:
+    """An update over `rows` rows takes mini-batches of mini_batch_size rows: all equal (a
+    mini_batch_size above the rows is one step over all of them)."""
+    if rows > mini_batch_size and rows % mini_batch_size:
         steps = [mini_batch_size] * (rows // mini_batch_size) + [rows % mini_batch_size]
         raise ConfigError(
             f"{owner}.mini_batch_size", mini_batch_size,

@@ -105,15 +105,33 @@ class DeepSpeedEngine:
         return {**totals, "grad_norm": float(grad_norm), "lr": self.model.get_lr()[0]}
 
     @torch.no_grad()
-    def full_weights(self) -> dict[str, torch.Tensor]:
-        """Every parameter and buffer unsharded, on every rank, under the HF names. ZeRO-1/2
-        keep full parameters on every rank, so those tensors are the live weights (read them
-        before the next step); ZeRO-3 gathers all parameters at once and returns copies."""
+    def iter_full_weights(self):
+        """(name, unsharded tensor) under the HF names, one at a time. ZeRO-1/2 keep full
+        parameters on every rank, so those tensors are the live weights (read them before the
+        next step); ZeRO-3 gathers one parameter at a time (a collective: every rank must consume
+        the iterator to the end) and yields copies."""
         module = self.model.module
         if self.zero_stage < 3:
-            return {name: value.detach() for name, value in module.state_dict().items()}
-        with deepspeed.zero.GatheredParameters(list(module.parameters())):
-            return {name: value.detach().clone() for name, value in module.state_dict().items()}
+            yield from ((name, value.detach()) for name, value in module.state_dict().items())
+            return
+        params = dict(module.named_parameters())
+        for name, value in module.state_dict().items():
+            if name in params:
+                with deepspeed.zero.GatheredParameters([params[name]]):
+                    yield name, params[name].detach().clone()
+            else:
+                yield name, value.detach()
+
+    def full_weights(self) -> dict[str, torch.Tensor]:
+        """Every parameter and buffer unsharded, on every rank, under the HF names."""
+        return dict(self.iter_full_weights())
+
+    def shared_full_weights(self) -> dict[str, torch.Tensor] | None:
+        """The live parameters as whole tensors (ZeRO-1/2 keep them whole on every rank, and
+        update them in place), for another module to alias; None under ZeRO-3."""
+        if self.zero_stage == 3:
+            return None
+        return {name: p.detach() for name, p in self.model.module.named_parameters()}
 
     def save(self, path: str) -> None:
         """Model + optimizer state (DeepSpeed's layout: each rank writes its optimizer partition)."""

@@ -13,7 +13,29 @@ import torch.nn.functional as F
 from workbench.data.batch import Batch
 
 
-def response_logits(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+def trim_padding(batch: Batch) -> tuple[dict[str, torch.Tensor], int]:
+    """The forward's inputs without the columns that are padding in every row — prompt columns
+    before the longest prompt, response columns after the longest response — and how many
+    response columns are kept (R' <= R). A batch of short responses then costs less than a
+    batch of long ones. Exact: attention never sees padding and positions are explicit."""
+    attention = batch["attention_mask"]
+    r = batch["responses"].shape[1]
+    prompt_len = attention.shape[1] - r
+    used = attention.bool().any(0)
+    lead = int(used[:prompt_len].long().argmax()) if bool(used[:prompt_len].any()) else prompt_len
+    kept = int(batch["response_mask"].bool().any(0).nonzero().max()) + 1 if bool(batch["response_mask"].any()) else 1
+    end = prompt_len + kept
+    inputs = {k: batch[k][:, lead:end] for k in ("input_ids", "attention_mask", "position_ids")}
+    inputs["responses"] = batch["responses"][:, :kept]
+    return inputs, kept
+
+
+def pad_responses(values: torch.Tensor, r: int) -> torch.Tensor:
+    """B x R' -> B x R with zeros at the dropped (padding) response positions."""
+    return torch.nn.functional.pad(values, (0, r - values.shape[1])) if values.shape[1] < r else values
+
+
+def response_logits(model: torch.nn.Module, batch: Batch | dict) -> torch.Tensor:
     """Logits that predict each response token: B x R x V."""
     responses = batch["responses"]
     logits = model(
@@ -37,10 +59,13 @@ def response_log_probs(
     model: torch.nn.Module, batch: Batch, temperature: float = 1.0, with_entropy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(log-probs, entropy) of batch["responses"], each B x R, zero where response_mask is 0."""
-    logits = response_logits(model, batch)
-    log_probs, entropy = token_log_probs(logits, batch["responses"], temperature, with_entropy)
+    inputs, kept = trim_padding(batch)
+    logits = response_logits(model, inputs)
+    log_probs, entropy = token_log_probs(logits, inputs["responses"], temperature, with_entropy)
+    r = batch["responses"].shape[1]
     mask = batch["response_mask"].to(log_probs.dtype)
-    return log_probs * mask, entropy * mask if entropy is not None else None
+    log_probs = pad_responses(log_probs, r) * mask
+    return log_probs, pad_responses(entropy, r) * mask if entropy is not None else None
 
 
 def sequence_nll(model: torch.nn.Module, input_ids, attention_mask, loss_mask) -> torch.Tensor:

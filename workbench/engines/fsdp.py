@@ -96,12 +96,24 @@ class FSDPEngine:
         return {**totals, "grad_norm": float(grad_norm), "lr": self.optimizer.param_groups[0]["lr"]}
 
     @torch.no_grad()
+    def iter_full_weights(self):
+        """(name, unsharded tensor) of every parameter and buffer, one at a time: each is
+        all-gathered when it is reached, so peak memory is one full tensor, not the model.
+        Every rank must consume the iterator to the end (the gathers are collectives)."""
+        for name, value in self.model.state_dict().items():
+            yield name, (value.full_tensor() if isinstance(value, DTensor) else value).detach()
+
     def full_weights(self) -> dict[str, torch.Tensor]:
-        """Every parameter and buffer unsharded, on every rank (the hybrid engine's gather)."""
-        return {
-            name: (value.full_tensor() if isinstance(value, DTensor) else value).detach()
-            for name, value in self.model.state_dict().items()
-        }
+        """Every parameter and buffer unsharded, on every rank."""
+        return dict(self.iter_full_weights())
+
+    def shared_full_weights(self) -> dict[str, torch.Tensor] | None:
+        """The live parameters as whole tensors, when this rank holds them whole (one data-parallel
+        rank: its shard is the full tensor). Another module can point its parameters at these and
+        see every optimizer step without a copy. None when the parameters are sharded."""
+        if self.dp_group is not None and torch.distributed.get_world_size(self.dp_group) > 1:
+            return None
+        return {name: (p.to_local() if isinstance(p, DTensor) else p).detach() for name, p in self.model.named_parameters()}
 
     def save(self, path: str) -> None:
         """Sharded model + optimizer state (torch.distributed.checkpoint; each rank its shard)."""

@@ -62,5 +62,14 @@ class HFRollout:
                 raise KeyError(f"rollout model has no weight named {name!r}")
             params[name].copy_(tensor)
 
+    @torch.no_grad()
+    def share_weights(self, live: dict[str, torch.Tensor]) -> None:
+        """Point every parameter at the training engine's live tensor of the same name (same
+        device and shape): generation then always reads the latest weights, with no copy."""
+        for name, param in self.model.named_parameters():
+            if name not in live or live[name].shape != param.shape or live[name].device != param.device:
+                raise KeyError(f"rollout weight {name!r} has no live training tensor of shape {tuple(param.shape)} to share")
+            param.data = live[name]
+
     def release(self) -> None:
         """HF frees its KV cache when generate returns; the weights stay for the next call."""

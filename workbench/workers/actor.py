@@ -2,10 +2,13 @@
 in one process per device — the hybrid engine of HybridFlow §5.
 
 Training weights are FSDP2 or DeepSpeed ZeRO shards over the data-parallel ranks
-(`ActorConfig.backend`). The rollout engine holds its own generation copy; before a generation
-that follows an update, every rank gathers the full weights from the shards and loads them into
-the engine in place (no restart, no disk), then drops the gathered copy. Each switch is
-recorded in the trace (`hybrid.sync_weights`, with its seconds and memory).
+(`ActorConfig.backend`). Where a rank holds its training weights whole (one data-parallel rank,
+or ZeRO-1/2) the HF rollout reads those very tensors: no generation copy, nothing to sync.
+Otherwise the rollout engine holds its own generation copy, and before a generation that
+follows an update every rank streams the full weights into it one tensor at a time (each
+gathered from the shards as it is reached, loaded in place: no restart, no disk, no gathered
+copy of the whole model). Each sync is recorded in the trace (`hybrid.sync_weights`, with its
+seconds and memory).
 
 With `train=False, rollout=None, reference=True` the same class is a plain reference worker.
 """
@@ -129,6 +132,12 @@ class ActorRolloutRefWorker(Worker):
                 model, config.optim, self.device_mesh["dp"], backend=config.backend, zero_stage=config.zero_stage,
                 micro_batch_size=config.micro_batch_size, mini_batch_size=self._rows_per_step(),
             )
+        self.shares_weights = False
+        if self.engine is not None and isinstance(self.rollout, HFRollout):
+            live = self.engine.shared_full_weights()
+            if live is not None:
+                self.rollout.share_weights(live)  # frees the generation copy's tensors
+                self.shares_weights = True
         self.version = 0  # bumped by every update; the rollout copy is synced lazily
         self.rollout_version = 0
         self.updates = 0
@@ -164,14 +173,12 @@ class ActorRolloutRefWorker(Worker):
         return out
 
     def _sync_rollout_weights(self) -> None:
-        """Training shards -> full weights -> rollout copy, in place, when they differ."""
-        if self.engine is None or self.rollout_version == self.version:
+        """Training shards -> rollout copy, in place, tensor by tensor, when they differ."""
+        if self.engine is None or self.shares_weights or self.rollout_version == self.version:
             return
         start = time.time()
-        weights = self.engine.full_weights()
+        self.rollout.load_weights(self.engine.iter_full_weights())
         peak_rss = psutil.Process().memory_info().rss
-        self.rollout.load_weights(weights.items())
-        del weights
         self.rollout_version = self.version
         self.record_span("hybrid.sync_weights", start, time.time(), peak_rss_bytes=peak_rss, version=self.version)
 

@@ -9,6 +9,7 @@ import torch
 from workbench.controller import DP_PROTO, Worker, register
 from workbench.controller.protocols import DP_REDUCED
 from workbench.data.batch import Batch
+from workbench.engines.forward import pad_responses, trim_padding
 from workbench.engines.fsdp import LossFn, OptimConfig
 from workbench.engines.training import BACKENDS, make_engine
 from workbench import checks
@@ -58,10 +59,11 @@ class CriticConfig:
 
 
 def response_values(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    """V(s_t) for each response position t: the value at the token before it. B x R."""
-    values = token_values(model, batch["input_ids"], batch["attention_mask"], batch["position_ids"])
-    r = batch["responses"].shape[1]
-    return values[:, -r - 1 : -1]
+    """V(s_t) for each response position t: the value at the token before it. B x R (zero past
+    the longest response: those columns are padding in every row and are not computed)."""
+    inputs, kept = trim_padding(batch)
+    values = token_values(model, inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"])
+    return pad_responses(values[:, -kept - 1 : -1], batch["responses"].shape[1])
 
 
 class CriticWorker(Worker):

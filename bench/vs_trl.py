@@ -1,0 +1,288 @@
+"""The workbench against TRL on the same machine, and against the compute limit, in one run.
+
+Cases: GRPO (vs trl 1.16 `GRPOTrainer`) and PPO (vs trl 1.12 `trl.experimental.ppo`, stock) on
+the tiny kit's 1m model with 16 new tokens (bookkeeping dominates) and 10m with 64 (compute
+dominates). Equal settings on both sides: the same model directory and tokenizer, prompts,
+reward (arithmetic exact match for GRPO; the same saved reward-model directory for PPO),
+samples per prompt, max new tokens, temperature, learning rate, one optimizer step per batch
+(one epoch, one mini-batch), fp32, no KL for GRPO, and the same cores: each side is one
+process of `--threads` torch threads (the workbench: one device, its groups fused into one
+worker process, HF rollout — its best placement here; see the note in the output).
+
+Each case alternates rounds: a fresh TRL process runs warm-up + measured steps, then the
+workbench runs as many iterations on its long-lived groups, then the compute limit is measured:
+bare HF `generate` of the same prompts plus the bare forward/backward/optimizer work of the
+algorithm on the same rows, in this process with the same threads. Per side: median seconds
+per iteration and generated tokens/s (tokens up to and including EOS); ratios are tokens/s of
+the workbench over the peer's (> 1: the workbench is faster). Framework overhead: iteration
+time minus the in-worker compute spans of the trace.
+
+The peers' environments (their own transformers) are built by this script into .cache/peers/
+the first time. Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = ROOT / ".cache" / "bench"
+PEERS = ROOT / ".cache" / "peers"
+PEER_REQUIREMENTS = {"grpo": "trl==1.16.0", "ppo": "trl==1.12.0"}
+CASES = {  # size -> new tokens
+    "1m": 16,
+    "10m": 64,
+    "30m": 64,
+}
+
+
+# ---- the peers -------------------------------------------------------------------------------
+def peer_python(requirement: str) -> Path:
+    """A virtualenv holding torch (the CPU pin) and `requirement`, built once under .cache/peers."""
+    venv = PEERS / requirement.replace("==", "-")
+    python = venv / "bin" / "python"
+    stamp = venv / ".installed"
+    if not stamp.exists():
+        print(f"building the peer environment {venv} ({requirement}) ...", flush=True)
+        subprocess.run(["python3.11", "-m", "venv", str(venv)], check=True)
+        pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+        subprocess.run([*pip, "torch==2.13.0"], check=True)  # the CPU wheel first, as the Makefile does
+        subprocess.run([*pip, requirement], check=True)
+        stamp.touch()
+    return python
+
+
+def run_peer(algo: str, settings: dict) -> dict:
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(settings, f)
+    env = {**os.environ, "OMP_NUM_THREADS": str(settings["threads"]), "TOKENIZERS_PARALLELISM": "false",
+           "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT / "bench" / "peers")}
+    script = ROOT / "bench" / "peers" / f"trl_{algo}.py"
+    out = subprocess.run([str(peer_python(PEER_REQUIREMENTS[algo])), str(script), f.name],
+                         capture_output=True, text=True, env=env, cwd=tempfile.gettempdir())
+    os.unlink(f.name)
+    if out.returncode != 0:
+        raise RuntimeError(f"TRL {algo} peer failed:\n{out.stderr[-4000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# ---- the workbench ---------------------------------------------------------------------------
+def build_workbench(session, algo: str, model_dir: Path, reward_dir: Path, args, threads: int):
+    """The algorithm on one device: every role fused into one worker process (no copies moved
+    between processes, and the whole machine's threads in that process)."""
+    from algorithms import GRPO, PPO, Groups, GRPOConfig, PPOConfig
+    from workbench.data import arithmetic
+    from workbench.engines.fsdp import OptimConfig
+    from workbench.engines.rollout import SamplingConfig
+    from workbench.workers import ActorConfig, ActorRolloutRefWorker
+    from workbench.workers.critic import CriticConfig, CriticWorker
+    from workbench.workers.reward import RewardModelWorker, ScoreModelConfig
+    from workbench.workers.rule_reward import RuleReward
+
+    rows = args.rows
+    actor_cfg = ActorConfig(model_path=str(model_dir), rollout="hf", reference=(algo == "ppo"),
+                            optim=OptimConfig(lr=args.lr), mini_batch_size=rows, micro_batch_size=rows)
+    pool = session.pool(f"bench_{algo}", 1)
+    sampling = SamplingConfig(max_new_tokens=args.new_tokens, temperature=args.temperature, n=args.n if algo == "grpo" else 1)
+    if algo == "grpo":
+        actor = session.group("actor", ActorRolloutRefWorker, pool, actor_cfg)
+        config = GRPOConfig(sampling=sampling, kl_loss_coef=0.0, old_log_probs=args.old_log_probs)
+        return GRPO(Groups(actor=actor, reward=RuleReward(arithmetic.score)), config)
+    groups = session.fused(
+        pool,
+        actor=(ActorRolloutRefWorker, actor_cfg),
+        critic=(CriticWorker, CriticConfig(model_path=str(reward_dir), optim=OptimConfig(lr=args.lr),
+                                           mini_batch_size=rows, micro_batch_size=rows)),
+        reward=(RewardModelWorker, ScoreModelConfig(model_path=str(reward_dir))),
+    )
+    config = PPOConfig(sampling=sampling, kl_coef=args.kl_coef, old_log_probs=args.old_log_probs)
+    return PPO(Groups(actor=groups["actor"], reference=groups["actor"], critic=groups["critic"], reward=groups["reward"]), config)
+
+
+def compute_spans(records, roles) -> float:
+    """Seconds the workers spent computing (inputs fetched to output ready), summed."""
+    return sum(r.end - r.fetched for r in records if r.role in roles and r.call_id >= 0)
+
+
+# ---- the compute limit -------------------------------------------------------------------------
+class ComputeLimit:
+    """The bare work of one iteration in this process: HF generate of the same prompts, then
+    each forward (and forward/backward/AdamW step) the algorithm needs on the same rows."""
+
+    def __init__(self, algo: str, model_dir: Path, reward_dir: Path, args):
+        from workbench.engines.hf_rollout import HFRollout
+        from workbench.models import load
+        from workbench.models.value import load_value_model
+
+        self.algo, self.args = algo, args
+        loaded = load(model_dir)
+        self.policy = loaded.model
+        self.rollout = HFRollout(self.policy, loaded.tokenizer.pad_token_id, loaded.tokenizer.eos_token_id)
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=args.lr)
+        if algo == "ppo":
+            self.reference = load(model_dir).model.eval()
+            self.critic = load_value_model(reward_dir).model
+            self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=args.lr)
+            self.reward = load_value_model(reward_dir).model.eval()
+
+    def iteration(self, prompts, sampling) -> float:
+        from workbench.engines.forward import response_log_probs
+        from workbench.workers.critic import response_values
+
+        start = time.perf_counter()
+        batch = self.rollout.generate(prompts, sampling)
+        mask = batch["response_mask"].float()
+        if self.algo == "ppo":
+            with torch.no_grad():
+                response_log_probs(self.reference, batch)
+                response_values(self.reward, batch)
+                response_values(self.critic, batch)
+            self.critic.train()
+            loss = (response_values(self.critic, batch) * mask).sum() / mask.sum()
+            loss.backward()
+            self.critic_optimizer.step()
+            self.critic_optimizer.zero_grad()
+        self.policy.train()
+        log_probs, _ = response_log_probs(self.policy, batch, sampling.temperature)
+        loss = -(log_probs * mask).sum() / mask.sum()
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        self.policy.eval()
+        return time.perf_counter() - start
+
+
+# ---- one case ----------------------------------------------------------------------------------
+def run_case(session, algo: str, size: str, args) -> dict:
+    from workbench.data import arithmetic
+    from workbench.data.prompts import tokenize_prompts
+    from workbench.engines.rollout import SamplingConfig
+    from workbench.models import load, make_tiny
+    from workbench.models.value import load_value_model
+
+    new_tokens = CASES[size]
+    args = replace_ns(args, new_tokens=new_tokens)
+    model_dir = make_tiny(size, CACHE / f"tiny-{size}")
+    reward_dir = CACHE / f"tiny-{size}-value"
+    if not (reward_dir / "config.json").exists():  # one saved value model: both sides load these weights
+        loaded = load_value_model(model_dir)
+        loaded.model.save_pretrained(reward_dir)
+        loaded.tokenizer.save_pretrained(reward_dir)
+    tokenizer = load(model_dir).tokenizer
+    prompts_per_step = args.rows // (args.n if algo == "grpo" else 1)
+    steps = args.warmup + args.iterations
+    problems = arithmetic.generate(arithmetic.ArithmeticConfig(digits=2), prompts_per_step * steps * args.rounds, seed=0)
+    rows = [{"prompt": p.prompt, "ground_truth": p.ground_truth} for p in problems]
+    batches = [tokenize_prompts(rows[i : i + prompts_per_step], tokenizer, max_prompt_length=32)
+               for i in range(0, len(rows), prompts_per_step)]
+    sampling = SamplingConfig(max_new_tokens=new_tokens, temperature=args.temperature, n=args.n if algo == "grpo" else 1)
+
+    torch.set_num_threads(args.threads)
+    algorithm = build_workbench(session, algo, model_dir, reward_dir, args, args.threads)
+    limit = ComputeLimit(algo, model_dir, reward_dir, args)
+    for b in batches[: args.warmup]:
+        algorithm.step(b)
+        limit.iteration(b, sampling)
+
+    ours, ours_tokens, overhead, peer, peer_tokens, bare = [], [], [], [], [], []
+    stages: dict[str, list[float]] = {}
+    for round_ in range(args.rounds):
+        settings = {
+            "repo": str(ROOT), "model": str(model_dir), "reward_model": str(reward_dir), "threads": args.threads,
+            "seed": round_, "rows": args.rows, "n": args.n, "new_tokens": new_tokens, "temperature": args.temperature,
+            "lr": args.lr, "kl_coef": args.kl_coef, "steps": steps,
+            "prompts": rows[round_ * prompts_per_step * steps : (round_ + 1) * prompts_per_step * steps],
+        }
+        result = run_peer(algo, settings)
+        peer += result["seconds"][args.warmup :]
+        peer_tokens += result["tokens"][args.warmup :]
+        session.trace()  # drop earlier spans
+        for b in batches[args.warmup + round_ * args.iterations : args.warmup + (round_ + 1) * args.iterations]:
+            batch, metrics = algorithm.step(b)
+            ours.append(metrics["timing_s/step"])
+            ours_tokens.append(float(batch["response_mask"].sum()))
+            for k, v in metrics.items():
+                if k.startswith("timing_s/"):
+                    stages.setdefault(k, []).append(v)
+        records = session.trace()
+        overhead.append(1 - compute_spans(records, {"actor", "critic", "reward", "rule_reward"}) / sum(ours[-args.iterations :]))
+        for b in batches[: args.iterations]:
+            bare.append(limit.iteration(b, sampling))
+
+    ours_tps = sum(ours_tokens) / sum(ours)
+    peer_tps = sum(peer_tokens) / sum(peer)
+    result = {
+        "workbench_s": round(statistics.median(ours), 3),
+        "trl_s": round(statistics.median(peer), 3),
+        "limit_s": round(statistics.median(bare), 3),
+        "workbench_tokens_per_s": round(ours_tps, 1),
+        "trl_tokens_per_s": round(peer_tps, 1),
+        "ratio": round(ours_tps / peer_tps, 3),
+        "vs_limit": round(statistics.median(ours) / statistics.median(bare), 3),
+        "overhead": round(statistics.median(overhead), 4),
+        "stages_s": {k.removeprefix("timing_s/"): round(statistics.median(v), 3) for k, v in stages.items()},
+    }
+    print(f"[{algo} {size}, {new_tokens} new tokens] workbench {result['workbench_s']} s/it "
+          f"({result['workbench_tokens_per_s']} tok/s) | TRL {result['trl_s']} s/it ({result['trl_tokens_per_s']} tok/s) "
+          f"-> x{result['ratio']} | compute limit {result['limit_s']} s (workbench x{result['vs_limit']} of it), "
+          f"framework overhead {result['overhead']:.1%} | stages {result['stages_s']}", flush=True)
+    session.clear()
+    return result
+
+
+def replace_ns(ns: argparse.Namespace, **changes) -> argparse.Namespace:
+    return argparse.Namespace(**{**vars(ns), **changes})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--algos", default="grpo,ppo")
+    parser.add_argument("--sizes", default="1m,10m")
+    parser.add_argument("--rows", type=int, default=64, help="rows (responses) per iteration")
+    parser.add_argument("--n", type=int, default=8, help="GRPO samples per prompt")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--lr", type=float, default=1e-6)
+    parser.add_argument("--kl-coef", type=float, default=0.05, help="PPO's KL-in-reward coefficient (both sides)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of each side's one process")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--iterations", type=int, default=3, help="measured iterations per side per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--old-log-probs", default="auto", help="the workbench's AlgoConfig.old_log_probs")
+    args = parser.parse_args()
+
+    from workbench import Session
+
+    for algo in args.algos.split(","):
+        peer_python(PEER_REQUIREMENTS[algo])
+    results = {}
+    with Session(num_devices=1, threads_per_worker=args.threads) as session:
+        for algo in args.algos.split(","):
+            for size in args.sizes.split(","):
+                results[f"{algo}_{size}"] = run_case(session, algo, size, args)
+    ratios = {f"ratio_{k}": v["ratio"] for k, v in results.items()}
+    print(json.dumps({
+        "bench": "vs_trl", **ratios, "ratio_min": min(ratios.values()),
+        "vs_limit_max": max(v["vs_limit"] for v in results.values()),
+        "overhead_max": max(v["overhead"] for v in results.values()),
+        "cases": results,
+        "settings": {"rows": args.rows, "n": args.n, "temperature": args.temperature, "lr": args.lr,
+                     "kl_coef": args.kl_coef, "threads": args.threads, "warmup": args.warmup,
+                     "iterations": args.iterations, "rounds": args.rounds, "old_log_probs": args.old_log_probs,
+                     "workbench_placement": "1 device, roles fused in one process, HF rollout",
+                     "peers": PEER_REQUIREMENTS, "new_tokens": CASES},
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""Reusing the rollout's log-probs as log pi_old (AlgoConfig.old_log_probs): the same loss and
+gradients as recomputing them where it is on, refused where it would be wrong."""
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from algorithms import GRPO, PPO, Groups, GRPOConfig, PPOConfig, core
+from algorithms.losses import ActorLoss
+from workbench.data import arithmetic
+from workbench.data.prompts import tokenize_prompts
+from workbench.engines.forward import response_log_probs
+from workbench.engines.hf_rollout import HFRollout
+from workbench.engines.rollout import SamplingConfig
+from workbench.models import load, make_tiny
+from workbench.workers import ActorConfig, ActorRolloutRefWorker
+from workbench.workers.rule_reward import RuleReward
+
+CACHE = Path(__file__).resolve().parents[2] / ".cache" / "tests"
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    return make_tiny("1m", CACHE / "tiny-1m")
+
+
+def prompts_for(tokenizer, count=4):
+    problems = arithmetic.generate(arithmetic.ArithmeticConfig(digits=1), count, seed=3)
+    return tokenize_prompts([p.__dict__ for p in problems], tokenizer, max_prompt_length=16)
+
+
+def test_loss_and_gradients_equal_recomputation(model_dir):
+    torch.manual_seed(0)
+    loaded = load(model_dir)
+    model = loaded.model
+    rollout = HFRollout(model, loaded.tokenizer.pad_token_id, loaded.tokenizer.eos_token_id)
+    sampling = SamplingConfig(max_new_tokens=8, n=2, temperature=0.9, seed=1)
+    batch = rollout.generate(prompts_for(loaded.tokenizer), sampling)
+    batch["advantages"] = torch.randn(batch["responses"].shape) * batch["response_mask"]
+    with torch.no_grad():
+        recomputed, _ = response_log_probs(model, batch, sampling.temperature)
+    mask = batch["response_mask"].bool()
+    assert (recomputed - batch["rollout_log_probs"])[mask].abs().max() < 1e-5
+
+    loss = ActorLoss(policy=core.POLICY_LOSSES.get("ppo"), temperature=sampling.temperature)
+    results = []
+    for old in (recomputed, batch["rollout_log_probs"]):
+        batch["old_log_probs"] = old
+        model.zero_grad()
+        value, metrics = loss(model.train(), batch)
+        value.backward()
+        results.append((value.item(), [p.grad.clone() for p in model.parameters()]))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    assert loss_a == pytest.approx(loss_b, abs=1e-6)
+    for a, b in zip(grads_a, grads_b):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+def algorithm_with(model_dir, algo=GRPO, config=None, **actor):
+    actor_config = ActorConfig(model_path=str(model_dir), **actor)
+    groups = Groups(actor=SimpleNamespace(config=actor_config), reference=SimpleNamespace(config=actor_config),
+                    critic=object(), reward=object())
+    return algo(groups, config or algo.Config())
+
+
+def test_auto_reuses_only_where_exact(model_dir):
+    assert algorithm_with(model_dir, mini_batch_size=16).old_log_prob_source(16) == "rollout"
+    assert algorithm_with(model_dir, mini_batch_size=8).old_log_prob_source(16) == "recompute"
+    assert algorithm_with(model_dir, mini_batch_size=16, epochs=2).old_log_prob_source(16) == "recompute"
+    assert algorithm_with(model_dir, mini_batch_size=16, rollout="vllm").old_log_prob_source(16) == "recompute"
+    recompute = PPOConfig(old_log_probs="recompute")
+    assert algorithm_with(model_dir, PPO, recompute, mini_batch_size=16).old_log_prob_source(16) == "recompute"
+
+
+def test_rollout_is_refused_for_multi_epoch_or_multi_step_updates(model_dir):
+    config = PPOConfig(old_log_probs="rollout")
+    with pytest.raises(ValueError, match=r"ActorConfig.epochs=2 .* old_log_probs='recompute'"):
+        algorithm_with(model_dir, PPO, config, mini_batch_size=16, epochs=2).old_log_prob_source(16)
+    with pytest.raises(ValueError, match=r"mini_batch_size=4 splits the 16 rows"):
+        algorithm_with(model_dir, PPO, config, mini_batch_size=4).old_log_prob_source(16)
+    with pytest.raises(ValueError, match=r"old_log_probs='sometimes'"):
+        PPOConfig(old_log_probs="sometimes")
+
+
+def test_an_on_policy_step_skips_the_recomputing_forward(session, model_dir):
+    tokenizer = load(model_dir).tokenizer
+    actor = session.group("actor", ActorRolloutRefWorker, session.pool("actor_pool", 1),
+                          ActorConfig(model_path=str(model_dir), mini_batch_size=8, micro_batch_size=8))
+    grpo = GRPO(Groups(actor=actor, reward=RuleReward(arithmetic.score)),
+                GRPOConfig(sampling=SamplingConfig(max_new_tokens=4, n=2), kl_loss_coef=0.0))
+    session.trace()
+    batch, metrics = grpo.step(prompts_for(tokenizer))
+    methods = {r.method for r in session.trace() if r.role == "actor"}
+    assert "compute_log_prob" not in methods and "update_actor" in methods
+    assert torch.equal(batch["old_log_probs"], batch["rollout_log_probs"])
+    assert "timing_s/old_log_prob" not in metrics
+    # Recompute on request: the forward runs again.
+    grpo.config.old_log_probs = "recompute"
+    grpo.step(prompts_for(tokenizer))
+    assert "compute_log_prob" in {r.method for r in session.trace() if r.role == "actor"}
