@@ -29,7 +29,7 @@ from algorithms.losses import ActorLoss, CriticLoss
 from algorithms.metrics import StageClock, data_metrics, format_line, throughput
 from workbench import checks
 from workbench.data.batch import Batch
-from workbench.engines.rollout import SamplingConfig
+from workbench.engines.rollout import SamplingConfig, stream_seed
 from workbench.errors import ConfigError
 from workbench.models.load import resolve_dtype
 
@@ -191,6 +191,8 @@ class Algorithm:
     # ---- remote stages: each returns a future at once ------------------------------------------
     def generate(self, prompts: Batch, sampling: SamplingConfig | None = None, stage: str = "gen"):
         sampling = sampling or self.config.sampling
+        if sampling.seed is not None:  # this iteration's own stream: iterations must not repeat samples
+            sampling = replace(sampling, seed=stream_seed(sampling.seed, self.iteration))
         if stage == "gen":  # an iteration starts here; drop whatever a failed one left behind
             self._check(prompts)
             self.clock.reset()

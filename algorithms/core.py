@@ -151,11 +151,14 @@ def last_token_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torc
 
 
 def discounted_returns(rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
-    """G_t = r_t + gamma * G_{t+1} over the response, restarting nowhere (one episode a row)."""
+    """G_t = r_t + gamma * G_{t'} with t' the next response token the mask keeps: one episode a
+    row. Masked tokens inside a response (a tool's output or an observation between two turns)
+    are skipped, not restarted at: the return carries across them undiscounted."""
+    keep = response_mask.bool()
     returns = torch.zeros_like(rewards)
     running = torch.zeros(rewards.shape[0], dtype=rewards.dtype)
     for t in reversed(range(rewards.shape[1])):
-        running = rewards[:, t] + gamma * running * response_mask[:, t]
+        running = torch.where(keep[:, t], rewards[:, t] + gamma * running, running)
         returns[:, t] = running
     return returns * response_mask
 
@@ -168,17 +171,21 @@ def gae(token_level_rewards, values, response_mask, gamma: float = 1.0, lam: flo
     """Generalised advantage estimation (Schulman et al. 2016, eq. 16), advantages whitened.
 
     delta_t = r_t + gamma V_{t+1} - V_t;  A_t = sum_l (gamma lam)^l delta_{t+l};  R_t = A_t + V_t.
-    V past the last token is 0, so the episode ends at EOS.
+    V past the last token is 0, so the episode ends at EOS. "t+1" is the next token the mask keeps:
+    masked tokens inside a response (tool output, observations between turns) are skipped, so
+    advantages and returns carry across them instead of restarting.
     """
     mask = response_mask.to(values.dtype)
+    keep = response_mask.bool()
     values = values * mask
     advantages = torch.zeros_like(values)
     running = torch.zeros(values.shape[0], dtype=values.dtype)
+    next_value = torch.zeros_like(running)
     for t in reversed(range(values.shape[1])):
-        next_value = values[:, t + 1] if t + 1 < values.shape[1] else torch.zeros_like(running)
         delta = token_level_rewards[:, t] + gamma * next_value - values[:, t]
-        running = (delta + gamma * lam * running) * mask[:, t]
-        advantages[:, t] = running
+        running = torch.where(keep[:, t], delta + gamma * lam * running, running)
+        next_value = torch.where(keep[:, t], values[:, t], next_value)
+        advantages[:, t] = running * mask[:, t]
     returns = advantages + values
     return masked_whiten(advantages, mask), returns * mask
 
@@ -339,17 +346,17 @@ def aggregate(loss_mat: torch.Tensor, response_mask: torch.Tensor, mode: str = "
     """B x R per-token losses -> a scalar.
 
     token-mean: every token weighs the same (DAPO); seq-mean-token-sum: sum per row, mean over
-    rows; seq-mean-token-mean: mean per row, mean over rows that have tokens (GRPO paper);
-    seq-mean-token-sum-norm: sum / (rows x R), Dr.GRPO's length-unbiased form.
+    rows that have tokens; seq-mean-token-mean: mean per row, mean over rows that have tokens
+    (GRPO paper); seq-mean-token-sum-norm: sum / (rows x R), Dr.GRPO's length-unbiased form.
     Fully masked rows add nothing and never give NaN.
     """
     mask = response_mask.to(loss_mat.dtype)
+    has_tokens = (mask.sum(-1) > 0).to(mask.dtype)
     if mode == "token-mean":
         return masked_mean(loss_mat, mask)
     if mode == "seq-mean-token-sum":
-        return masked_sum(loss_mat, mask, -1).mean()
+        return masked_mean(masked_sum(loss_mat, mask, -1), has_tokens)
     if mode == "seq-mean-token-mean":
-        has_tokens = (mask.sum(-1) > 0).to(mask.dtype)
         return masked_mean(masked_mean(loss_mat, mask, -1), has_tokens)
     if mode == "seq-mean-token-sum-norm":
         return masked_sum(loss_mat, mask) / (mask.shape[0] * mask.shape[1])

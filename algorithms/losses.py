@@ -100,6 +100,12 @@ class PretrainLoss:
 
 
 def token_weight(batch, loss_agg_mode: str) -> float:
-    """Valid response tokens under a token-mean loss (so micro-batches add up to one token
-    mean over the whole step), rows otherwise (workbench.engines.accumulation)."""
-    return float(batch["response_mask"].sum()) if loss_agg_mode == "token-mean" else float(len(batch))
+    """A micro-batch's share of the step's mean (workbench.engines.accumulation): its valid
+    response tokens under a token mean, its rows that have tokens under the per-row means (the
+    rows those average over), its rows under seq-mean-token-sum-norm (a fixed denominator)."""
+    mask = batch["response_mask"]
+    if loss_agg_mode == "token-mean":
+        return float(mask.sum())
+    if loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
+        return float((mask.sum(-1) > 0).sum())
+    return float(len(batch))

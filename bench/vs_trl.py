@@ -5,9 +5,12 @@ the tiny kit's 1m model with 16 new tokens (bookkeeping dominates) and 10m with 
 dominates). Equal settings on both sides: the same model directory and tokenizer, prompts,
 reward (arithmetic exact match for GRPO; the same saved reward-model directory for PPO),
 samples per prompt, max new tokens, temperature, learning rate, one optimizer step per batch
-(one epoch, one mini-batch), fp32, no KL for GRPO, and the same cores: each side is one
-process of `--threads` torch threads (the workbench: one device, its groups fused into one
-worker process, HF rollout — its best placement here; see the note in the output).
+(one epoch, one mini-batch), fp32, no KL for GRPO, and the same cores: `--threads` torch
+threads in all. TRL runs as it is meant to, one process with all the threads. The workbench
+uses its best placement here (`--placement`, default dp2-zero2, picked by measuring the three
+in PLACEMENTS): two devices of one thread each, data parallel, every role fused into one
+process per device, DeepSpeed ZeRO-2 training (whole weights on each rank, so the HF rollout
+reads them: no sync), HF rollout.
 
 Each case alternates rounds: a fresh TRL process runs warm-up + measured steps, then the
 workbench runs as many iterations on its long-lived groups, then the compute limit is measured:
@@ -78,9 +81,19 @@ def run_peer(algo: str, settings: dict) -> dict:
 
 
 # ---- the workbench ---------------------------------------------------------------------------
-def build_workbench(session, algo: str, model_dir: Path, reward_dir: Path, args, threads: int):
-    """The algorithm on one device: every role fused into one worker process (no copies moved
-    between processes, and the whole machine's threads in that process)."""
+PLACEMENTS = {
+    # name: (devices, training backend, ZeRO stage). Every role is fused into one process per
+    # device, data-parallel over the devices; each process gets threads / devices torch threads.
+    "1x2": (1, "fsdp", 2),
+    "dp2-fsdp": (2, "fsdp", 2),
+    "dp2-zero2": (2, "deepspeed", 2),
+}
+
+
+def build_workbench(session, algo: str, model_dir: Path, reward_dir: Path, args, placement: str):
+    """The algorithm with every role fused into one worker process per device of the placement
+    (no tensors move between processes of one rank; the HF rollout reads the training weights
+    where a rank holds them whole)."""
     from algorithms import GRPO, PPO, Groups, GRPOConfig, PPOConfig
     from workbench.data import arithmetic
     from workbench.engines.fsdp import OptimConfig
@@ -91,9 +104,11 @@ def build_workbench(session, algo: str, model_dir: Path, reward_dir: Path, args,
     from workbench.workers.rule_reward import RuleReward
 
     rows = args.rows
+    devices, backend, stage = PLACEMENTS[placement]
+    train = dict(backend=backend, zero_stage=stage, mini_batch_size=rows, micro_batch_size=rows // devices)
     actor_cfg = ActorConfig(model_path=str(model_dir), rollout="hf", reference=(algo == "ppo"),
-                            optim=OptimConfig(lr=args.lr), mini_batch_size=rows, micro_batch_size=rows)
-    pool = session.pool(f"bench_{algo}", 1)
+                            optim=OptimConfig(lr=args.lr), **train)
+    pool = session.pool(f"bench_{algo}_{placement}", devices)
     sampling = SamplingConfig(max_new_tokens=args.new_tokens, temperature=args.temperature, n=args.n if algo == "grpo" else 1)
     if algo == "grpo":
         actor = session.group("actor", ActorRolloutRefWorker, pool, actor_cfg)
@@ -102,17 +117,24 @@ def build_workbench(session, algo: str, model_dir: Path, reward_dir: Path, args,
     groups = session.fused(
         pool,
         actor=(ActorRolloutRefWorker, actor_cfg),
-        critic=(CriticWorker, CriticConfig(model_path=str(reward_dir), optim=OptimConfig(lr=args.lr),
-                                           mini_batch_size=rows, micro_batch_size=rows)),
-        reward=(RewardModelWorker, ScoreModelConfig(model_path=str(reward_dir))),
+        critic=(CriticWorker, CriticConfig(model_path=str(reward_dir), optim=OptimConfig(lr=args.lr), **train)),
+        reward=(RewardModelWorker, ScoreModelConfig(model_path=str(reward_dir), micro_batch_size=rows)),
     )
     config = PPOConfig(sampling=sampling, kl_coef=args.kl_coef, old_log_probs=args.old_log_probs)
     return PPO(Groups(actor=groups["actor"], reference=groups["actor"], critic=groups["critic"], reward=groups["reward"]), config)
 
 
-def compute_spans(records, roles) -> float:
-    """Seconds the workers spent computing (inputs fetched to output ready), summed."""
-    return sum(r.end - r.fetched for r in records if r.role in roles and r.call_id >= 0)
+def compute_seconds(records, since: float) -> float:
+    """Wall seconds during which some worker was computing (inputs fetched to output ready), for
+    calls that started after `since`: the union of those spans over every rank, so ranks that
+    compute at the same time count once (the trace holds every span of the session)."""
+    spans = sorted((r.fetched, r.end) for r in records if r.start >= since and r.call_id >= 0)
+    total, reach = 0.0, float("-inf")
+    for start, end in spans:
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
 
 
 # ---- the compute limit -------------------------------------------------------------------------
@@ -189,7 +211,7 @@ def run_case(session, algo: str, size: str, args) -> dict:
     sampling = SamplingConfig(max_new_tokens=new_tokens, temperature=args.temperature, n=args.n if algo == "grpo" else 1)
 
     torch.set_num_threads(args.threads)
-    algorithm = build_workbench(session, algo, model_dir, reward_dir, args, args.threads)
+    algorithm = build_workbench(session, algo, model_dir, reward_dir, args, args.placement)
     limit = ComputeLimit(algo, model_dir, reward_dir, args)
     for b in batches[: args.warmup]:
         algorithm.step(b)
@@ -207,7 +229,7 @@ def run_case(session, algo: str, size: str, args) -> dict:
         result = run_peer(algo, settings)
         peer += result["seconds"][args.warmup :]
         peer_tokens += result["tokens"][args.warmup :]
-        session.trace()  # drop earlier spans
+        since = time.time()
         for b in batches[args.warmup + round_ * args.iterations : args.warmup + (round_ + 1) * args.iterations]:
             batch, metrics = algorithm.step(b)
             ours.append(metrics["timing_s/step"])
@@ -216,7 +238,7 @@ def run_case(session, algo: str, size: str, args) -> dict:
                 if k.startswith("timing_s/"):
                     stages.setdefault(k, []).append(v)
         records = session.trace()
-        overhead.append(1 - compute_spans(records, {"actor", "critic", "reward", "rule_reward"}) / sum(ours[-args.iterations :]))
+        overhead.append(1 - compute_seconds(records, since) / sum(ours[-args.iterations :]))
         for b in batches[: args.iterations]:
             bare.append(limit.iteration(b, sampling))
 
@@ -259,6 +281,8 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=3, help="measured iterations per side per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--old-log-probs", default="auto", help="the workbench's AlgoConfig.old_log_probs")
+    parser.add_argument("--placement", default="dp2-zero2", choices=sorted(PLACEMENTS),
+                        help="the workbench's placement: devices x threads each, and the training backend")
     args = parser.parse_args()
 
     from workbench import Session
@@ -266,7 +290,8 @@ def main() -> None:
     for algo in args.algos.split(","):
         peer_python(PEER_REQUIREMENTS[algo])
     results = {}
-    with Session(num_devices=1, threads_per_worker=args.threads) as session:
+    devices = PLACEMENTS[args.placement][0]
+    with Session(num_devices=devices, threads_per_worker=max(1, args.threads // devices)) as session:
         for algo in args.algos.split(","):
             for size in args.sizes.split(","):
                 results[f"{algo}_{size}"] = run_case(session, algo, size, args)
@@ -279,7 +304,7 @@ def main() -> None:
         "settings": {"rows": args.rows, "n": args.n, "temperature": args.temperature, "lr": args.lr,
                      "kl_coef": args.kl_coef, "threads": args.threads, "warmup": args.warmup,
                      "iterations": args.iterations, "rounds": args.rounds, "old_log_probs": args.old_log_probs,
-                     "workbench_placement": "1 device, roles fused in one process, HF rollout",
+                     "workbench_placement": args.placement, "placements": PLACEMENTS, "rollout": "hf",
                      "peers": PEER_REQUIREMENTS, "new_tokens": CASES},
     }))
 

@@ -28,6 +28,7 @@ def arithmetic_module(repo: str):
     """The workbench's arithmetic task module (stdlib only), loaded by path: the same reward."""
     spec = importlib.util.spec_from_file_location("wb_arithmetic", Path(repo) / "workbench" / "data" / "arithmetic.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
     spec.loader.exec_module(module)
     return module
 

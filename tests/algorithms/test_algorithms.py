@@ -11,7 +11,7 @@ import ray
 import torch
 
 import algorithms
-from algorithms import GRPO, Groups, core
+from algorithms import GRPO, Groups, GRPOConfig, core
 from workbench.data import arithmetic
 from workbench.errors import WorkbenchError
 from workbench.data.prompts import tokenize_prompts
@@ -174,3 +174,15 @@ def test_config_from_yaml(tmp_path):
     assert config.sampling.n == 8 and config.sampling.temperature == 0.7
     assert config.estimator == "drgrpo" and config.clip_ratio_high == 0.28 and config.kl_loss_coef == 0.01
     assert dataclasses.replace(config, gamma=0.5).settings()["gamma"] == 0.5
+
+
+def test_seeded_iterations_draw_fresh_samples_and_runs_repeat(groups, kit):
+    """SamplingConfig.seed names a run's streams, not one stream: each iteration samples anew
+    (weights are not updated here, so only the stream can differ), and a second run from the
+    same start repeats the first exactly."""
+    algo = GRPO(make_groups(groups, "rule"), GRPOConfig(sampling=SAMPLING))
+    iteration_0 = algo.generate(kit["prompts"]).get()["responses"]
+    algo.iteration = 1  # as finish() leaves it after a step
+    assert not torch.equal(algo.generate(kit["prompts"]).get()["responses"], iteration_0)
+    rerun = GRPO(make_groups(groups, "rule"), GRPOConfig(sampling=SAMPLING))
+    assert torch.equal(rerun.generate(kit["prompts"]).get()["responses"], iteration_0)

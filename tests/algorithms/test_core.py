@@ -56,6 +56,24 @@ def test_gae_length_one_response_and_fully_masked_row():
     assert torch.isfinite(adv).all() and (adv[1] == 0).all()
 
 
+def test_gae_and_returns_carry_across_masked_gaps():
+    # A two-turn response: tokens 2-3 are a tool's output (masked), the reward comes at token 4.
+    # Values there are garbage; the recursion skips them. gamma = 0.9, lam = 1:
+    # t4: delta = 1 - 0.4 = 0.6 -> A = 0.6, R = 1
+    # t1: delta = 0.9 * 0.4 - 0.2 = 0.16 -> A = 0.16 + 0.9 * 0.6 = 0.7, R = 0.9
+    # t0: delta = 0.9 * 0.2 - 0.5 = -0.32 -> A = -0.32 + 0.9 * 0.7 = 0.31, R = 0.81
+    rewards, values = T([[0.0, 0.0, 5.0, 5.0, 1.0]]), T([[0.5, 0.2, 9.0, 9.0, 0.4]])
+    mask = T([[1, 1, 0, 0, 1]])
+    adv, returns = core.gae(rewards, values, mask, gamma=0.9, lam=1.0)
+    assert close(returns, [[0.81, 0.9, 0.0, 0.0, 1.0]])
+    raw = T([0.31, 0.7, 0.6])
+    assert close(adv[0, [0, 1, 4]], (raw - raw.mean()) / raw.std(), 1e-4) and (adv[0, 2:4] == 0).all()
+    # Discounted returns the same way: gamma^k with k counting kept tokens only.
+    assert close(core.discounted_returns(rewards, mask, gamma=0.9), [[0.81, 0.9, 0.0, 0.0, 1.0]])
+    # A contiguous mask gives what it always did.
+    assert close(core.discounted_returns(T([[0.0, 1.0, 7.0]]), T([[1, 1, 0]]), gamma=0.5), [[0.5, 1.0, 0.0]])
+
+
 def test_grpo_normalises_within_groups_and_equal_groups_give_zero():
     rewards = core.last_token_scores(T([1.0, 0.0, 1.0, 1.0, 0.5]), torch.ones(5, 3))
     mask = T([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1], [1, 1, 1]])
@@ -143,7 +161,7 @@ def test_loss_aggregation_modes_by_hand():
     loss = T([[1.0, 2.0, 3.0], [4.0, 9.0, 9.0], [7.0, 7.0, 7.0]])
     mask = T([[1, 1, 1], [1, 0, 0], [0, 0, 0]])  # the third row is fully masked
     assert close(core.aggregate(loss, mask, "token-mean"), 10 / 4)
-    assert close(core.aggregate(loss, mask, "seq-mean-token-sum"), (6 + 4 + 0) / 3)
+    assert close(core.aggregate(loss, mask, "seq-mean-token-sum"), (6 + 4) / 2)  # rows with tokens
     assert close(core.aggregate(loss, mask, "seq-mean-token-mean"), (2 + 4) / 2)  # rows with tokens
     assert close(core.aggregate(loss, mask, "seq-mean-token-sum-norm"), 10 / 9)
     for mode in core.LOSS_AGG_MODES:

@@ -1,6 +1,7 @@
 """Reusing the rollout's log-probs as log pi_old (AlgoConfig.old_log_probs): the same loss and
 gradients as recomputing them where it is on, refused where it would be wrong."""
 
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -90,13 +91,14 @@ def test_an_on_policy_step_skips_the_recomputing_forward(session, model_dir):
                           ActorConfig(model_path=str(model_dir), mini_batch_size=8, micro_batch_size=8))
     grpo = GRPO(Groups(actor=actor, reward=RuleReward(arithmetic.score)),
                 GRPOConfig(sampling=SamplingConfig(max_new_tokens=4, n=2), kl_loss_coef=0.0))
-    session.trace()
+    since = time.time()  # the session's trace holds every earlier test's spans too
     batch, metrics = grpo.step(prompts_for(tokenizer))
-    methods = {r.method for r in session.trace() if r.role == "actor"}
+    methods = {r.method for r in session.trace() if r.role == "actor" and r.start >= since}
     assert "compute_log_prob" not in methods and "update_actor" in methods
     assert torch.equal(batch["old_log_probs"], batch["rollout_log_probs"])
     assert "timing_s/old_log_prob" not in metrics
     # Recompute on request: the forward runs again.
     grpo.config.old_log_probs = "recompute"
+    since = time.time()
     grpo.step(prompts_for(tokenizer))
-    assert "compute_log_prob" in {r.method for r in session.trace() if r.role == "actor"}
+    assert "compute_log_prob" in {r.method for r in session.trace() if r.role == "actor" and r.start >= since}

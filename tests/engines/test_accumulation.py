@@ -25,3 +25,19 @@ def test_rows_by_default_and_tokens_for_a_token_mean_loss():
     parts = [core.aggregate(losses[:1], short["response_mask"]), core.aggregate(losses[1:], long["response_mask"])]
     whole = core.aggregate(losses, torch.cat([short["response_mask"], long["response_mask"]]))
     assert torch.allclose(sum(w * p for w, p in zip(grads, parts)), whole)
+
+
+def test_per_row_means_weigh_only_rows_that_have_tokens():
+    """An empty row adds nothing to a per-row mean, so a micro-batch holding one weighs less."""
+    masks = [torch.tensor([[1, 1, 0], [0, 0, 0]]), torch.tensor([[1, 0, 0], [1, 1, 1]])]
+    losses = torch.rand(4, 3)
+    for mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
+        class Loss:
+            def weight(self, batch):
+                return token_weight(batch, mode)
+
+        grads, _ = micro_batch_weights(Loss(), [Batch({"response_mask": m}) for m in masks])
+        assert grads == [1 / 3, 2 / 3]
+        parts = [core.aggregate(losses[:2], masks[0], mode), core.aggregate(losses[2:], masks[1], mode)]
+        whole = core.aggregate(losses, torch.cat(masks), mode)
+        assert torch.allclose(sum(w * p for w, p in zip(grads, parts)), whole)

@@ -5,6 +5,7 @@ this test process.
 """
 
 import copy
+import time
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,21 @@ def test_compute_loss_matches_a_local_forward(actor, model_dir):
     with torch.no_grad():
         local = sequence_nll(exported, ids, attention, loss_mask)
     assert remote.shape == (3,) and (remote - local).abs().max() <= 1e-5
+
+
+def test_one_rank_rollout_shares_the_training_weights(session, model_dir):
+    """At dp = 1 the HF rollout reads the training tensors themselves: generation after an update
+    equals the single-process model's, and no weight sync ever runs."""
+    config = ActorConfig(model_path=model_dir, optim=OPTIM, mini_batch_size=8, micro_batch_size=4)
+    actor = session.group("actor", ActorRolloutRefWorker, session.pool("one", 1), config)
+    model, tokenizer = local_model(model_dir)
+    greedy = SamplingConfig(max_new_tokens=10, greedy=True)
+    since = time.time()  # the session's trace holds every earlier test's spans too
+    train = actor.generate_sequences(prompts(tokenizer), greedy).get()
+    actor.update_actor(train.union(advantages_for(train)), losses.reinforce_loss).get()
+    single, _ = single_process_step(model, train.union(advantages_for(train)))
+    after = actor.generate_sequences(prompts(tokenizer), greedy).get()
+    expected = HFRollout(single.eval(), tokenizer.pad_token_id, tokenizer.eos_token_id).generate(prompts(tokenizer), greedy)
+    assert torch.equal(after["responses"], expected["responses"]), "generation did not see the update"
+    assert (after["rollout_log_probs"] - expected["rollout_log_probs"]).abs().max() <= 1e-4
+    assert not [r for r in session.trace() if r.method == "hybrid.sync_weights" and r.start >= since]

@@ -15,6 +15,7 @@ R = max_new_tokens. Weights are updated in place (`load_weights`), never by rest
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Iterable, Protocol
 
@@ -41,7 +42,9 @@ class SamplingConfig:
     greedy: bool = False
     """Arg-max decoding (ReMax baseline, evaluation)."""
     seed: int | None = None
-    """Seed for reproducible sampling; None draws fresh randomness."""
+    """Seed for reproducible sampling; None draws fresh randomness. Algorithms derive each
+    iteration's stream from (seed, iteration) and each rank's from that and its rank
+    (`stream_seed`), so runs repeat exactly while iterations (and ranks) draw different samples."""
 
     def __post_init__(self):
         checks.whole("SamplingConfig", "max_new_tokens", self.max_new_tokens, fix="use a whole number of tokens >= 1")
@@ -54,6 +57,14 @@ class SamplingConfig:
         checks.whole("SamplingConfig", "top_k", self.top_k, low=0, fix="use a whole number >= 0 (0 = off)")
         if self.seed is not None:
             checks.whole("SamplingConfig", "seed", self.seed, low=0, fix="use a whole number >= 0, or None")
+
+
+def stream_seed(seed: int, *parts: int) -> int:
+    """A seed for the random stream named by (seed, *parts), e.g. (seed, iteration) or
+    (seed, rank): distinct parts give unrelated streams (no seed + 1 collisions between
+    neighbouring iterations and ranks), the same parts the same stream."""
+    digest = hashlib.blake2b(":".join(map(str, (seed, *parts))).encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
 
 
 class RolloutEngine(Protocol):

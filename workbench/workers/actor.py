@@ -30,7 +30,7 @@ from workbench.data.batch import Batch
 from workbench.engines.forward import response_log_probs, sequence_nll
 from workbench.engines.fsdp import LossFn, OptimConfig
 from workbench.engines.hf_rollout import HFRollout
-from workbench.engines.rollout import SamplingConfig
+from workbench.engines.rollout import SamplingConfig, stream_seed
 from workbench.engines.training import BACKENDS, make_engine
 from workbench.engines.vllm_rollout import VLLMRolloutConfig
 from workbench import checks
@@ -162,7 +162,7 @@ class ActorRolloutRefWorker(Worker):
             raise RuntimeError("this worker has no rollout engine (ActorConfig.rollout=None)")
         self._sync_rollout_weights()
         if sampling.seed is not None:  # distinct but reproducible streams per rank
-            sampling = SamplingConfig(**{**sampling.__dict__, "seed": sampling.seed + self.rank})
+            sampling = replace(sampling, seed=stream_seed(sampling.seed, self.rank))
         out = self.rollout.generate(prompts, sampling)
         start = time.time()
         self.rollout.release()  # back to the training layout: generation-only memory goes

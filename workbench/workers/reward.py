@@ -15,6 +15,7 @@ import torch
 from workbench.controller import DP_PROTO, Worker, register
 from workbench.data.batch import Batch
 from workbench import checks
+from workbench.engines.forward import trim_padding
 from workbench.errors import ConfigError
 from workbench.models.load import LoadConfig, check_model_dir
 from workbench.models.value import last_token_index, load_value_model, token_values
@@ -52,7 +53,7 @@ class RewardModelWorker(Worker):
         step = self.config.micro_batch_size
         scores = []
         for i in range(0, len(batch), step):
-            part = batch[i : i + step]
+            part, _ = trim_padding(batch[i : i + step])  # columns that are padding in every row
             values = token_values(self.model, part["input_ids"], part["attention_mask"], part["position_ids"])
             scores.append(values.gather(1, last_token_index(part["attention_mask"]).unsqueeze(1)).squeeze(1))
         scores = torch.cat(scores)
