@@ -28,8 +28,10 @@ from algorithms import core
 from algorithms.groups import Groups
 from algorithms.losses import ActorLoss, CriticLoss
 from algorithms.metrics import StageClock, data_metrics, format_line, throughput
+from workbench import checks
 from workbench.data.batch import Batch
 from workbench.engines.rollout import SamplingConfig, stream_seed
+from workbench.errors import ConfigError
 from workbench.models.load import resolve_dtype
 
 OLD_LOG_PROB_SOURCES = ("auto", "recompute", "rollout")
@@ -79,15 +81,43 @@ class AlgoConfig:
     log-probs like training does (HF rollout, fp32) — and "recompute" elsewhere."""
 
     def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        """Every field checked (again, for a config edited in place: Algorithm does so at each step)."""
+        owner = type(self).__name__
+        if not isinstance(self.sampling, SamplingConfig):
+            raise ConfigError(f"{owner}.sampling", self.sampling, "pass a SamplingConfig(...)")
+        self.sampling.__post_init__()  # frozen, but a replaced field may bypass nothing: re-check
+        for name, registry in (("estimator", core.ADVANTAGES), ("policy_loss", core.POLICY_LOSSES)):
+            value = getattr(self, name)
+            if not callable(value) and value not in registry:
+                raise ConfigError(f"{owner}.{name}", value, f"use one of {sorted(registry.entries)}, or pass the function itself")
+        checks.real(owner, "gamma", self.gamma, 0, 1, fix="use a discount in [0, 1]")
+        checks.real(owner, "lam", self.lam, 0, 1, fix="use a GAE lambda in [0, 1]")
+        for name in ("clip_ratio_low", "clip_ratio_high"):
+            checks.real(owner, name, getattr(self, name), 0, low_open=True, none_ok=True,
+                        fix="use a clip range > 0 (e.g. 0.2), or None for the loss's default")
+        checks.real(owner, "clip_ratio_c", self.clip_ratio_c, 1, low_open=True, none_ok=True,
+                    fix="use a dual-clip constant > 1 (e.g. 3.0), or None for off")
+        checks.real(owner, "entropy_coeff", self.entropy_coeff, fix="use a finite number (0 = off)")
+        checks.real(owner, "kl_coef", self.kl_coef, 0, fix="use a KL coefficient >= 0 (0 = off)")
+        checks.real(owner, "kl_loss_coef", self.kl_loss_coef, 0, fix="use a KL-loss coefficient >= 0 (0 = off)")
+        checks.real(owner, "kl_target", self.kl_target, 0, low_open=True, none_ok=True, fix="use a target KL > 0, or None")
+        checks.whole(owner, "kl_horizon", self.kl_horizon, fix="use a whole number of samples >= 1")
+        checks.real(owner, "cliprange_value", self.cliprange_value, 0, low_open=True, none_ok=True,
+                    fix="use a value clip range > 0, or None for plain MSE")
+        if not isinstance(self.estimator_args, dict):
+            raise ConfigError(f"{owner}.estimator_args", self.estimator_args, "pass a dict of keyword values")
         if self.old_log_probs not in OLD_LOG_PROB_SOURCES:
-            raise ValueError(f"{type(self).__name__}.old_log_probs={self.old_log_probs!r}: use one of {OLD_LOG_PROB_SOURCES}")
+            raise ConfigError(f"{owner}.old_log_probs", self.old_log_probs, f"use one of {OLD_LOG_PROB_SOURCES}")
         if self.loss_agg_mode not in core.LOSS_AGG_MODES:
-            raise ValueError(f"{type(self).__name__}.loss_agg_mode={self.loss_agg_mode!r}: use one of {core.LOSS_AGG_MODES}")
+            raise ConfigError(f"{owner}.loss_agg_mode", self.loss_agg_mode, f"use one of {core.LOSS_AGG_MODES}")
         if self.kl_target is not None and self.kl_coef <= 0:
-            raise ValueError(f"{type(self).__name__}: kl_target={self.kl_target} adapts kl_coef, which must start > 0")
+            raise ConfigError(f"{owner}.kl_coef", self.kl_coef, f"kl_target={self.kl_target} adapts kl_coef, which must start > 0")
         for name in ("kl_penalty", "kl_loss_type"):
             if getattr(self, name) not in core.KL_PENALTIES:
-                raise ValueError(f"{type(self).__name__}.{name}={getattr(self, name)!r}: use one of {sorted(core.KL_PENALTIES.entries)}")
+                raise ConfigError(f"{owner}.{name}", getattr(self, name), f"use one of {sorted(core.KL_PENALTIES.entries)}")
 
     def settings(self) -> dict[str, Any]:
         """Every field by name, then estimator_args: what estimators and losses are bound from."""
@@ -130,6 +160,20 @@ class Algorithm:
     def required_roles(self) -> tuple[str, ...]:
         return self.roles
 
+    def _check(self, prompts: Batch) -> None:
+        """Before an iteration's remote work: the config (perhaps edited in place in a cell since
+        the last step) and the groups' batch sizes against this iteration's rows."""
+        self.config.__post_init__()  # the config class's own checks, subclass rules included
+        self.groups.require(type(self).__name__, *self.required_roles())
+        self._check_temperature()
+        if not isinstance(prompts, Batch):
+            return
+        rows = len(prompts) * self.config.sampling.n
+        for role in ("actor", "critic", "cost_critic"):
+            check = getattr(getattr(getattr(self.groups, role), "config", None), "check_rows", None)
+            if callable(check):
+                check(rows, role)
+
     def _check_temperature(self) -> None:
         """Log-probs are computed at each group's ActorConfig.temperature and the loss's at the
         sampling temperature: different values would make every ratio and KL wrong."""
@@ -151,6 +195,7 @@ class Algorithm:
         if sampling.seed is not None:  # this iteration's own stream: iterations must not repeat samples
             sampling = replace(sampling, seed=stream_seed(sampling.seed, self.iteration))
         if stage == "gen":  # an iteration starts here; drop whatever a failed one left behind
+            self._check(prompts)
             self.clock.reset()
             self.reuse_rollout_log_probs = self.old_log_prob_source(len(prompts) * sampling.n) == "rollout"
         return self.clock.launch(stage, self.groups.actor.generate_sequences(prompts, sampling))

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from algorithms.base import AlgoConfig, Algorithm
 from workbench.engines.rollout import SamplingConfig
+from workbench.errors import ConfigError
 
 
 @dataclass
@@ -22,7 +23,7 @@ class GRPOConfig(AlgoConfig):
     def __post_init__(self):
         super().__post_init__()
         if self.sampling.n < 2:
-            raise ValueError(f"GRPOConfig.sampling.n={self.sampling.n}: GRPO compares n >= 2 samples per prompt")
+            raise ConfigError(f"{type(self).__name__}.sampling.n", self.sampling.n, "GRPO compares n >= 2 samples per prompt; use SamplingConfig(n=2) or more")
 
 
 class GRPO(Algorithm):

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from algorithms.base import AlgoConfig, Algorithm
 from workbench.engines.rollout import SamplingConfig
+from workbench.errors import ConfigError
 
 
 @dataclass
@@ -19,7 +20,7 @@ class RLOOConfig(AlgoConfig):
     def __post_init__(self):
         super().__post_init__()
         if self.sampling.n < 2:
-            raise ValueError(f"RLOOConfig.sampling.n={self.sampling.n}: leave-one-out needs n >= 2 samples per prompt")
+            raise ConfigError(f"{type(self).__name__}.sampling.n", self.sampling.n, "leave-one-out needs n >= 2 samples per prompt; use SamplingConfig(n=2) or more")
 
 
 class RLOO(Algorithm):

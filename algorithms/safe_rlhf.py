@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from algorithms import core
 from algorithms.base import AlgoConfig, Algorithm
 from algorithms.losses import CriticLoss, PretrainLoss
+from workbench import checks
 
 
 @dataclass
@@ -27,6 +28,15 @@ class SafeRLHFConfig(AlgoConfig):
     lambda_max: float = 100.0
     ptx_coef: float = 1.0
     """Weight of the pre-training loss when ptx rows are given to step()."""
+
+    def validate(self) -> None:
+        super().validate()
+        owner = type(self).__name__
+        checks.real(owner, "cost_budget", self.cost_budget, fix="use a finite mean-cost limit")
+        checks.real(owner, "lambda_init", self.lambda_init, 0, fix="use a starting multiplier >= 0")
+        checks.real(owner, "lambda_lr", self.lambda_lr, 0, low_open=True, fix="use a multiplier step size > 0")
+        checks.real(owner, "lambda_max", self.lambda_max, self.lambda_init, fix="use a cap >= lambda_init")
+        checks.real(owner, "ptx_coef", self.ptx_coef, 0, fix="use a pre-training loss weight >= 0")
 
 
 class SafeRLHF(Algorithm):

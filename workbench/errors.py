@@ -7,29 +7,72 @@ class WorkbenchError(Exception):
     """Base of the workbench's own errors."""
 
 
-class WorkerCallError(WorkbenchError):
-    """A registered method raised inside a worker; carries the remote traceback."""
+class ConfigError(WorkbenchError, ValueError):
+    """A setting is refused on the driver, before any remote work: names field, value and fix."""
 
-    def __init__(self, role: str, rank: int, method: str, remote_traceback: str):
-        self.role, self.rank, self.method = role, rank, method
+    def __init__(self, where: str, value, fix: str):
+        self.where, self.value, self.fix = where, value, fix
+        super().__init__(f"{where}={value!r}: {fix}")
+
+
+class WorkerCallError(WorkbenchError):
+    """A registered method raised inside a worker; carries the remote traceback.
+
+    usable: False when the failure was in the group's start-up (then no group exists).
+    busy: other ranks that did not answer afterwards (e.g. still waiting in a collective for
+    the failed rank), so the message does not promise a usable group it cannot vouch for."""
+
+    def __init__(self, role: str, rank: int, method: str, remote_traceback: str, usable: bool = True,
+                 busy: list[int] | tuple = ()):
+        self.role, self.rank, self.method, self.usable, self.busy = role, rank, method, usable, list(busy)
         self.remote_traceback = remote_traceback
+        if not usable:
+            remedy = (f"The group {role!r} was not created (its processes were stopped); fix the cause "
+                      f"and re-run the cell that creates it.")
+        elif busy:
+            remedy = (f"Rank(s) {list(busy)} still have not finished (they may be waiting in a collective "
+                      f"for rank {rank}); if they do not, call session.recover({role!r}) to restart the group.")
+        else:
+            remedy = "Every rank of the group answers, so it is still usable; fix the cause and call again."
         super().__init__(
-            f"{role}.{method} failed on rank {rank}. The group is still usable; fix the cause "
-            f"and call again.\n--- remote traceback (rank {rank}) ---\n{remote_traceback}"
+            f"{role}.{method} failed on rank {rank}. {remedy}"
+            f"\n--- remote traceback (rank {rank}) ---\n{remote_traceback}"
         )
 
 
 class WorkerDiedError(WorkbenchError):
-    """A worker process is gone (killed, out of memory, crashed)."""
+    """A worker process is gone (killed, out of memory, crashed); its group is unusable."""
 
-    def __init__(self, role: str, rank: int, method: str, detail: str = ""):
-        self.role, self.rank, self.method = role, rank, method
+    def __init__(
+        self, role: str, rank: int, method: str, detail: str = "", pid: int | None = None,
+        node: str | None = None, fused: list[str] | tuple = (),
+    ):
+        self.role, self.rank, self.method, self.pid, self.node = role, rank, method, pid, node
+        where = f" (pid {pid} on node {node})" if pid is not None else ""
+        others = [r for r in fused if r != role]
+        also = f" and the role(s) {others} fused with it in the same processes" if others else ""
         super().__init__(
-            f"worker rank {rank} of role {role!r} died during {role}.{method} (process killed, "
-            f"out of memory or crashed). Recreate the group by re-running its "
-            f"session.group(...) cell; other groups are unaffected."
+            f"worker rank {rank} of role {role!r}{where} died during {role}.{method} (process killed, "
+            f"out of memory or crashed). The group {role!r}{also} cannot be used any more: call "
+            f"session.recover({role!r}) to start it again on its pool with the same config, or "
+            f"re-run its session.group(...) cell. Other groups are unaffected."
             + (f"\n--- Ray said ---\n{detail}" if detail else "")
         )
+
+
+class GroupRemovedError(WorkbenchError):
+    """A handle to a worker group whose processes were removed and not replaced."""
+
+    def __init__(self, role: str, reason: str):
+        self.role, self.reason = role, reason
+        super().__init__(
+            f"the worker group {role!r} no longer exists: {reason}. Re-run the cell that creates "
+            f"it (session.group({role!r}, ...) or session.fused(...)); handles then follow the new group."
+        )
+
+
+class SessionClosedError(WorkbenchError):
+    """The Session was shut down; start a new one."""
 
 
 class PlacementError(WorkbenchError):

@@ -5,23 +5,41 @@
     critic = session.group("critic", CriticWorker, pool, config)
     batch = critic.compute_values(prompts).get()
 
+A process has at most one live Session. Re-running the `Session(...)` cell returns that same
+Session, reset: every group and pool it made is released first (no orphaned actors or
+placement groups), and Ray keeps running unless the new arguments ask for a different one
+(another num_devices, address or runtime_env of a Ray the session started). `shutdown()`
+releases everything the session made, and stops Ray when the session started it.
+
 The session owns pools and groups by name. Re-running a cell that creates a group (or pool)
-with a name already in use tears the old one down first, so a notebook never leaks actors.
+with a name already in use replaces the old one; everything is checked on the driver first,
+so a refused change leaves the old one as it was. Handles follow their role: calls on an old
+handle go to its replacement (see WorkerGroup).
+
+Network: in a single-machine group, every socket the workbench opens itself is on loopback
+(the process-group rendezvous is a FileStore, gloo/NCCL listeners and vLLM use 127.0.0.1).
+A group spanning nodes uses its nodes' addresses and torch's TCPStore on rank 0's node. Ray's
+own servers (GCS, raylet, object manager, core workers) listen on every interface in Ray 2.60
+whatever the workbench asks; Ray's token authentication (on by default) guards them.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import sys
 import time
+import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import ray
 
 from workbench.controller.mesh import Mesh
-from workbench.controller.resource_pool import ResourcePool
+from workbench.controller.resource_pool import ResourcePool, check_devices
+from workbench.controller.worker import Worker
 from workbench.controller.worker_group import HostSet, WorkerGroup
-from workbench.errors import DispatchError
+from workbench.errors import ConfigError, DispatchError, GroupRemovedError, SessionClosedError
 from workbench.tracing import CallRecord, save_chrome_trace
 
 # Worker processes get these unless the caller's runtime_env says otherwise: one BLAS thread
@@ -30,7 +48,15 @@ WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALL
 
 
 class Session:
-    """Starts or attaches to Ray and owns the run's pools and worker groups."""
+    """Starts or attaches to Ray and owns the run's pools and worker groups (one per process)."""
+
+    _live: ClassVar[Session | None] = None
+
+    def __new__(cls, *args, **kwargs):
+        # Re-running the Session cell: hand back the live session; __init__ resets it.
+        if Session._live is not None and type(Session._live) is cls:
+            return Session._live
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -42,54 +68,104 @@ class Session:
     ):
         """
         num_devices: logical devices of an embedded local Ray (CPU slots when there is no GPU);
-            default: the machine's CPU count. Ignored when attaching.
+            default: the machine's CPU count (or, on a re-run, the running Ray's). Ignored when attaching.
         address: attach to this Ray cluster ("auto" or host:port); default: $RAY_ADDRESS if set,
             else start an embedded local Ray.
         threads_per_worker: torch threads in each worker process (keep cores x 1 >= workers).
         max_colocate: how many separate worker processes may share one device of a pool.
+        runtime_env: Ray runtime_env for the workers (env_vars are added to WORKER_ENV).
         """
+        _check_whole("Session", "num_devices", num_devices, "a whole number of devices >= 1, or None for the CPU count", none_ok=True)
+        _check_whole("Session", "threads_per_worker", threads_per_worker, "a whole number >= 1 (torch threads per worker)")
+        _check_whole("Session", "max_colocate", max_colocate, "a whole number >= 1 (worker processes per device)")
+        if address is not None and not isinstance(address, str):
+            raise ConfigError("Session.address", address, 'pass "auto", "host:port", or None for an embedded Ray')
+        if runtime_env is not None and not isinstance(runtime_env, dict):
+            raise ConfigError("Session.runtime_env", runtime_env, "pass a Ray runtime_env dict, e.g. {'env_vars': {...}}")
+        if getattr(self, "_started", False):  # a re-run of the Session cell
+            self.clear(reason="the Session(...) cell was re-run")
+        else:
+            self.pools: dict[str, ResourcePool] = {}
+            self.groups: dict[str, WorkerGroup] = {}
+            self.records: list[CallRecord] = []
+            self._handles: dict[str, WorkerGroup] = {}  # newest handle per role, live or removed
+            self._pool_versions = itertools.count()
+            self.owns_ray = False
+            self._ray_args: tuple | None = None
+        self.id = uuid.uuid4().hex[:8]  # names this session's placement groups
         self.threads_per_worker = threads_per_worker
         self.max_colocate = max_colocate
-        self.pools: dict[str, ResourcePool] = {}
-        self.groups: dict[str, WorkerGroup] = {}
-        self.records: list[CallRecord] = []
-        address = address or os.environ.get("RAY_ADDRESS")
+        self._closed = False
+        self._start_ray(num_devices, address or os.environ.get("RAY_ADDRESS"), runtime_env)
+        self._started = True
+        Session._live = self
+
+    def _start_ray(self, num_devices: int | None, address: str | None, runtime_env: dict | None) -> None:
         env = {"env_vars": {**WORKER_ENV, **(runtime_env or {}).get("env_vars", {})}}
         runtime_env = {**(runtime_env or {}), **env}
+        if ray.is_initialized():
+            if not self.owns_ray:
+                return  # attached to a Ray someone else started: use it as it is
+            old_devices, old_address, old_env = self._ray_args
+            same = address == old_address and runtime_env == old_env and num_devices in (None, old_devices)
+            if same:
+                return
+            ray.shutdown()  # ours, and asked to differ: start it again as asked
         self.owns_ray = not ray.is_initialized()
-        if self.owns_ray:
-            if address:
-                ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
-            else:
-                ray.init(
-                    num_cpus=num_devices or os.cpu_count(),
-                    include_dashboard=False,
-                    runtime_env=runtime_env,
-                )
+        if address:
+            ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+            self._ray_args = (None, address, runtime_env)
+        else:
+            devices = num_devices or os.cpu_count()
+            ray.init(num_cpus=devices, include_dashboard=False, runtime_env=runtime_env)
+            self._ray_args = (devices, None, runtime_env)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SessionClosedError(
+                "this Session was shut down (session.shutdown()); create a new one with Session(...)"
+            )
 
     # ---- pools ---------------------------------------------------------------------------
     def pool(self, name: str, devices: int | list[int], max_colocate: int | None = None) -> ResourcePool:
         """Reserve devices: an int fills nodes in order, a list asks for that many devices on
         each of distinct nodes (e.g. [2, 2]). Re-creating a pool with the same name and shape
-        returns it; a new shape replaces it (and the groups on it)."""
+        returns it; a new shape replaces it and removes the groups on it. The new devices are
+        checked (and, where they fit beside the old pool, reserved) before anything is
+        released: a refused change leaves the old pool and its groups as they were."""
+        self._check_open()
+        if not isinstance(name, str) or not name:
+            raise ConfigError("pool name", name, "give the pool a non-empty string name")
+        devices = check_devices(name, devices)
+        max_colocate = self.max_colocate if max_colocate is None else max_colocate
+        _check_whole(f"pool {name!r}", "max_colocate", max_colocate, "a whole number >= 1 (worker processes per device)")
         old = self.pools.get(name)
         if old is not None:
-            same = sum(old.devices_per_node) == devices if isinstance(devices, int) else old.devices_per_node == devices
-            if same and old.placement is not None:
+            shape = [devices] if isinstance(devices, int) else devices
+            same = sum(old.devices_per_node) == devices if isinstance(devices, int) else old.devices_per_node == shape
+            if same and old.max_colocate == max_colocate:
                 return old
-            self._drop_pool(name)
-        reserved: dict[str, float] = {}
-        for p in self.pools.values():
-            for node in p.node_ids:
-                reserved[node] = reserved.get(node, 0.0) + 1.0
-        pool = ResourcePool.reserve(name, devices, reserved, max_colocate or self.max_colocate)
+        # Check first, counting the old pool's devices as free: refusal changes nothing.
+        ResourcePool.plan(name, devices, exclude=old.placement if old else None)
+        label = f"workbench:{self.id}:{name}:{next(self._pool_versions)}"
+        if old is not None:
+            try:  # beside the old pool when there is room; the old one stays until this succeeds
+                ResourcePool.plan(name, devices)
+                fits_beside = True
+            except Exception:
+                fits_beside = False
+            if not fits_beside:  # it needs the old pool's devices: release it, then reserve
+                self._drop_pool(name, reason=f"its pool {name!r} was re-created with devices={devices!r}")
+        pool = ResourcePool.reserve(name, devices, label, max_colocate)
+        if name in self.pools:
+            self._drop_pool(name, reason=f"its pool {name!r} was re-created with devices={devices!r}")
         self.pools[name] = pool
         return pool
 
-    def _drop_pool(self, name: str) -> None:
+    def _drop_pool(self, name: str, reason: str | None = None) -> None:
         for role, group in list(self.groups.items()):
             if group.pool.name == name:
-                self._drop_group(role)
+                self._drop_group(role, reason or f"its pool {name!r} was released")
         self.pools.pop(name).release()
 
     # ---- groups ----------------------------------------------------------------------------
@@ -107,34 +183,102 @@ class Session:
         """Several roles in one process per device (e.g. actor and reference), each its own group:
 
         groups = session.fused(pool, actor=(ActorWorker, cfg), reference=(RefWorker, cfg))
-        """
+
+        Everything is checked on the driver before the old groups of these roles stop: the
+        classes, the mesh against the pool, each config's own checks for this layout
+        (`config.check_layout(mesh, role)`: parallelism the worker implements, batch sizes,
+        model directories)."""
+        self._check_open()
         pool = self._pool(pool)
+        if not roles:
+            raise DispatchError("session.fused: name at least one role, e.g. actor=(ActorWorker, config)")
         mesh = mesh or Mesh.data_parallel(pool.world_size)
+        if not isinstance(mesh, Mesh):
+            raise ConfigError("mesh", mesh, "pass a workbench.Mesh(pp=..., tp=..., dp=...) or None")
+        if mesh.world_size != pool.world_size:
+            raise DispatchError(
+                f"group {'+'.join(roles)!r}: {mesh} has {mesh.world_size} ranks but pool {pool.name!r} has "
+                f"{pool.world_size} devices; pick pp*tp*dp = {pool.world_size}"
+            )
         specs = {role: spec if isinstance(spec, tuple) else (spec, None) for role, spec in roles.items()}
-        for role, (cls, _) in specs.items():
-            if not isinstance(cls, type):
-                raise TypeError(f"role {role!r}: expected a Worker class, got {cls!r}")
+        for role, spec in specs.items():
+            if len(spec) != 2 or not isinstance(spec[0], type) or not issubclass(spec[0], Worker):
+                raise TypeError(f"role {role!r}: expected a Worker subclass or (WorkerClass, config), got {spec!r}")
+            check = getattr(spec[1], "check_layout", None)
+            if callable(check):
+                check(mesh, role)
+        sharing = {id(g.hostset) for g in self.groups.values() if g.pool.name == pool.name}
+        replaced = {id(self.groups[r].hostset) for r in specs if r in self.groups}
+        if len(sharing - replaced) + 1 > pool.max_colocate:
+            raise DispatchError(
+                f"pool {pool.name!r} already runs {len(sharing - replaced)} separate group(s), its "
+                f"max_colocate; fuse roles into one process (session.fused) or create the pool with "
+                f"a larger max_colocate"
+            )
         for role in specs:
             if role in self.groups:
-                self._drop_group(role)
-        hostset = HostSet(pool, mesh, self.threads_per_worker, specs)
+                self._drop_group(role, f"it was being re-created, and starting the new {role!r} failed")
+        try:
+            hostset = HostSet(pool, mesh, self.threads_per_worker, specs)
+        except BaseException as error:
+            for role in specs:  # handles of these roles name the failure
+                self._mark_removed(role, f"starting it failed ({type(error).__name__}); see the error of that cell")
+            raise
         groups = {role: WorkerGroup(role, hostset, cls) for role, (cls, _) in specs.items()}
+        for role, group in groups.items():
+            previous = self._handles.get(role)
+            if previous is not None:
+                previous._successor = group  # old handles follow the role to its new group
+            self._handles[role] = group
         self.groups.update(groups)
         return groups
 
     def _pool(self, pool: ResourcePool | str) -> ResourcePool:
-        name = pool if isinstance(pool, str) else pool.name
+        name = pool if isinstance(pool, str) else getattr(pool, "name", None)
         if name not in self.pools or self.pools[name].placement is None:
-            raise DispatchError(f"no pool named {name!r} in this session; pools: {sorted(self.pools)}")
+            raise DispatchError(
+                f"no pool named {name!r} in this session (pools: {sorted(self.pools)}); create it "
+                f"with session.pool({name!r}, devices) first"
+            )
         return self.pools[name]
 
-    def _drop_group(self, role: str) -> None:
+    def _drop_group(self, role: str, reason: str = "it was removed") -> None:
         """Tear down the processes behind `role` (and any role fused with it)."""
         hostset = self.groups[role].hostset
         self.records += hostset.drain_records()
         hostset.shutdown()
         for name in hostset.roles:
             self.groups.pop(name, None)
+            self._mark_removed(name, reason if name == role else f"{reason}, and {name!r} shared its processes with {role!r}")
+
+    def _mark_removed(self, role: str, reason: str) -> None:
+        latest = self._handles.get(role)
+        if latest is not None and latest._successor is None:
+            latest._removed = reason
+
+    # ---- recovery ------------------------------------------------------------------------------
+    def recover(self, role: str, checkpoint: str | os.PathLike | None = None) -> WorkerGroup:
+        """Start `role`'s group again on its pool with the same classes, configs and mesh (with
+        every role fused with it), e.g. after a worker died. Weights come from `checkpoint`, or
+        else from the last `save_checkpoint(path)` issued on the role, when that path exists;
+        otherwise the workers start from their configs. Old handles follow the new group."""
+        self._check_open()
+        latest = self._handles.get(role)
+        if latest is None:
+            raise DispatchError(f"session.recover({role!r}): this session never had a group {role!r}; "
+                                f"roles: {sorted(self._handles)}")
+        old = latest._hostset
+        if old.pool.name not in self.pools or self.pools[old.pool.name].placement is None:
+            raise GroupRemovedError(role, f"its pool {old.pool.name!r} is gone, so it cannot be recovered in place")
+        checkpoints = {**old.checkpoints, **({role: str(checkpoint)} if checkpoint else {})}
+        if checkpoint and not Path(checkpoint).exists():
+            raise ConfigError(f"session.recover({role!r}) checkpoint", str(checkpoint), "no such path on this machine")
+        groups = self.fused(self.pools[old.pool.name], mesh=old.mesh, **old.specs)
+        for name, path in checkpoints.items():
+            if name in groups and "load_checkpoint" in groups[name].methods and Path(path).exists():
+                groups[name].load_checkpoint(path).get()
+        groups[role].hostset.checkpoints.update(checkpoints)
+        return groups[role]
 
     # ---- tracing and lifetime ----------------------------------------------------------------
     def trace(self, timeout: float = 10.0) -> list[CallRecord]:
@@ -154,18 +298,33 @@ class Session:
         """Write a Chrome/Perfetto trace JSON of all calls so far."""
         return save_chrome_trace(self.trace(), path)
 
-    def clear(self) -> None:
+    def clear(self, reason: str = "session.clear() removed every group") -> None:
         """Tear down every group and pool but keep Ray running (start a fresh layout)."""
+        if not ray.is_initialized():  # Ray was stopped under us: its actors are gone already
+            for role in list(self.groups):
+                self._mark_removed(role, reason)
+            self.groups.clear()
+            self.pools.clear()
+            return
         for role in list(self.groups):
             if role in self.groups:
-                self._drop_group(role)
+                self._drop_group(role, reason)
         for name in list(self.pools):
             self.pools.pop(name).release()
 
     def shutdown(self) -> None:
-        self.clear()
+        """Release every group and pool this session made; stop Ray if the session started it."""
+        if getattr(self, "_closed", True):
+            return
+        self.clear(reason="session.shutdown() was called")
+        rule_reward = sys.modules.get("workbench.workers.rule_reward")
+        if rule_reward is not None and ray.is_initialized():  # scorer processes started for this run
+            rule_reward.stop_scorers()
         if self.owns_ray and ray.is_initialized():
             ray.shutdown()
+        self._closed = True
+        if Session._live is self:
+            Session._live = None
 
     def __enter__(self) -> Session:
         return self
@@ -174,4 +333,12 @@ class Session:
         self.shutdown()
 
     def __repr__(self) -> str:
-        return f"Session(pools={list(self.pools)}, groups={list(self.groups)})"
+        state = "closed" if self._closed else f"pools={list(self.pools)}, groups={list(self.groups)}"
+        return f"Session({state})"
+
+
+def _check_whole(owner: str, field: str, value, fix: str, none_ok: bool = False) -> None:
+    if value is None and none_ok:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{owner}.{field}", value, f"use {fix}")

@@ -112,7 +112,7 @@ def test_killed_worker_is_reported_and_group_can_be_recreated(session):
     other = session.group("other", EchoWorker, session.pool("spare", 1))
     pid = group.where().get()[1]["pid"]
     os.kill(pid, signal.SIGKILL)
-    with pytest.raises(WorkerDiedError, match=r"rank 1 of role 'actor' died"):
+    with pytest.raises(WorkerDiedError, match=r"rank 1 of role .actor. \(pid \d+ on node .*\) died during actor.where"):
         group.where().get(timeout=60)
     assert other.where().get()[0]["rank"] == 0  # the rest of the session is fine
     group = session.group("actor", EchoWorker, pool)

@@ -85,3 +85,25 @@ class ReferenceLike(Worker):
     @register(DP_PROTO)
     def negate(self, batch: Batch) -> Batch:
         return Batch({"x": -batch["x"]}, {"uid": batch["uid"]})
+
+
+class FailingInit(Worker):
+    """A worker whose start-up raises on one rank (a bad config, a missing file...)."""
+
+    def __init__(self, config=None):
+        super().__init__(config)
+        if self.rank == (config or {}).get("fail_rank", 0):
+            raise RuntimeError("cannot start on purpose")
+
+    @register(ONE_TO_ALL)
+    def where(self) -> int:
+        return self.rank
+
+
+class ConfigHolder(Worker):
+    """Holds any config (e.g. an ActorConfig) without loading a model: for driver-side checks
+    that read a group's config, at the cost of an empty process."""
+
+    @register(DP_PROTO)
+    def generate_sequences(self, prompts: Batch, sampling=None) -> Batch:
+        return Batch({"width": torch.full((len(prompts),), prompts["input_ids"].shape[1])})

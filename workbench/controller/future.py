@@ -53,6 +53,10 @@ class CallInfo:
     role: str
     method: str
     ranks: list[int]
+    hostset: Any = None
+    """The HostSet that ran it: asked which rank died when a call fails."""
+    starting: bool = False
+    """A step of the group's start-up: on failure no group exists."""
 
 
 class DataFuture:
@@ -142,17 +146,43 @@ def fetch(ref: ray.ObjectRef, info: CallInfo, rank: int) -> Any:
     try:
         return ray.get(ref)
     except ray.exceptions.RayActorError as err:
+        if info.starting:  # a process that failed to start: no group to recover
+            raise WorkerCallError(info.role, rank, info.method, str(err), usable=False) from None
+        if info.hostset is not None:
+            info.hostset.dead = info.hostset.dead or (rank, str(err))
+            raise info.hostset.died_error(info.role, info.method) from None
         raise WorkerDiedError(info.role, rank, info.method, str(err)) from None
     except ray.exceptions.RayTaskError as err:
-        raise WorkerCallError(info.role, rank, info.method, str(err)) from None
+        raise _call_error(info, rank, str(err)) from None
+
+
+def _call_error(info: CallInfo, rank: int, detail: str) -> Exception:
+    """A rank raised: blame a dead peer if there is one (a survivor's collective fails with
+    'connection closed' when its peer is killed), else report the rank's own exception and
+    whether the others still answer."""
+    if info.starting:
+        return WorkerCallError(info.role, rank, info.method, detail, usable=False)
+    if info.hostset is None:
+        return WorkerCallError(info.role, rank, info.method, detail)
+    if info.hostset.find_dead() is not None:
+        return info.hostset.died_error(info.role, info.method)
+    busy = [r for r in info.hostset.busy_ranks() if r != rank]
+    return WorkerCallError(info.role, rank, info.method, detail, busy=busy)
 
 
 def fetch_all(refs: list[ray.ObjectRef], info: CallInfo, ranks: list[int]) -> list[Any]:
-    """ray.get several ranks' objects in one round trip; on failure, name the failing rank."""
+    """ray.get several ranks' objects in one round trip; on failure, name the failing rank
+    (a dead process first: the other ranks' errors are its consequences)."""
     try:
         return ray.get(refs)
     except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError):
-        return [fetch(ref, info, rank) for ref, rank in zip(refs, ranks)]
+        if not info.starting and info.hostset is not None and info.hostset.find_dead() is not None:
+            raise info.hostset.died_error(info.role, info.method) from None
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+        order = sorted(range(len(refs)), key=lambda i: refs[i] not in ready)  # finished ones first
+        for i in order:
+            fetch(refs[i], info, ranks[i])
+        raise
 
 
 @dataclass

@@ -15,7 +15,10 @@ generation shard contains its training shard (zero redundancy).
 from __future__ import annotations
 
 from dataclasses import dataclass
+import numbers
 from typing import NamedTuple
+
+from workbench.errors import ConfigError
 
 
 class Coord(NamedTuple):
@@ -37,9 +40,12 @@ class Mesh:
     """Tensor-parallel size of the generation layout (hybrid engine); None = same as training."""
 
     def __post_init__(self):
-        for name in ("pp", "tp", "dp"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"Mesh.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("pp", "tp", "dp", "gen_pp", "gen_tp"):
+            value = getattr(self, name)
+            if value is None and name.startswith("gen_"):
+                continue
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"Mesh.{name}", value, "must be >= 1: use a whole number of ranks")
         gen_pp, gen_tp = self.gen_pp or self.pp, self.gen_tp or self.tp
         if self.pp % gen_pp or self.tp % gen_tp:
             raise ValueError(

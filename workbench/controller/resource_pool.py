@@ -11,6 +11,7 @@ Groups on disjoint pools run concurrently.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 
 import ray
@@ -64,24 +65,34 @@ class ResourcePool:
         return sum(self.devices_per_node)
 
     @classmethod
+    def plan(cls, name: str, devices: int | list[int], exclude: PlacementGroup | None = None) -> list[str]:
+        """The node of each device the pool would get now, counting every live placement
+        group on the cluster as taken except `exclude` (a pool about to be replaced).
+        Raises PlacementError, having touched nothing, when they are not free."""
+        devices = check_devices(name, devices)
+        resource = device_resource()
+        return _choose_nodes(name, devices, alive_nodes(resource), reserved_per_node(resource, exclude), resource)
+
+    @classmethod
     def reserve(
         cls,
         name: str,
         devices: int | list[int],
-        reserved: dict[str, float],
+        label: str,
         max_colocate: int = 4,
         timeout: float = 30.0,
+        exclude: PlacementGroup | None = None,
     ) -> ResourcePool:
-        """Reserve devices now; `reserved` is what the session's other pools hold per node."""
+        """Reserve devices now as a placement group named `label` (unique per session and
+        pool version, so re-runs and other drivers never collide)."""
         resource = device_resource()
-        nodes = alive_nodes(resource)
-        node_ids = _choose_nodes(name, devices, nodes, reserved, resource)
+        node_ids = cls.plan(name, devices, exclude)
         counts = [node_ids.count(n) for n in dict.fromkeys(node_ids)]
         bundle = {resource: 1.0} if resource == "CPU" else {resource: 1.0, "CPU": 1.0}
         pg = placement_group(
             [dict(bundle) for _ in node_ids],
             strategy="PACK",
-            name=f"workbench:{name}",
+            name=label,
             bundle_label_selector=[{"ray.io/node-id": n} for n in node_ids],
         )
         try:
@@ -113,6 +124,31 @@ class ResourcePool:
 
     def __repr__(self) -> str:
         return f"ResourcePool({self.name!r}, devices_per_node={self.devices_per_node}, {self.resource})"
+
+
+def reserved_per_node(resource: str, exclude: PlacementGroup | None = None) -> dict[str, float]:
+    """Devices held per node by every live placement group (this driver's and others')."""
+    skip = exclude.id.hex() if exclude is not None else None
+    held: dict[str, float] = {}
+    for pg_id, info in ray.util.placement_group_table().items():
+        if pg_id == skip or info.get("state") == "REMOVED":
+            continue
+        for index, node in (info.get("bundles_to_node_id") or {}).items():
+            held[node] = held.get(node, 0.0) + info["bundles"][index].get(resource, 0.0)
+    return held
+
+
+def check_devices(name: str, devices) -> int | list[int]:
+    """devices as given, if it is a positive int or a non-empty list of them; else a PlacementError."""
+    def whole(d):
+        return isinstance(d, numbers.Integral) and not isinstance(d, bool) and d >= 1
+
+    if whole(devices) or (isinstance(devices, (list, tuple)) and devices and all(whole(d) for d in devices)):
+        return devices if isinstance(devices, int) else list(devices)
+    raise PlacementError(
+        f"pool {name!r}: devices={devices!r} is not a device count; pass a whole number >= 1 "
+        f"(e.g. 2: fill nodes in order) or a list of them, one per node (e.g. [2, 2])"
+    )
 
 
 def _choose_nodes(

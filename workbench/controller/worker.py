@@ -10,12 +10,15 @@ on the same pool, resolves RemoteSlice inputs, runs the method and records a tra
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import tempfile
 from collections import deque
 import time
 from dataclasses import dataclass
 from typing import Any
 
+import psutil
 import ray
 import torch
 import torch.distributed as dist
@@ -111,10 +114,26 @@ TRACE_GROUP = "trace"
 MAX_RECORDS = 100_000  # trace spans kept per worker between two session.trace() calls
 
 
+def loopback_env() -> dict[str, str]:
+    """Environment that keeps a process's own listening sockets on the loopback interface:
+    gloo's and NCCL's connection listeners, and vLLM's host address. Used for groups whose
+    ranks all sit on one machine (their peers are local, so nothing needs another interface)."""
+    iface = next(
+        (name for name, addrs in psutil.net_if_addrs().items()
+         if any(a.family == socket.AF_INET and a.address.startswith("127.") for a in addrs)),
+        "lo",
+    )
+    return {"GLOO_SOCKET_IFNAME": iface, "NCCL_SOCKET_IFNAME": iface, "VLLM_HOST_IP": "127.0.0.1",
+            "MASTER_ADDR": "127.0.0.1"}
+
+
 class WorkerHost:
     """The Ray actor behind one rank; see host_class for its entry points."""
 
-    def __init__(self, pool: str, rank: int, world_size: int, threads: int, backend: str):
+    def __init__(self, pool: str, rank: int, world_size: int, threads: int, backend: str, local: bool = False):
+        if local:  # set before any library opens a socket: see loopback_env
+            os.environ.update(loopback_env())
+        self.local = local
         torch.set_num_threads(threads)
         self.pool, self.rank, self.world_size, self.backend = pool, rank, world_size, backend
         self.device = "cuda" if backend == "nccl" else "cpu"
@@ -126,18 +145,33 @@ class WorkerHost:
         self.counts: dict[tuple[str, str], int] = {}
         self.current: dict = {}
 
-    def rendezvous_address(self) -> tuple[str, int]:
-        """This node's address and a free port, for rank 0 to host the process-group store."""
+    def rendezvous_address(self) -> tuple[str, int | str]:
+        """Where the group's process-group store lives, chosen by rank 0.
+
+        A group on one machine shares a FileStore in a fresh private directory: no port at
+        all. A group spanning nodes needs torch's TCPStore, hosted by rank 0 on its node's
+        address (torch binds that store on every interface; it has no authentication)."""
+        if self.local:
+            self.store_dir = tempfile.mkdtemp(prefix="workbench-store-")
+            return "file", os.path.join(self.store_dir, "store")
         with socket.socket() as s:
-            s.bind(("", 0))
+            s.bind((ray.util.get_node_ip_address(), 0))
             port = s.getsockname()[1]
         return ray.util.get_node_ip_address(), port
 
-    def init_process_group(self, address: str, port: int) -> None:
+    def init_process_group(self, address: str, port: int | str) -> None:
+        if address == "file":
+            store = dist.FileStore(str(port), self.world_size)
+            dist.init_process_group(self.backend, store=store, rank=self.rank, world_size=self.world_size)
+            return
         os.environ.update(MASTER_ADDR=address, MASTER_PORT=str(port))
         dist.init_process_group(
             self.backend, init_method=f"tcp://{address}:{port}", rank=self.rank, world_size=self.world_size
         )
+
+    def identity(self) -> tuple[int, str, str]:
+        """(pid, node id, node address) of this process, named in errors about it."""
+        return os.getpid(), ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
 
     def add_role(self, role: str, cls: type, config: Any, mesh: Mesh) -> None:
         worker = cls.__new__(cls)
@@ -197,7 +231,9 @@ class WorkerHost:
 
     def shutdown(self) -> None:
         if dist.is_initialized():
-            dist.destroy_process_group()
+            dist.destroy_process_group()  # a FileStore's file goes with its last user
+        if self.local and self.rank == 0 and getattr(self, "store_dir", None):
+            shutil.rmtree(self.store_dir, ignore_errors=True)
 
 
 def host_class(roles: dict[str, type]) -> type:

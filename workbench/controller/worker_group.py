@@ -26,7 +26,7 @@ from workbench.controller.register import Registration, registered_methods
 from workbench.controller.resource_pool import ResourcePool
 from workbench.controller.worker import AFTER, META, TAGS, TRACE_GROUP, host_class
 from workbench.data.batch import Batch
-from workbench.errors import DispatchError, WorkerCallError
+from workbench.errors import DispatchError, GroupRemovedError, WorkerCallError, WorkerDiedError
 from workbench.tracing import CallRecord, current_tags
 
 # Driver call numbers, unique in this process: they tie every rank's span to its call's tags.
@@ -47,24 +47,33 @@ class HostSet:
         if pool.placement is None:
             raise DispatchError(f"group {name!r}: pool {pool.name!r} was released; create it again")
         self.pool, self.mesh, self.roles = pool, mesh, list(roles)
+        self.specs = dict(roles)
         self.configs = {role: config for role, (_, config) in roles.items()}
+        self.identities: list[tuple[int, str, str] | None] = [None] * mesh.world_size
+        """(pid, node id, node address) of each rank."""
+        self.dead: tuple[int, str] | None = None
+        """(rank, what Ray said) once a process of this set is known to be gone."""
+        self.checkpoints: dict[str, str] = {}
+        """role -> path of the last save_checkpoint(path) issued on it (session.recover reloads it)."""
         backend = "nccl" if pool.resource == "GPU" else "gloo"
+        local = len(set(pool.node_ids)) == 1  # one machine: every socket on loopback
         remote_host = ray.remote(concurrency_groups={TRACE_GROUP: 1})(
             host_class({role: cls for role, (cls, _) in roles.items()}))
         self.call_tags: OrderedDict[int, dict] = OrderedDict()
         self._drains: list = []  # drain_records calls that had not answered yet
         self.hosts = [
-            remote_host.options(**pool.scheduling(rank)).remote(pool.name, rank, mesh.world_size, threads, backend)
+            remote_host.options(**pool.scheduling(rank)).remote(pool.name, rank, mesh.world_size, threads, backend, local)
             for rank in range(mesh.world_size)
         ]
         try:
             ranks = list(range(mesh.world_size))
-            address, port = fetch(self.hosts[0].rendezvous_address.remote(), CallInfo(name, "start", ranks), 0)
+            self.identities = fetch_all([h.identity.remote() for h in self.hosts], CallInfo(name, "start", ranks, starting=True), ranks)
+            address, port = fetch(self.hosts[0].rendezvous_address.remote(), CallInfo(name, "start", ranks, starting=True), 0)
             fetch_all([h.init_process_group.remote(address, port) for h in self.hosts],
-                      CallInfo(name, "init_process_group", ranks), ranks)
+                      CallInfo(name, "init_process_group", ranks, starting=True), ranks)
             for role, (cls, config) in roles.items():
                 fetch_all([h.add_role.remote(role, cls, config, mesh) for h in self.hosts],
-                          CallInfo(role, f"{cls.__name__}.__init__", ranks), ranks)
+                          CallInfo(role, f"{cls.__name__}.__init__", ranks, starting=True), ranks)
         except BaseException:
             self.shutdown()
             raise
@@ -81,6 +90,46 @@ class HostSet:
         """Ask every rank for its spans (answered from the hosts' trace thread, beside any call
         in flight); `drain_records` collects the answers."""
         self._drains += [h.drain_records.remote() for h in self.hosts]
+
+    def where(self, rank: int) -> tuple[int | None, str | None]:
+        """(pid, 'address/node-id prefix') of a rank, for error messages."""
+        ident = self.identities[rank] if rank < len(self.identities) else None
+        return (ident[0], f"{ident[2]}/{ident[1][:8]}") if ident else (None, None)
+
+    def find_dead(self, timeout: float = 3.0) -> tuple[int, str] | None:
+        """The first rank found dead, with Ray's words; None when every rank answers (or is busy
+        past `timeout`, which says it is alive). Once found, the set stays marked dead."""
+        if self.dead is not None or not self.hosts:
+            return self.dead
+        pings = [h.ping.remote() for h in self.hosts]
+        ids = [h._actor_id.hex() for h in self.hosts]
+        deadline = time.monotonic() + timeout
+        while self.dead is None:
+            ready, _ = ray.wait(pings, num_returns=len(pings), timeout=0.1, fetch_local=False)
+            for rank, ref in enumerate(pings):
+                if ref in ready:
+                    try:
+                        ray.get(ref)
+                    except ray.exceptions.RayActorError as err:
+                        self.dead = (rank, str(err))
+                        break
+                elif _actor_state(ids[rank]) == "DEAD":
+                    self.dead = (rank, "Ray reports the process DEAD")
+                    break
+            if len(ready) == len(pings) or time.monotonic() > deadline:
+                break
+        return self.dead
+
+    def busy_ranks(self, timeout: float = 1.0) -> list[int]:
+        """Ranks that do not answer a ping within `timeout` (e.g. waiting in a collective)."""
+        pings = [h.ping.remote() for h in self.hosts]
+        ready, _ = ray.wait(pings, num_returns=len(pings), timeout=timeout, fetch_local=False)
+        return [rank for rank, ref in enumerate(pings) if ref not in ready]
+
+    def died_error(self, role: str, method: str) -> WorkerDiedError:
+        rank, detail = self.dead
+        pid, node = self.where(rank)
+        return WorkerDiedError(role, rank, method, detail, pid=pid, node=node, fused=self.roles)
 
     def drain_records(self, timeout: float = 10.0, request: bool = True) -> list[CallRecord]:
         """Spans from every rank. A rank that does not answer within `timeout` keeps its answer
@@ -99,7 +148,9 @@ class HostSet:
         return records
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Kill the processes and wait until Ray reports them dead (their share of the pool is free)."""
+        """Stop the processes and wait until Ray reports them dead (their share of the pool is free)."""
+        if self.hosts and self.dead is None:  # let live ranks close their process group first
+            ray.wait([h.shutdown.remote() for h in self.hosts], num_returns=len(self.hosts), timeout=2.0)
         for host in self.hosts:
             ray.kill(host, no_restart=True)
         deadline = time.monotonic() + timeout
@@ -117,11 +168,42 @@ def _actor_state(actor_id: str) -> str | None:
 
 
 class WorkerGroup:
-    """Driver-side handle: registered methods of `cls`, called on every rank of a HostSet."""
+    """Driver-side handle: registered methods of `cls`, called on every rank of a HostSet.
+
+    A handle follows its role: when the session re-creates the group (re-running its cell,
+    `session.recover`), calls on an old handle go to the new group; when the group is removed
+    and not re-created, they raise GroupRemovedError naming the role and the cell to re-run."""
 
     def __init__(self, role: str, hostset: HostSet, cls: type):
-        self.role, self.hostset, self.cls = role, hostset, cls
-        self.methods: dict[str, Registration] = registered_methods(cls)
+        self.role, self._hostset, self._cls = role, hostset, cls
+        self._methods: dict[str, Registration] = registered_methods(cls)
+        self._successor: WorkerGroup | None = None
+        self._removed: str | None = None
+
+    def live(self) -> WorkerGroup:
+        """The group this handle stands for now (itself, or the group that replaced it)."""
+        group = self._latest()
+        if group._removed is not None:
+            raise GroupRemovedError(self.role, group._removed)
+        return group
+
+    def _latest(self) -> WorkerGroup:
+        group = self
+        while group._successor is not None:
+            group = group._successor
+        return group
+
+    @property
+    def hostset(self) -> HostSet:
+        return self.live()._hostset
+
+    @property
+    def cls(self) -> type:
+        return self._latest()._cls
+
+    @property
+    def methods(self) -> dict[str, Registration]:
+        return self._latest()._methods
 
     @property
     def mesh(self) -> Mesh:
@@ -141,12 +223,13 @@ class WorkerGroup:
         return self.hostset.configs.get(self.role)
 
     def __getattr__(self, name: str):
-        methods = self.__dict__.get("methods", {})
+        if name.startswith("_"):
+            raise AttributeError(name)
+        methods = self.methods
         if name not in methods:
             raise AttributeError(
-                f"{self.__dict__.get('role', '?')} ({getattr(self.__dict__.get('cls'), '__name__', '?')}) "
-                f"has no registered method {name!r}; registered: {sorted(methods)}. "
-                f"Mark worker methods with @register(...) to call them from the driver."
+                f"{self.role} ({self.cls.__name__}) has no registered method {name!r}; registered: "
+                f"{sorted(methods)}. Mark worker methods with @register(...) to call them from the driver."
             )
 
         def call(*args, **kwargs) -> DataFuture:
@@ -161,9 +244,17 @@ class WorkerGroup:
 
     def call(self, method: str, *args, **kwargs) -> DataFuture:
         """Run registered `method` on the group; returns a DataFuture immediately."""
+        group = self.live()
+        if group is not self:
+            return group.call(method, *args, **kwargs)
+        if self._hostset.dead is not None:  # known dead: refuse before any remote work
+            raise self._hostset.died_error(self.role, method)
         registration = self.methods.get(method)
         if registration is None:
             raise DispatchError(f"{self.role} has no registered method {method!r}; registered: {sorted(self.methods)}")
+        check = getattr(self._hostset.configs.get(self.role), "check_call", None)
+        if callable(check):  # the config's own driver-side checks of these inputs
+            check(self.role, method, args, kwargs)
         reserved = [k for k in kwargs if k.startswith("_wb_")]
         if reserved:
             raise DispatchError(f"{self.role}.{method}: keyword names starting with _wb_ are reserved: {reserved}")
@@ -207,8 +298,10 @@ class WorkerGroup:
                 result = result[1]
             outputs.append(result)
         self.pool.last_call = (self.hostset, metas or outputs)
+        if method == "save_checkpoint" and (args or "path" in kwargs):
+            self._hostset.checkpoints[self.role] = str(kwargs.get("path", args[0] if args else None))
         future = DataFuture(
-            CallInfo(self.role, method, ranks), outputs, metas if registration.returns_rows else None,
+            CallInfo(self.role, method, ranks, self.hostset), outputs, metas if registration.returns_rows else None,
             collect_ranks, collect, mesh,
         )
         future.trace_tags = tags  # StageClock.launch adds the iteration and stage
@@ -228,7 +321,11 @@ class WorkerGroup:
         return value.pad_to_multiple(chunks)
 
     def __repr__(self) -> str:
-        return f"WorkerGroup({self.role!r}, {self.cls.__name__}, pool={self.pool.name!r}, {self.mesh})"
+        group = self._latest()
+        if group._removed is not None:
+            return f"WorkerGroup({self.role!r}, removed: {group._removed})"
+        state = ", DEAD" if group._hostset.dead is not None else ""
+        return f"WorkerGroup({self.role!r}, {group._cls.__name__}, pool={group.pool.name!r}, {group.mesh}{state})"
 
 
 def _whole(value: Any) -> Any:

@@ -19,7 +19,9 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from workbench import checks
 from workbench.data.batch import Batch
+from workbench.errors import ConfigError
 from workbench.engines.accumulation import micro_batch_weights
 
 # Value heads (AutoModelForTokenClassification) return a view; FSDP2 warns that an in-place
@@ -40,6 +42,16 @@ class OptimConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     """Clip the global gradient norm to this (0 = no clipping; the norm is still reported)."""
+
+    def __post_init__(self):
+        checks.real("OptimConfig", "lr", self.lr, 0, low_open=True, fix="use a learning rate > 0 (e.g. 1e-5)")
+        if not (isinstance(self.betas, (tuple, list)) and len(self.betas) == 2):
+            raise ConfigError("OptimConfig.betas", self.betas, "use two numbers in [0, 1), e.g. (0.9, 0.999)")
+        for i, beta in enumerate(self.betas):
+            checks.real("OptimConfig", f"betas[{i}]", beta, 0, 1, high_open=True, fix="use betas in [0, 1), e.g. (0.9, 0.999)")
+        checks.real("OptimConfig", "eps", self.eps, 0, low_open=True, fix="use eps > 0 (e.g. 1e-8)")
+        checks.real("OptimConfig", "weight_decay", self.weight_decay, 0, fix="use weight_decay >= 0")
+        checks.real("OptimConfig", "grad_clip", self.grad_clip, 0, fix="use grad_clip >= 0 (0 = no clipping)")
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -21,6 +21,7 @@ from typing import Iterable, Protocol
 
 import torch
 
+from workbench import checks
 from workbench.data.batch import Batch
 
 
@@ -46,12 +47,16 @@ class SamplingConfig:
     (`stream_seed`), so runs repeat exactly while iterations (and ranks) draw different samples."""
 
     def __post_init__(self):
-        if self.max_new_tokens < 1 or self.n < 1:
-            raise ValueError(f"max_new_tokens and n must be >= 1, got {self.max_new_tokens}, {self.n}")
-        if not self.greedy and self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0 (got {self.temperature}); use greedy=True for arg-max")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        checks.whole("SamplingConfig", "max_new_tokens", self.max_new_tokens, fix="use a whole number of tokens >= 1")
+        checks.whole("SamplingConfig", "n", self.n, fix="use a whole number of samples per prompt >= 1")
+        checks.of_type("SamplingConfig", "greedy", self.greedy, bool, "use True or False")
+        if not self.greedy:
+            checks.real("SamplingConfig", "temperature", self.temperature, 0, low_open=True,
+                        fix="temperature must be > 0; use greedy=True for arg-max")
+        checks.real("SamplingConfig", "top_p", self.top_p, 0, 1, low_open=True, fix="use top_p in (0, 1] (1.0 = off)")
+        checks.whole("SamplingConfig", "top_k", self.top_k, low=0, fix="use a whole number >= 0 (0 = off)")
+        if self.seed is not None:
+            checks.whole("SamplingConfig", "seed", self.seed, low=0, fix="use a whole number >= 0, or None")
 
 
 def stream_seed(seed: int, *parts: int) -> int:

@@ -29,6 +29,7 @@ from typing import Iterable
 import numpy as np
 import torch
 
+from workbench import checks
 from workbench.data.batch import Batch
 from workbench.engines.rollout import SamplingConfig, join_prompt_and_response
 
@@ -63,6 +64,16 @@ class VLLMRolloutConfig:
     cache_root: str | None = None
     """Where vLLM keeps its cache and config (VLLM_CACHE_ROOT/VLLM_CONFIG_ROOT). None: an
     already set VLLM_CACHE_ROOT, else <system temp>/hybridflow-workbench/vllm; never home."""
+
+    def __post_init__(self):
+        owner = "VLLMRolloutConfig"
+        checks.whole(owner, "max_model_len", self.max_model_len, fix="use a whole number of tokens >= 1 (prompt + response)")
+        checks.whole(owner, "max_num_seqs", self.max_num_seqs, fix="use a whole number of sequences >= 1")
+        checks.one_of(owner, "dtype", self.dtype, ("auto", "float32", "bfloat16", "float16"))
+        checks.real(owner, "gpu_memory_utilization", self.gpu_memory_utilization, 0, 1, low_open=True,
+                    fix="use a share of device memory in (0, 1]")
+        checks.whole(owner, "cpu_kv_cache_gib", self.cpu_kv_cache_gib, fix="use a whole number of GiB >= 1")
+        checks.whole(owner, "seed", self.seed, low=0, fix="use a whole number >= 0")
 
 
 def _on_gpu() -> bool:

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import torch
 
-from workbench.errors import WorkbenchError
+from workbench.errors import ConfigError, WorkbenchError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -47,6 +47,14 @@ class LoadConfig:
     token ids, then tell padding apart from a real eos), "refuse" raises."""
     attn_implementation: str | None = None
     """Passed to `from_pretrained` ("eager", "sdpa", ...); None keeps transformers' default."""
+
+    def __post_init__(self):
+        if self.dtype != "auto" and self.dtype not in DTYPES and not isinstance(self.dtype, torch.dtype):
+            raise ConfigError("LoadConfig.dtype", self.dtype, f"use 'auto' or one of {sorted(DTYPES)}")
+        if self.pad_token not in ("eos", "refuse"):
+            raise ConfigError("LoadConfig.pad_token", self.pad_token, "use 'eos' (reuse eos as pad) or 'refuse'")
+        if not isinstance(self.device, str) or not self.device:
+            raise ConfigError("LoadConfig.device", self.device, "use a device name such as 'cpu' or 'cuda'")
 
 
 @dataclass
@@ -203,3 +211,71 @@ def save(model, tokenizer, path: str | os.PathLike) -> Path:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+# ---- driver-side checks: before any worker starts ------------------------------------------------
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+POSITION_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+_checked: dict[tuple, int | None] = {}
+
+
+def check_model_dir(path: str | os.PathLike, field: str, head: Literal["causal", "value"] = "causal",
+                    trust_remote_code: bool = False) -> int | None:
+    """On the driver, in well under a second: `path` exists, is a decoder-only causal LM (a
+    saved value model of one, for head="value"), and holds its tokenizer. Returns the model's
+    position limit (None when its config names none). `field` names the setting in errors."""
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise ModelLoadError(f"{field}={path!r}: give the path of a local Hugging Face checkpoint directory")
+    try:
+        path = check_directory(path)
+    except ModelLoadError as error:
+        raise ModelLoadError(f"{field}: {error}") from None
+    stamp = (str(path.resolve()), head, (path / "config.json").stat().st_mtime_ns)
+    if stamp in _checked:
+        return _checked[stamp]
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except ValueError as error:
+        raise ModelLoadError(f"{field}: cannot read the config of {str(path)!r}: {error}") from error
+    model_type = getattr(config, "model_type", None)
+    architectures = list(getattr(config, "architectures", None) or [])
+    remote = "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
+    decoder_only = remote or (
+        model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES  # bert, roberta, ...: bidirectional
+        and not getattr(config, "is_encoder_decoder", False)
+    )
+    heads = ("ForCausalLM", "LMHeadModel") + (("ForTokenClassification",) if head == "value" else ())
+    if not decoder_only or (architectures and not any(a.endswith(heads) for a in architectures)):
+        use = "an actor or reference" if head == "causal" else "a critic, reward or cost model"
+        raise ModelLoadError(
+            f"{field}={str(path)!r} is not a decoder-only causal language model (model_type="
+            f"{model_type!r}, architectures={architectures}); {use} needs causal attention "
+            f"(e.g. llama, qwen2, mistral, gpt2). An encoder such as BERT attends to later "
+            f"tokens, so its log-probs/values would see the future. Use a decoder-only checkpoint "
+            f"or workbench.models.make_tiny(...)."
+        )
+    if not any((path / name).exists() for name in TOKENIZER_FILES):
+        raise ModelLoadError(
+            f"{field}={str(path)!r} has no tokenizer (none of {list(TOKENIZER_FILES)}); save it "
+            f"next to the weights with tokenizer.save_pretrained(dir)."
+        )
+    limit = next((getattr(config, name) for name in POSITION_FIELDS if isinstance(getattr(config, name, None), int)), None)
+    _checked[stamp] = limit
+    return limit
+
+
+def check_positions(limit: int | None, prompt_length: int, max_new_tokens: int, field: str, path: str) -> None:
+    """Refuse prompts + responses longer than the model's positions (they would come back empty)."""
+    if limit is not None and prompt_length + max_new_tokens > limit:
+        raise ModelLoadError(
+            f"prompts of {prompt_length} tokens + max_new_tokens={max_new_tokens} = "
+            f"{prompt_length + max_new_tokens} exceed the {limit} positions of {field}={path!r}; "
+            f"shorten the prompts (max_prompt_length) or lower SamplingConfig.max_new_tokens"
+        )

@@ -33,7 +33,9 @@ from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig, stream_seed
 from workbench.engines.training import BACKENDS, make_engine
 from workbench.engines.vllm_rollout import VLLMRolloutConfig
-from workbench.models.load import LoadConfig, load
+from workbench import checks
+from workbench.errors import ConfigError
+from workbench.models.load import LoadConfig, check_model_dir, check_positions, load
 from workbench.workers.training import mean_over_ranks, run_updates
 
 
@@ -80,6 +82,39 @@ class ActorConfig:
             raise ValueError(f"ActorConfig.backend: unknown training backend {self.backend!r}; use one of {BACKENDS}")
         if self.zero_stage not in (1, 2, 3):
             raise ValueError(f"ActorConfig.zero_stage: {self.zero_stage!r} is not a ZeRO stage; use 1, 2 or 3")
+        checks.training_fields("ActorConfig", self)
+        checks.real("ActorConfig", "temperature", self.temperature, 0, low_open=True,
+                    fix="use a temperature > 0 (the sampling temperature; 1.0 for greedy sampling)")
+        checks.of_type("ActorConfig", "load", self.load, LoadConfig, "pass a workbench.models.load.LoadConfig")
+        checks.of_type("ActorConfig", "vllm", self.vllm, VLLMRolloutConfig, "pass a VLLMRolloutConfig")
+        if not (self.train or self.rollout or self.reference):
+            raise ConfigError("ActorConfig(train, rollout, reference)", (self.train, self.rollout, self.reference),
+                              "this worker would hold nothing; enable train, a rollout or reference")
+
+    def check_layout(self, mesh, role: str) -> None:
+        """Driver-side, before workers start: the layout and the model directory fit."""
+        checks.data_parallel_only("ActorRolloutRefWorker", mesh, role)
+        checks.mini_batch_splits("ActorConfig", self.mini_batch_size, mesh.dp, role)
+        check_model_dir(self.model_path, "ActorConfig.model_path", "causal", self.load.trust_remote_code)
+
+    def check_rows(self, rows: int, role: str) -> None:
+        """An update over `rows` rows takes equal mini-batches."""
+        if self.train:
+            checks.rows_split("ActorConfig", self.mini_batch_size, rows, role)
+
+    def check_call(self, role: str, method: str, args: tuple, kwargs: dict) -> None:
+        """Driver-side check of a call's inputs, before it is sent (see WorkerGroup.call)."""
+        batch = args[0] if args else kwargs.get("prompts", kwargs.get("batch"))
+        if not isinstance(batch, Batch) or "input_ids" not in batch:
+            return
+        if method == "generate_sequences":
+            sampling = args[1] if len(args) > 1 else kwargs.get("sampling", SamplingConfig())
+            limit = check_model_dir(self.model_path, "ActorConfig.model_path", "causal", self.load.trust_remote_code)
+            if self.rollout == "vllm":
+                limit = min(limit or self.vllm.max_model_len, self.vllm.max_model_len)
+            check_positions(limit, batch["input_ids"].shape[1], sampling.max_new_tokens, "ActorConfig.model_path", self.model_path)
+        elif method == "update_actor" and "old_log_probs" in batch:
+            self.check_rows(batch.num_valid, role)
 
 
 class ActorRolloutRefWorker(Worker):

@@ -12,7 +12,9 @@ from workbench.data.batch import Batch
 from workbench.engines.forward import pad_responses, trim_padding
 from workbench.engines.fsdp import LossFn, OptimConfig
 from workbench.engines.training import BACKENDS, make_engine
-from workbench.models.load import LoadConfig
+from workbench import checks
+from workbench.errors import ConfigError
+from workbench.models.load import LoadConfig, check_model_dir
 from workbench.models.value import load_value_model, token_values
 from workbench.workers.training import mean_over_ranks, run_updates
 
@@ -36,6 +38,24 @@ class CriticConfig:
     def __post_init__(self):
         if self.backend not in BACKENDS:
             raise ValueError(f"CriticConfig.backend: unknown training backend {self.backend!r}; use one of {BACKENDS}")
+        if self.zero_stage not in (1, 2, 3):
+            raise ConfigError("CriticConfig.zero_stage", self.zero_stage, "use ZeRO stage 1, 2 or 3")
+        checks.training_fields("CriticConfig", self)
+        checks.of_type("CriticConfig", "load", self.load, LoadConfig, "pass a workbench.models.load.LoadConfig")
+
+    def check_layout(self, mesh, role: str) -> None:
+        """Driver-side, before workers start: the layout and the model directory fit."""
+        checks.data_parallel_only("CriticWorker", mesh, role)
+        checks.mini_batch_splits("CriticConfig", self.mini_batch_size, mesh.dp, role)
+        check_model_dir(self.model_path, "CriticConfig.model_path", "value", self.load.trust_remote_code)
+
+    def check_rows(self, rows: int, role: str) -> None:
+        checks.rows_split("CriticConfig", self.mini_batch_size, rows, role)
+
+    def check_call(self, role: str, method: str, args: tuple, kwargs: dict) -> None:
+        batch = args[0] if args else kwargs.get("batch")
+        if method == "update_critic" and isinstance(batch, Batch):
+            self.check_rows(batch.num_valid, role)
 
 
 def response_values(model: torch.nn.Module, batch: Batch) -> torch.Tensor:

@@ -7,14 +7,17 @@ response token (zeros elsewhere), the form PPO's per-token rewards are built fro
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
 
 from workbench.controller import DP_PROTO, Worker, register
 from workbench.data.batch import Batch
+from workbench import checks
 from workbench.engines.forward import trim_padding
-from workbench.models.load import LoadConfig
+from workbench.errors import ConfigError
+from workbench.models.load import LoadConfig, check_model_dir
 from workbench.models.value import last_token_index, load_value_model, token_values
 
 
@@ -24,6 +27,18 @@ class ScoreModelConfig:
     """A trained value model (see workbench.stages.reward_model) or any causal-LM directory."""
     micro_batch_size: int = 8
     load: LoadConfig = field(default_factory=LoadConfig)
+
+    def __post_init__(self):
+        if not isinstance(self.model_path, (str, os.PathLike)) or not str(self.model_path):
+            raise ConfigError("ScoreModelConfig.model_path", self.model_path, "give a local checkpoint directory")
+        checks.whole("ScoreModelConfig", "micro_batch_size", self.micro_batch_size,
+                     fix="use a whole number of rows >= 1 per forward")
+        checks.of_type("ScoreModelConfig", "load", self.load, LoadConfig, "pass a workbench.models.load.LoadConfig")
+
+    def check_layout(self, mesh, role: str) -> None:
+        """Driver-side, before workers start: a decoder-only scorer with its tokenizer."""
+        checks.data_parallel_only("RewardModelWorker", mesh, role)
+        check_model_dir(self.model_path, "ScoreModelConfig.model_path", "value", self.load.trust_remote_code)
 
 
 class RewardModelWorker(Worker):
