@@ -36,17 +36,21 @@ def run(num_prompts: int, workdir: Path, trace_path: Path, sft_steps: int = 200,
     train = tokenize_prompts([p.__dict__ for p in arithmetic.generate(task, num_prompts, seed=1)], tokenizer, 32)
     held_out = tokenize_prompts([p.__dict__ for p in arithmetic.generate(task, 32, seed=2)], tokenizer, 32)
 
+    sampling = SamplingConfig(max_new_tokens=6, n=2, seed=0)
+    rows = num_prompts * sampling.n  # one optimizer step per iteration, whatever the prompt count
     with Session(num_devices=4) as session:
         actor = session.group(
             "actor", ActorRolloutRefWorker, session.pool("actor_pool", 2),
-            ActorConfig(model_path=str(model_dir), reference=True, optim=OptimConfig(lr=2e-5)),
+            ActorConfig(model_path=str(model_dir), reference=True, optim=OptimConfig(lr=2e-5), mini_batch_size=rows),
         )
-        critic = session.group("critic", CriticWorker, session.pool("critic_pool", 2), CriticConfig(model_path=str(model_dir)))
+        critic = session.group("critic", CriticWorker, session.pool("critic_pool", 2),
+                               CriticConfig(model_path=str(model_dir), mini_batch_size=rows))
         ppo = PPO(
             Groups(actor=actor, reference=actor, critic=critic, reward=RuleReward(arithmetic.score)),
-            PPOConfig(sampling=SamplingConfig(max_new_tokens=6, n=2, seed=0)),
+            PPOConfig(sampling=sampling),
         )
-        print(f"placement: actor+reference on {actor.pool}, critic on {critic.pool}, rule reward in Ray tasks")
+        print(f"placement: actor+reference on {actor.pool}, critic on {critic.pool}, "
+              f"rule reward in long-lived scoring processes")
 
         before = ppo.evaluate(held_out)
         print(f"held-out exact-match accuracy (greedy) before PPO: {before:.2f}")
