@@ -3,6 +3,7 @@ iterations through `fit(callbacks=...)` watched by a dashboard, a timeline and a
 Package-scoped: the view tests and the browser test share it."""
 
 import sys
+import time
 
 import pytest
 import ray
@@ -28,6 +29,7 @@ def run(shared_session, tmp_path_factory):
     problems = arithmetic.generate(arithmetic.ArithmeticConfig(digits=1), 4, seed=1)
     prompts = tokenize_prompts([p.__dict__ for p in problems], tokenizer, max_prompt_length=32)
     s = shared_session
+    since = time.time()  # the shared session's trace also holds earlier tests' spans
     actor = s.group("actor", ActorRolloutRefWorker, s.pool("actor_pool", 2),
                     ActorConfig(model_path=str(model_dir), reference=True, optim=OptimConfig(lr=1e-4),
                                 mini_batch_size=4, micro_batch_size=2))
@@ -38,6 +40,6 @@ def run(shared_session, tmp_path_factory):
     batches = []
     history = grpo.fit([prompts], iterations=2, log=None,
                        callbacks=[dashboard, timeline, recorder, lambda algo, batch, m: batches.append(batch)])
-    yield {"session": s, "grpo": grpo, "history": history, "dashboard": dashboard, "timeline": timeline,
+    yield {"session": s, "since": since, "grpo": grpo, "history": history, "dashboard": dashboard, "timeline": timeline,
            "recorder": recorder, "batch": batches[-1], "tokenizer": tokenizer, "prompts": prompts}
     s.clear()

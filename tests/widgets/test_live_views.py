@@ -24,7 +24,7 @@ def test_timeline_shows_every_span_of_the_run_tagged_with_its_stage(run):
     timeline = run["timeline"]
     assert len(timeline.refresh_seconds) >= 3  # built, then refreshed after each iteration of fit
     timeline.refresh()  # (the browser test may have run another iteration since)
-    trace = [r for r in run["session"].trace() if r.role == "actor"]
+    trace = [r for r in run["session"].trace() if r.role == "actor" and r.start >= run["since"]]
     data = timeline.data()
     shown = {(data["lanes"][b["lane"]], b["method"], b["call"]) for b in data["bars"]}
     assert {(f"{r.pool} rank {r.rank}", r.method, r.extra.get("call")) for r in trace} <= shown
@@ -85,7 +85,8 @@ def test_recorder_writes_metrics_and_every_span(run):
     actor_saved = {(r.extra.get("call"), r.rank, r.method) for r in saved if r.role == "actor"}
     # spans up to the last iteration's end were all written
     last = max(r.end for r in saved)
-    assert {(r.extra.get("call"), r.rank, r.method) for r in trace if r.role == "actor" and r.end <= last} <= actor_saved
+    ours = [r for r in trace if r.role == "actor" and r.start >= run["since"] and r.end <= last]
+    assert {(r.extra.get("call"), r.rank, r.method) for r in ours} <= actor_saved
     assert MetricsDashboard.from_jsonl(recorder.metrics_path).data()["score"]["critic/score/mean"][1] == \
         [l["critic/score/mean"] for l in lines]
 
