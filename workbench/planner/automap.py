@@ -24,7 +24,7 @@ from workbench.planner.errors import ModelDoesNotFitError, NoFeasiblePlanError, 
 from workbench.planner.memory import (MemoryBreakdown, Transition, generation_memory,
                                       inference_activations, kv_bytes_per_sequence, static_memory,
                                       train_activations, transition)
-from workbench.planner.plan import ColocatedSet, ModelAssignment, Plan, pack_sets
+from workbench.planner.plan import ColocatedSet, ModelAssignment, Plan, pack_sets, span
 from workbench.planner.simulator import INF, Simulator
 from workbench.planner.specs import ClusterSpec, ModelSpec, Workload
 from workbench.planner.strategy import ParallelStrategy, generation_strategies, strategies
@@ -338,7 +338,7 @@ class AutoMapper:
         u = self.cluster.devices_per_node
         if self.allocation == "aligned":
             firsts = pack_aligned(list(alloc), u, self.cluster.n_nodes)
-            packed = [_span(f, k, u) for f, k in zip(firsts, alloc)]
+            packed = [span(f, k, u) for f, k in zip(firsts, alloc)]
             order = list(range(len(placement)))
         else:
             # Larger sets first so they start on a machine boundary (TP groups stay in a node).
@@ -403,17 +403,6 @@ def pack_aligned(sizes: list[int], devices_per_node: int, n_nodes: int) -> list[
         free[j] -= k
         firsts[i] = j * u + o
     return firsts
-
-
-def _span(first: int, k: int, u: int) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
-    counts, nodes, d = [], [], first
-    while d < first + k:
-        node = d // u
-        take = min(first + k, (node + 1) * u) - d
-        counts.append(take)
-        nodes.append(node)
-        d += take
-    return first, tuple(counts), tuple(nodes)
 
 
 def automap(dataflow: Dataflow, models: ModelSpec | str | dict, workload: Workload,

@@ -143,18 +143,20 @@ class Plan:
         return ExecutionPlan(layouts)
 
 
+def span(first: int, k: int, devices_per_node: int) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """First device, per-node counts and node indices of k devices starting at device `first`."""
+    counts, nodes, d = [], [], first
+    while d < first + k:
+        node = d // devices_per_node
+        take = min(first + k, (node + 1) * devices_per_node) - d
+        counts.append(take)
+        nodes.append(node)
+        d += take
+    return first, tuple(counts), tuple(nodes)
+
+
 def pack_sets(sizes: list[int], devices_per_node: int) -> list[tuple[int, tuple[int, ...],
                                                                      tuple[int, ...]]]:
     """First device, per-node counts and node indices of sets laid out one after another."""
-    out, start = [], 0
-    for n in sizes:
-        counts, nodes, d = [], [], start
-        while d < start + n:
-            node = d // devices_per_node
-            take = min(start + n, (node + 1) * devices_per_node) - d
-            counts.append(take)
-            nodes.append(node)
-            d += take
-        out.append((start, tuple(counts), tuple(nodes)))
-        start += n
-    return out
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [span(start, n, devices_per_node) for start, n in zip(starts, sizes)]
