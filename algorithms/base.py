@@ -34,6 +34,8 @@ from workbench.engines.rollout import SamplingConfig, stream_seed
 from workbench.errors import ConfigError
 from workbench.models.load import resolve_dtype
 
+_run_numbers = itertools.count(1)
+
 OLD_LOG_PROB_SOURCES = ("auto", "recompute", "rollout")
 
 
@@ -152,7 +154,9 @@ class Algorithm:
         cfg = self.config
         self._check_temperature()
         self.kl_ctl = core.AdaptiveKL(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.kl_target else core.FixedKL(cfg.kl_coef)
-        self.clock = StageClock()
+        self.run_name = f"{type(self).__name__}#{next(_run_numbers)}"
+        """Tags this algorithm's trace spans (`extra["run"]`), told apart from other runs in one session."""
+        self.clock = StageClock(self.run_name)
         self.reuse_rollout_log_probs = False  # decided per iteration, in generate()
         self.iteration = 0
         self.history: list[dict[str, float]] = []

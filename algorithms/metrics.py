@@ -8,8 +8,8 @@ the clock watches every pending result; run cell by cell, a stage's time ends wh
 was first asked for.
 
 The clock also tags each launched call's trace spans with the iteration and stage they belong
-to (`extra["iteration"]`, `extra["stage"]` in `session.trace()`), so a timeline can be read
-against the stages.
+to (`extra["iteration"]`, `extra["stage"]` in `session.trace()`), and with the algorithm's run
+name (`extra["run"]`, e.g. "GRPO#2"), so a timeline can be read against the stages.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from algorithms.core import masked_mean
 
 
 class StageClock:
-    def __init__(self):
+    def __init__(self, run: str = ""):
+        self.run = run
+        """Which algorithm's spans these are (`extra["run"]`): a session may run several."""
         self.iteration = 1
         """The iteration the next launched stages belong to (1-based, as metrics["iteration"])."""
         self.reset()
@@ -45,7 +47,7 @@ class StageClock:
         self.first = self.first or now
         tags = getattr(future, "trace_tags", None)
         if tags is not None:  # a worker-group call (a rule reward's Ray tasks have no spans)
-            tags.update(iteration=self.iteration, stage=stage)
+            tags.update(run=self.run, iteration=self.iteration, stage=stage)
         refs = list(future.metas or future.outputs)
         if not refs:
             self.seconds[stage] = 0.0

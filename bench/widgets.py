@@ -5,10 +5,12 @@
                        on this machine's scenario (goal <= 200 ms, at most 500 ms);
                        `slider_vs_planner` is that over a bare planner call on the same scenario,
                        and `slider_render_ms` adds drawing the figure (what a browser waits for);
-  timeline_overhead  - the LiveTimeline's refresh (drain spans from the workers, rebuild the data,
-                       redraw its figure) as a share of one iteration, median over the iterations
-                       of a real tiny GRPO run on 2 workers with the timeline as a `fit` callback
-                       (goal <= 0.02).
+  timeline_overhead  - how much longer an iteration of a real tiny GRPO run (2 workers) takes with a
+                       displayed LiveTimeline as its `fit` callback than without: median over pairs
+                       of watched and unwatched iterations, alternating in one run (goal <= 0.02);
+                       `timeline_hold` is the share of the iteration the callback itself holds the
+                       loop (draining spans; the figure is redrawn on the view's own thread, whose
+                       time is `timeline_redraw_ms`).
 Last line: one JSON object.
 """
 
@@ -64,7 +66,7 @@ def slider_latency(rounds: int) -> dict:
             "slider_render_ms": round((med(ours) + med(render)) * 1e3, 1), "slider_moves": len(ours)}
 
 
-def timeline_overhead(iterations: int, workdir: Path) -> dict:
+def timeline_overhead(pairs: int, workdir: Path) -> dict:
     model_dir = make_tiny("1m", workdir / "policy", seed=0)
     tokenizer = load(model_dir).tokenizer
     problems = arithmetic.generate(arithmetic.ArithmeticConfig(digits=1), 8, seed=1)
@@ -75,29 +77,41 @@ def timeline_overhead(iterations: int, workdir: Path) -> dict:
         grpo = GRPO(Groups(actor=actor, reference=actor, reward=RuleReward(arithmetic.score)),
                     GRPOConfig(sampling=SamplingConfig(max_new_tokens=16, n=4, seed=0)))
         grpo.fit([prompts], iterations=1, log=None)  # warm-up: first calls load and compile
-        timeline = LiveTimeline(session)
+        timeline = LiveTimeline(session, since=time.time())
         timeline.widget()  # displayed, as in a notebook: every refresh redraws the figure
         timeline.refresh_seconds.clear()
-        history = grpo.fit([prompts], iterations=iterations, log=None, callbacks=[timeline])
-    shares = [r / m["timing_s/step"] for r, m in zip(timeline.refresh_seconds, history)]
-    return {"timeline_overhead": round(statistics.median(shares), 4),
-            "timeline_refresh_ms": round(statistics.median(timeline.refresh_seconds) * 1e3, 1),
-            "iteration_s": round(statistics.median(m["timing_s/step"] for m in history), 3),
-            "timeline_spans": timeline.data()["spans"], "iterations": iterations}
+        timeline.redraw_seconds.clear()
+        watched, bare, held = [], [], []
+        for _ in range(pairs):  # alternate: two iterations watched, two not; keep the second of each
+            # (the first watched redraw runs during the second iteration, off the loop's thread)
+            history = grpo.fit([prompts], iterations=2, log=None, callbacks=[timeline])
+            watched.append(history[1]["timing_s/step"])  # the first iteration's redraw ran during it
+            held.append(timeline.refresh_seconds[-1])  # the callback's own time, between iterations
+            timeline.wait_drawn()
+            bare.append(grpo.fit([prompts], iterations=2, log=None)[1]["timing_s/step"])
+    med = statistics.median
+    return {"timeline_overhead": round((med(watched) + med(held)) / med(bare) - 1, 4),
+            "timeline_hold": round(med(held) / med(bare), 5),
+            "timeline_refresh_ms": round(med(timeline.refresh_seconds) * 1e3, 2),
+            "timeline_redraw_ms": round(med(timeline.redraw_seconds) * 1e3, 1),
+            "iteration_s": round(med(bare), 3), "iteration_watched_s": round(med(watched), 3),
+            "timeline_spans": timeline.data()["spans"], "pairs": pairs}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="passes over the slider moves")
-    parser.add_argument("--iterations", type=int, default=6, help="GRPO iterations watched by the timeline")
+    parser.add_argument("--pairs", type=int, default=8, help="watched/unwatched pairs of GRPO iterations")
     args = parser.parse_args()
     result = {"bench": "widgets", **slider_latency(args.rounds)}
     print(f"explorer: slider change -> figure data {result['slider_ms']} ms (bare planner {result['planner_ms']} ms, "
           f"x{result['slider_vs_planner']}); with the figure drawn {result['slider_render_ms']} ms; goal <= 200 ms")
     with tempfile.TemporaryDirectory() as tmp:
-        result |= timeline_overhead(args.iterations, Path(tmp))
-    print(f"live timeline: refresh {result['timeline_refresh_ms']} ms per iteration of {result['iteration_s']} s "
-          f"-> {result['timeline_overhead']:.1%} of the iteration; goal <= 2%")
+        result |= timeline_overhead(args.pairs, Path(tmp))
+    print(f"live timeline: an iteration takes {result['iteration_watched_s']} s watched, {result['iteration_s']} s not "
+          f"-> {result['timeline_overhead']:+.1%}; goal <= 2%. The callback holds the loop "
+          f"{result['timeline_refresh_ms']} ms ({result['timeline_hold']:.2%}); the redraw, on its own thread, "
+          f"takes {result['timeline_redraw_ms']} ms")
     result |= {"goal_slider_ms": 200, "goal_timeline_overhead": 0.02}
     print(json.dumps(result))
 

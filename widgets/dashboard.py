@@ -56,14 +56,14 @@ class MetricsDashboard(View):
         self.history = history
         self.changed()
 
-    def update(self, metrics: dict) -> None:
-        """Add one iteration's metrics and redraw."""
+    def update(self, metrics: dict, background: bool = False) -> None:
+        """Add one iteration's metrics and redraw (see `View.changed` for `background`)."""
         self.history.append(dict(metrics))
-        self.changed()
+        self.changed(background)
 
     def __call__(self, algorithm=None, batch=None, metrics=None) -> None:
-        """As a `fit` callback."""
-        self.update(metrics)
+        """As a `fit` callback: redraw off the loop's critical path."""
+        self.update(metrics, background=True)
 
     def data(self) -> dict:
         """{chart: {metric: (iterations, values)}}, plus "stage times" from timing_s/*."""

@@ -11,6 +11,7 @@ last iteration (`workbench.tracing.save_records`).
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from workbench.tracing import save_records
@@ -19,8 +20,11 @@ from workbench.tracing import save_records
 class RunRecorder:
     """Appends each iteration's metrics and new trace spans under `run_dir`."""
 
-    def __init__(self, run_dir: str | Path, session=None):
+    def __init__(self, run_dir: str | Path, session=None, since: float | None = None):
+        """since: record spans that started at or after this `time.time()` (default: now; a
+        session's trace also holds the spans of its earlier runs)."""
         self.run_dir = Path(run_dir)
+        self.since = time.time() if since is None else since
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.session = session
         self.metrics_path = self.run_dir / "metrics.jsonl"
@@ -43,6 +47,7 @@ class RunRecorder:
         # session.trace() keeps every span it ever drained, in start order; new ones may start
         # before old ones, so write those not written yet by identity of (call, rank, method, start).
         written = self._keys
-        new = [r for r in records if (r.extra.get("call"), r.rank, r.method, r.start) not in written]
+        new = [r for r in records if r.start >= self.since
+               and (r.extra.get("call"), r.rank, r.method, r.start) not in written]
         written.update((r.extra.get("call"), r.rank, r.method, r.start) for r in new)
         save_records(new, self.trace_path, append=True)

@@ -30,18 +30,21 @@ class LiveTimeline(View):
 
     width, height = 9.0, 3.6
 
-    def __init__(self, source=None, estimate=None, last_iterations: int | None = 3):
+    def __init__(self, source=None, estimate=None, last_iterations: int | None = 3, since: float | None = None):
         """source: a Session, a list of CallRecords or a trace.jsonl path; estimate: a planner
-        Plan to draw beside it; last_iterations: show only the latest iterations (None: all)."""
+        Plan to draw beside it; last_iterations: show only the latest iterations (None: all);
+        since: only spans that started at or after this `time.time()` (a session's trace keeps
+        the spans of its earlier runs, whose iteration numbers would mix with this one's)."""
         super().__init__()
-        self.source, self.estimate, self.last_iterations = source, estimate, last_iterations
+        self.source, self.estimate, self.last_iterations, self.since = source, estimate, last_iterations, since
         self.records: list[CallRecord] = []
         self.refresh_seconds: list[float] = []
-        """How long each refresh took (draining spans and redrawing)."""
+        """How long each refresh held its caller (draining spans, and redrawing unless in background)."""
         self.refresh()
 
-    def refresh(self) -> None:
-        """Fetch spans that arrived since the last refresh and redraw."""
+    def refresh(self, background: bool = False) -> None:
+        """Fetch spans that arrived since the last refresh and redraw (with `background`, on the
+        drawing thread: see `View.changed`)."""
         t0 = time.perf_counter()
         source = self.source
         if source is None:
@@ -52,46 +55,52 @@ class LiveTimeline(View):
             records = load_records(source) if Path(source).exists() else []
         else:
             records = list(source)
+        if self.since is not None:
+            records = [r for r in records if r.start >= self.since]
         self.records = sorted(records, key=lambda r: r.start)
-        self.changed()
+        self.changed(background)
         self.refresh_seconds.append(time.perf_counter() - t0)
 
     def __call__(self, algorithm=None, batch=None, metrics=None) -> None:
-        """As a `fit` callback: refresh after each iteration."""
-        self.refresh()
+        """As a `fit` callback: fetch the new spans, and redraw off the loop's critical path."""
+        self.refresh(background=True)
 
     # ---- what the figure shows -----------------------------------------------------------------
     def shown(self) -> list[CallRecord]:
-        """The spans in view: all, or those of the last `last_iterations` iterations."""
+        """The spans in view: all, or those from the first span of the last `last_iterations`
+        iterations on (an iteration is one run's: a session may hold several runs' spans)."""
         records = self.records
-        iterations = sorted({r.extra["iteration"] for r in records if "iteration" in r.extra})
-        if self.last_iterations and len(iterations) > self.last_iterations:
-            keep = iterations[-self.last_iterations]
-            first = min(r.start for r in records if r.extra.get("iteration") == keep)
+        firsts = _iteration_starts(records)
+        if self.last_iterations and len(firsts) > self.last_iterations:
+            first = sorted(firsts.values())[-self.last_iterations]
             records = [r for r in records if r.start >= first]
         return records
 
     def data(self) -> dict:
-        """lanes ("pool rank k"), bars (lane, role, method, start, fetched, end, kind, iteration,
-        stage; seconds from the first span shown), iteration marks, and the estimate's bars."""
+        """lanes ("pool rank k"), bars (lane, role, method, start, fetched, end, kind, run,
+        iteration, stage; seconds from the first span shown), iteration marks in time order
+        ((iteration, start), with "marks" naming them by run when several runs are in view), and
+        the estimate's bars."""
         records = self.shown()
-        out = {"lanes": [], "bars": [], "iterations": [], "estimate": [], "estimate_lanes": [], "spans": len(records)}
+        out = {"lanes": [], "bars": [], "iterations": [], "marks": [], "estimate": [], "estimate_lanes": [],
+               "spans": len(records)}
         if records:
             t0 = records[0].start
             lanes = sorted({(r.pool, r.rank) for r in records})
             lane_of = {lane: i for i, lane in enumerate(lanes)}
             out["lanes"] = [f"{pool} rank {rank}" for pool, rank in lanes]
-            marks = {}
             for r in records:
                 kind = "transition" if r.method.startswith("hybrid.") else "call"
                 out["bars"].append({
                     "lane": lane_of[(r.pool, r.rank)], "role": r.role, "method": r.method, "kind": kind,
                     "start": r.start - t0, "fetched": r.fetched - t0, "end": r.end - t0,
-                    "iteration": r.extra.get("iteration"), "stage": r.extra.get("stage"), "call": r.extra.get("call"),
+                    "run": r.extra.get("run"), "iteration": r.extra.get("iteration"), "stage": r.extra.get("stage"),
+                    "call": r.extra.get("call"),
                 })
-                if "iteration" in r.extra:
-                    marks[r.extra["iteration"]] = min(marks.get(r.extra["iteration"], r.start), r.start)
-            out["iterations"] = sorted((it, start - t0) for it, start in marks.items())
+            starts = sorted(_iteration_starts(records).items(), key=lambda item: item[1])
+            several = len({run for (run, _), _ in starts}) > 1
+            out["iterations"] = [(it, start - t0) for (_, it), start in starts]
+            out["marks"] = [f"{run} it {it}" if several else f"it {it}" for (run, it), _ in starts]
         if self.estimate is not None:
             plan = self.estimate
             sets = {(s.devices.start, s.devices.stop): i for i, s in enumerate(plan.sets)}
@@ -108,8 +117,10 @@ class LiveTimeline(View):
         span = max(b["end"] for b in d["bars"])
         its = [i for i, _ in d["iterations"]]
         text = f"{d['spans']} spans on {len(d['lanes'])} lanes over {span:.2f} s"
-        if its:
+        if d["marks"] and d["marks"][0].startswith("it "):  # one run in view
             text += f"; iterations {its[0]}-{its[-1]}" if len(its) > 1 else f"; iteration {its[0]}"
+        elif d["marks"]:
+            text += f"; {len(its)} iterations, {d['marks'][0]} to {d['marks'][-1]}"
         if self.estimate is not None:
             text += f"; planner estimate {self.estimate.iteration_time:.2f} s per iteration"
         return escape(text)
@@ -131,9 +142,9 @@ class LiveTimeline(View):
             ax.broken_barh(spans, (lane - height / 2, height), facecolors=colour, alpha=alpha)
         ax.set_xlim(0, max([b["end"] for b in d["bars"]], default=1.0) * 1.01)
         ax.set_ylim(-0.7, max(len(d["lanes"]), 1) - 0.3)
-        for iteration, start in d["iterations"]:
+        for (_, start), mark in zip(d["iterations"], d["marks"]):
             ax.axvline(start, color="grey", linewidth=0.6, linestyle=":")
-            ax.text(start, -0.6, f"it {iteration}", fontsize=6, color="grey")
+            ax.text(start, -0.6, mark, fontsize=6, color="grey")
         ax.set_yticks(range(len(d["lanes"])), d["lanes"], fontsize=7)
         ax.invert_yaxis()
         ax.set_title("measured (black: hybrid-engine transitions)", fontsize=8)
@@ -146,3 +157,13 @@ class LiveTimeline(View):
             est.set_title("planner's estimate, one iteration", fontsize=8)
         axes[-1].set_xlabel("seconds")
         fig.subplots_adjust(**self.margins)
+
+
+def _iteration_starts(records: list[CallRecord]) -> dict[tuple, float]:
+    """{(run, iteration): when its first span started}, for spans an algorithm tagged."""
+    starts: dict[tuple, float] = {}
+    for r in records:
+        if "iteration" in r.extra:
+            key = (r.extra.get("run", ""), r.extra["iteration"])
+            starts[key] = min(starts.get(key, r.start), r.start)
+    return starts

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import html
 import io
+import threading
+import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -48,10 +51,20 @@ class View:
     margins = {"left": 0.2, "right": 0.98, "top": 0.9, "bottom": 0.15, "wspace": 0.5, "hspace": 0.5}
     """Fixed figure margins (matplotlib's tight_layout costs more than the drawing)."""
     has_figure = True
+    background_share = 0.1
+    """Background redraws take at most this share of wall time: after one that took d seconds,
+    the next waits until d / share from its start (a matplotlib figure costs 0.1-0.3 s of CPU,
+    which a 2-core machine running the workers feels)."""
     """False for views that are all HTML (summary() carries everything)."""
 
     def __init__(self):
         self._listeners: list[Callable[[], None]] = []
+        self._drawing = threading.Lock()  # one redraw at a time, foreground or background
+        self._asked = threading.Condition()
+        self._redraws_asked = self._redraws_done = 0
+        self._drawer: threading.Thread | None = None
+        self.redraw_seconds: list[float] = []
+        """How long each redraw of the displayed front ends took (summary and figure)."""
 
     def controls(self) -> list[Control]:
         return []
@@ -70,10 +83,50 @@ class View:
         """A short HTML fragment shown above the figure."""
         return ""
 
-    def changed(self) -> None:
-        """Tell the front ends to redraw."""
-        for listener in self._listeners:
-            listener()
+    def changed(self, background: bool = False) -> None:
+        """Tell the displayed front ends to redraw: now, or with `background` (a `fit` callback)
+        on this view's drawing thread, so rendering the figure stays off the loop's critical
+        path; requests that arrive while it draws merge into one redraw of the latest state."""
+        if not self._listeners:
+            return
+        if not background:
+            self._redraw()
+            return
+        with self._asked:
+            self._redraws_asked += 1
+            if self._drawer is None:
+                self._drawer = threading.Thread(target=self._draw_when_asked, name=f"{type(self).__name__} redraw",
+                                                daemon=True)
+                self._drawer.start()
+            self._asked.notify_all()
+
+    def _draw_when_asked(self) -> None:
+        while True:
+            with self._asked:
+                self._asked.wait_for(lambda: self._redraws_asked > self._redraws_done)
+                asked = self._redraws_asked
+            start = time.monotonic()
+            try:
+                self._redraw()
+            except Exception as e:  # keep drawing later updates; the loop itself is unaffected
+                warnings.warn(f"{type(self).__name__}: redrawing failed: {e!r}", stacklevel=1)
+            with self._asked:
+                self._redraws_done = asked
+                self._asked.notify_all()
+            took = time.monotonic() - start
+            time.sleep(min(took / self.background_share - took, 10.0))  # requests meanwhile merge
+
+    def _redraw(self) -> None:
+        with self._drawing:
+            t0 = time.perf_counter()
+            for listener in self._listeners:
+                listener()
+            self.redraw_seconds.append(time.perf_counter() - t0)
+
+    def wait_drawn(self, timeout: float = 30.0) -> bool:
+        """Wait until the background redraws asked for so far are done (tests, screenshots)."""
+        with self._asked:
+            return self._asked.wait_for(lambda: self._redraws_done >= self._redraws_asked, timeout)
 
     def png(self, dpi: int = 80) -> bytes:
         fig = Figure(figsize=(self.width, self.height), dpi=dpi)

@@ -35,8 +35,8 @@ def run(shared_session, tmp_path_factory):
                                 mini_batch_size=4, micro_batch_size=2))
     grpo = GRPO(Groups(actor=actor, reference=actor, reward=RuleReward(length_reward)),
                 GRPOConfig(sampling=SamplingConfig(max_new_tokens=4, n=2, seed=0)))
-    dashboard, timeline = MetricsDashboard(), LiveTimeline(s, last_iterations=None)
-    recorder = RunRecorder(root / "run", s)
+    dashboard, timeline = MetricsDashboard(), LiveTimeline(s, last_iterations=None, since=since)
+    recorder = RunRecorder(root / "run", s, since=since)
     batches = []
     history = grpo.fit([prompts], iterations=2, log=None,
                        callbacks=[dashboard, timeline, recorder, lambda algo, batch, m: batches.append(batch)])
