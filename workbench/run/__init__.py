@@ -1,0 +1,1 @@
+"""Run-level tools: whole-run checkpoints (checkpoint.py)."""
