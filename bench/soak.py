@@ -130,8 +130,19 @@ class Processes:
         kind = next(k for k, pids in self.kinds.items() if pid in pids)
         return kind if len(self.kinds[kind]) == 1 else f"{kind}[{self.kinds[kind].index(pid)}]"
 
-    def alive(self) -> list[int]:
-        return [pid for pid, p in self.procs.items() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+def span_bytes(records: list) -> float:
+    """Mean in-memory size of a trace span on the driver (the record, its fields, its extra
+    dict; sys.getsizeof, so strings shared between spans are counted in each)."""
+    sample = records[-500:]
+    if not sample:
+        return 0.0
+    total = 0
+    for r in sample:
+        fields = vars(r)
+        total += sys.getsizeof(r) + sys.getsizeof(fields) + sum(sys.getsizeof(v) for v in fields.values())
+        total += sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in r.extra.items())
+    return total / len(sample)
 
 
 def trend(series: list[float], start: int) -> dict[str, float]:
@@ -191,6 +202,8 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=2, help="samples per prompt")
     parser.add_argument("--max-new-tokens", type=int, default=4)
     parser.add_argument("--trace-every", type=int, default=1, help="drain the trace every k iterations (0: never)")
+    parser.add_argument("--max-trace-records", type=int, default=None,
+                        help="Session(max_trace_records=...): spans the driver keeps (default: the Session's)")
     parser.add_argument("--store-every", type=int, default=10, help="read the object store's stats every k iterations")
     parser.add_argument("--print-every", type=int, default=20)
     args = parser.parse_args()
@@ -205,7 +218,7 @@ def main() -> None:
     counts = {"before": ray_counts()}
     store = {"before": object_store()}
     refs = {"before": driver_refs()}
-    session = Session()
+    session = Session(**({} if args.max_trace_records is None else {"max_trace_records": args.max_trace_records}))
     ppo, prompts = build(session, workdir, args)
     procs = Processes(ppo)
     print("processes: " + ", ".join(f"{procs.label(pid)}={pid}" for pid in procs.procs), flush=True)
@@ -235,6 +248,7 @@ def main() -> None:
                   flush=True)
     run_seconds = time.monotonic() - start
 
+    bytes_per_span = span_bytes(session.records)
     counts["after_run"] = ray_counts()
     store["after_run"] = object_store()
     refs["after_run"] = driver_refs()
@@ -273,8 +287,9 @@ def main() -> None:
     print(f"\nobject store: {store['before']['objects']} objects before; {after_warmup['objects']} after warm-up, "
           f"{end_store['objects']} at the end ({(end_store['bytes'] - after_warmup['bytes']) / MB:+.3f} MB); "
           f"{store['after_clear']['objects']} after clear, {store['after_shutdown']['objects']} after shutdown")
-    print("driver bookkeeping (per 100 iterations after warm-up): " + ", ".join(
-        f"{k} {books[-1][k]} ({book_fit[k]['slope']:+.1f})" for k in books[0]))
+    print("driver bookkeeping at the end (slope per 100 iterations after warm-up): " + ", ".join(
+        f"{k} {books[-1][k]} ({book_fit[k]['slope']:+.1f})" for k in books[0])
+        + f"; a span takes ~{bytes_per_span:.0f} B on the driver")
     print("Ray counts: " + "; ".join(f"{when}: " + ", ".join(f"{k} {v}" for k, v in c.items()) for when, c in counts.items()))
     print(f"processes still running after shutdown: {lingering or 'none'}")
 
@@ -304,6 +319,9 @@ def main() -> None:
                          "after_clear": store["after_clear"], "after_shutdown": store["after_shutdown"]},
         "driver_refs": refs | {"after_warmup": books[w - 1]["driver_refs"] if w else refs["before"]},
         "bookkeeping_end": books[-1],
+        "span_bytes": round(bytes_per_span),
+        "max_trace_records": getattr(session, "max_trace_records", None),
+        "dropped_records": getattr(session, "dropped_records", None),
         "bookkeeping_slope_per_100it": {k: round(v["slope"], 2) for k, v in book_fit.items()},
         "ray_counts": counts,
         "actors_during_run": expected_groups,
