@@ -145,6 +145,14 @@ def span_bytes(records: list) -> float:
     return total / len(sample)
 
 
+def row_bytes(rows: list[dict]) -> float:
+    """Mean in-memory size of a metrics row of `algo.history` (the dict, its keys and values)."""
+    sample = rows[-50:]
+    if not sample:
+        return 0.0
+    return sum(sys.getsizeof(r) + sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in r.items()) for r in sample) / len(sample)
+
+
 def trend(series: list[float], start: int) -> dict[str, float]:
     """Least-squares line through series[start:] against the iteration: slope per 100
     iterations, its standard error, the residual spread, and whether it is growth beyond noise."""
@@ -248,7 +256,7 @@ def main() -> None:
                   flush=True)
     run_seconds = time.monotonic() - start
 
-    bytes_per_span = span_bytes(session.records)
+    bytes_per_span, bytes_per_row = span_bytes(session.records), row_bytes(ppo.history)
     counts["after_run"] = ray_counts()
     store["after_run"] = object_store()
     refs["after_run"] = driver_refs()
@@ -289,7 +297,7 @@ def main() -> None:
           f"{store['after_clear']['objects']} after clear, {store['after_shutdown']['objects']} after shutdown")
     print("driver bookkeeping at the end (slope per 100 iterations after warm-up): " + ", ".join(
         f"{k} {books[-1][k]} ({book_fit[k]['slope']:+.1f})" for k in books[0])
-        + f"; a span takes ~{bytes_per_span:.0f} B on the driver")
+        + f"; on the driver a span takes ~{bytes_per_span:.0f} B, a history row ~{bytes_per_row:.0f} B")
     print("Ray counts: " + "; ".join(f"{when}: " + ", ".join(f"{k} {v}" for k, v in c.items()) for when, c in counts.items()))
     print(f"processes still running after shutdown: {lingering or 'none'}")
 
@@ -320,6 +328,7 @@ def main() -> None:
         "driver_refs": refs | {"after_warmup": books[w - 1]["driver_refs"] if w else refs["before"]},
         "bookkeeping_end": books[-1],
         "span_bytes": round(bytes_per_span),
+        "history_row_bytes": round(bytes_per_row),
         "max_trace_records": getattr(session, "max_trace_records", None),
         "dropped_records": getattr(session, "dropped_records", None),
         "bookkeeping_slope_per_100it": {k: round(v["slope"], 2) for k, v in book_fit.items()},
