@@ -214,6 +214,7 @@ def main() -> None:
                         help="Session(max_trace_records=...): spans the driver keeps (default: the Session's)")
     parser.add_argument("--store-every", type=int, default=10, help="read the object store's stats every k iterations")
     parser.add_argument("--print-every", type=int, default=20)
+    parser.add_argument("--series", type=Path, help="also write the per-iteration series (RSS, USS, store, bookkeeping) here as JSON")
     args = parser.parse_args()
     if not 0 <= args.warmup < args.iterations - 2:
         parser.error(f"--warmup={args.warmup} must leave at least 3 of the {args.iterations} iterations to fit")
@@ -301,11 +302,23 @@ def main() -> None:
     print("Ray counts: " + "; ".join(f"{when}: " + ", ".join(f"{k} {v}" for k, v in c.items()) for when, c in counts.items()))
     print(f"processes still running after shutdown: {lingering or 'none'}")
 
+    if args.series:
+        args.series.write_text(json.dumps({
+            "rss_mb": {procs.label(p): [round(v, 3) for v in procs.rss[p]] for p in procs.procs},
+            "uss_mb": {procs.label(p): [round(v, 3) for v in procs.uss[p]] for p in procs.procs},
+            "object_store": [[i, s] for i, s in store_series], "bookkeeping": books,
+        }))
+
     def by_kind(key: str, field: str) -> dict[str, float]:
         """Per kind: the worst (largest) value over its processes."""
         return {kind: round(max(fits[pid][key][field] for pid in pids), 3)
                 for kind, pids in procs.kinds.items() if pids}
 
+    # What the driver keeps on purpose: a metrics row per iteration (algo.history) and the trace
+    # spans (session.records, up to max_trace_records). Growth beyond that is unexplained.
+    kept_mb = (book_fit["history_rows"]["slope"] * bytes_per_row + book_fit["session_records"]["slope"] * bytes_per_span) / MB
+    print(f"driver: {fits[procs.kinds['driver'][0]]['rss']['slope']:+.2f} MB per 100 iterations, of which "
+          f"{kept_mb:.2f} MB is what it keeps on purpose (metrics rows and trace spans)")
     leaked = {k: counts["after_shutdown"][k] - counts["before"][k] for k in counts["before"]}
     grows = sorted({procs.label(pid) for pid in procs.procs if fits[pid]["rss"]["grows"]})
     print(json.dumps({
@@ -327,6 +340,7 @@ def main() -> None:
                          "after_clear": store["after_clear"], "after_shutdown": store["after_shutdown"]},
         "driver_refs": refs | {"after_warmup": books[w - 1]["driver_refs"] if w else refs["before"]},
         "bookkeeping_end": books[-1],
+        "driver_kept_mb_per_100it": round(kept_mb, 3),
         "span_bytes": round(bytes_per_span),
         "history_row_bytes": round(bytes_per_row),
         "max_trace_records": getattr(session, "max_trace_records", None),
@@ -341,7 +355,8 @@ def main() -> None:
         "processes": {procs.label(pid): pid for pid in procs.procs},
         "cores": os.cpu_count(),
         "loadavg_end": [round(x, 2) for x in os.getloadavg()],
-        "settings": vars(args) | {"model": "1m", "python": sys.version.split()[0]},
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+        | {"model": "1m", "python": sys.version.split()[0]},
     }))
 
 
