@@ -18,8 +18,8 @@ would (`session.trace()`); 0 never drains it (spans then wait in the workers' bu
 
 After `--warmup` iterations each process's RSS is fitted with a line (least squares): the slope
 in MB per 100 iterations, its standard error, and the residual spread. A process "grows" when its
-slope is above 3 standard errors *and* the fitted growth over the window is larger than twice the
-residual spread (a step or a wobble of the allocator is not a trend). Ray actors, placement
+slope is above 3 standard errors, the fitted growth over the window is larger than twice the
+residual spread (a wobble of the allocator is not a trend), and the slope passes `--floor`. Ray actors, placement
 groups and processes are counted before the run, after it, after `session.clear()` and after
 `session.shutdown()` (Ray is started here, so the session attaches and Ray outlives it: what the
 session leaves behind can still be counted). Last line: one JSON object.
@@ -153,9 +153,10 @@ def row_bytes(rows: list[dict]) -> float:
     return sum(sys.getsizeof(r) + sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in r.items()) for r in sample) / len(sample)
 
 
-def trend(series: list[float], start: int) -> dict[str, float]:
+def trend(series: list[float], start: int, floor: float = 0.0) -> dict[str, float]:
     """Least-squares line through series[start:] against the iteration: slope per 100
-    iterations, its standard error, the residual spread, and whether it is growth beyond noise."""
+    iterations, its standard error, the residual spread, and whether it is growth beyond noise
+    (and above `floor`, in units per 100 iterations)."""
     ys = [y for y in series[start:] if y == y]  # drop NaN (process gone)
     n = len(ys)
     if n < 3:
@@ -168,7 +169,7 @@ def trend(series: list[float], start: int) -> dict[str, float]:
     resid_std = (sum(r * r for r in resid) / (n - 2)) ** 0.5
     stderr = resid_std / sxx ** 0.5
     fitted_growth = slope * (n - 1)
-    grows = slope > 3 * stderr and fitted_growth > 2 * resid_std
+    grows = slope > 3 * stderr and fitted_growth > 2 * resid_std and slope * 100 > floor
     return {"slope": slope * 100, "stderr": stderr * 100, "resid_std": resid_std, "grows": bool(grows),
             "first": ys[0], "last": ys[-1]}
 
@@ -214,6 +215,8 @@ def main() -> None:
                         help="Session(max_trace_records=...): spans the driver keeps (default: the Session's)")
     parser.add_argument("--store-every", type=int, default=10, help="read the object store's stats every k iterations")
     parser.add_argument("--print-every", type=int, default=20)
+    parser.add_argument("--floor", type=float, default=0.5,
+                        help="MB per 100 iterations a slope must pass to count as growth (RSS moves in allocator pages)")
     parser.add_argument("--series", type=Path, help="also write the per-iteration series (RSS, USS, store, bookkeeping) here as JSON")
     args = parser.parse_args()
     if not 0 <= args.warmup < args.iterations - 2:
@@ -279,9 +282,11 @@ def main() -> None:
 
     # ---- report ----
     w = args.warmup
-    fits = {pid: {"rss": trend(procs.rss[pid], w), "uss": trend(procs.uss[pid], w)} for pid in procs.procs}
+    fits = {pid: {"rss": trend(procs.rss[pid], w, args.floor), "uss": trend(procs.uss[pid], w, args.floor)}
+            for pid in procs.procs}
     print(f"\nmemory after the {w}-iteration warm-up, iterations {w + 1}..{args.iterations} "
-          f"(slopes in MB per 100 iterations; 'grows' = slope > 3 stderr and fitted growth > 2 x residual spread)")
+          f"(slopes in MB per 100 iterations; 'grows' = slope > 3 stderr, fitted growth > 2 x residual spread "
+          f"and slope > {args.floor} MB)")
     print(f"{'process':<16} {'pid':>8} {'RSS first':>9} {'RSS last':>9} {'slope':>8} {'stderr':>7} {'resid sd':>8} "
           f"{'USS slope':>9}  verdict")
     for pid in procs.procs:
