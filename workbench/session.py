@@ -77,7 +77,7 @@ class Session:
         runtime_env: Ray runtime_env for the workers (env_vars are added to WORKER_ENV).
         max_trace_records: trace spans the session keeps for `trace()`: the newest ones; older
             spans are dropped (counted in `dropped_records`), so a long run's driver memory stays
-            bounded (a span is about 1 KB). None keeps every span. Also settable later as
+            bounded (a span is about 1.2 KB). None keeps every span. Also settable later as
             `session.max_trace_records`.
         """
         _check_whole("Session", "num_devices", num_devices, "a whole number of devices >= 1, or None for the CPU count", none_ok=True)
