@@ -57,7 +57,8 @@ def test_rerunning_the_session_cell_three_times_gives_one_clean_session(clean):
 
 def test_bad_session_arguments_are_refused_and_change_nothing(clean):
     group = clean.group("keep", EchoWorker, clean.pool("one", 1))
-    for kwargs in ({"num_devices": 0}, {"num_devices": 2.5}, {"threads_per_worker": 0}, {"max_colocate": -1}):
+    for kwargs in ({"num_devices": 0}, {"num_devices": 2.5}, {"threads_per_worker": 0}, {"max_colocate": -1},
+                   {"max_trace_records": 0}):
         with pytest.raises(ConfigError, match=f"Session.{next(iter(kwargs))}="):
             Session(**kwargs)
     assert group.where().get()[0]["rank"] == 0 and "keep" in clean.groups

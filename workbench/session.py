@@ -65,6 +65,7 @@ class Session:
         threads_per_worker: int = 1,
         max_colocate: int = 4,
         runtime_env: dict | None = None,
+        max_trace_records: int | None = 20_000,
     ):
         """
         num_devices: logical devices of an embedded local Ray (CPU slots when there is no GPU);
@@ -74,10 +75,16 @@ class Session:
         threads_per_worker: torch threads in each worker process (keep cores x 1 >= workers).
         max_colocate: how many separate worker processes may share one device of a pool.
         runtime_env: Ray runtime_env for the workers (env_vars are added to WORKER_ENV).
+        max_trace_records: trace spans the session keeps for `trace()`: the newest ones; older
+            spans are dropped (counted in `dropped_records`), so a long run's driver memory stays
+            bounded (a span is about 1.2 KB). None keeps every span. Also settable later as
+            `session.max_trace_records`.
         """
         _check_whole("Session", "num_devices", num_devices, "a whole number of devices >= 1, or None for the CPU count", none_ok=True)
         _check_whole("Session", "threads_per_worker", threads_per_worker, "a whole number >= 1 (torch threads per worker)")
         _check_whole("Session", "max_colocate", max_colocate, "a whole number >= 1 (worker processes per device)")
+        _check_whole("Session", "max_trace_records", max_trace_records,
+                     "a whole number of spans >= 1, or None to keep every span", none_ok=True)
         if address is not None and not isinstance(address, str):
             raise ConfigError("Session.address", address, 'pass "auto", "host:port", or None for an embedded Ray')
         if runtime_env is not None and not isinstance(runtime_env, dict):
@@ -88,12 +95,16 @@ class Session:
             self.pools: dict[str, ResourcePool] = {}
             self.groups: dict[str, WorkerGroup] = {}
             self.records: list[CallRecord] = []
+            """The newest trace spans drained so far, in start order (see max_trace_records)."""
+            self.dropped_records = 0
+            """Spans dropped from `records` to keep it within max_trace_records."""
             self._handles: dict[str, WorkerGroup] = {}  # newest handle per role, live or removed
             self._pool_versions = itertools.count()
             self.owns_ray = False
             self._ray_args: tuple | None = None
         self.id = uuid.uuid4().hex[:8]  # names this session's placement groups
         self.threads_per_worker = threads_per_worker
+        self.max_trace_records = max_trace_records
         self.max_colocate = max_colocate
         self._closed = False
         self._start_ray(num_devices, address or os.environ.get("RAY_ADDRESS"), runtime_env)
@@ -245,7 +256,7 @@ class Session:
     def _drop_group(self, role: str, reason: str = "it was removed") -> None:
         """Tear down the processes behind `role` (and any role fused with it)."""
         hostset = self.groups[role].hostset
-        self.records += hostset.drain_records()
+        self._keep_records(hostset.drain_records())
         hostset.shutdown()
         for name in hostset.roles:
             self.groups.pop(name, None)
@@ -282,17 +293,26 @@ class Session:
 
     # ---- tracing and lifetime ----------------------------------------------------------------
     def trace(self, timeout: float = 10.0) -> list[CallRecord]:
-        """Every call's span records so far, from every live worker, in start order. Workers
-        answer beside the calls they are running, so this is cheap while work is in flight;
-        all host sets are asked at once and given `timeout` seconds together."""
+        """Every call's span records so far (the newest `max_trace_records` of them), from
+        every live worker, in start order. Workers answer beside the calls they are running,
+        so this is cheap while work is in flight; all host sets are asked at once and given
+        `timeout` seconds together."""
         hostsets = list({id(g.hostset): g.hostset for g in self.groups.values()}.values())
         for hostset in hostsets:
             hostset.request_records()
         deadline = time.monotonic() + timeout
         for hostset in hostsets:
-            self.records += hostset.drain_records(max(0.0, deadline - time.monotonic()), request=False)
-        self.records.sort(key=lambda r: r.start)
+            self._keep_records(hostset.drain_records(max(0.0, deadline - time.monotonic()), request=False))
         return list(self.records)
+
+    def _keep_records(self, new: list[CallRecord]) -> None:
+        """Add drained spans, in start order, keeping the newest max_trace_records."""
+        self.records += new
+        self.records.sort(key=lambda r: r.start)
+        excess = len(self.records) - self.max_trace_records if self.max_trace_records is not None else 0
+        if excess > 0:
+            del self.records[:excess]
+            self.dropped_records += excess
 
     def save_trace(self, path: str | Path) -> Path:
         """Write a Chrome/Perfetto trace JSON of all calls so far."""

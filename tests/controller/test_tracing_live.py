@@ -82,3 +82,40 @@ def test_a_span_recorded_inside_a_call_gets_the_call_tags(session):
     inner = [r for r in spans if r.method == "inner.span"]
     outer = [r for r in spans if r.method == "record_inner"]
     assert len(inner) == 1 and inner[0].extra["stage"] == "sync" and inner[0].extra["call"] == outer[0].extra["call"]
+
+
+def test_the_session_keeps_only_the_newest_spans_up_to_its_limit(session):
+    group = session.group("bounded", EchoWorker, session.pool("two", 2))
+    limit, dropped = session.max_trace_records, session.dropped_records
+    try:
+        session.max_trace_records = 6
+        for _ in range(5):  # 10 spans: the oldest 4 go
+            group.double(rows(4)).get()
+        spans = session.trace()
+        assert len(spans) == len(session.records) == 6
+        calls = sorted({r.extra["call"] for r in spans})
+        assert len(calls) == 3 and sorted(r.rank for r in spans) == [0, 0, 0, 1, 1, 1]
+        assert session.dropped_records >= dropped + 4
+        group.double(rows(4)).get()
+        newest = session.trace()
+        assert len(newest) == 6 and sorted({r.extra["call"] for r in newest})[:2] == calls[1:]
+    finally:
+        session.max_trace_records = limit
+
+
+def test_call_tags_are_kept_only_until_every_rank_span_is_drained(session):
+    group = session.group("tag_drop", EchoWorker, session.pool("two", 2))
+    hostset = group.hostset
+    with tags(stage="probe"):
+        for _ in range(3):
+            group.double(rows(4)).get()
+        group.record_inner().get()
+    assert len(hostset.call_tags) == 4  # nothing drained yet: every call's tags are kept
+    long_call = group.sleep(3.0)
+    spans = [r for r in session.trace() if r.role == "tag_drop"]
+    assert not long_call.done(), "trace() waited for the long call"
+    assert len(spans) == 10 and all(r.extra["stage"] == "probe" for r in spans)  # inner spans too
+    assert len(hostset.call_tags) == 1  # only the call still in flight
+    long_call.get()
+    session.trace()
+    assert not hostset.call_tags

@@ -163,3 +163,24 @@ def test_trace_records_every_rank_and_exports_chrome_json(session, tmp_path):
     trace = json.loads(session.save_trace(tmp_path / "trace.json").read_text())
     names = {e["name"] for e in trace["traceEvents"]}
     assert "traced.double" in names
+
+
+def test_futures_passed_between_groups_leave_no_references_behind(session):
+    """A RemoteSlice travels without the driver's HostSet (its pool, pending refs and span tags):
+    shipped along, every receiving worker borrowed those refs and the driver's grew per call."""
+    source = session.group("src", EchoWorker, session.pool("one", 1))
+    sink = session.group("dst", EchoWorker, session.pool("other", 1))
+
+    def held() -> int:  # object references the driver's Ray core worker tracks
+        return len(ray._private.worker.global_worker.core_worker.get_all_reference_counts())
+
+    future = source.double(prompts(4))
+    shipped = ray.cloudpickle.loads(ray.cloudpickle.dumps(future.slice(0, 1)))
+    assert shipped.source.hostset is None and shipped.source.role == "src"
+    assert future.info.hostset is source.hostset  # the driver's own future keeps it (errors need it)
+    for _ in range(20):
+        sink.double(source.double(prompts(4))).get()
+    before = held()
+    for _ in range(300):
+        sink.double(source.double(prompts(4))).get()
+    assert held() <= before + 2

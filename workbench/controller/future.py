@@ -58,6 +58,12 @@ class CallInfo:
     starting: bool = False
     """A step of the group's start-up: on failure no group exists."""
 
+    def __getstate__(self) -> dict:
+        # The HostSet stays on the driver: pickled into every RemoteSlice it would ship the
+        # group's pool, its pending object refs and its span tags to each receiving worker,
+        # which then borrowed those refs and held them, call after call (bench/soak.py).
+        return {**self.__dict__, "hostset": None}
+
 
 class DataFuture:
     """The pending result of one call on a worker group."""

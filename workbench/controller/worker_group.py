@@ -60,6 +60,8 @@ class HostSet:
         remote_host = ray.remote(concurrency_groups={TRACE_GROUP: 1})(
             host_class({role: cls for role, (cls, _) in roles.items()}))
         self.call_tags: OrderedDict[int, dict] = OrderedDict()
+        """Tags of driver calls whose spans have not all been drained yet (see tag_call)."""
+        self._spans_due: dict[int, int] = {}  # call number -> ranks whose span has not arrived
         self._drains: list = []  # drain_records calls that had not answered yet
         self.hosts = [
             remote_host.options(**pool.scheduling(rank)).remote(pool.name, rank, mesh.world_size, threads, backend, local)
@@ -78,12 +80,16 @@ class HostSet:
             self.shutdown()
             raise
 
-    def tag_call(self, number: int, tags: dict) -> dict:
-        """Keep the tags of driver call `number`; the dict returned can still be added to (the
-        algorithm's stage clock adds iteration and stage) until its spans are drained."""
+    def tag_call(self, number: int, tags: dict, ranks: int) -> dict:
+        """Keep the tags of driver call `number`, run on `ranks` ranks; the dict returned can
+        still be added to (the algorithm's stage clock adds iteration and stage) until its spans
+        are drained. They are dropped once every rank's span of the call has been drained (a
+        rank's spans recorded inside the call come before its own), so a long run keeps only
+        the tags of calls in flight; MAX_CALL_TAGS bounds those a dead rank never answers."""
         self.call_tags[number] = tags
+        self._spans_due[number] = ranks
         while len(self.call_tags) > MAX_CALL_TAGS:
-            self.call_tags.popitem(last=False)
+            self._spans_due.pop(self.call_tags.popitem(last=False)[0], None)
         return tags
 
     def request_records(self) -> None:
@@ -145,6 +151,13 @@ class HostSet:
                 pass  # a dead rank's spans died with it
         for r in records:
             r.extra.update(self.call_tags.get(r.extra.get("call"), {}))
+        for r in records:  # after tagging them all: a call's spans may share this drain
+            number = r.extra.get("call")
+            if r.call_id >= 0 and number in self._spans_due:  # the call's own span (not an inner one)
+                self._spans_due[number] -= 1
+                if self._spans_due[number] <= 0:
+                    del self._spans_due[number]
+                    self.call_tags.pop(number, None)
         return records
 
     def shutdown(self, timeout: float = 10.0) -> None:
@@ -280,7 +293,7 @@ class WorkerGroup:
             collect_ranks, collect = protocol.collect_ranks(mesh), protocol.collect
         entry = f"{self.role}__{method}"
         number = next(_CALL_NUMBERS)
-        tags = self.hostset.tag_call(number, current_tags())
+        tags = self.hostset.tag_call(number, current_tags(), len(ranks))
         metas, outputs = [], []
         for i, rank in enumerate(ranks):
             rank_args, rank_kwargs = per_rank_args[i], dict(per_rank_kwargs[i])
