@@ -172,7 +172,8 @@ class Runner:
         if stop and cfg.checkpoint.every and not saved:  # a run stopped early can be resumed too
             self._guarded(self.save)
         bar.update(it - bar.n)
-        bar.set_postfix({k.rsplit("/", 1)[-1]: f"{metrics[k]:.3g}" for k in algo.log_keys[:3] if k in metrics}, refresh=False)
+        shown = {k.removesuffix("/mean").rsplit("/", 1)[-1]: metrics[k] for k in algo.log_keys[:3] if k in metrics}
+        bar.set_postfix({k: f"{v:.3g}" for k, v in shown.items()}, refresh=False)
         return stop
 
     def _step(self, prompts):
