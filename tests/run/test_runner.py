@@ -5,6 +5,7 @@ or hangs reported with its row (and retried when asked)."""
 
 import json
 import os
+import shutil
 import signal
 import time
 
@@ -124,6 +125,20 @@ def test_killed_worker_is_recovered_and_the_iteration_redone(first_run, tiny, tm
     # Restored from the checkpoint after iteration 2, the redone iteration is the uninterrupted one.
     uninterrupted = [r for r in read_jsonl(first_run[0] / "metrics.jsonl") if "actor/pg_loss" in r]
     assert [steady(r) for r in rows] == [steady(r) for r in uninterrupted]
+
+
+def test_resume_continues_from_the_latest_checkpoint(first_run, tiny, tmp_path, shared_session):
+    """A run cut short after iteration 2 (its step-3 checkpoint never written) and resumed with
+    checkpoint.resume=true redoes iteration 3 exactly as the uninterrupted run did."""
+    out = tmp_path / "resumed"
+    shutil.copytree(first_run[0], out)
+    shutil.rmtree(out / "checkpoints" / "step-000003")
+    (out / "checkpoints" / "latest").write_text("step-000002\n")
+    result = Runner(tiny_config(tiny, out, "checkpoint.resume=true"), session=shared_session).run()
+    assert result.iterations == ITERATIONS
+    rows = [r for r in read_jsonl(out / "metrics.jsonl") if "actor/pg_loss" in r]
+    assert [(r["iteration"], r["run/redone"]) for r in rows] == [(1, 0), (2, 0), (3, 0), (3, 1)]  # appended
+    assert steady(rows[-1]) == steady(rows[2])
 
 
 def test_dead_worker_beyond_the_recovery_budget_stops_the_run(tiny, tmp_path, shared_session):
