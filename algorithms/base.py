@@ -164,6 +164,25 @@ class Algorithm:
     def required_roles(self) -> tuple[str, ...]:
         return self.roles
 
+    # ---- run state (whole-run checkpoints: workbench.run.checkpoint) ---------------------------
+    controllers: tuple[str, ...] = ("kl_ctl",)
+    """Attributes holding driver-side controllers (dataclasses) that change as the run goes."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the driver must keep for a run to continue exactly: the iteration (it also seeds
+        each iteration's sampling stream), the metrics so far and the controllers' values."""
+        return {"iteration": self.iteration, "history": [dict(m) for m in self.history],
+                **{name: dataclasses.asdict(getattr(self, name)) for name in self.controllers}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        missing = [k for k in ("iteration", "history", *self.controllers) if k not in state]
+        if missing:
+            raise ConfigError(f"{type(self).__name__}.load_state_dict", sorted(state),
+                              f"missing {missing}: a state saved by another algorithm?")
+        self.iteration, self.history = int(state["iteration"]), [dict(m) for m in state["history"]]
+        for name in self.controllers:
+            setattr(self, name, type(getattr(self, name))(**state[name]))
+
     def _check(self, prompts: Batch) -> None:
         """Before an iteration's remote work: the config (perhaps edited in place in a cell since
         the last step) and the groups' batch sizes against this iteration's rows."""
@@ -246,10 +265,12 @@ class Algorithm:
         return self.clock.launch(stage, self.groups.reward.compute_reward(gen), gen)
 
     def update_critic(self, batch: Batch, critic=None, loss=None, stage: str = "update_critic"):
+        checks.finite_batch(batch, before=stage)
         loss = loss or CriticLoss(self.config.cliprange_value, self.config.loss_agg_mode)
         return self.clock.launch(stage, (critic or self.groups.critic).update_critic(batch, loss))
 
     def update_actor(self, batch: Batch, loss=None, stage: str = "update_actor"):
+        checks.finite_batch(batch, before=stage)
         return self.clock.launch(stage, self.groups.actor.update_actor(batch, loss or self.actor_loss()))
 
     # ---- driver-side stages ---------------------------------------------------------------------

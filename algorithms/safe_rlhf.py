@@ -43,6 +43,7 @@ class SafeRLHF(Algorithm):
     Config = SafeRLHFConfig
     roles = ("actor", "reference", "critic", "reward", "cost", "cost_critic")
     log_keys = ("critic/score/mean", "safe/cost/mean", "safe/lambda", "actor/pg_loss", "timing_s/step")
+    controllers = ("kl_ctl", "lagrange")
 
     def __init__(self, groups, config=None):
         super().__init__(groups, config)

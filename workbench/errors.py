@@ -71,6 +71,20 @@ class GroupRemovedError(WorkbenchError):
         )
 
 
+class NonFiniteError(WorkbenchError):
+    """NaN or inf in an iteration's data, found on the driver before the update that would use
+    it: no weight has changed. Names the field, the stage that made it and the rows."""
+
+    def __init__(self, field: str, stage: str, uids: list, before: str):
+        self.field, self.stage, self.uids = field, stage, uids
+        shown = ", ".join(map(str, uids[:8])) + (f" and {len(uids) - 8} more" if len(uids) > 8 else "")
+        super().__init__(
+            f"NaN/inf in {field!r} (made by the {stage!r} stage) in {len(uids)} row(s), uid {shown}; "
+            f"{before} was not run, so no weight changed. Look at those rows' inputs to {stage!r} "
+            f"(e.g. a reward function returning nan, or a loss scale that overflowed)"
+        )
+
+
 class SessionClosedError(WorkbenchError):
     """The Session was shut down; start a new one."""
 

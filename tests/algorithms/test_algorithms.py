@@ -97,6 +97,10 @@ def test_two_iterations_give_finite_metrics(groups, kit, name, scoring):
         assert (batch["advantages"][batch["response_mask"] == 0] == 0).all()
     assert algo.iteration == 2 and len(algo.history) == 2
     assert metrics["timing_s/step"] > 0
+    fresh = cls(make_groups(groups, scoring), cls.Config(sampling=SAMPLING))  # the driver's side of a resume
+    fresh.load_state_dict(algo.state_dict())
+    assert fresh.state_dict() == algo.state_dict() and fresh.iteration == 2
+    assert all(getattr(fresh, c) == getattr(algo, c) for c in algo.controllers)  # KL controller, Lagrange multiplier
     # (an untrained model never answers right: with rule rewards GRPO's advantages can all be 0)
     assert metrics["actor/grad_norm"] > 0 or not batch["advantages"].any()
 
@@ -155,6 +159,8 @@ def test_missing_roles_and_bad_settings_are_refused_before_any_remote_work(group
     with pytest.raises(ValueError, match=r"PPO needs the role\(s\) \['critic'\].*Groups\(critic=\.\.\.\)"):
         algorithms.PPO(Groups(actor=groups["actor"], reference=groups["actor"], reward=groups["rule"][0]))
     safe = algorithms.SafeRLHF(make_groups(groups, "rule"))
+    with pytest.raises(ValueError, match=r"missing \['lagrange'\]"):  # a PPO run's state is not a Safe-RLHF one's
+        safe.load_state_dict(GRPO(make_groups(groups, "rule"), algorithms.GRPOConfig(sampling=SAMPLING)).state_dict())
     with pytest.raises(ValueError, match=r"ptx.*\['input_ids', 'attention_mask', 'loss_mask'\].*text_batch"):
         safe.step(None, ptx=(1, 2, 3))
     with pytest.raises(ValueError, match=r"ActorConfig.temperature=1.0 .* sampling.temperature=0.7"):

@@ -140,6 +140,17 @@ def test_loader_epochs_cover_every_row_and_reshuffle(tokenizer, tmp_path):
     assert [u for b in same for u in b["uid"]] == uids
 
 
+def test_loader_batches_resume_from_a_batch_count(tokenizer, tmp_path):
+    rows = load_prompts(write_arithmetic(tmp_path / "t.jsonl", n=10))
+    cfg = PromptLoaderConfig(batch_size=4, seed=1)
+    epochs = PromptLoader(rows, tokenizer, cfg)
+    two_epochs = [list(b["uid"]) for b in [*epochs, *epochs]]  # 3 batches each, reshuffled
+    endless = PromptLoader(rows, tokenizer, cfg).batches()
+    assert [list(next(endless)["uid"]) for _ in range(6)] == two_epochs
+    resumed = PromptLoader(rows, tokenizer, cfg).batches(start=4)  # mid second epoch
+    assert [list(next(resumed)["uid"]) for _ in range(2)] == two_epochs[4:]
+
+
 def test_loader_drop_last_and_no_shuffle(tokenizer, rows):
     loader = PromptLoader(rows, tokenizer, PromptLoaderConfig(batch_size=2, drop_last=True, shuffle=False))
     batches = list(loader)

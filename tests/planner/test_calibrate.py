@@ -12,7 +12,7 @@ from workbench.planner.specs import ModelSpec
 SMALL = ModelSpec("kit-1m", 4, 128, 4, 4, 352, 262)
 MEDIUM = ModelSpec("kit-10m", 6, 384, 6, 6, 1024, 262)
 PEAK, MEM_BW = 100e9, 8e9
-TRUE = dict(train_efficiency=0.55, inference_efficiency=0.7, step_overhead=2.5e-3,
+TRUE = dict(train_efficiency=0.55, inference_efficiency=0.7, step_overhead=2.5e-3, train_overhead=0.04,
             bandwidth_efficiency=0.3,
             intra_node_bandwidth=0.4e9, collective_latency=3e-4)
 

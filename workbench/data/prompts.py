@@ -13,6 +13,7 @@ the count of truncated rows is in `Batch.info["num_truncated"]`.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -227,22 +228,28 @@ class PromptLoader:
         return full + (1 if rest and not self.cfg.drop_last else 0)
 
     def __iter__(self) -> Iterator[Batch]:
+        """One epoch (the next: each `for` loop reshuffles)."""
+        epoch = self.epoch
+        self.epoch += 1
+        for index in range(len(self)):
+            yield self._batch(epoch, index)
+
+    def batches(self, start: int = 0) -> Iterator[Batch]:
+        """Batches without end, from global batch number `start` (epoch after epoch, each
+        shuffled by seed + epoch): the loader's position in a run is just the number of batches
+        consumed, so a resumed run passes that and sees what the uninterrupted run saw."""
+        per_epoch = len(self)
+        if per_epoch == 0:
+            raise PromptDataError("PromptLoader.batches: no rows (or drop_last leaves no full batch)")
+        for number in itertools.count(start):
+            yield self._batch(*divmod(number, per_epoch))
+
+    def _batch(self, epoch: int, index: int) -> Batch:
         order = list(range(len(self.rows)))
         if self.cfg.shuffle:
-            random.Random(self.cfg.seed + self.epoch).shuffle(order)
-        self.epoch += 1
-        size = self.cfg.batch_size
-        for start in range(0, len(order), size):
-            chosen = order[start : start + size]
-            if len(chosen) < size and self.cfg.drop_last:
-                return
-            batch = tokenize_prompts(
-                [self.rows[i] for i in chosen],
-                self.tokenizer,
-                self.cfg.max_prompt_length,
-                self.cfg.overlong,
-                self.cfg.pad_to_max_length,
-                indices=chosen,
-            )
-            batch.info["epoch"] = self.epoch - 1
-            yield batch
+            random.Random(self.cfg.seed + epoch).shuffle(order)
+        chosen = order[index * self.cfg.batch_size : (index + 1) * self.cfg.batch_size]
+        batch = tokenize_prompts([self.rows[i] for i in chosen], self.tokenizer, self.cfg.max_prompt_length,
+                                 self.cfg.overlong, self.cfg.pad_to_max_length, indices=chosen)
+        batch.info["epoch"] = epoch
+        return batch

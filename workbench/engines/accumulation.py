@@ -28,3 +28,16 @@ def micro_batch_weights(loss_fn, micro_batches: list[Batch], group=None) -> tupl
         world = dist.get_world_size(group)
         dist.all_reduce(total, group=group)
     return (sizes * world / total.clamp(min=1e-12)).tolist(), (sizes / local).tolist()
+
+
+class NonFiniteStep(FloatingPointError):
+    """A training step whose loss or gradient norm is NaN/inf: its optimizer step was skipped."""
+
+
+def finite_everywhere(value: torch.Tensor | float, group=None) -> bool:
+    """Whether `value` is finite on every rank of `group` (all ranks get the same answer, so they
+    all skip the step together and no collective is left waiting)."""
+    flag = torch.tensor([1.0 if bool(torch.isfinite(torch.as_tensor(value)).all()) else 0.0])
+    if group is not None and dist.is_available() and dist.is_initialized():
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    return bool(flag.item())

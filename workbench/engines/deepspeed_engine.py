@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from workbench.data.batch import Batch
-from workbench.engines.accumulation import micro_batch_weights
+from workbench.engines.accumulation import NonFiniteStep, finite_everywhere, micro_batch_weights
 from workbench.engines.fsdp import LossFn, OptimConfig
 
 # DeepSpeed JIT-compiles a shared-memory comm op (~2 min on 2 cores) the first time a process
@@ -95,12 +95,19 @@ class DeepSpeedEngine:
         self.model.train()
         weights, shares = micro_batch_weights(loss_fn, micro_batches, self.dp_group)
         totals: dict[str, float] = {}
+        losses = []
         for mb, weight, share in zip(micro_batches, weights, shares):
             loss, metrics = loss_fn(self.model, mb)
+            losses.append(loss.detach())
             self.model.backward(loss * weight, scale_wrt_gas=False)
             for k, v in metrics.items():
                 totals[k] = totals.get(k, 0.0) + float(v) * share
+        # ZeRO's step finds non-finite gradients itself and skips the update on every rank
+        # (clearing the gradients); it only logs that, so say it here.
         self.model.step()  # reduce over ranks, clip, AdamW, zero the gradients
+        if not finite_everywhere(torch.stack(losses).cpu(), self.dp_group):  # one sync per step
+            raise NonFiniteStep(f"a loss is NaN/inf on some rank (here: {[float(x) for x in losses]}); "
+                                f"DeepSpeed skipped this optimizer step")
         grad_norm = self.model.get_global_grad_norm()
         return {**totals, "grad_norm": float(grad_norm), "lr": self.model.get_lr()[0]}
 

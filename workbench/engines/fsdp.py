@@ -22,7 +22,7 @@ from torch.distributed.tensor import DTensor
 from workbench import checks
 from workbench.data.batch import Batch
 from workbench.errors import ConfigError
-from workbench.engines.accumulation import micro_batch_weights
+from workbench.engines.accumulation import NonFiniteStep, micro_batch_weights
 
 # Value heads (AutoModelForTokenClassification) return a view; FSDP2 warns that an in-place
 # op on it would skip its hooks. Losses here never modify model outputs in place.
@@ -92,6 +92,9 @@ class FSDPEngine:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         if isinstance(grad_norm, DTensor):
             grad_norm = grad_norm.full_tensor()
+        if not torch.isfinite(grad_norm):  # the norm is global: every rank skips together
+            self.optimizer.zero_grad(set_to_none=True)
+            raise NonFiniteStep(f"the gradient norm is {float(grad_norm)} (loss metrics {totals}); this optimizer step was skipped")
         self.optimizer.step()
         return {**totals, "grad_norm": float(grad_norm), "lr": self.optimizer.param_groups[0]["lr"]}
 

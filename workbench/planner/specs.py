@@ -215,6 +215,11 @@ class ClusterSpec:
     """Fixed seconds per forward pass of a micro-batch or decoding step (framework dispatch,
     sampling, cache bookkeeping), on top of FLOPs and bytes. Negligible for large models on
     GPUs (0 in their presets); several ms per step for tiny models on a CPU (calibration)."""
+    train_overhead: float = 0.0
+    """Fixed seconds per training micro-batch beyond its forward-equivalents (autograd's
+    bookkeeping, dense gradients of embeddings, the loss's own passes): 0 on GPU presets, where
+    large models hide it; on this CPU it is most of a small model's training step (calibration
+    fits it: a training call's time follows its micro-batch count far more than its tokens)."""
     kernel_latency: float = 0.0
     """Seconds one kernel costs beyond its bytes and FLOPs (launch, ramp-up): Hockney's
     t = (n + n½)/r∞ model of a kernel moving n bytes at rate r∞, with n½/r∞ written as a time.

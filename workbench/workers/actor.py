@@ -36,7 +36,7 @@ from workbench.engines.vllm_rollout import VLLMRolloutConfig
 from workbench import checks
 from workbench.errors import ConfigError
 from workbench.models.load import LoadConfig, check_model_dir, check_positions, load
-from workbench.workers.training import mean_over_ranks, run_updates
+from workbench.workers.training import load_rank_state, mean_over_ranks, run_updates, save_rank_state
 
 
 ROLLOUTS = ("hf", "vllm", None)
@@ -244,15 +244,18 @@ class ActorRolloutRefWorker(Worker):
     # ---- checkpoints -------------------------------------------------------------------------
     @register(ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> str:
-        """Sharded model + optimizer state under `path` (every rank writes its shard)."""
+        """Sharded model + optimizer state under `path` (every rank writes its shard), with each
+        rank's random generators and update count."""
         self._trained_model()
         self.engine.save(path)
+        save_rank_state(path, self.rank, updates=self.updates)
         return path
 
     @register(ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> str:
         self._trained_model()
         self.engine.load(path)
+        self.updates = load_rank_state(path, self.rank).get("updates", self.updates)
         self.version += 1  # the rollout copy must be refreshed
         return path
 

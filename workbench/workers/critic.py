@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 
-from workbench.controller import DP_PROTO, Worker, register
+from workbench.controller import DP_PROTO, ONE_TO_ALL, Worker, register
 from workbench.controller.protocols import DP_REDUCED
 from workbench.data.batch import Batch
 from workbench.engines.forward import pad_responses, trim_padding
@@ -16,7 +17,7 @@ from workbench import checks
 from workbench.errors import ConfigError
 from workbench.models.load import LoadConfig, check_model_dir
 from workbench.models.value import load_value_model, token_values
-from workbench.workers.training import mean_over_ranks, run_updates
+from workbench.workers.training import load_rank_state, mean_over_ranks, run_updates, save_rank_state
 
 
 @dataclass
@@ -92,3 +93,29 @@ class CriticWorker(Worker):
         cfg = self.config
         metrics = run_updates(self.engine, batch, loss_fn, cfg.mini_batch_size // self.mesh.dp, cfg.micro_batch_size, cfg.epochs)
         return mean_over_ranks({k if "/" in k else f"critic/{k}": v for k, v in metrics.items()})
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    @register(ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> str:
+        """Sharded value model + optimizer state under `path`, and each rank's random generators."""
+        self.engine.save(path)
+        save_rank_state(path, self.rank)
+        return path
+
+    @register(ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> str:
+        self.engine.load(path)
+        load_rank_state(path, self.rank)
+        return path
+
+    @register(ONE_TO_ALL)
+    def export_hf(self, path: str) -> str:
+        """The value model as a Hugging Face token-classification directory (rank 0 writes);
+        `workbench.models.value.load_value_model` or AutoModelForTokenClassification loads it."""
+        weights = self.engine.full_weights()
+        if self.rank == 0:
+            model = load_value_model(self.config.model_path, self.config.load).model  # an unsharded template
+            model.load_state_dict(weights)
+            model.save_pretrained(path)
+        dist.barrier()
+        return path

@@ -1,11 +1,17 @@
-"""The update loop every trained model shares: epochs x mini-batches x micro-batches."""
+"""What every trained model's worker shares: the update loop (epochs x mini-batches x
+micro-batches) and the per-rank state a checkpoint keeps beside the engine's shards."""
 
 from __future__ import annotations
 
+import random
+from pathlib import Path
+
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from workbench.data.batch import Batch
+from workbench.engines.accumulation import NonFiniteStep
 from workbench.engines.fsdp import LossFn
 
 
@@ -27,7 +33,15 @@ def run_updates(
         for start in range(0, len(batch), rows_per_step):
             mini = batch[order[start : start + rows_per_step]]
             micro = [mini[i : i + micro_batch_size] for i in range(0, len(mini), micro_batch_size)]
-            steps.append(engine.train_step(loss_fn, micro))
+            try:
+                steps.append(engine.train_step(loss_fn, micro))
+            except NonFiniteStep as e:
+                uids = list(mini["uid"])[:8] if "uid" in mini else "?"
+                raise NonFiniteStep(
+                    f"optimizer step {len(steps) + 1} of this update (rows uid {uids}...): {e}. "
+                    f"{len(steps)} earlier step(s) of this update were applied"
+                    + (": restore the last checkpoint to undo them" if steps else "; no weight changed")
+                ) from None
     return {k: sum(s[k] for s in steps) / len(steps) for k in steps[0]}
 
 
@@ -37,3 +51,29 @@ def mean_over_ranks(metrics: dict[str, float]) -> dict[str, float]:
     dist.all_reduce(values)
     values /= dist.get_world_size()
     return dict(zip(metrics, values.tolist()))
+
+
+def save_rank_state(path: str, rank: int, **counters: int) -> None:
+    """This rank's random number generators and the worker's counters, beside the engine's
+    shards: dropout, unseeded sampling and shuffles continue exactly after a resume."""
+    state = {"counters": counters, "torch": torch.get_rng_state(), "python": random.getstate(),
+             "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    Path(path).mkdir(parents=True, exist_ok=True)
+    torch.save(state, Path(path) / f"rank{rank}.state.pt")
+
+
+def load_rank_state(path: str, rank: int) -> dict[str, int]:
+    """Restore what save_rank_state wrote for this rank; returns the counters ({} when the
+    checkpoint has none: one saved by an older version, weights and optimizer only)."""
+    file = Path(path) / f"rank{rank}.state.pt"
+    if not file.exists():
+        return {}
+    state = torch.load(file, weights_only=False)
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    return state["counters"]
