@@ -56,7 +56,7 @@ def read_jsonl(path):
 @pytest.fixture(scope="module")
 def first_run(tiny, tmp_path_factory, shared_session):
     out = tmp_path_factory.mktemp("first")
-    result = Runner(tiny_config(tiny, out), session=shared_session).run()
+    result = Runner(tiny_config(tiny, out, "checkpoint.export_hf=true"), session=shared_session).run()
     return out, result
 
 
@@ -92,7 +92,11 @@ def test_run_writes_every_output(first_run, tiny):
     names = {e.get("name", "") for e in trace["traceEvents"]}
     assert {"generate_sequences", "update_actor", "update_critic"} <= {n.split(".")[-1] for n in names}
     assert (out / "checkpoints" / "latest").exists() and (out / "config.yaml").exists()
-    assert load_config(out / "config.yaml") == tiny_config(tiny, out)  # the written config reproduces the run
+    assert load_config(out / "config.yaml") == tiny_config(tiny, out, "checkpoint.export_hf=true")  # reproducible
+    from transformers import AutoModelForCausalLM
+
+    assert result.files["hf_actor"] == out / "hf" / "actor" and "hf_critic" in result.files
+    AutoModelForCausalLM.from_pretrained(result.files["hf_actor"])  # plain transformers loads the trained actor
 
 
 def test_two_runs_from_scratch_are_bit_identical(first_run, tiny, tmp_path, shared_session):
