@@ -32,6 +32,7 @@ from algorithms.metrics import format_line
 from workbench.models import load_tokenizer
 from workbench.errors import ConfigError
 from workbench.run import build, faults
+from workbench.run.checkpoint import RunCheckpointer
 from workbench.run.config import RunConfig, load_config
 from workbench.run.logs import MetricLog, last_logged_iteration, rollout_rows, write_rows
 from workbench.session import Session
@@ -106,8 +107,6 @@ class Runner:
         try:
             self.algorithm = build.algorithm(cfg, self.session, policy)
             if cfg.checkpoint.every or cfg.checkpoint.export_hf:
-                from workbench.run.checkpoint import RunCheckpointer
-
                 self.checkpointer = RunCheckpointer(cfg.checkpoint_dir, keep=max(1, cfg.checkpoint.keep))
             self._start(resume)
             log = MetricLog(out, cfg.logging.tensorboard, cfg.logging.wandb_project if cfg.logging.wandb else None,
