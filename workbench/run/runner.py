@@ -36,9 +36,9 @@ from workbench.run.checkpoint import RunCheckpointer
 from workbench.run.config import RunConfig, load_config
 from workbench.run.logs import MetricLog, last_logged_iteration, rollout_rows, write_rows
 from workbench.session import Session
-from workbench.tracing import save_chrome_trace, tags
+from workbench.tracing import save_chrome_trace, save_records, tags
 
-RUN_FILES = ("config.yaml", "metrics.jsonl", "rollouts.jsonl", "trace.json", "tensorboard", "hf")
+RUN_FILES = ("config.yaml", "metrics.jsonl", "rollouts.jsonl", "trace.json", "trace.jsonl", "tensorboard", "hf")
 """What a run writes in its output directory (a fresh run replaces these, and nothing else)."""
 
 
@@ -306,6 +306,7 @@ class Runner:
         try:
             records = [r for r in session.trace() if r.start >= started]
             save_chrome_trace(records, out / "trace.json")
+            save_records(records, out / "trace.jsonl")  # the spans whole: `python -m workbench app --run DIR`
         except Exception as error:  # the trace is a convenience: never hide the run's own error for it
             print(f"(no trace written: {type(error).__name__}: {error})", file=sys.stderr)
         if self.given_session is None:
