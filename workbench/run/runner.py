@@ -259,7 +259,8 @@ class Runner:
         out = self.config.output_dir
         files = {"config": out / "config.yaml", "metrics": out / "metrics.jsonl"}
         for kind, path in (("tensorboard", out / "tensorboard"), ("rollouts", out / "rollouts.jsonl"),
-                           ("trace", out / "trace.json"), ("checkpoints", self.config.checkpoint_dir)):
+                           ("trace", out / "trace.json"), ("spans", out / "trace.jsonl"),
+                           ("checkpoints", self.config.checkpoint_dir)):
             if path.exists():
                 files[kind] = path
         files |= self.exported
