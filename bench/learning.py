@@ -14,7 +14,9 @@ Safe-RLHF keeping a cost under its budget (issue 5's learning goals), all in one
 Held-out prompts are never trained on: SFT and RL problems with a held-out expression are
 dropped. CPU time is the user + system time of this process and every process under it (the
 embedded Ray's GCS, raylet and workers), read with psutil; evaluation time is not counted
-in `cpu_min` (it is in `cpu_min_with_eval`). Curves are written as PNGs under runs/learning/.
+in `cpu_min` (it is in `cpu_min_with_eval`). Each algorithm is a headless run of
+workbench.run's Runner (its metrics.jsonl, TensorBoard events, rollouts and trace under
+runs/learning/<algorithm>/); curves are written as PNGs under runs/learning/.
 Last line: one JSON object.
 """
 
@@ -23,32 +25,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import psutil
-import ray
 import torch
 
-from algorithms import GRPO, PPO, Groups, GRPOConfig, PPOConfig, SafeRLHF, SafeRLHFConfig
 from workbench import Session
 from workbench.data import arithmetic
-from workbench.data.prompts import tokenize_prompts
-from workbench.engines.fsdp import OptimConfig
-from workbench.engines.rollout import SamplingConfig
-from workbench.models import load, make_tiny
+from workbench.data.prompts import write_jsonl
+from workbench.models import make_tiny
+from workbench.run.config import RunConfig
+from workbench.run.runner import Runner
 from workbench.stages import SFTConfig, train_sft
-from workbench.workers import ActorConfig, ActorRolloutRefWorker
-from workbench.workers.critic import CriticConfig, CriticWorker
-from workbench.workers.rule_reward import RuleReward
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "learning"
-
-# The cost and reward functions travel to Ray tasks by value (bench/ is not an installed package).
-ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 # ---- the task --------------------------------------------------------------------------------
@@ -78,16 +70,6 @@ def prepare_model(cfg: arithmetic.ArithmeticConfig, sft: list, steps: int, lr: f
     return sft_dir
 
 
-class CostFn:
-    """fn(text, truth) -> cost for RuleReward, with the CostConfig bound (picklable)."""
-
-    def __init__(self, cfg: arithmetic.CostConfig):
-        self.cfg, self.__qualname__ = cfg, f"arithmetic.cost[{cfg.forbidden}]"
-
-    def __call__(self, response: str, truth: str) -> float:
-        return arithmetic.cost(response, self.cfg)
-
-
 # ---- measuring -------------------------------------------------------------------------------
 class CPUClock:
     """CPU seconds (user + system) of this process and all its descendants; a process that
@@ -107,113 +89,105 @@ class CPUClock:
         return sum(self.last.values())
 
 
-def greedy_eval(algo, prompts, cost=None) -> dict[str, float]:
-    """Held-out greedy exact match (and the cost rate of those answers when a cost is given)."""
-    sampling = replace(algo.config.sampling, greedy=True, n=1)
-    gen = algo.groups.actor.generate_sequences(prompts, sampling)
-    out = {"acc": float(algo.groups.reward.compute_reward(gen).get()["scores"].mean())}
-    if cost is not None:
-        out["cost"] = float(cost.compute_cost(gen).get()["costs"].mean())
-    return out
+class BenchRunner(Runner):
+    """The runner, with its held-out evaluations timed apart (their CPU is not training's) and
+    printed as curve points; a callback stops the run at the gain or when a budget runs out."""
 
+    def __init__(self, name: str, config, session, args, cpu: CPUClock, stop_on_gain: bool):
+        super().__init__(config, session=session, callbacks=[self.after_iteration])
+        self.name, self.args, self.cpu, self.stop_on_gain = name, args, cpu, stop_on_gain
+        self.curve: list[dict] = []
+        self.cpu0 = self.wall0 = None
+        self.eval_cpu = self.eval_wall = 0.0
+        self.hits, self.stopped_by = 0, "max_iterations"
 
-def run(name: str, algo, train_batches: list, heldout, args, cpu: CPUClock, cost=None, stop_on_gain=True) -> dict:
-    """Iterate until the gain is reached (confirmed) or a budget runs out; a curve of evaluations."""
-    cpu0, wall0, eval_cpu, eval_wall = cpu.seconds(), time.monotonic(), 0.0, 0.0
+    def evaluate(self) -> dict[str, float]:
+        if self.cpu0 is None:  # the clock starts at the first evaluation, once the groups are up
+            self.cpu0, self.wall0 = self.cpu.seconds(), time.monotonic()
+        c, w = self.cpu.seconds(), time.monotonic()
+        out = super().evaluate()
+        self.eval_cpu += self.cpu.seconds() - c
+        self.eval_wall += time.monotonic() - w
+        point = {"acc": out["eval/score"], **({"cost": out["eval/cost"]} if "eval/cost" in out else {}),
+                 "iteration": self.algorithm.iteration,
+                 "cpu_min": (self.cpu.seconds() - self.cpu0 - self.eval_cpu) / 60,
+                 "wall_min": (time.monotonic() - self.wall0 - self.eval_wall) / 60}
+        self.curve.append(point)
+        if point["iteration"] == 0:
+            self.print_point(point)
+        return out
 
-    def evaluate(iteration: int) -> dict:
-        nonlocal eval_cpu, eval_wall
-        c, w = cpu.seconds(), time.monotonic()
-        point = greedy_eval(algo, heldout, cost)
-        eval_cpu, eval_wall = eval_cpu + cpu.seconds() - c, eval_wall + time.monotonic() - w
-        point |= {"iteration": iteration, "cpu_min": (cpu.seconds() - cpu0 - eval_cpu) / 60,
-                  "wall_min": (time.monotonic() - wall0 - eval_wall) / 60}
+    def print_point(self, point: dict) -> None:
         extra = f" cost {point['cost']:.3f}" if "cost" in point else ""
-        print(f"[{name}] it {iteration:3d}  held-out acc {point['acc']:.3f}{extra}  "
+        print(f"[{self.name}] it {point['iteration']:3d}  held-out acc {point['acc']:.3f}{extra}  "
               f"cpu {point['cpu_min']:.1f} min  wall {point['wall_min']:.1f} min", flush=True)
-        return point
 
-    curve = [evaluate(0)]
-    start_acc, hits, stop = curve[0]["acc"], 0, "max_iterations"
-    for it in range(1, args.max_iterations + 1):
-        _, metrics = algo.step(train_batches[(it - 1) % len(train_batches)])
+    def after_iteration(self, algo, batch, metrics) -> bool:
+        it = algo.iteration
         keys = ("critic/score/mean", "safe/cost/mean", "safe/lambda", "actor/pg_loss", "timing_s/step")
-        print(f"[{name}] it {it:3d}  " + "  ".join(f"{k} {metrics[k]:.3f}" for k in keys if k in metrics), flush=True)
-        if it % args.eval_every and it != args.max_iterations:
-            continue
-        curve.append(evaluate(it))
-        gain = (curve[-1]["acc"] - start_acc) * 100
-        hits = hits + 1 if gain >= args.target_gain else 0
-        if stop_on_gain and hits >= args.confirm:
-            stop = "target_gain"
-        elif curve[-1]["cpu_min"] >= args.max_cpu_min:
-            stop = "max_cpu_min"
-        elif curve[-1]["wall_min"] >= args.max_wall_min:
-            stop = "max_wall_min"
+        print(f"[{self.name}] it {it:3d}  " + "  ".join(f"{k} {metrics[k]:.3f}" for k in keys if k in metrics), flush=True)
+        if "eval/score" not in metrics:
+            return True
+        point = self.curve[-1]
+        self.print_point(point)
+        gain = (point["acc"] - self.curve[0]["acc"]) * 100
+        self.hits = self.hits + 1 if gain >= self.args.target_gain else 0
+        if self.stop_on_gain and self.hits >= self.args.confirm:
+            self.stopped_by = "target_gain"
+        elif point["cpu_min"] >= self.args.max_cpu_min:
+            self.stopped_by = "max_cpu_min"
+        elif point["wall_min"] >= self.args.max_wall_min:
+            self.stopped_by = "max_wall_min"
         else:
-            continue
-        break
-    end = curve[-1]
-    return {
-        "start_acc": round(start_acc, 4), "end_acc": round(end["acc"], 4),
-        "best_acc": round(max(p["acc"] for p in curve), 4),
-        "gain_points": round((end["acc"] - start_acc) * 100, 1),
-        "cpu_min": round(end["cpu_min"], 2), "wall_min": round(end["wall_min"], 2),
-        "cpu_min_with_eval": round((cpu.seconds() - cpu0) / 60, 2),
-        "iterations": end["iteration"], "stopped_by": stop,
-        "curve": curve, "history": algo.history,
-    }
+            return True
+        return False
+
+    def summary(self) -> dict:
+        start, end = self.curve[0], self.curve[-1]
+        return {
+            "start_acc": round(start["acc"], 4), "end_acc": round(end["acc"], 4),
+            "best_acc": round(max(p["acc"] for p in self.curve), 4),
+            "gain_points": round((end["acc"] - start["acc"]) * 100, 1),
+            "cpu_min": round(end["cpu_min"], 2), "wall_min": round(end["wall_min"], 2),
+            "cpu_min_with_eval": round((self.cpu.seconds() - self.cpu0) / 60, 2),
+            "iterations": end["iteration"], "stopped_by": self.stopped_by,
+            "curve": self.curve, "history": self.algorithm.history,
+        }
 
 
 # ---- the runs ------------------------------------------------------------------------------
-def actor_group(session, model_dir: Path, args):
-    config = ActorConfig(model_path=str(model_dir), reference=True, optim=OptimConfig(lr=args.actor_lr),
-                         mini_batch_size=args.mini_batch, micro_batch_size=args.mini_batch,
-                         temperature=args.temperature, epochs=1)
-    return session.group("actor", ActorRolloutRefWorker, session.pool("actor_pool", 1), config)
+def run_config(name: str, model_dir: Path, data: dict[str, Path], args) -> RunConfig:
+    """The run as a workbench.run config: actor(+reference) on one device, critic(s) on another."""
+    algorithm = {"grpo": {"kl_loss_coef": args.kl}, "ppo": {"kl_coef": args.kl},
+                 "safe_rlhf": {"kl_coef": args.kl, "cost_budget": args.cost_budget,
+                               "lambda_init": args.lambda_init, "lambda_lr": args.lambda_lr}}[name]
+    rows = {"mini_batch_size": args.mini_batch, "micro_batch_size": args.mini_batch}
+    return RunConfig.from_dict({
+        "name": name,
+        "iterations": args.safe_iterations if name == "safe_rlhf" else args.max_iterations,
+        "model": {"path": str(model_dir)},
+        "data": {"train_file": str(data["train"]), "eval_file": str(data["heldout"]),
+                 "cost": {"forbidden": args.forbidden.split(",")},
+                 "loader": {"batch_size": args.prompts, "max_prompt_length": 32, "shuffle": False, "drop_last": True}},
+        "placement": {"actor_devices": 1, "critic_devices": 1},
+        "algorithm": {"name": name, **algorithm},
+        "sampling": {"max_new_tokens": args.max_new_tokens, "n": args.n, "temperature": args.temperature, "seed": None},
+        "actor": {"optim": {"lr": args.actor_lr}, "epochs": 1, **rows},
+        "critic": {"optim": {"lr": args.critic_lr}, **rows},
+        "logging": {"output_dir": str(args.out / name), "progress": False, "rollouts_every": args.eval_every},
+        "evaluation": {"every": args.eval_every, "at_start": True},
+        "checkpoint": {"every": 0},
+        "faults": {"max_recoveries": 0},
+    })
 
 
-def critic_config(model_dir: Path, args) -> CriticConfig:
-    return CriticConfig(model_path=str(model_dir), optim=OptimConfig(lr=args.critic_lr),
-                        mini_batch_size=args.mini_batch, micro_batch_size=args.mini_batch)
-
-
-def sampling(args) -> SamplingConfig:
-    return SamplingConfig(max_new_tokens=args.max_new_tokens, n=args.n, temperature=args.temperature)
-
-
-def run_grpo(session, model_dir, batches, heldout, args, cpu):
-    actor = actor_group(session, model_dir, args)
-    groups = Groups(actor=actor, reference=actor, reward=RuleReward(arithmetic.score))
-    algo = GRPO(groups, GRPOConfig(sampling=sampling(args), kl_loss_coef=args.kl))
-    result = run("grpo", algo, batches, heldout, args, cpu)
-    session.clear()
-    return result
-
-
-def run_ppo(session, model_dir, batches, heldout, args, cpu):
-    actor = actor_group(session, model_dir, args)
-    critic = session.group("critic", CriticWorker, session.pool("critic_pool", 1), critic_config(model_dir, args))
-    groups = Groups(actor=actor, reference=actor, critic=critic, reward=RuleReward(arithmetic.score))
-    algo = PPO(groups, PPOConfig(sampling=sampling(args), kl_coef=args.kl))
-    result = run("ppo", algo, batches, heldout, args, cpu)
-    session.clear()
-    return result
-
-
-def run_safe(session, model_dir, batches, heldout, args, cpu):
-    actor = actor_group(session, model_dir, args)
-    critics = session.fused(session.pool("critic_pool", 1), critic=(CriticWorker, critic_config(model_dir, args)),
-                            cost_critic=(CriticWorker, critic_config(model_dir, args)))
-    cost = RuleReward(CostFn(arithmetic.CostConfig(forbidden=tuple(args.forbidden.split(",")))), output_key="costs")
-    groups = Groups(actor=actor, reference=actor, critic=critics["critic"], cost_critic=critics["cost_critic"],
-                    reward=RuleReward(arithmetic.score), cost=cost)
-    config = SafeRLHFConfig(sampling=sampling(args), kl_coef=args.kl, cost_budget=args.cost_budget,
-                            lambda_init=args.lambda_init, lambda_lr=args.lambda_lr)
-    algo = SafeRLHF(groups, config)
-    safe_args = replace_ns(args, max_iterations=args.safe_iterations)
-    result = run("safe_rlhf", algo, batches, heldout, safe_args, cpu, cost=cost, stop_on_gain=False)
-    session.clear()
+def run(name: str, session, model_dir: Path, data: dict[str, Path], args, cpu: CPUClock) -> dict:
+    runner = BenchRunner(name, run_config(name, model_dir, data, args), session, args, cpu,
+                         stop_on_gain=name != "safe_rlhf")
+    runner.run()
+    result = runner.summary()
+    if name != "safe_rlhf":
+        return result
     hist, k = result["history"], max(1, min(5, len(result["history"]) // 4))
 
     def mean(key, rows):
@@ -228,10 +202,6 @@ def run_safe(session, model_dir, batches, heldout, args, cpu):
         "heldout_cost_first": round(result["curve"][0]["cost"], 4), "heldout_cost_last": round(result["curve"][-1]["cost"], 4),
     }
     return result
-
-
-def replace_ns(ns: argparse.Namespace, **changes) -> argparse.Namespace:
-    return argparse.Namespace(**{**vars(ns), **changes})
 
 
 # ---- report ----------------------------------------------------------------------------------
@@ -345,20 +315,21 @@ def main() -> None:
     cfg = arithmetic.ArithmeticConfig(digits=args.digits, min_digits=args.min_digits, operations=tuple(args.operations))
     heldout_problems, sft_problems, rl_problems = split(cfg, args.heldout, args.sft_examples, 64 * args.prompts)
     model_dir = args.model or prepare_model(cfg, sft_problems, args.sft_steps, args.sft_lr)
-    tokenizer = load(model_dir).tokenizer
-    heldout = tokenize_prompts([p.__dict__ for p in heldout_problems], tokenizer, max_prompt_length=32)
-    batches = [tokenize_prompts([p.__dict__ for p in rl_problems[i:i + args.prompts]], tokenizer, max_prompt_length=32)
-               for i in range(0, len(rl_problems) - args.prompts + 1, args.prompts)]
+    # The runner reads prompts from files: RL problems in order (batch i of the run is rows
+    # i*prompts.., cycled), and the held-out set.
+    data = {"train": write_jsonl(({"prompt": p.prompt, "ground_truth": p.ground_truth} for p in rl_problems),
+                                 args.out / "data" / "rl.jsonl"),
+            "heldout": write_jsonl(({"prompt": p.prompt, "ground_truth": p.ground_truth} for p in heldout_problems),
+                                   args.out / "data" / "heldout.jsonl")}
     print(f"task: {cfg.digits}-digit (min {cfg.min_digits}) {cfg.operations}; {len(heldout_problems)} held-out, "
           f"{len(sft_problems)} SFT and {len(rl_problems)} RL problems (none shares a held-out expression)")
 
     load0 = os.getloadavg()
     cpu = CPUClock()
-    runners = {"grpo": run_grpo, "ppo": run_ppo, "safe_rlhf": run_safe}
     results = {}
     with Session(num_devices=2) as session:  # actor+reference on one device, critic(s) on the other
         for name in args.algorithms.split(","):
-            results[name] = runners[name](session, model_dir, batches, heldout, args, cpu)
+            results[name] = run(name, session, model_dir, data, args, cpu)
             paths = plot(results, args.out)  # after each algorithm, so a cut-short run keeps its curves
             (args.out / "results.json").write_text(json.dumps({"results": results, "settings": vars(args)}, default=str, indent=1))
     load1 = os.getloadavg()

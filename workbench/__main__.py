@@ -1,4 +1,5 @@
 """Command line: `python -m workbench demo` runs the demo (the README's main command);
+`python -m workbench run config.yaml [field=value ...]` runs a config headless (workbench.run);
 `python -m workbench app [--run DIR]` serves the widgets as a panel app on 127.0.0.1."""
 
 import sys
@@ -12,7 +13,13 @@ def app(argv: list[str]) -> None:
     main(argv)
 
 
-COMMANDS = {"demo": demo.main, "app": app}
+def run(argv: list[str]) -> None:
+    from workbench.run.runner import main  # the run stack loads only for this command
+
+    main(argv)
+
+
+COMMANDS = {"demo": demo.main, "run": run, "app": app}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
