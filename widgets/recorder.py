@@ -44,10 +44,14 @@ class RunRecorder:
         if self.session is None:
             return
         records = self.session.trace()
-        # session.trace() keeps every span it ever drained, in start order; new ones may start
-        # before old ones, so write those not written yet by identity of (call, rank, method, start).
-        written = self._keys
-        new = [r for r in records if r.start >= self.since
-               and (r.extra.get("call"), r.rank, r.method, r.start) not in written]
-        written.update((r.extra.get("call"), r.rank, r.method, r.start) for r in new)
+        new = [r for r in records if r.start >= self.since and _span_key(r) not in self._keys]
+        # Every span the session still holds is written now; remembering just those keeps this
+        # set as bounded as the session's own (Session.max_trace_records).
+        self._keys = {_span_key(r) for r in records}
         save_records(new, self.trace_path, append=True)
+
+
+def _span_key(record) -> tuple:
+    """A span's identity: session.trace() keeps spans in start order, and a late one may start
+    before spans already written, so a position cannot tell new from old."""
+    return record.extra.get("call"), record.rank, record.method, record.start
