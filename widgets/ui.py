@@ -51,10 +51,11 @@ class View:
     margins = {"left": 0.2, "right": 0.98, "top": 0.9, "bottom": 0.15, "wspace": 0.5, "hspace": 0.5}
     """Fixed figure margins (matplotlib's tight_layout costs more than the drawing)."""
     has_figure = True
-    background_share = 0.1
+    background_share = 0.01
     """Background redraws take at most this share of wall time: after one that took d seconds,
-    the next waits until d / share from its start (a matplotlib figure costs 0.1-0.3 s of CPU,
-    which a 2-core machine running the workers feels)."""
+    the next waits until d / share from its start. A matplotlib figure costs 0.1-0.3 s of CPU,
+    which competes with the workers on a small machine; at 0.01 a 0.12 s timeline redraws at
+    most every 12 s (every iteration, once iterations take minutes). Raise it for livelier views."""
     """False for views that are all HTML (summary() carries everything)."""
 
     def __init__(self):
