@@ -55,7 +55,7 @@ class View:
     """Background redraws take at most this share of wall time: after one that took d seconds,
     the next waits until d / share from its start. A matplotlib figure costs 0.1-0.3 s of CPU,
     which competes with the workers on a small machine; at 0.01 a 0.12 s timeline redraws at
-    most every 12 s (every iteration, once iterations take minutes). Raise it for livelier views."""
+    most every 10 s (every iteration, once iterations take minutes). Raise it for livelier views."""
     """False for views that are all HTML (summary() carries everything)."""
 
     def __init__(self):
