@@ -117,10 +117,11 @@ class LiveTimeline(View):
         span = max(b["end"] for b in d["bars"])
         its = [i for i, _ in d["iterations"]]
         text = f"{d['spans']} spans on {len(d['lanes'])} lanes over {span:.2f} s"
-        if d["marks"] and d["marks"][0].startswith("it "):  # one run in view
-            text += f"; iterations {its[0]}-{its[-1]}" if len(its) > 1 else f"; iteration {its[0]}"
-        elif d["marks"]:
+        runs = {b["run"] for b in d["bars"] if b["iteration"] is not None}
+        if len(runs) > 1:
             text += f"; {len(its)} iterations, {d['marks'][0]} to {d['marks'][-1]}"
+        elif its:
+            text += f"; iterations {its[0]}-{its[-1]}" if len(its) > 1 else f"; iteration {its[0]}"
         if self.estimate is not None:
             text += f"; planner estimate {self.estimate.iteration_time:.2f} s per iteration"
         return escape(text)

@@ -23,15 +23,14 @@ rename in (a shared filesystem on a multi-node cluster).
 from __future__ import annotations
 
 import os
-import random
 import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from workbench.errors import ConfigError
+from workbench.workers.training import rng_state, set_rng_state
 
 TRAINED_ROLES = ("actor", "critic", "cost_critic")
 """The roles whose weights change during a run (reference, reward and cost models are frozen)."""
@@ -79,7 +78,7 @@ class RunCheckpointer:
             for future in futures:  # every group writes at once
                 future.get()
             torch.save({"iteration": iteration, "algorithm_class": type(algorithm).__name__,
-                        "roles": sorted(groups), "algorithm": algorithm.state_dict(), "rng": driver_rng_state(),
+                        "roles": sorted(groups), "algorithm": algorithm.state_dict(), "rng": rng_state(),
                         "extra": dict(extra or {})}, partial / "run.pt")
         except BaseException:  # session.recover must not reload a half-written step
             for role, group in groups.items():
@@ -127,7 +126,7 @@ class RunCheckpointer:
         for future in futures:
             future.get()
         algorithm.load_state_dict(state["algorithm"])
-        set_driver_rng_state(state["rng"])
+        set_rng_state(state["rng"])
         return {"iteration": state["iteration"], "extra": state["extra"], "path": path}
 
     def export_hf(self, algorithm, directory: str | os.PathLike) -> dict[str, Path]:
@@ -153,12 +152,3 @@ def trained_groups(algorithm) -> dict[str, Any]:
         groups[role] = group
     return groups
 
-
-def driver_rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
-
-
-def set_driver_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])

@@ -53,15 +53,28 @@ def mean_over_ranks(metrics: dict[str, float]) -> dict[str, float]:
     return dict(zip(metrics, values.tolist()))
 
 
+def rng_state() -> dict:
+    """This process's random number generators (torch, CUDA when present, Python, NumPy)."""
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore what rng_state() returned."""
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
 def save_rank_state(path: str, rank: int, **counters: int) -> None:
     """This rank's random number generators and the worker's counters, beside the engine's
     shards: dropout, unseeded sampling and shuffles continue exactly after a resume."""
-    state = {"counters": counters, "torch": torch.get_rng_state(), "python": random.getstate(),
-             "numpy": np.random.get_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
     Path(path).mkdir(parents=True, exist_ok=True)
-    torch.save(state, Path(path) / f"rank{rank}.state.pt")
+    torch.save({"counters": counters, **rng_state()}, Path(path) / f"rank{rank}.state.pt")
 
 
 def load_rank_state(path: str, rank: int) -> dict[str, int]:
@@ -71,9 +84,5 @@ def load_rank_state(path: str, rank: int) -> dict[str, int]:
     if not file.exists():
         return {}
     state = torch.load(file, weights_only=False)
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
+    set_rng_state(state)
     return state["counters"]
