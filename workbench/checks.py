@@ -69,6 +69,25 @@ def data_parallel_only(owner: str, mesh, role: str) -> None:
         )
 
 
+def tensor_parallel_layout(owner: str, mesh, role: str, model_path, trust_remote_code: bool = False,
+                           rollout: str | None = None) -> None:
+    """backend="3d": tensor and data parallelism (pp = 1), a generation layout that only shrinks
+    tensor parallelism, a model whose heads and widths split evenly, an HF rollout when the
+    generation layout is cut."""
+    if mesh.pp != 1 or mesh.gen_pp not in (None, 1):
+        raise ConfigError(f"{role} mesh", str(mesh), f"{owner} with backend='3d' has no pipeline parallelism yet; use pp=1")
+    gen_tp = mesh.gen_tp or mesh.tp
+    if gen_tp > 1 and rollout not in ("hf", None):
+        raise ConfigError(f"{owner}.rollout", rollout, f"a tensor-parallel generation layout (gen_tp={gen_tp}) runs the "
+                          f"HF rollout; use rollout='hf', or gen_tp=1 for vLLM")
+    from workbench.engines.tensor_parallel import check_tensor_parallel
+    from workbench.models.load import load_config
+
+    config = load_config(model_path, trust_remote_code)
+    for size in {mesh.tp, gen_tp}:
+        check_tensor_parallel(config, size, f"{owner}.model_path ({model_path})")
+
+
 def mini_batch_splits(owner: str, mini_batch_size: int, dp: int, role: str) -> None:
     if mini_batch_size % dp:
         raise ConfigError(

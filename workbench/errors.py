@@ -95,3 +95,16 @@ class PlacementError(WorkbenchError):
 
 class DispatchError(WorkbenchError):
     """A call's inputs do not fit the group's layout; raised on the driver before any remote work."""
+
+
+class WeightSyncError(WorkbenchError):
+    """The actor's generation weights are not its training weights after a layout switch: the
+    rollout would sample from stale or misplaced weights."""
+
+    def __init__(self, tensor: str, rank: int, train_checksum: float, gen_checksum: float):
+        self.tensor, self.rank = tensor, rank
+        super().__init__(
+            f"weight sync check failed on rank {rank}: {tensor!r} sums to {gen_checksum!r} over the generation "
+            f"pieces but {train_checksum!r} over the training pieces. The generation weights are stale or "
+            f"misplaced; report the Mesh (tp, gen_tp, transition) this ran with"
+        )

@@ -11,6 +11,7 @@ from workbench.controller.protocols import (
     THREE_D_ALL_MICRO_DP,
     THREE_D_PP_ONLY,
     THREE_D_PROTO,
+    THREE_D_REDUCED,
     Protocol,
 )
 from workbench.controller.register import register

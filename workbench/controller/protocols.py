@@ -148,10 +148,14 @@ DP_REDUCED = Protocol("DP_REDUCED", DP_PROTO.distribute, first, lambda m: [0])
 """Split like DP_PROTO; the ranks reduce their results among themselves (e.g. all-reduced
 training metrics), so rank 0's output is the answer."""
 
+THREE_D_REDUCED = Protocol("3D_REDUCED", THREE_D_PROTO.distribute, first, lambda m: [0])
+"""Split like 3D_PROTO; the ranks reduce their results among themselves, so rank 0's output
+is the answer (the 3D twin of DP_REDUCED, e.g. training metrics)."""
+
 RANK_ZERO = Protocol("RANK_ZERO", broadcast, first, lambda m: [0])
 """Every rank runs (collectives stay matched); only rank 0's output comes back."""
 
 BUILTIN = {
     p.name: p
-    for p in (ONE_TO_ALL, ALL_TO_ALL, DP_PROTO, DP_REDUCED, THREE_D_PROTO, THREE_D_ALL_MICRO_DP, THREE_D_PP_ONLY, RANK_ZERO)
+    for p in (ONE_TO_ALL, ALL_TO_ALL, DP_PROTO, DP_REDUCED, THREE_D_PROTO, THREE_D_REDUCED, THREE_D_ALL_MICRO_DP, THREE_D_PP_ONLY, RANK_ZERO)
 }

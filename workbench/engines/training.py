@@ -1,4 +1,5 @@
-"""The one place a training backend is chosen: FSDP2 (default) or DeepSpeed ZeRO.
+"""The one place a training backend is chosen: FSDP2 (default), DeepSpeed ZeRO, or "3d"
+(tensor parallel inside each replica, data-parallel replicas: the hybrid engine's training layout).
 
 Both engines share one interface — `model`, `train_step(loss_fn, micro_batches)`,
 `full_weights()`, `save(path)`, `load(path)` — so workers and algorithms never branch on it.
@@ -12,7 +13,7 @@ import torch
 
 from workbench.engines.fsdp import FSDPEngine, OptimConfig
 
-BACKENDS = ("fsdp", "deepspeed")
+BACKENDS = ("fsdp", "deepspeed", "3d")
 
 
 def make_engine(
@@ -23,14 +24,20 @@ def make_engine(
     zero_stage: int = 2,
     micro_batch_size: int = 1,
     mini_batch_size: int = 1,
+    tp_mesh=None,
 ):
-    """A training engine over `model` for the data-parallel ranks of `dp_mesh`.
+    """A training engine over `model` for the data-parallel ranks of `dp_mesh` (and, for "3d",
+    the tensor-parallel ranks of `tp_mesh`).
 
     micro_batch_size / mini_batch_size (rows per rank) only fill DeepSpeed's batch bookkeeping;
     the arithmetic of a step is the same in both engines (rows-weighted gradient accumulation).
     """
     if backend == "fsdp":
         return FSDPEngine(model, optim, dp_mesh)
+    if backend == "3d":
+        from workbench.engines.tensor_parallel import TensorParallelEngine
+
+        return TensorParallelEngine(model, optim, tp_mesh, dp_mesh.get_group() if dp_mesh is not None else None)
     if backend == "deepspeed":
         from workbench.engines.deepspeed_engine import DeepSpeedEngine  # imports deepspeed: slow
 

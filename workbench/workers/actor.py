@@ -23,15 +23,17 @@ from dataclasses import dataclass, field, replace
 import psutil
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 
-from workbench.controller import DP_PROTO, ONE_TO_ALL, Worker, register
-from workbench.controller.protocols import DP_REDUCED
+from workbench.controller import ONE_TO_ALL, THREE_D_ALL_MICRO_DP, THREE_D_PROTO, THREE_D_REDUCED, Worker, register
 from workbench.data.batch import Batch
 from workbench.engines.forward import response_log_probs, sequence_nll
 from workbench.engines.fsdp import LossFn, OptimConfig
 from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig, stream_seed
+from workbench.engines.tensor_parallel import parallelize
 from workbench.engines.training import BACKENDS, make_engine
+from workbench.hybrid.transition import HybridEngine, _generation_groups as generation_groups  # TODO(merge)
 from workbench.engines.vllm_rollout import VLLMRolloutConfig
 from workbench import checks
 from workbench.errors import ConfigError
@@ -51,7 +53,9 @@ class ActorConfig:
     train: bool = True
     """Hold trainable shards and an optimizer (update_actor)."""
     backend: str = "fsdp"
-    """Training backend: "fsdp" (FSDP2) or "deepspeed" (DeepSpeed ZeRO, stage `zero_stage`)."""
+    """Training backend: "fsdp" (FSDP2), "deepspeed" (DeepSpeed ZeRO, stage `zero_stage`), or "3d"
+    (tensor parallel over the mesh's tp ranks, data-parallel replicas; with a generation layout
+    gen_tp < tp the rollout runs in it: the 3D-HybridEngine, workbench.hybrid)."""
     zero_stage: int = 2
     """ZeRO stage for backend="deepspeed": 1 (optimizer state), 2 (+ gradients), 3 (+ parameters)."""
     rollout: str | None = "hf"
@@ -74,6 +78,9 @@ class ActorConfig:
     vllm: VLLMRolloutConfig = field(default_factory=lambda: VLLMRolloutConfig(cpu_threads_bind="per-rank"))
     """vLLM engine settings when rollout="vllm"; cpu_threads_bind="per-rank" pins rank r's
     engine to core r mod cores (several ranks on one machine must not share cores)."""
+    check_weight_sync: bool = True
+    """backend="3d": after every switch to the generation layout, compare a per-tensor checksum of
+    the generation pieces with the training pieces (WeightSyncError on a mismatch)."""
 
     def __post_init__(self):
         if self.rollout not in ROLLOUTS:
@@ -93,7 +100,11 @@ class ActorConfig:
 
     def check_layout(self, mesh, role: str) -> None:
         """Driver-side, before workers start: the layout and the model directory fit."""
-        checks.data_parallel_only("ActorRolloutRefWorker", mesh, role)
+        if self.backend == "3d":
+            checks.tensor_parallel_layout("ActorConfig", mesh, role, self.model_path, self.load.trust_remote_code,
+                                          rollout=self.rollout)
+        else:
+            checks.data_parallel_only("ActorRolloutRefWorker", mesh, role)
         checks.mini_batch_splits("ActorConfig", self.mini_batch_size, mesh.dp, role)
         check_model_dir(self.model_path, "ActorConfig.model_path", "causal", self.load.trust_remote_code)
 
@@ -124,16 +135,28 @@ class ActorRolloutRefWorker(Worker):
         loaded = load(config.model_path, config.load)
         self.tokenizer = loaded.tokenizer
         model = loaded.model
-        self.reference = copy.deepcopy(model).eval().requires_grad_(False) if config.reference else None
-        self.rollout = self._make_rollout(model)
+        tensor_parallel = config.backend == "3d" and self.mesh.tp > 1
+        tp_mesh = self.device_mesh["tp"] if tensor_parallel else None
+        self.reference = None
+        if config.reference:  # cut like the training weights where those are cut
+            self.reference = parallelize(copy.deepcopy(model), tp_mesh).eval().requires_grad_(False)
+        self.hybrid = None
+        if tensor_parallel and config.rollout == "hf":
+            self.rollout = HFRollout(self._generation_model(model), self.tokenizer.pad_token_id, self.tokenizer.eos_token_id)
+        else:
+            self.rollout = self._make_rollout(model)
         self.engine = None
         if config.train:
             self.engine = make_engine(
                 model, config.optim, self.device_mesh["dp"], backend=config.backend, zero_stage=config.zero_stage,
-                micro_batch_size=config.micro_batch_size, mini_batch_size=self._rows_per_step(),
+                micro_batch_size=config.micro_batch_size, mini_batch_size=self._rows_per_step(), tp_mesh=tp_mesh,
             )
+        if tensor_parallel and config.rollout == "hf":
+            trained = self.engine.model if self.engine is not None else parallelize(model, tp_mesh)
+            self.hybrid = HybridEngine(trained, self.rollout.model, self.mesh, self.rank, tp_group=tp_mesh.get_group(),
+                                       gen_tp_group=self._gen_tp_group, check=config.check_weight_sync)
         self.shares_weights = False
-        if self.engine is not None and isinstance(self.rollout, HFRollout):
+        if self.engine is not None and self.hybrid is None and isinstance(self.rollout, HFRollout):
             live = self.engine.shared_full_weights()
             if live is not None:
                 self.rollout.share_weights(live)  # frees the generation copy's tensors
@@ -141,6 +164,18 @@ class ActorRolloutRefWorker(Worker):
         self.version = 0  # bumped by every update; the rollout copy is synced lazily
         self.rollout_version = 0
         self.updates = 0
+
+    def _generation_model(self, model):
+        """A copy of the model cut over this rank's generation tensor-parallel group (its
+        weights are freed at once: the hybrid engine fills them before each generation)."""
+        groups = generation_groups(self.mesh)
+        gen = copy.deepcopy(model)
+        if len(groups[0]) == 1:
+            self._gen_tp_group = None
+            return gen
+        device_mesh = DeviceMesh(self.device.type, torch.tensor(groups), mesh_dim_names=("replica", "tp"))
+        self._gen_tp_group = device_mesh["tp"].get_group()
+        return parallelize(gen, device_mesh["tp"])
 
     def _make_rollout(self, model):
         cfg = self.config
@@ -156,16 +191,18 @@ class ActorRolloutRefWorker(Worker):
         return None
 
     # ---- rollout (hybrid engine) -------------------------------------------------------------
-    @register(DP_PROTO)
+    @register(THREE_D_ALL_MICRO_DP)
     def generate_sequences(self, prompts: Batch, sampling: SamplingConfig = SamplingConfig()) -> Batch:
         if self.rollout is None:
             raise RuntimeError("this worker has no rollout engine (ActorConfig.rollout=None)")
         self._sync_rollout_weights()
-        if sampling.seed is not None:  # distinct but reproducible streams per rank
-            sampling = replace(sampling, seed=stream_seed(sampling.seed, self.rank))
+        if sampling.seed is not None:  # distinct but reproducible streams per generation replica
+            sampling = replace(sampling, seed=stream_seed(sampling.seed, self.mesh.gen_replica(self.rank)))
         out = self.rollout.generate(prompts, sampling)
         start = time.time()
         self.rollout.release()  # back to the training layout: generation-only memory goes
+        if self.hybrid is not None:
+            self.hybrid.to_training()
         self.record_span("hybrid.release", start, time.time(), rss_bytes=psutil.Process().memory_info().rss)
         # Text of each response (through EOS, special tokens dropped) for rule rewards.
         tokens = out["responses"] * out["response_mask"] + self.tokenizer.pad_token_id * (1 - out["response_mask"])
@@ -173,7 +210,12 @@ class ActorRolloutRefWorker(Worker):
         return out
 
     def _sync_rollout_weights(self) -> None:
-        """Training shards -> rollout copy, in place, tensor by tensor, when they differ."""
+        """Training shards -> rollout copy, in place, tensor by tensor, when they differ. The
+        3D-HybridEngine instead gathers the generation layout before every generation."""
+        if self.hybrid is not None:
+            stats = self.hybrid.to_generation()
+            self.record_span("hybrid.transition", time.time() - stats.seconds, time.time(), **stats.as_dict())
+            return
         if self.engine is None or self.shares_weights or self.rollout_version == self.version:
             return
         start = time.time()
@@ -183,13 +225,13 @@ class ActorRolloutRefWorker(Worker):
         self.record_span("hybrid.sync_weights", start, time.time(), peak_rss_bytes=peak_rss, version=self.version)
 
     # ---- forwards ----------------------------------------------------------------------------
-    @register(DP_PROTO)
+    @register(THREE_D_PROTO)
     def compute_log_prob(self, batch: Batch) -> Batch:
         """old_log_probs and entropy of the responses under the current (training) weights."""
         log_probs, entropy = self._forward(self._trained_model(), batch, with_entropy=True)
         return Batch({"old_log_probs": log_probs, "entropy": entropy})
 
-    @register(DP_PROTO)
+    @register(THREE_D_PROTO)
     @torch.no_grad()
     def compute_loss(self, batch: Batch) -> Batch:
         """Pre-training (PPO-ptx) loss per row of a text batch with input_ids, attention_mask
@@ -202,7 +244,7 @@ class ActorRolloutRefWorker(Worker):
         ]
         return Batch({"ptx_loss": torch.cat(nll)})
 
-    @register(DP_PROTO)
+    @register(THREE_D_PROTO)
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         if self.reference is None:
             raise RuntimeError("this worker holds no reference copy (ActorConfig.reference=False)")
@@ -225,7 +267,7 @@ class ActorRolloutRefWorker(Worker):
         return self.engine.model
 
     # ---- training ----------------------------------------------------------------------------
-    @register(DP_REDUCED)
+    @register(THREE_D_REDUCED)
     def update_actor(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
         """Mini-batch steps over this rank's rows for `epochs` passes; metrics averaged over
         steps and ranks. `loss_fn(model, micro_batch) -> (loss, metrics)` comes from the driver."""

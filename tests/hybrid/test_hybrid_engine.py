@@ -1,0 +1,79 @@
+"""The 3D-HybridEngine on real processes: a tensor-parallel actor (DTensor over gloo ranks in Ray
+actors) switching its weights into generation layouts with each of Table 2's methods.
+
+Every generation is compared with the unsharded model in this test process, every update with
+a single-process step, every transition's counted bytes with Table 2.
+"""
+
+import copy
+
+import pytest
+import ray
+import torch
+
+import tests.workers.losses as losses
+from tests.workers.reference import advantages_for, prompts
+from workbench import Mesh
+from workbench.engines.fsdp import OptimConfig
+from workbench.engines.hf_rollout import HFRollout
+from workbench.engines.rollout import SamplingConfig
+from workbench.models import load, make_tiny
+from workbench.workers import ActorConfig, ActorRolloutRefWorker
+
+ray.cloudpickle.register_pickle_by_value(losses)
+
+OPTIM = OptimConfig(lr=1e-5, grad_clip=1.0)
+GREEDY = SamplingConfig(max_new_tokens=10, greedy=True)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return str(make_tiny("1m", tmp_path_factory.mktemp("tiny") / "actor", seed=5))
+
+
+@pytest.fixture(scope="module")
+def unsharded(model_dir):
+    loaded = load(model_dir)
+    return loaded.model.eval(), loaded.tokenizer
+
+
+def actor_group(session, model_dir, mesh, **config):
+    cfg = ActorConfig(model_path=model_dir, backend="3d", optim=OPTIM, mini_batch_size=8, micro_batch_size=2, **config)
+    return session.group("actor", ActorRolloutRefWorker, session.pool("actor_pool", mesh.world_size), cfg, mesh=mesh)
+
+
+def transitions(session):
+    return [s for s in session.trace() if s.method == "hybrid.transition"]
+
+
+@pytest.mark.parametrize("method", ["hybridflow", "vanilla", "deepspeed_chat"])
+@pytest.mark.parametrize("layout", [(4, 1, 2), (2, 2, 1), (4, 2, 2)], ids=["1-4-1to1-2-2-1", "1-2-2to1-1-2-2", "1-4-2to1-2-2-2"])
+def test_generation_layouts_equal_the_unsharded_model_and_table_2(session, model_dir, unsharded, layout, method):
+    tp, dp, gen_tp = layout
+    model, tokenizer = unsharded
+    mesh = Mesh(tp=tp, dp=dp, gen_tp=gen_tp)
+    object.__setattr__(mesh, "transition", method)
+    actor = actor_group(session, model_dir, mesh)
+    batch = prompts(tokenizer, 8)
+    out = actor.generate_sequences(batch, GREEDY).get()
+    expected = HFRollout(copy.deepcopy(model), tokenizer.pad_token_id, tokenizer.eos_token_id).generate(batch, GREEDY)
+    assert torch.equal(out["responses"], expected["responses"])
+    spans = transitions(session)
+    assert sorted(s.rank for s in spans) == list(range(mesh.world_size))
+    for span in spans:
+        x = span.extra
+        received, generation, redundant = table2(x["model_bytes"], tp, dp, gen_tp, method)
+        assert x["checked"]
+        assert (x["bytes_received"], x["generation_bytes"], x["redundant_bytes"]) == (received, generation, redundant), (span.rank, x)
+        assert x["peak_param_bytes"] == generation + redundant
+
+
+def table2(m: int, t: int, d: int, t_g: int, method: str) -> tuple[int, int, int]:
+    """HybridFlow Table 2 per rank (p = 1): bytes received, generation weights held, redundant
+    training bytes kept. deepspeed_chat keeps the training piece M/t: here training replicas hold
+    whole TP pieces (Megatron), where DeepSpeed-Chat's ZeRO-3 keeps M/(t·d)."""
+    if method == "deepspeed_chat":
+        return m * (t * d - 1) // (t * d), m, m // t
+    if method == "vanilla" and t_g < t:
+        return m * (t - 1) // t, m, m // t
+    return m * (t - t_g) // (t_g * t), m // t_g, 0

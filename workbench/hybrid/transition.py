@@ -1,0 +1,257 @@
+"""The 3D-HybridEngine's switch between the training layout and the generation layout of the
+actor's weights (HybridFlow §3 / Table 2), on the ranks that hold them.
+
+Training: every projection cut into t pieces over a tensor-parallel group (engines.tensor_parallel).
+Generation: cut into t_g <= t pieces over the generation groups of `mesh.transition`'s method.
+`to_generation()` fills the generation model's pieces with all-gathers, one tensor at a time:
+- "hybridflow": inside each micro-DP group (t/t_g consecutive ranks). The gathered piece contains
+  this rank's training piece, so the training parameter is re-pointed into it: nothing is kept
+  twice and peak parameter memory is the generation shard, M/t_g.
+- "vanilla": inside the training TP group; the whole tensor is rebuilt and kept (peak M), the
+  generation piece is a view of it and the training piece stays beside it (redundant M/t).
+- "deepspeed_chat": over all ranks, each contributing 1/d of its training piece (the d replicas
+  split the copies they share, as ZeRO-3 does), the whole model rebuilt on every rank (peak M).
+`to_training()` drops the generation buffers (hybridflow first copies each training piece out).
+
+Weights that are whole on every rank (norms) are shared by both models and never moved; the
+counted bytes and memory cover the tensor-parallel weights, the M of Table 2.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+
+from workbench.controller.mesh import Mesh
+from workbench.engines.tensor_parallel import local, shard_dim
+from workbench.errors import WeightSyncError
+
+
+@dataclass
+class TransitionStats:
+    """What one switch to the generation layout cost on this rank."""
+
+    method: str
+    seconds: float = 0.0
+    bytes_sent: int = 0
+    """Bytes this rank sent in its all-gathers (ring: its piece to each other member)."""
+    bytes_received: int = 0
+    """Bytes this rank received (every other member's piece)."""
+    model_bytes: int = 0
+    """M: the tensor-parallel weights of the whole model."""
+    peak_param_bytes: int = 0
+    """Tensor-parallel weight bytes held at once on this rank during generation: the generation
+    layout's plus the redundant training pieces."""
+    redundant_bytes: int = 0
+    """Training-piece bytes kept beside (not inside) the generation buffers."""
+    generation_bytes: int = 0
+    """Tensor-parallel weight bytes the generation layout holds (Table 2's peak parameter memory)."""
+    checked: bool = False
+    """Whether the weight-sync checksum ran (and passed)."""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class HybridEngine:
+    """Switches `train_model`'s weights (cut over the training TP group) into `gen_model` (the
+    same architecture cut over the generation groups of `mesh`), and back."""
+
+    def __init__(self, train_model: torch.nn.Module, gen_model: torch.nn.Module, mesh: Mesh, rank: int,
+                 tp_group=None, gen_tp_group=None, check: bool = True):
+        if mesh.pp != 1:
+            raise NotImplementedError(f"HybridEngine: pipeline parallelism is not built yet (mesh {mesh}); use pp=1")
+        self.mesh, self.rank, self.check = mesh, rank, check
+        # The generation piece holds the training piece: hybridflow, or vanilla with nothing to
+        # change (the generation layout is the training layout).
+        self.aliases = mesh.transition == "hybridflow" or (mesh.transition == "vanilla" and (mesh.gen_tp or mesh.tp) == mesh.tp)
+        self.tp_group, self.gen_tp_group = tp_group, gen_tp_group
+        self.pairs = self._pair(train_model, gen_model)
+        # Every rank forms every gather group, in the same order (new_group is collective).
+        self.gather_group, self.gather_members = None, (rank,)
+        for members in _gather_groups(mesh):  # TODO(merge): layouts.gather_groups
+            group = dist.new_group(list(members)) if len(members) > 1 else None
+            if rank in members:
+                self.gather_group, self.gather_members = group, tuple(members)
+        self.held: list[torch.Tensor] = []  # whole tensors vanilla / deepspeed_chat keep while generating
+        self.in_generation = False
+        self.release_generation_weights()
+
+    @staticmethod
+    def _pair(train_model, gen_model):
+        gen = dict(gen_model.named_parameters())
+        pairs = []
+        for name, param in train_model.named_parameters():
+            if name not in gen:
+                raise KeyError(f"generation model has no parameter {name!r}")
+            pairs.append((name, param, gen[name]))
+        return pairs
+
+    @torch.no_grad()
+    def release_generation_weights(self) -> None:
+        """Free the generation pieces (whole weights stay shared with the training model)."""
+        for _, train, gen in self.pairs:
+            if shard_dim(train) is None:
+                local(gen).data = local(train)  # same tensor: always in sync
+            else:
+                local(gen).data = torch.empty(0, dtype=local(train).dtype, device=local(train).device)
+        self.held = []
+
+    # ---- training -> generation --------------------------------------------------------------
+    @torch.no_grad()
+    def to_generation(self) -> TransitionStats:
+        start = time.time()
+        stats = TransitionStats(method=self.mesh.transition)
+        for name, train, gen in self.pairs:
+            dim = shard_dim(train)
+            if dim is None:
+                continue
+            piece = local(train)
+            stats.model_bytes += piece.numel() * piece.element_size() * self.mesh.tp
+            gathered, sent, received = self._gather(piece, dim)
+            stats.bytes_sent += sent
+            stats.bytes_received += received
+            local(gen).data = self._generation_piece(gathered, piece, dim)
+        stats.generation_bytes, stats.redundant_bytes = self._resident_bytes()
+        stats.peak_param_bytes = stats.generation_bytes + stats.redundant_bytes
+        self.in_generation = True
+        if self.check:
+            self.verify()
+            stats.checked = True
+        stats.seconds = time.time() - start
+        return stats
+
+    def _gather(self, piece: torch.Tensor, dim: int) -> tuple[torch.Tensor, int, int]:
+        """The whole tensor (vanilla, deepspeed_chat) or the generation piece (hybridflow)
+        rebuilt along `dim`; bytes sent and received."""
+        method, members = self.mesh.transition, self.gather_members
+        size = len(members)
+        if method == "deepspeed_chat":  # each replica sends 1/d of the piece the d replicas share
+            d = self.mesh.dp
+            if piece.numel() % d:
+                raise ValueError(f"deepspeed_chat transition: a piece of {piece.numel()} elements does not split over dp={d}")
+            chunk = piece.reshape(-1).chunk(d)[self.mesh.coord(self.rank).dp]
+            flat = self._all_gather(chunk)
+            # ranks are (dp, tp) in order: regroup to (tp, dp) to rebuild each tp piece
+            pieces = flat.view(d, self.mesh.tp, -1).transpose(0, 1).reshape(self.mesh.tp, *piece.shape)
+            nbytes = chunk.numel() * chunk.element_size()
+        else:
+            flat = self._all_gather(piece.reshape(-1))
+            pieces = flat.view(size, *piece.shape)
+            nbytes = piece.numel() * piece.element_size()
+        whole = pieces.reshape(-1, *piece.shape[1:]) if dim == 0 else torch.cat(pieces.unbind(0), dim=dim)
+        return whole, nbytes * (size - 1), nbytes * (size - 1)
+
+    def _all_gather(self, flat: torch.Tensor) -> torch.Tensor:
+        if len(self.gather_members) == 1:
+            return flat
+        out = torch.empty(len(self.gather_members) * flat.numel(), dtype=flat.dtype, device=flat.device)
+        dist.all_gather_into_tensor(out, flat.contiguous(), group=self.gather_group)
+        return out
+
+    def _generation_piece(self, gathered: torch.Tensor, piece: torch.Tensor, dim: int) -> torch.Tensor:
+        gen_tp = self.mesh.gen_tp or self.mesh.tp
+        if self.aliases:
+            # `gathered` is this rank's generation piece and holds its training piece at its
+            # position in the micro-DP group: point the training parameter there.
+            at = self.gather_members.index(self.rank)
+            piece.data = gathered.narrow(dim, at * piece.shape[dim], piece.shape[dim])
+            return gathered
+        self.held.append(gathered)
+        width = gathered.shape[dim] // gen_tp
+        return gathered.narrow(dim, self.mesh.gen_coord(self.rank).tp * width, width)
+
+    def _resident_bytes(self) -> tuple[int, int]:
+        """(bytes of the generation buffers, training bytes held outside them)."""
+        gen_storages, total = set(), 0
+        for _, train, gen in self.pairs:
+            if shard_dim(train) is None:
+                continue
+            storage = local(gen).untyped_storage()
+            if storage.data_ptr() not in gen_storages:
+                gen_storages.add(storage.data_ptr())
+                total += storage.nbytes()
+        redundant = 0
+        for _, train, _ in self.pairs:
+            if shard_dim(train) is None:
+                continue
+            storage = local(train).untyped_storage()
+            if storage.data_ptr() not in gen_storages:
+                redundant += storage.nbytes()
+        return total, redundant
+
+    # ---- generation -> training --------------------------------------------------------------
+    @torch.no_grad()
+    def to_training(self) -> None:
+        if not self.in_generation:
+            return
+        for _, train, _ in self.pairs:
+            if shard_dim(train) is not None and self.aliases:
+                local(train).data = local(train).data.clone()  # own storage again, contiguous
+        self.release_generation_weights()
+        self.in_generation = False
+
+    # ---- the weight-sync checker ---------------------------------------------------------------
+    @torch.no_grad()
+    def verify(self) -> None:
+        """A position-weighted checksum of every tensor-parallel weight, summed over the training
+        pieces and over the generation pieces: equal when the generation weights are the training
+        weights, each in its place. Raises WeightSyncError naming the first tensor that differs."""
+        names, train_sums, gen_sums = [], [], []
+        tp_index, gen_index = self.mesh.coord(self.rank).tp, self.mesh.gen_coord(self.rank).tp
+        for name, train, gen in self.pairs:
+            dim = shard_dim(train)
+            if dim is None:
+                continue
+            full = list(train.shape)
+            names.append(name)
+            train_sums.append(_checksum(local(train), dim, tp_index, full))
+            gen_sums.append(_checksum(local(gen), dim, gen_index, full))
+        if not names:
+            return
+        train_total = torch.stack(train_sums)
+        gen_total = torch.stack(gen_sums)
+        if self.tp_group is not None:
+            dist.all_reduce(train_total, group=self.tp_group)
+        if self.gen_tp_group is not None:
+            dist.all_reduce(gen_total, group=self.gen_tp_group)
+        bad = ((train_total - gen_total).abs() > 1e-9 * train_total.abs().clamp(min=1.0)).nonzero()
+        if len(bad):
+            i = int(bad[0])
+            train_total, gen_total = train_total.cpu(), gen_total.cpu()
+            raise WeightSyncError(names[i], self.rank, float(train_total[i]), float(gen_total[i]))
+
+
+def _checksum(piece: torch.Tensor, dim: int, index: int, full_shape: list[int]) -> torch.Tensor:
+    """sum(x * w(global position)) of the piece `index` cut along `dim` of a `full_shape` tensor."""
+    offsets = [torch.arange(n, device=piece.device, dtype=torch.float64) for n in piece.shape]
+    offsets[dim] = offsets[dim] + index * piece.shape[dim]
+    flat = torch.zeros(piece.shape, dtype=torch.float64, device=piece.device)
+    stride = 1
+    for axis in reversed(range(len(full_shape))):
+        shape = [1] * len(full_shape)
+        shape[axis] = -1
+        flat = flat + offsets[axis].view(shape) * stride
+        stride *= full_shape[axis]
+    weight = 1.0 + torch.remainder(flat * 0.6180339887, 1.0)  # distinct, position-dependent
+    return (piece.double() * weight).sum()
+
+
+def _gather_groups(mesh: Mesh) -> list[tuple[int, ...]]:
+    ranks = range(mesh.world_size)
+    if mesh.transition == "deepspeed_chat":
+        return [tuple(ranks)]
+    if mesh.transition == "vanilla" and (mesh.gen_tp or mesh.tp) < mesh.tp:
+        return [tuple(r for r in ranks if mesh.coord(r).dp == d) for d in range(mesh.dp)]
+    keys = sorted({(mesh.coord(r).dp, mesh.gen_coord(r).tp) for r in ranks})
+    return [tuple(r for r in ranks if (mesh.coord(r).dp, mesh.gen_coord(r).tp) == k) for k in keys]
+
+
+def _generation_groups(mesh: Mesh) -> list[list[int]]:
+    groups: dict[int, dict[int, int]] = {}
+    for r in range(mesh.world_size):
+        groups.setdefault(mesh.gen_replica(r), {})[mesh.gen_coord(r).tp] = r
+    return [[g[k] for k in sorted(g)] for _, g in sorted(groups.items())]
