@@ -115,6 +115,11 @@ def data_metrics(batch) -> dict[str, float]:
             out[f"critic/{key}/mean"] = float(masked_mean(batch[key], mask))
             out[f"critic/{key}/max"] = float(valid.max()) if valid.numel() else 0.0
             out[f"critic/{key}/min"] = float(valid.min()) if valid.numel() else 0.0
+    if "rollout_log_probs" in batch and "old_log_probs" in batch:
+        # The generation weights against the training weights, every iteration: a stale or
+        # corrupted weight sync shows up here at once (0 when the rollout's are reused).
+        gap = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()
+        out["actor/rollout_logprob_diff"] = float(masked_mean(gap, mask))
     stats("response_length", length)
     out["response_length/clip_ratio"] = float((length == mask.shape[1]).float().mean())
     prompt_length = batch["attention_mask"].sum(-1) - length

@@ -76,7 +76,7 @@ def make_groups(groups, scoring: str) -> Groups:
 
 EXPECTED = {"actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/grad_norm",
             "critic/score/mean", "critic/advantages/mean", "response_length/mean", "timing_s/gen",
-            "timing_s/update_actor", "timing_s/step", "perf/throughput"}
+            "timing_s/update_actor", "timing_s/step", "perf/throughput", "actor/rollout_logprob_diff"}
 EXTRA = {"ppo": {"critic/vf_loss", "critic/vf_clipfrac", "actor/reward_kl_penalty"},
          "safe_rlhf": {"critic/vf_loss", "cost_critic/vf_loss", "safe/cost/mean", "safe/lambda", "ptx/ptx_loss"},
          "grpo": {"actor/kl_loss"}, "remax": {"timing_s/gen_greedy"}}
@@ -94,6 +94,7 @@ def test_two_iterations_give_finite_metrics(groups, kit, name, scoring):
         bad = {k: v for k, v in metrics.items() if not math.isfinite(v)}
         assert not bad, bad
         assert torch.isfinite(batch["advantages"]).all()
+        assert metrics["actor/rollout_logprob_diff"] < 1e-3  # generation sampled from the training weights
         assert (batch["advantages"][batch["response_mask"] == 0] == 0).all()
     assert algo.iteration == 2 and len(algo.history) == 2
     assert metrics["timing_s/step"] > 0

@@ -12,7 +12,7 @@ import ray
 import torch
 
 import tests.workers.losses as losses
-from tests.workers.reference import advantages_for, prompts
+from tests.workers.reference import advantages_for, assert_checkpoint_roundtrip, prompts
 from workbench import Mesh
 from workbench.engines.fsdp import OptimConfig
 from workbench.engines.hf_rollout import HFRollout
@@ -77,3 +77,47 @@ def table2(m: int, t: int, d: int, t_g: int, method: str) -> tuple[int, int, int
     if method == "vanilla" and t_g < t:
         return m * (t - 1) // t, m, m // t
     return m * (t - t_g) // (t_g * t), m // t_g, 0
+
+
+def single_process_step(model, train, dp: int, micro: int = 2):
+    """The actor's step in one process: each of `dp` replicas' rows in micro-batches of `micro`,
+    the mean over replicas, clipping, AdamW."""
+    single = copy.deepcopy(model).train()
+    opt = torch.optim.AdamW(single.parameters(), lr=OPTIM.lr, betas=OPTIM.betas, eps=OPTIM.eps, weight_decay=0.0)
+    per_rank = len(train) // dp
+    for rank in range(dp):
+        for start in range(0, per_rank, micro):
+            rows = train[rank * per_rank + start : rank * per_rank + start + micro]
+            loss, _ = losses.reinforce_loss(single, rows)
+            (loss * (micro / per_rank) / dp).backward()
+    torch.nn.utils.clip_grad_norm_(single.parameters(), OPTIM.grad_clip)
+    opt.step()
+    return single.eval()
+
+
+@pytest.mark.parametrize("layout", [(4, 1, 2), (2, 2, 1)], ids=["1-4-1", "1-2-2"])
+def test_tensor_parallel_update_equals_single_process_and_next_generation_uses_it(session, model_dir, unsharded, layout, tmp_path):
+    tp, dp, gen_tp = layout
+    model, tokenizer = unsharded
+    actor = actor_group(session, model_dir, Mesh(tp=tp, dp=dp, gen_tp=gen_tp), reference=True)
+    batch = prompts(tokenizer, 8)
+    rolled = actor.generate_sequences(batch, SamplingConfig(max_new_tokens=10, n=1, seed=3)).get()
+    scored = actor.compute_log_prob(rolled).get()
+    assert ((scored["old_log_probs"] - rolled["rollout_log_probs"]).abs() * rolled["response_mask"]).max() <= 1e-4
+    ref = actor.compute_ref_log_prob(rolled).get()["ref_log_probs"]
+    assert torch.allclose(ref, scored["old_log_probs"], atol=1e-5)  # nothing trained yet
+
+    train = rolled.union(advantages_for(rolled))
+    metrics = actor.update_actor(train, losses.reinforce_loss).get()
+    assert metrics["actor/grad_norm"] > 0
+    single = single_process_step(model, train, dp)
+    trained = load(actor.export_hf(str(tmp_path / "hf")).get()[0]).model.state_dict()
+    worst = max((trained[k] - v).abs().max().item() for k, v in single.state_dict().items())
+    assert worst <= 1e-5, f"tensor parallel {tp}x{dp} vs single process: max param diff {worst}"
+
+    after = actor.generate_sequences(batch, GREEDY).get()
+    expected = HFRollout(single, tokenizer.pad_token_id, tokenizer.eos_token_id).generate(batch, GREEDY)
+    assert torch.equal(after["responses"], expected["responses"]), "generation did not pick up the update"
+    moved = actor.compute_ref_log_prob(rolled).get()["ref_log_probs"]
+    assert torch.equal(moved, ref), "the reference must stay frozen"
+    assert_checkpoint_roundtrip(actor, train, tmp_path / "ckpt")
