@@ -17,6 +17,7 @@ Table 2 does (replicated norms and biases are small and ignored there).
 
 from __future__ import annotations
 
+from collections import Counter
 from fractions import Fraction
 from numbers import Real
 from typing import NamedTuple
@@ -149,15 +150,23 @@ def contribution(mesh: Mesh, rank: int) -> tuple[Shard, int, int]:
     """What `rank` puts into its gather group: (its training shard, index, count) = piece
     `index` of `count` equal pieces of that shard. Members holding the same shard (the d
     data-parallel copies under deepspeed_chat) split it between them; otherwise (0, 1)."""
+    return _contribution(mesh, rank, gather_group(mesh, rank))
+
+
+def _contribution(mesh: Mesh, rank: int, group: tuple[int, ...]) -> tuple[Shard, int, int]:
     mine = train_shard(mesh, rank)
-    twins = [r for r in gather_group(mesh, rank) if train_shard(mesh, r) == mine]
+    twins = [r for r in group if train_shard(mesh, r) == mine]
     return mine, twins.index(rank), len(twins)
 
 
 def gathered_shard(mesh: Mesh, rank: int) -> Shard:
     """The block of training shards a rank holds after the all-gather: the union of its
     group's training shards (a full rectangle, each piece equally often by construction)."""
-    shards = [train_shard(mesh, r) for r in gather_group(mesh, rank)]
+    return _union(mesh, gather_group(mesh, rank))
+
+
+def _union(mesh: Mesh, group: tuple[int, ...]) -> Shard:
+    shards = [train_shard(mesh, r) for r in group]
     return Shard((min(s.pp[0] for s in shards), max(s.pp[1] for s in shards)),
                  (min(s.tp[0] for s in shards), max(s.tp[1] for s in shards)))
 
@@ -197,11 +206,14 @@ def transition_bytes(mesh: Mesh, model_bytes: Real) -> list[RankTransfer]:
         raise ValueError(f"model_bytes={model_bytes!r}: give the model's size in bytes (>= 0)")
     m = Fraction(model_bytes)
     out = []
-    for r in range(_checked(mesh).world_size):
-        group = gather_group(mesh, r)
-        shard, _, count = contribution(mesh, r)
-        part = shard.fraction(mesh) / count * m
-        gathered = gathered_shard(mesh, r).fraction(mesh) * m
+    group_of = {r: g for g in gather_groups(_checked(mesh)) for r in g}
+    blocks = {g: _union(mesh, g).fraction(mesh) * m for g in set(group_of.values())}
+    shards = [train_shard(mesh, r) for r in range(mesh.world_size)]
+    copies = Counter((group_of[r], shards[r]) for r in range(mesh.world_size))
+    for r in range(mesh.world_size):
+        group = group_of[r]
+        part = shards[r].fraction(mesh) / copies[group, shards[r]] * m  # copies split a shard
+        gathered = blocks[group]
         assert gathered == len(group) * part, "gather group does not tile its block evenly"
         out.append(RankTransfer(
             rank=r, received=_num(gathered - part), sent=_num((len(group) - 1) * part),
