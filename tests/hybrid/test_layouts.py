@@ -90,6 +90,14 @@ def test_each_rank_gathers_a_block_it_can_cut_its_generation_shard_from(mesh):
             assert 0 <= index < count and len(group) == count * len(block.pieces)
             if mesh.transition == "hybridflow":
                 assert block == gen_shard(mesh, r)
+        # members in rank order deliver the block's pieces in order (stage-major)
+        first = gathered_shard(mesh, group[0])
+        order = [p for r in group for p in train_shard(mesh, r).pieces]
+        if mesh.transition == "deepspeed_chat":
+            assert order == first.pieces * mesh.dp
+            assert [contribution(mesh, r)[1] for r in group] == [mesh.coord(r).dp for r in group]
+        else:
+            assert order == first.pieces
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
@@ -187,6 +195,8 @@ def test_bad_inputs_say_what_is_wrong():
     m = Mesh(**ISSUE["1-4-1 -> 1-2-2-1"])
     with pytest.raises(IndexError, match="rank 4 outside a mesh of 4 ranks"):
         gen_shard(m, 4)
+    assert transition_bytes(m, 10)[0].received == 2.5  # exact ints where M divides, else float
+    assert transition_bytes(m, 16)[0] == (0, 4, 4, 8, 0, 8)
     with pytest.raises(ValueError, match="model_bytes=-1"):
         transition_bytes(m, -1)
     with pytest.raises(TypeError, match="expected a workbench Mesh"):

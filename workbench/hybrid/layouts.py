@@ -124,7 +124,10 @@ def micro_dp_groups(mesh: Mesh) -> list[tuple[int, ...]]:
 
 def gather_groups(mesh: Mesh) -> list[tuple[int, ...]]:
     """The rank groups that all-gather weights together in the switch to generation; every
-    rank is in exactly one, listed in rank order (its members concatenate in that order):
+    rank is in exactly one, members in rank order. Gathered in that order, the parts come out
+    as the block's training shards stage-major, tensor pieces in order (for deepspeed_chat:
+    data-parallel copy outermost, each shard split into d consecutive parts, see
+    `contribution`):
 
     - deepspeed_chat: all N ranks (each full model is gathered everywhere);
     - vanilla: each training TP·PP group (p·t consecutive ranks; the full model), or each
@@ -142,7 +145,7 @@ def gather_groups(mesh: Mesh) -> list[tuple[int, ...]]:
 
 def gather_group(mesh: Mesh, rank: int) -> tuple[int, ...]:
     """The gather group `rank` belongs to."""
-    mesh.coord(rank)  # range check with a clear message
+    _checked(mesh).coord(rank)  # range check with a clear message
     return next(g for g in gather_groups(mesh) if rank in g)
 
 
@@ -178,7 +181,8 @@ class RankTransfer(NamedTuple):
     received: float
     """Bytes received in the all-gather: what the group gathers minus the rank's own part."""
     sent: float
-    """Bytes sent, for a ring all-gather: each member forwards the g-1 other parts, (g-1)·c."""
+    """Bytes sent, counted for a ring all-gather: g-1 parts of c bytes (its own, then the g-2
+    it relays), so (g-1)·c, equal to what it receives."""
     peak_params: float
     """Parameter bytes at the switch's peak: the gathered block (own part included)."""
     redundant: float
