@@ -7,6 +7,7 @@ from workbench import (
     ALL_TO_ALL, DP_PROTO, ONE_TO_ALL, RANK_ZERO, THREE_D_ALL_MICRO_DP, THREE_D_PP_ONLY,
     THREE_D_PROTO, Batch, Mesh, Protocol,
 )
+from workbench.errors import ConfigError
 
 
 def rows(n):
@@ -77,6 +78,31 @@ def test_micro_dp_generation_groups_are_strided_and_collect_one_rank_per_replica
     assert THREE_D_ALL_MICRO_DP.collect_ranks(full) == list(range(8))
     with pytest.raises(ValueError, match="must divide"):
         Mesh(tp=2, gen_tp=4)
+
+
+def test_vanilla_generation_groups_are_consecutive_and_the_protocol_follows():
+    # The same 1-4-2 -> (1-2-2-2) switch with generation groups formed like training groups:
+    # generation TP groups {0,1}, {2,3}, ...; replicas 0 and 1 inside training replica 0.
+    m = Mesh(pp=1, tp=4, dp=2, gen_tp=2, transition="vanilla")
+    assert [m.gen_replica(r) for r in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert [m.gen_coord(r).tp for r in range(8)] == [0, 1] * 4
+    assert chunk_values(THREE_D_ALL_MICRO_DP, m, 8) == [[0, 1], [0, 1], [2, 3], [2, 3], [4, 5], [4, 5], [6, 7], [6, 7]]
+    assert THREE_D_ALL_MICRO_DP.collect_ranks(m) == [0, 2, 4, 6]
+    assert THREE_D_ALL_MICRO_DP.num_chunks(m) == 4
+    # Along the pipeline: 4 stages -> 2, hybridflow pairs stages {0,2}, {1,3}; the others {0,1}, {2,3}.
+    pipelined = dict(pp=4, tp=1, dp=1, gen_pp=2)
+    assert [Mesh(**pipelined).gen_replica(r) for r in range(4)] == [0, 1, 0, 1]
+    consecutive = Mesh(**pipelined, transition="deepspeed_chat")
+    assert [consecutive.gen_replica(r) for r in range(4)] == [0, 0, 1, 1]
+    assert THREE_D_ALL_MICRO_DP.collect_ranks(consecutive) == [1, 3]  # last generation stage, tp 0
+    assert str(m) == "Mesh(pp=1, tp=4, dp=2, gen pp=1 tp=2 (vanilla))"
+    assert str(Mesh(tp=4, gen_tp=2)) == "Mesh(pp=1, tp=4, dp=1, gen pp=1 tp=2)"
+
+
+def test_the_transition_method_is_checked_and_hybridflow_by_default():
+    assert Mesh().transition == "hybridflow"
+    with pytest.raises(ConfigError, match="Mesh.transition='zero3': use one of 'deepspeed_chat', 'vanilla', 'hybridflow'"):
+        Mesh(tp=4, gen_tp=2, transition="zero3")
 
 
 def test_collect_concatenates_batches_and_drops_padding():

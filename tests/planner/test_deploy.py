@@ -55,3 +55,16 @@ def test_layout_limits_bound_the_plan():
         for a in colocated.assignments.values():
             assert (a.strategy.tp, a.strategy.pp) == (1, 1)
             assert a.generation is None or (a.generation.tp, a.generation.pp) == (1, 1)
+
+
+def test_model_mesh_carries_the_generation_layout_and_transition_method():
+    from workbench.planner import ParallelStrategy, model_preset
+    from workbench.planner.deploy import model_mesh
+    from workbench.planner.memory import transition
+    from workbench.planner.plan import ModelAssignment
+
+    spec, train, gen = model_preset("llama2-13b"), ParallelStrategy(1, 4, 2), ParallelStrategy(1, 2, 4)
+    actor = ModelAssignment("actor", spec, train, gen, transition=transition(spec, train, gen, "vanilla"))
+    mesh = model_mesh(actor)
+    assert (mesh.tp, mesh.dp, mesh.gen_tp, mesh.transition) == (4, 2, 2, "vanilla")
+    assert model_mesh(ModelAssignment("critic", spec, train)).transition == "hybridflow"

@@ -7,9 +7,15 @@ consecutive ranks, and a tensor-parallel group is a run of consecutive ranks ins
 
 A mesh may also name a *generation* layout (gen_pp, gen_tp) for the hybrid engine
 (HybridFlow §5): each training replica then holds micro_dp = (pp*tp)/(gen_pp*gen_tp)
-generation replicas. Generation TP/PP groups take ranks at a stride (tp/gen_tp, pp/gen_pp)
-inside the training group and micro-DP groups are consecutive ranks, so every rank's
-generation shard contains its training shard (zero redundancy).
+generation replicas. How the ranks of a training replica form generation groups is the
+mesh's `transition` method (HybridFlow Table 2):
+- "hybridflow": generation TP/PP groups take ranks at a stride (tp/gen_tp, pp/gen_pp) inside
+  the training group and micro-DP groups are consecutive ranks, so every rank's generation
+  shard contains its training shard (zero redundancy);
+- "vanilla" and "deepspeed_chat": generation groups are formed like the training groups
+  (a generation TP group is gen_tp consecutive ranks, a generation PP group gen_pp
+  consecutive stages), so some ranks generate with weights they did not train.
+`workbench.hybrid.layouts` derives the shards, gather groups and bytes from these.
 """
 
 from __future__ import annotations
@@ -19,6 +25,10 @@ import numbers
 from typing import NamedTuple
 
 from workbench.errors import ConfigError
+
+
+TRANSITION_METHODS: tuple[str, ...] = ("deepspeed_chat", "vanilla", "hybridflow")
+"""How the actor switches from its training to its generation layout (HybridFlow Table 2)."""
 
 
 class Coord(NamedTuple):
@@ -38,8 +48,15 @@ class Mesh:
     """Pipeline size of the generation layout (hybrid engine); None = same as training."""
     gen_tp: int | None = None
     """Tensor-parallel size of the generation layout (hybrid engine); None = same as training."""
+    transition: str = "hybridflow"
+    """How generation groups are formed from the training ranks: one of TRANSITION_METHODS
+    ("hybridflow": strided generation groups, zero redundancy; "vanilla" / "deepspeed_chat":
+    generation groups formed like the training groups)."""
 
     def __post_init__(self):
+        if self.transition not in TRANSITION_METHODS:
+            raise ConfigError("Mesh.transition", self.transition,
+                              f"use one of {', '.join(map(repr, TRANSITION_METHODS))}")
         for name in ("pp", "tp", "dp", "gen_pp", "gen_tp"):
             value = getattr(self, name)
             if value is None and name.startswith("gen_"):
@@ -90,21 +107,29 @@ class Mesh:
 
     def gen_replica(self, rank: int) -> int:
         """Index of the generation replica (0 .. dp*micro_dp-1) this rank serves in."""
-        c = self.coord(rank)
-        tp_stride = self.tp // (self.gen_tp or self.tp)
-        pp_stride = self.pp // (self.gen_pp or self.pp)
-        micro = (c.pp % pp_stride) * tp_stride + (c.tp % tp_stride)
-        return c.dp * self.micro_dp + micro
+        return self.gen_coord(rank).dp
 
     def gen_coord(self, rank: int) -> Coord:
-        """Coordinates of this rank inside its generation replica (pp, tp, replica)."""
+        """Coordinates of this rank inside its generation replica (pp, tp, replica).
+
+        Per dimension, a training coordinate c splits into a generation coordinate and a
+        micro-replica index. hybridflow: (c // stride, c % stride), so a generation group
+        takes every stride-th rank; vanilla / deepspeed_chat: (c % gen_size, c // gen_size),
+        so it takes consecutive ranks. Micro-replicas count tensor blocks innermost."""
         c = self.coord(rank)
-        tp_stride = self.tp // (self.gen_tp or self.tp)
-        pp_stride = self.pp // (self.gen_pp or self.pp)
-        return Coord(pp=c.pp // pp_stride, tp=c.tp // tp_stride, dp=self.gen_replica(rank))
+        gen_tp, gen_pp = self.gen_tp or self.tp, self.gen_pp or self.pp
+        tp_stride, pp_stride = self.tp // gen_tp, self.pp // gen_pp
+        if self.transition == "hybridflow":
+            (g_tp, m_tp), (g_pp, m_pp) = divmod(c.tp, tp_stride), divmod(c.pp, pp_stride)
+        else:
+            (m_tp, g_tp), (m_pp, g_pp) = divmod(c.tp, gen_tp), divmod(c.pp, gen_pp)
+        micro = m_pp * tp_stride + m_tp
+        return Coord(pp=g_pp, tp=g_tp, dp=c.dp * self.micro_dp + micro)
 
     def __str__(self) -> str:
         gen = ""
         if self.gen_pp or self.gen_tp:
             gen = f", gen pp={self.gen_pp or self.pp} tp={self.gen_tp or self.tp}"
+            if self.transition != "hybridflow":
+                gen += f" ({self.transition})"
         return f"Mesh(pp={self.pp}, tp={self.tp}, dp={self.dp}{gen})"

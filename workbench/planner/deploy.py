@@ -27,9 +27,11 @@ class Layout(NamedTuple):
 
 
 def model_mesh(assignment: ModelAssignment) -> Mesh:
-    """The controller Mesh of a planned model, with the actor's generation layout if any."""
-    s, g = assignment.strategy, assignment.generation
-    return Mesh(pp=s.pp, tp=s.tp, dp=s.dp, gen_pp=g.pp if g else None, gen_tp=g.tp if g else None)
+    """The controller Mesh of a planned model, with the actor's generation layout (and the
+    transition method the plan costed) if any."""
+    s, g, t = assignment.strategy, assignment.generation, assignment.transition
+    return Mesh(pp=s.pp, tp=s.tp, dp=s.dp, gen_pp=g.pp if g else None, gen_tp=g.tp if g else None,
+                transition=t.method if t else "hybridflow")
 
 
 def to_pools(plan: Plan, session: Session) -> dict[str, Layout]:

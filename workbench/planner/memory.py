@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from workbench.controller.mesh import TRANSITION_METHODS
 from workbench.planner.specs import ModelSpec, Workload
 from workbench.planner.strategy import ParallelStrategy
 
@@ -81,7 +82,6 @@ def static_memory(spec: ModelSpec, s: ParallelStrategy, trained: bool,
 
 
 TransitionMethod = Literal["deepspeed_chat", "vanilla", "hybridflow"]
-TRANSITION_METHODS: tuple[str, ...] = ("deepspeed_chat", "vanilla", "hybridflow")
 
 
 @dataclass(frozen=True)
