@@ -6,6 +6,7 @@ a single-process step, every transition's counted bytes with Table 2.
 """
 
 import copy
+import time
 
 import pytest
 import ray
@@ -17,6 +18,7 @@ from workbench import Mesh
 from workbench.engines.fsdp import OptimConfig
 from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig
+from workbench.hybrid import layouts
 from workbench.models import load, make_tiny
 from workbench.workers import ActorConfig, ActorRolloutRefWorker
 
@@ -42,8 +44,8 @@ def actor_group(session, model_dir, mesh, **config):
     return session.group("actor", ActorRolloutRefWorker, session.pool("actor_pool", mesh.world_size), cfg, mesh=mesh)
 
 
-def transitions(session):
-    return [s for s in session.trace() if s.method == "hybrid.transition"]
+def transitions(session, since: float):
+    return [s for s in session.trace() if s.method == "hybrid.transition" and s.start >= since]
 
 
 @pytest.mark.parametrize("method", ["hybridflow", "vanilla", "deepspeed_chat"])
@@ -51,29 +53,30 @@ def transitions(session):
 def test_generation_layouts_equal_the_unsharded_model_and_table_2(session, model_dir, unsharded, layout, method):
     tp, dp, gen_tp = layout
     model, tokenizer = unsharded
-    mesh = Mesh(tp=tp, dp=dp, gen_tp=gen_tp)
-    object.__setattr__(mesh, "transition", method)
+    mesh = Mesh(tp=tp, dp=dp, gen_tp=gen_tp, transition=method)
     actor = actor_group(session, model_dir, mesh)
     batch = prompts(tokenizer, 8)
+    since = time.time()
     out = actor.generate_sequences(batch, GREEDY).get()
     expected = HFRollout(copy.deepcopy(model), tokenizer.pad_token_id, tokenizer.eos_token_id).generate(batch, GREEDY)
     assert torch.equal(out["responses"], expected["responses"])
-    spans = transitions(session)
+    spans = transitions(session, since)
     assert sorted(s.rank for s in spans) == list(range(mesh.world_size))
+    model_bytes = spans[0].extra["model_bytes"]
+    derived = layouts.transition_bytes(mesh, model_bytes)
     for span in spans:
-        x = span.extra
-        received, generation, redundant = table2(x["model_bytes"], tp, dp, gen_tp, method)
-        assert x["checked"]
-        assert (x["bytes_received"], x["generation_bytes"], x["redundant_bytes"]) == (received, generation, redundant), (span.rank, x)
-        assert x["peak_param_bytes"] == generation + redundant
+        x, want = span.extra, derived[span.rank]
+        counted = (x["bytes_received"], x["bytes_sent"], x["peak_param_bytes"], x["redundant_bytes"])
+        assert counted == (want.received, want.sent, want.peak_params, want.redundant), (span.rank, x, want)
+        assert x["checked"] and x["model_bytes"] == model_bytes
+        assert (x["bytes_received"], x["peak_param_bytes"], x["redundant_bytes"]) == table2(model_bytes, tp, dp, gen_tp, method)
 
 
 def table2(m: int, t: int, d: int, t_g: int, method: str) -> tuple[int, int, int]:
-    """HybridFlow Table 2 per rank (p = 1): bytes received, generation weights held, redundant
-    training bytes kept. deepspeed_chat keeps the training piece M/t: here training replicas hold
-    whole TP pieces (Megatron), where DeepSpeed-Chat's ZeRO-3 keeps M/(t·d)."""
+    """HybridFlow Table 2 per rank (p = 1): communication volume, peak parameter memory,
+    redundancy."""
     if method == "deepspeed_chat":
-        return m * (t * d - 1) // (t * d), m, m // t
+        return m * (t * d - 1) // (t * d), m, m // (t * d)
     if method == "vanilla" and t_g < t:
         return m * (t - 1) // t, m, m // t
     return m * (t - t_g) // (t_g * t), m // t_g, 0

@@ -10,7 +10,8 @@ Generation: cut into t_g <= t pieces over the generation groups of `mesh.transit
 - "vanilla": inside the training TP group; the whole tensor is rebuilt and kept (peak M), the
   generation piece is a view of it and the training piece stays beside it (redundant M/t).
 - "deepspeed_chat": over all ranks, each contributing 1/d of its training piece (the d replicas
-  split the copies they share, as ZeRO-3 does), the whole model rebuilt on every rank (peak M).
+  split the copies they share, as ZeRO-3 does), the whole model rebuilt on every rank (peak M);
+  each rank keeps its 1/d partition beside it (redundant M/(t·d)).
 `to_training()` drops the generation buffers (hybridflow first copies each training piece out).
 
 Weights that are whole on every rank (norms) are shared by both models and never moved; the
@@ -28,6 +29,7 @@ import torch.distributed as dist
 from workbench.controller.mesh import Mesh
 from workbench.engines.tensor_parallel import local, shard_dim
 from workbench.errors import WeightSyncError
+from workbench.hybrid import layouts
 
 
 @dataclass
@@ -43,12 +45,10 @@ class TransitionStats:
     model_bytes: int = 0
     """M: the tensor-parallel weights of the whole model."""
     peak_param_bytes: int = 0
-    """Tensor-parallel weight bytes held at once on this rank during generation: the generation
-    layout's plus the redundant training pieces."""
+    """Tensor-parallel weight bytes of the gathered generation buffers (Table 2's peak parameter
+    memory: the whole model for vanilla and deepspeed_chat, M/t_g for hybridflow)."""
     redundant_bytes: int = 0
-    """Training-piece bytes kept beside (not inside) the generation buffers."""
-    generation_bytes: int = 0
-    """Tensor-parallel weight bytes the generation layout holds (Table 2's peak parameter memory)."""
+    """Training bytes kept beside (not inside) the generation buffers while generating."""
     checked: bool = False
     """Whether the weight-sync checksum ran (and passed)."""
 
@@ -72,11 +72,12 @@ class HybridEngine:
         self.pairs = self._pair(train_model, gen_model)
         # Every rank forms every gather group, in the same order (new_group is collective).
         self.gather_group, self.gather_members = None, (rank,)
-        for members in _gather_groups(mesh):  # TODO(merge): layouts.gather_groups
+        for members in layouts.gather_groups(mesh):
             group = dist.new_group(list(members)) if len(members) > 1 else None
             if rank in members:
                 self.gather_group, self.gather_members = group, tuple(members)
         self.held: list[torch.Tensor] = []  # whole tensors vanilla / deepspeed_chat keep while generating
+        self.kept: list[torch.Tensor] = []  # deepspeed_chat's own partitions, kept beside them
         self.in_generation = False
         self.release_generation_weights()
 
@@ -98,7 +99,7 @@ class HybridEngine:
                 local(gen).data = local(train)  # same tensor: always in sync
             else:
                 local(gen).data = torch.empty(0, dtype=local(train).dtype, device=local(train).device)
-        self.held = []
+        self.held, self.kept = [], []
 
     # ---- training -> generation --------------------------------------------------------------
     @torch.no_grad()
@@ -115,8 +116,7 @@ class HybridEngine:
             stats.bytes_sent += sent
             stats.bytes_received += received
             local(gen).data = self._generation_piece(gathered, piece, dim)
-        stats.generation_bytes, stats.redundant_bytes = self._resident_bytes()
-        stats.peak_param_bytes = stats.generation_bytes + stats.redundant_bytes
+        stats.peak_param_bytes, stats.redundant_bytes = self._resident_bytes()
         self.in_generation = True
         if self.check:
             self.verify()
@@ -149,7 +149,7 @@ class HybridEngine:
         if len(self.gather_members) == 1:
             return flat
         out = torch.empty(len(self.gather_members) * flat.numel(), dtype=flat.dtype, device=flat.device)
-        dist.all_gather_into_tensor(out, flat.contiguous(), group=self.gather_group)
+        dist.all_gather_single(out, flat.contiguous(), group=self.gather_group)
         return out
 
     def _generation_piece(self, gathered: torch.Tensor, piece: torch.Tensor, dim: int) -> torch.Tensor:
@@ -161,6 +161,12 @@ class HybridEngine:
             piece.data = gathered.narrow(dim, at * piece.shape[dim], piece.shape[dim])
             return gathered
         self.held.append(gathered)
+        if self.mesh.transition == "deepspeed_chat":
+            # Like ZeRO-3 under DeepSpeed-Chat: the rank keeps only its own partition (1/d of its
+            # training piece) beside the gathered model; the piece itself is read back from it.
+            d, tp_width = self.mesh.dp, piece.shape[dim]
+            self.kept.append(piece.reshape(-1).chunk(d)[self.mesh.coord(self.rank).dp].clone())
+            piece.data = gathered.narrow(dim, self.mesh.coord(self.rank).tp * tp_width, tp_width)
         width = gathered.shape[dim] // gen_tp
         return gathered.narrow(dim, self.mesh.gen_coord(self.rank).tp * width, width)
 
@@ -174,7 +180,7 @@ class HybridEngine:
             if storage.data_ptr() not in gen_storages:
                 gen_storages.add(storage.data_ptr())
                 total += storage.nbytes()
-        redundant = 0
+        redundant = sum(t.numel() * t.element_size() for t in self.kept)
         for _, train, _ in self.pairs:
             if shard_dim(train) is None:
                 continue
@@ -189,7 +195,7 @@ class HybridEngine:
         if not self.in_generation:
             return
         for _, train, _ in self.pairs:
-            if shard_dim(train) is not None and self.aliases:
+            if shard_dim(train) is not None and (self.aliases or self.mesh.transition == "deepspeed_chat"):
                 local(train).data = local(train).data.clone()  # own storage again, contiguous
         self.release_generation_weights()
         self.in_generation = False
@@ -239,19 +245,3 @@ def _checksum(piece: torch.Tensor, dim: int, index: int, full_shape: list[int]) 
     weight = 1.0 + torch.remainder(flat * 0.6180339887, 1.0)  # distinct, position-dependent
     return (piece.double() * weight).sum()
 
-
-def _gather_groups(mesh: Mesh) -> list[tuple[int, ...]]:
-    ranks = range(mesh.world_size)
-    if mesh.transition == "deepspeed_chat":
-        return [tuple(ranks)]
-    if mesh.transition == "vanilla" and (mesh.gen_tp or mesh.tp) < mesh.tp:
-        return [tuple(r for r in ranks if mesh.coord(r).dp == d) for d in range(mesh.dp)]
-    keys = sorted({(mesh.coord(r).dp, mesh.gen_coord(r).tp) for r in ranks})
-    return [tuple(r for r in ranks if (mesh.coord(r).dp, mesh.gen_coord(r).tp) == k) for k in keys]
-
-
-def _generation_groups(mesh: Mesh) -> list[list[int]]:
-    groups: dict[int, dict[int, int]] = {}
-    for r in range(mesh.world_size):
-        groups.setdefault(mesh.gen_replica(r), {})[mesh.gen_coord(r).tp] = r
-    return [[g[k] for k in sorted(g)] for _, g in sorted(groups.items())]

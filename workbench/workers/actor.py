@@ -33,7 +33,8 @@ from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig, stream_seed
 from workbench.engines.tensor_parallel import parallelize
 from workbench.engines.training import BACKENDS, make_engine
-from workbench.hybrid.transition import HybridEngine, _generation_groups as generation_groups  # TODO(merge)
+from workbench.hybrid.layouts import generation_groups
+from workbench.hybrid.transition import HybridEngine
 from workbench.engines.vllm_rollout import VLLMRolloutConfig
 from workbench import checks
 from workbench.errors import ConfigError
@@ -173,7 +174,7 @@ class ActorRolloutRefWorker(Worker):
         if len(groups[0]) == 1:
             self._gen_tp_group = None
             return gen
-        device_mesh = DeviceMesh(self.device.type, torch.tensor(groups), mesh_dim_names=("replica", "tp"))
+        device_mesh = DeviceMesh(self.device.type, torch.tensor(groups), mesh_dim_names=("replica", "tp"))  # pp = 1
         self._gen_tp_group = device_mesh["tp"].get_group()
         return parallelize(gen, device_mesh["tp"])
 
