@@ -8,21 +8,32 @@ a single-process step, every transition's counted bytes with Table 2.
 import copy
 import time
 
+import math
+
 import pytest
 import ray
 import torch
 
+import tests.hybrid.workers
 import tests.workers.losses as losses
+from algorithms import PPO, Groups
+from tests.hybrid.workers import CorruptibleActor
 from tests.workers.reference import advantages_for, assert_checkpoint_roundtrip, prompts
 from workbench import Mesh
+from workbench.data import arithmetic
+from workbench.data.prompts import tokenize_prompts
+from workbench.errors import WorkerCallError
 from workbench.engines.fsdp import OptimConfig
 from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig
 from workbench.hybrid import layouts
 from workbench.models import load, make_tiny
 from workbench.workers import ActorConfig, ActorRolloutRefWorker
+from workbench.workers.critic import CriticConfig, CriticWorker
+from workbench.workers.rule_reward import RuleReward
 
 ray.cloudpickle.register_pickle_by_value(losses)
+ray.cloudpickle.register_pickle_by_value(tests.hybrid.workers)
 
 OPTIM = OptimConfig(lr=1e-5, grad_clip=1.0)
 GREEDY = SamplingConfig(max_new_tokens=10, greedy=True)
@@ -124,3 +135,37 @@ def test_tensor_parallel_update_equals_single_process_and_next_generation_uses_i
     moved = actor.compute_ref_log_prob(rolled).get()["ref_log_probs"]
     assert torch.equal(moved, ref), "the reference must stay frozen"
     assert_checkpoint_roundtrip(actor, train, tmp_path / "ckpt")
+
+
+def test_a_corrupted_switch_is_caught_by_the_weight_sync_check_and_the_group_recovers(session, model_dir, unsharded):
+    model, tokenizer = unsharded
+    cfg = ActorConfig(model_path=model_dir, backend="3d", optim=OPTIM, mini_batch_size=8, micro_batch_size=2)
+    actor = session.group("actor", CorruptibleActor, session.pool("actor_pool", 4), cfg, mesh=Mesh(tp=4, gen_tp=2))
+    batch = prompts(tokenizer, 4)
+    actor.corrupt_next_switch(0).get()
+    with pytest.raises(WorkerCallError, match="weight sync check failed"):
+        actor.generate_sequences(batch, GREEDY).get()
+    actor.corrupt_next_switch(0, on=False).get()
+    out = actor.generate_sequences(batch, GREEDY).get()
+    expected = HFRollout(copy.deepcopy(model), tokenizer.pad_token_id, tokenizer.eos_token_id).generate(batch, GREEDY)
+    assert torch.equal(out["responses"], expected["responses"])
+
+
+def test_a_tensor_parallel_ppo_iteration_end_to_end(session, model_dir):
+    tokenizer = load(model_dir).tokenizer
+    problems = arithmetic.generate(arithmetic.ArithmeticConfig(digits=1), 4, seed=1)
+    batch = tokenize_prompts([p.__dict__ for p in problems], tokenizer, max_prompt_length=32)
+    actor = session.group("actor", ActorRolloutRefWorker, session.pool("actor_pool", 4),
+                          ActorConfig(model_path=model_dir, backend="3d", reference=True, optim=OptimConfig(lr=1e-4),
+                                      mini_batch_size=4, micro_batch_size=2), mesh=Mesh(tp=2, dp=2, gen_tp=1))
+    critic = session.group("critic", CriticWorker, session.pool("critic_pool", 1), CriticConfig(model_path=model_dir))
+    groups = Groups(actor=actor, reference=actor, critic=critic, reward=RuleReward(arithmetic.score))
+    algo = PPO(groups, PPO.Config(sampling=SamplingConfig(max_new_tokens=6, n=2, seed=0)))
+    since = time.time()
+    for _ in range(2):
+        out, metrics = algo.step(batch)
+        assert len(out) == 8 and all(math.isfinite(v) for v in metrics.values()), metrics
+        assert metrics["actor/grad_norm"] > 0 and metrics["critic/vf_loss"] > 0
+        assert metrics["actor/rollout_logprob_diff"] < 1e-4  # sampled from the weights it trains
+    switches = transitions(session, since)
+    assert len(switches) == 2 * 4 and all(s.extra["checked"] for s in switches)

@@ -2,7 +2,16 @@
 
 import pytest
 
+import torch
+
 from tests.controller.workers import EchoWorker
+from workbench.data.prompts import tokenize_prompts
+from workbench.engines.rollout import SamplingConfig
+from workbench.errors import ConfigError
+from workbench.models import load, make_tiny
+from workbench.workers import ActorConfig, ActorRolloutRefWorker
+from workbench.workers.critic import CriticConfig, CriticWorker
+from workbench.workers.reward import RewardModelWorker, ScoreModelConfig
 from workbench.planner import PlannerError, Workload, automap, cluster_preset, dataflow_preset
 
 
@@ -44,9 +53,34 @@ def test_deploy_refuses_before_reserving_anything(session):
     with pytest.raises(PlannerError, match=r"missing \['critic'\]"):
         plan.deploy(session, {m: (EchoWorker, None) for m in plan.dataflow.models if m != "critic"})
     tp_plan = automap(dataflow_preset("ppo"), "llama2-13b", Workload(), cluster_preset("a100_80g", 8))
-    with pytest.raises(PlannerError, match="data parallelism only.*max_tp=1, max_pp=1"):
-        tp_plan.deploy(session, {m: (EchoWorker, None) for m in tp_plan.dataflow.models})
+    fsdp = {m: (EchoWorker, CriticConfig(model_path="/not/read/before/the/layout")) for m in tp_plan.dataflow.models}
+    with pytest.raises(ConfigError, match="data parallelism only"):
+        tp_plan.deploy(session, fsdp)
     assert not session.pools
+
+
+def test_a_tensor_parallel_plan_deploys_and_runs(session, tmp_path):
+    """The planner puts the 30M actor on p1t2d2 (generation p1t1d4) on 4 local devices: the
+    plan starts for real, the actor generates through the hybrid engine and its critic scores."""
+    plan = automap(dataflow_preset("ppo"), "tiny-30m", Workload.tiny(), cluster_preset("local", 4), max_tp=4, max_pp=1)
+    actor = plan.set_of("actor").assignments["actor"]
+    assert actor.strategy.tp > 1, f"the planner no longer picks tensor parallelism here: {actor.strategy}"
+    model = str(make_tiny("30m", tmp_path / "m30"))
+    groups = plan.deploy(session, {
+        "actor": (ActorRolloutRefWorker, ActorConfig(model_path=model, backend="3d", mini_batch_size=4, micro_batch_size=2)),
+        "reference": (ActorRolloutRefWorker, ActorConfig(model_path=model, backend="3d", train=False, rollout=None, reference=True)),
+        "critic": (CriticWorker, CriticConfig(model_path=model, backend="3d", mini_batch_size=4, micro_batch_size=2)),
+        "reward": (RewardModelWorker, ScoreModelConfig(model)),
+    })
+    assert groups["actor"].mesh.tp == actor.strategy.tp
+    tokenizer = load(model).tokenizer
+    rows = [{"prompt": f"{i}+{i}=", "ground_truth": str(2 * i)} for i in range(4)]
+    out = groups["actor"].generate_sequences(tokenize_prompts(rows, tokenizer, 16), SamplingConfig(max_new_tokens=3, n=1, seed=0))
+    values = groups["critic"].compute_values(out).get()["values"]
+    scored = groups["actor"].compute_log_prob(out).get()
+    ref = groups["reference"].compute_ref_log_prob(out).get()
+    assert values.shape == (4, 3) and torch.isfinite(values).all()
+    assert torch.allclose(ref["ref_log_probs"], scored["old_log_probs"], atol=1e-5)
 
 
 def test_layout_limits_bound_the_plan():

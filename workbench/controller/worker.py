@@ -191,8 +191,8 @@ class WorkerHost:
         if after:  # time-sharing: earlier calls on this pool, issued by other groups, go first
             ray.wait(after, num_returns=len(after), fetch_local=False)
         start = time.time()
-        args = tuple(resolve_input(a) for a in args)
-        kwargs = {k: resolve_input(v) for k, v in kwargs.items()}
+        args = tuple(self._on_device(resolve_input(a)) for a in args)
+        kwargs = {k: self._on_device(resolve_input(v)) for k, v in kwargs.items()}
         bytes_in = sum(describe_output(v).nbytes for v in (*args, *kwargs.values()))
         compute_start = time.time()
         sequence = self.counts[role, method] = self.counts.get((role, method), -1) + 1
@@ -202,6 +202,8 @@ class WorkerHost:
         try:
             output = getattr(self.workers[role], method)(*args, **kwargs)
             output = _keep_padding_marks(args, output)
+            if isinstance(output, Batch) and self.device != "cpu":
+                output = output.to("cpu")  # the driver and other pools take CPU tensors
             ok = True
         finally:
             meta_out = describe_output(output) if ok else None
@@ -214,6 +216,10 @@ class WorkerHost:
             )
             self.current.clear()
         return (meta_out, output) if with_meta else output
+
+    def _on_device(self, value: Any) -> Any:
+        """A Batch argument arrives on this rank's device: workers compute where their model is."""
+        return value.to(self.device) if isinstance(value, Batch) and self.device != "cpu" else value
 
     @ray.method(concurrency_group=TRACE_GROUP)
     def drain_records(self) -> list[CallRecord]:

@@ -16,6 +16,21 @@ import torch.distributed as dist
 from workbench.data.batch import Batch
 
 
+def collective_device(group=None) -> torch.device:
+    """Where a small tensor must live to take part in a collective of `group`: NCCL reduces only
+    GPU tensors, gloo CPU ones."""
+    if dist.is_available() and dist.is_initialized() and dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce_small(values: torch.Tensor, group=None, op=None) -> torch.Tensor:
+    """all_reduce of a few numbers on whichever device the backend needs; the result on CPU."""
+    moved = values.to(collective_device(group))
+    dist.all_reduce(moved, group=group, **({"op": op} if op is not None else {}))
+    return moved.cpu()
+
+
 def micro_batch_weights(loss_fn, micro_batches: list[Batch], group=None) -> tuple[list[float], list[float]]:
     """(gradient weights, metric weights) per micro-batch. Metric weights are this rank's
     shares (they sum to 1 here; ranks are averaged later); gradient weights are shares of
@@ -26,7 +41,7 @@ def micro_batch_weights(loss_fn, micro_batches: list[Batch], group=None) -> tupl
     total, world = local.clone(), 1
     if group is not None and dist.is_available() and dist.is_initialized():
         world = dist.get_world_size(group)
-        dist.all_reduce(total, group=group)
+        total = all_reduce_small(total, group)
     return (sizes * world / total.clamp(min=1e-12)).tolist(), (sizes / local).tolist()
 
 
@@ -39,5 +54,5 @@ def finite_everywhere(value: torch.Tensor | float, group=None) -> bool:
     all skip the step together and no collective is left waiting)."""
     flag = torch.tensor([1.0 if bool(torch.isfinite(torch.as_tensor(value)).all()) else 0.0])
     if group is not None and dist.is_available() and dist.is_initialized():
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+        flag = all_reduce_small(flag, group, op=dist.ReduceOp.MIN)
     return bool(flag.item())

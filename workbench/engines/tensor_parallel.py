@@ -25,7 +25,7 @@ from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from workbench.data.batch import Batch
-from workbench.engines.accumulation import NonFiniteStep, micro_batch_weights
+from workbench.engines.accumulation import NonFiniteStep, all_reduce_small, micro_batch_weights
 from workbench.engines.fsdp import LossFn, OptimConfig, decoder_layers
 from workbench.errors import ConfigError
 
@@ -135,17 +135,13 @@ class TensorParallelEngine:
             else:
                 sharded += square
         if self.tp_group is not None:
-            sharded = sharded.to(self._device())
-            dist.all_reduce(sharded, group=self.tp_group)
-        norm = float((sharded.cpu() + whole).sqrt())
+            sharded = all_reduce_small(sharded, self.tp_group)
+        norm = float((sharded + whole).sqrt())
         if math.isfinite(norm) and norm > max_norm:
             scale = max_norm / (norm + 1e-6)
             for _, g in self._grads():
                 g.mul_(scale)
         return norm
-
-    def _device(self) -> torch.device:
-        return next(self.model.parameters()).device
 
     @torch.no_grad()
     def iter_full_weights(self):

@@ -104,6 +104,7 @@ class HybridEngine:
     # ---- training -> generation --------------------------------------------------------------
     @torch.no_grad()
     def to_generation(self) -> TransitionStats:
+        self.to_training()  # after a failed generation the last switch may still be in place
         start = time.time()
         stats = TransitionStats(method=self.mesh.transition)
         for name, train, gen in self.pairs:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -69,6 +69,13 @@ class LoadedModel:
     """The directory it came from."""
     fixes: list[str] = field(default_factory=list)
     """Human-readable notes of fix-ups applied (e.g. eos used as pad)."""
+
+
+def for_worker(cfg: LoadConfig, device: str | torch.device, trained: bool) -> LoadConfig:
+    """`cfg` for a worker whose device is `device`: its models load there. A trained model keeps
+    fp32 parameters under "auto" (the engines' master weights; they compute in bf16 on GPUs)."""
+    dtype = "float32" if trained and cfg.dtype == "auto" else cfg.dtype
+    return replace(cfg, device=str(device), dtype=dtype)
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: str = "cpu") -> torch.dtype:

@@ -39,30 +39,26 @@ def to_pools(plan: Plan, session: Session) -> dict[str, Layout]:
     return {m: layout for colocated in plan.sets for m, layout in _set_layouts(colocated, session).items()}
 
 
-def deploy(plan: Plan, session: Session, workers: dict[str, tuple[type, Any]],
-           data_parallel_only: bool = True) -> dict[str, WorkerGroup]:
+def deploy(plan: Plan, session: Session, workers: dict[str, tuple[type, Any]]) -> dict[str, WorkerGroup]:
     """Pools, layouts and worker groups for the plan; returns {model: WorkerGroup}.
 
     workers: model -> (Worker class, config) for every model of the plan. Models of one
     colocated set with the same (pp, tp, dp) share one process per device (`session.fused`,
     as HybridFlow colocates actor and reference); a different layout gets its own processes
-    on the set's pool. Everything is checked before any pool is reserved.
-    data_parallel_only: the workers shard with FSDP/ZeRO over data-parallel ranks only, so a
-    plan with tensor or pipeline parallelism is refused (plan with max_tp=1, max_pp=1).
+    on the set's pool. Everything is checked before any pool is reserved: each config's
+    `check_layout(mesh, model)` says whether its worker runs the planned layout (tensor
+    parallelism needs backend="3d"; plan with automap(..., max_tp=1, max_pp=1) otherwise).
     """
     models = [m for s in plan.sets for m in s.models]
     missing, unknown = [m for m in models if m not in workers], [w for w in workers if w not in models]
     if missing or unknown:
         raise PlannerError(f"deploy needs a (Worker class, config) for each planned model {models}; "
                            + (f"missing {missing}" if missing else f"not in the plan: {unknown}"))
-    if data_parallel_only:
-        for s in plan.sets:
-            for m, a in s.assignments.items():
-                layouts = [a.strategy] + ([a.generation] if a.generation else [])
-                if any(x.tp > 1 or x.pp > 1 for x in layouts):
-                    raise PlannerError(
-                        f"model {m!r} is planned as {' / '.join(map(str, layouts))}, but the workers run "
-                        f"data parallelism only (FSDP/ZeRO shards); plan with automap(..., max_tp=1, max_pp=1)")
+    for s in plan.sets:
+        for m, a in s.assignments.items():
+            check = getattr(workers[m][1], "check_layout", None)
+            if check is not None:
+                check(model_mesh(a), m)
     groups = {}
     for colocated in plan.sets:
         layouts = _set_layouts(colocated, session)

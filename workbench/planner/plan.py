@@ -126,11 +126,11 @@ class Plan:
         from workbench.planner.deploy import to_pools
         return to_pools(self, session)
 
-    def deploy(self, session, workers: dict, data_parallel_only: bool = True) -> dict:
+    def deploy(self, session, workers: dict) -> dict:
         """Pools, layouts and worker groups of this plan on a live Session: `workers` maps
         each model to (Worker class, config); returns {model: WorkerGroup}."""
         from workbench.planner.deploy import deploy
-        return deploy(self, session, workers, data_parallel_only)
+        return deploy(self, session, workers)
 
     def to_execution_plan(self):
         """The same placement as a ReaLHF execution plan (mesh + strategy per call), to be

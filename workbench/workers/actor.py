@@ -38,7 +38,7 @@ from workbench.hybrid.transition import HybridEngine
 from workbench.engines.vllm_rollout import VLLMRolloutConfig
 from workbench import checks
 from workbench.errors import ConfigError
-from workbench.models.load import LoadConfig, check_model_dir, check_positions, load
+from workbench.models.load import LoadConfig, check_model_dir, check_positions, for_worker, load
 from workbench.workers.training import load_rank_state, mean_over_ranks, run_updates, save_rank_state
 
 
@@ -133,7 +133,7 @@ class ActorRolloutRefWorker(Worker):
     def __init__(self, config: ActorConfig):
         super().__init__(config)
         torch.manual_seed(config.seed)
-        loaded = load(config.model_path, config.load)
+        loaded = load(config.model_path, for_worker(config.load, self.device, config.train))
         self.tokenizer = loaded.tokenizer
         model = loaded.model
         tensor_parallel = config.backend == "3d" and self.mesh.tp > 1

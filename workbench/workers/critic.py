@@ -7,15 +7,14 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from workbench.controller import DP_PROTO, ONE_TO_ALL, Worker, register
-from workbench.controller.protocols import DP_REDUCED
+from workbench.controller import ONE_TO_ALL, THREE_D_PROTO, THREE_D_REDUCED, Worker, register
 from workbench.data.batch import Batch
 from workbench.engines.forward import pad_responses, trim_padding
 from workbench.engines.fsdp import LossFn, OptimConfig
 from workbench.engines.training import BACKENDS, make_engine
 from workbench import checks
 from workbench.errors import ConfigError
-from workbench.models.load import LoadConfig, check_model_dir
+from workbench.models.load import LoadConfig, check_model_dir, for_worker
 from workbench.models.value import load_value_model, token_values
 from workbench.workers.training import load_rank_state, mean_over_ranks, run_updates, save_rank_state
 
@@ -30,7 +29,8 @@ class CriticConfig:
     micro_batch_size: int = 4
     epochs: int = 1
     backend: str = "fsdp"
-    """Training backend: "fsdp" or "deepspeed"."""
+    """Training backend: "fsdp", "deepspeed", or "3d" (tensor parallel over the mesh's tp ranks,
+    data-parallel replicas)."""
     zero_stage: int = 2
     """DeepSpeed ZeRO stage (1, 2 or 3) when backend="deepspeed"."""
     seed: int = 0
@@ -46,7 +46,10 @@ class CriticConfig:
 
     def check_layout(self, mesh, role: str) -> None:
         """Driver-side, before workers start: the layout and the model directory fit."""
-        checks.data_parallel_only("CriticWorker", mesh, role)
+        if self.backend == "3d":
+            checks.tensor_parallel_layout("CriticConfig", mesh, role, self.model_path, self.load.trust_remote_code)
+        else:
+            checks.data_parallel_only("CriticWorker", mesh, role)
         checks.mini_batch_splits("CriticConfig", self.mini_batch_size, mesh.dp, role)
         check_model_dir(self.model_path, "CriticConfig.model_path", "value", self.load.trust_remote_code)
 
@@ -71,13 +74,14 @@ class CriticWorker(Worker):
     def __init__(self, config: CriticConfig):
         super().__init__(config)
         torch.manual_seed(config.seed)
-        loaded = load_value_model(config.model_path, config.load)
+        loaded = load_value_model(config.model_path, for_worker(config.load, self.device, trained=True))
         self.engine = make_engine(
             loaded.model, config.optim, self.device_mesh["dp"], backend=config.backend, zero_stage=config.zero_stage,
             micro_batch_size=config.micro_batch_size, mini_batch_size=max(1, config.mini_batch_size // self.mesh.dp),
+            tp_mesh=self.device_mesh["tp"] if config.backend == "3d" and self.mesh.tp > 1 else None,
         )
 
-    @register(DP_PROTO)
+    @register(THREE_D_PROTO)
     @torch.no_grad()
     def compute_values(self, batch: Batch, output_key: str = "values") -> Batch:
         """V of each response position, under `output_key` (Safe-RLHF's cost critic: cost_values)."""
@@ -86,7 +90,7 @@ class CriticWorker(Worker):
         values = torch.cat([response_values(self.engine.model, batch[i : i + step]) for i in range(0, len(batch), step)])
         return Batch({output_key: values * batch["response_mask"]})
 
-    @register(DP_REDUCED)
+    @register(THREE_D_REDUCED)
     def update_critic(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
         """Value-function steps with `loss_fn(model, micro_batch)` from the driver (e.g.
         algorithms.losses.CriticLoss, PPO's clipped value loss on batch["returns"])."""

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from workbench.data.batch import Batch
-from workbench.engines.accumulation import NonFiniteStep
+from workbench.engines.accumulation import NonFiniteStep, all_reduce_small
 from workbench.engines.fsdp import LossFn
 
 
@@ -47,8 +47,7 @@ def run_updates(
 
 def mean_over_ranks(metrics: dict[str, float]) -> dict[str, float]:
     """Average each metric over the group's ranks (all-reduce), so any rank can report them."""
-    values = torch.tensor(list(metrics.values()), dtype=torch.float64)
-    dist.all_reduce(values)
+    values = all_reduce_small(torch.tensor(list(metrics.values()), dtype=torch.float64))
     values /= dist.get_world_size()
     return dict(zip(metrics, values.tolist()))
 
