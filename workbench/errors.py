@@ -103,8 +103,12 @@ class WeightSyncError(WorkbenchError):
 
     def __init__(self, tensor: str, rank: int, train_checksum: float, gen_checksum: float):
         self.tensor, self.rank = tensor, rank
+        self._args = (tensor, rank, train_checksum, gen_checksum)
         super().__init__(
             f"weight sync check failed on rank {rank}: {tensor!r} sums to {gen_checksum!r} over the generation "
             f"pieces but {train_checksum!r} over the training pieces. The generation weights are stale or "
             f"misplaced; report the Mesh (tp, gen_tp, transition) this ran with"
         )
+
+    def __reduce__(self):  # travels from a worker back to the driver intact
+        return type(self), self._args

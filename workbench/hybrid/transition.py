@@ -32,6 +32,10 @@ from workbench.errors import WeightSyncError
 from workbench.hybrid import layouts
 
 
+# torch >= 2.13 names the one-tensor all-gather all_gather_single (all_gather_into_tensor before).
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 @dataclass
 class TransitionStats:
     """What one switch to the generation layout cost on this rank."""
