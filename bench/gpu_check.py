@@ -92,8 +92,9 @@ def main() -> int:
             check(f"{backend}: greedy rows equal to CPU", same, same >= 0.75)
             scored = actor.compute_log_prob(out).get()
             mask = out["response_mask"].bool()
-            cpu_lp, _ = response_log_probs(model, out)
-            gap = float((scored["old_log_probs"] - cpu_lp).abs()[mask].max())
+            with torch.no_grad():
+                cpu_lp, _ = response_log_probs(model, out)
+            gap = float((scored["old_log_probs"] - cpu_lp.detach()).abs()[mask].max())
             check(f"{backend}: log-prob max |GPU - CPU|", gap, gap <= (5e-2 if backend == "fsdp" else 1e-3))
             ref = actor.compute_ref_log_prob(out).get()["ref_log_probs"]
             ref_gap = float((ref - cpu_lp).abs()[mask].max())
@@ -106,8 +107,14 @@ def main() -> int:
             single = cpu_step(model, train, 4)
             trained = load(actor.export_hf(f"{root}/export_{backend}").get()[0]).model.state_dict()
             moved = max_diff(trained, single.state_dict())
-            base = max_diff(trained, model.state_dict())
-            check(f"{backend}: weights |GPU - CPU step|", moved, moved <= (base * 0.5 if backend == "fsdp" else 1e-5))
+            check(f"{backend}: weights max |GPU - CPU step|", moved, moved <= (1e-3 if backend == "fsdp" else 1e-5))
+            # bf16 compute flips the sign of tiny gradients (Adam then moves them by +-lr): the
+            # step's direction over all weights is what must agree.
+            init = model.state_dict()
+            gpu_delta = torch.cat([(trained[k].float().cpu() - v).reshape(-1) for k, v in init.items()])
+            cpu_delta = torch.cat([(single.state_dict()[k] - v).reshape(-1) for k, v in init.items()])
+            cosine = float(torch.nn.functional.cosine_similarity(gpu_delta, cpu_delta, dim=0))
+            check(f"{backend}: step direction cosine(GPU, CPU)", cosine, cosine >= (0.9 if backend == "fsdp" else 0.999))
             after = actor.generate_sequences(prompts, GREEDY).get()
             fresh = HFRollout(single, tokenizer.pad_token_id, tokenizer.eos_token_id).generate(prompts, GREEDY)
             same = float((after["responses"] == fresh["responses"]).all(1).float().mean())

@@ -102,7 +102,7 @@ def join_prompt_and_response(
 
 def mask_after_eos(responses: torch.Tensor, eos_token_id: int | list[int]) -> torch.Tensor:
     """1 up to and including the first EOS of each row, 0 after."""
-    eos = torch.as_tensor(eos_token_id if isinstance(eos_token_id, list) else [eos_token_id])
+    eos = torch.as_tensor(eos_token_id if isinstance(eos_token_id, list) else [eos_token_id], device=responses.device)
     is_eos = torch.isin(responses, eos)
     after_eos = (is_eos.cumsum(dim=1) - is_eos.long()) > 0
     return (~after_eos).long()

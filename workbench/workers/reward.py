@@ -59,8 +59,8 @@ class RewardModelWorker(Worker):
         scores = torch.cat(scores)
         mask = batch["response_mask"]
         last = last_token_index(mask)
-        token_level = torch.zeros(mask.shape, dtype=scores.dtype)
-        token_level[torch.arange(len(batch)), last] = scores
+        token_level = torch.zeros(mask.shape, dtype=scores.dtype, device=scores.device)
+        token_level[torch.arange(len(batch), device=scores.device), last] = scores
         return Batch({self.output_key: scores, f"token_level_{self.output_key}": token_level * mask})
 
     @register(DP_PROTO)
