@@ -1,7 +1,8 @@
 """The loss functions shipped to the workers: core's numerics around one model forward.
 
-Each is a small dataclass called as `loss(model, micro_batch) -> (loss, metrics)` on every rank
-(workbench.engines.LossFn). The driver builds a fresh one per update from the current settings
+Each is a small dataclass called as `loss(outputs, micro_batch) -> (loss, metrics)` on every rank
+(workbench.engines.contract.LossFn): the worker's engine runs the forward its `needs` names and
+hands the loss the outputs, never the model. The driver builds a fresh one per update from the current settings
 and registry entries, and Ray pickles it with them — a policy loss redefined in a notebook
 cell travels by value, so workers always run what the notebook last defined.
 """
@@ -12,8 +13,6 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from algorithms import core
-from workbench.engines.forward import response_log_probs, sequence_nll
-from workbench.workers.critic import response_values
 
 
 @dataclass
@@ -25,19 +24,21 @@ class ActorLoss:
     settings: dict = field(default_factory=dict)
     """Values for the policy loss's keyword parameters (clip ranges, loss_agg_mode, ...)."""
     temperature: float = 1.0
-    """The sampling temperature: log-probs are log_softmax(logits / T), as the rollout's were."""
+    """The sampling temperature: the worker computes log-probs as log_softmax(logits / T), as the
+    rollout's were."""
     entropy_coeff: float = 0.0
     kl_coef: float = 0.0
     """> 0 adds the KL to the reference policy to the loss (needs ref_log_probs in the batch)."""
     kl_penalty: Callable = core.kl_k3
     loss_agg_mode: str = "token-mean"
+    needs = ("log_probs", "entropy")
 
     def weight(self, batch) -> float:
         """This micro-batch's share of a step: its tokens for a token mean, else its rows."""
         return token_weight(batch, self.loss_agg_mode)
 
-    def __call__(self, model, batch):
-        log_probs, entropy = response_log_probs(model, batch, self.temperature, with_entropy=True)
+    def __call__(self, outputs, batch):
+        log_probs, entropy = outputs["log_probs"], outputs["entropy"]
         mask = batch["response_mask"]
         fresh = {"log_probs": log_probs, "entropy": entropy}  # before the batch's stale columns
         pg_loss, metrics = core.call(self.policy, fresh, batch, self.settings, what="policy loss")
@@ -62,12 +63,13 @@ class CriticLoss:
     values_key: str = "values"
     returns_key: str = "returns"
     """Which columns hold V_old and the targets (Safe-RLHF's cost critic reads cost_*)."""
+    needs = ("values",)
 
     def weight(self, batch) -> float:
         return token_weight(batch, self.loss_agg_mode)
 
-    def __call__(self, model, batch):
-        values = response_values(model, batch)
+    def __call__(self, outputs, batch):
+        values = outputs["values"]
         mask = batch["response_mask"]
         loss, clipfrac = core.value_loss(
             values, batch[self.values_key], batch[self.returns_key], mask, self.cliprange_value, self.loss_agg_mode
@@ -82,6 +84,7 @@ class PretrainLoss:
     input_ids, attention_mask and loss_mask (workbench.stages.encode_examples)."""
 
     coef: float = 1.0
+    needs = ("nll",)
 
     @staticmethod
     def check(batch) -> None:
@@ -94,8 +97,8 @@ class PretrainLoss:
                 f"with {list(keys)}; build one with workbench.stages.text_batch(tokenizer, prompts, responses, max_length)"
             )
 
-    def __call__(self, model, batch):
-        nll = sequence_nll(model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"]).mean()
+    def __call__(self, outputs, batch):
+        nll = outputs["nll"].mean()
         return self.coef * nll, {"actor/ptx_loss": nll.item()}
 
 

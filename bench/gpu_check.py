@@ -28,22 +28,23 @@ import torch
 from workbench import Batch, Session
 from workbench.controller.resource_pool import device_resource
 from workbench.data.prompts import tokenize_prompts
-from workbench.engines.forward import response_log_probs
-from workbench.engines.fsdp import OptimConfig
+from workbench.engines.forward import model_outputs, response_log_probs
+from workbench.engines.contract import OptimConfig
 from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig
 from workbench.models import load, make_tiny
 from workbench.models.value import load_value_model
 from workbench.workers import ActorConfig, ActorRolloutRefWorker
-from workbench.workers.critic import CriticConfig, CriticWorker, response_values
+from workbench.engines.forward import response_values
+from workbench.workers.critic import CriticConfig, CriticWorker
 from workbench.workers.reward import RewardModelWorker, ScoreModelConfig
 
 OPTIM = OptimConfig(lr=1e-4, grad_clip=1.0)
 GREEDY = SamplingConfig(max_new_tokens=12, greedy=True)
 
 
-def reinforce_loss(model, batch):
-    log_probs, _ = response_log_probs(model, batch)
+def reinforce_loss(outputs, batch):
+    log_probs = outputs["log_probs"]
     loss = -(batch["advantages"] * (log_probs * batch["response_mask"]).sum(1)).mean()
     return loss, {"loss": loss.item()}
 
@@ -52,7 +53,8 @@ def cpu_step(model, train, micro: int):
     single = copy.deepcopy(model).train()
     opt = torch.optim.AdamW(single.parameters(), lr=OPTIM.lr, betas=OPTIM.betas, eps=OPTIM.eps, weight_decay=0.0)
     for start in range(0, len(train), micro):
-        loss, _ = reinforce_loss(single, train[start : start + micro])
+        rows = train[start : start + micro]
+        loss, _ = reinforce_loss(model_outputs(single, rows), rows)
         (loss * micro / len(train)).backward()
     torch.nn.utils.clip_grad_norm_(single.parameters(), OPTIM.grad_clip)
     opt.step()

@@ -24,8 +24,8 @@ import torch
 from workbench import Batch, Session
 from workbench.data import arithmetic
 from workbench.data.prompts import tokenize_prompts
-from workbench.engines.forward import response_log_probs
-from workbench.engines.fsdp import OptimConfig
+
+from workbench.engines.contract import OptimConfig
 from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig
 from workbench.models import load, make_tiny
@@ -34,8 +34,8 @@ from workbench.workers import ActorConfig, ActorRolloutRefWorker
 CACHE = Path(__file__).resolve().parents[1] / ".cache" / "bench"
 
 
-def reinforce_loss(model, batch):
-    log_probs, _ = response_log_probs(model, batch)
+def reinforce_loss(outputs, batch):
+    log_probs = outputs["log_probs"]
     loss = -(batch["advantages"] * (log_probs * batch["response_mask"]).sum(1)).mean()
     return loss, {"loss": loss.item()}
 

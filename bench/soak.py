@@ -44,7 +44,7 @@ from algorithms import PPO, Groups, PPOConfig
 from workbench import Session
 from workbench.data import arithmetic
 from workbench.data.prompts import tokenize_prompts
-from workbench.engines.fsdp import OptimConfig
+from workbench.engines.contract import OptimConfig
 from workbench.engines.rollout import SamplingConfig
 from workbench.models import load, make_tiny
 from workbench.session import WORKER_ENV

@@ -96,7 +96,7 @@ def build_workbench(session, algo: str, model_dir: Path, reward_dir: Path, args,
     where a rank holds them whole)."""
     from algorithms import GRPO, PPO, Groups, GRPOConfig, PPOConfig
     from workbench.data import arithmetic
-    from workbench.engines.fsdp import OptimConfig
+    from workbench.engines.contract import OptimConfig
     from workbench.engines.rollout import SamplingConfig
     from workbench.workers import ActorConfig, ActorRolloutRefWorker
     from workbench.workers.critic import CriticConfig, CriticWorker
@@ -160,7 +160,7 @@ class ComputeLimit:
 
     def iteration(self, prompts, sampling) -> float:
         from workbench.engines.forward import response_log_probs
-        from workbench.workers.critic import response_values
+        from workbench.engines.forward import response_values
 
         start = time.perf_counter()
         batch = self.rollout.generate(prompts, sampling)

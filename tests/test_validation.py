@@ -12,7 +12,7 @@ import algorithms
 from algorithms import GRPO, Groups
 from tests.controller.workers import ConfigHolder, EchoWorker
 from workbench import Batch, Mesh, PlacementError
-from workbench.engines.fsdp import OptimConfig
+from workbench.engines.contract import OptimConfig
 from workbench.engines.rollout import SamplingConfig
 from workbench.engines.vllm_rollout import VLLMRolloutConfig
 from workbench.errors import ConfigError

@@ -40,7 +40,7 @@ _LAZY = {
     "CostModelWorker": "workbench.workers.reward",
     "RuleReward": "workbench.workers.rule_reward",
     "SamplingConfig": "workbench.engines.rollout",
-    "OptimConfig": "workbench.engines.fsdp",
+    "OptimConfig": "workbench.engines.contract",
     "arithmetic": "workbench.data",
     "tokenize_prompts": "workbench.data.prompts",
     "PromptLoader": "workbench.data.prompts",

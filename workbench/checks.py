@@ -111,7 +111,7 @@ def rows_split(owner: str, mini_batch_size: int, rows: int, role: str) -> None:
 
 def training_fields(owner: str, config) -> None:
     """The settings every trained model's config shares (ActorConfig, CriticConfig)."""
-    from workbench.engines.fsdp import OptimConfig  # late: fsdp's own config uses these checks
+    from workbench.engines.contract import OptimConfig# late: fsdp's own config uses these checks
 
     if not isinstance(config.model_path, (str, os.PathLike)) or not str(config.model_path):
         raise ConfigError(f"{owner}.model_path", config.model_path, "give a local Hugging Face checkpoint directory")
@@ -121,7 +121,7 @@ def training_fields(owner: str, config) -> None:
           fix="use a whole number of rows >= 1 per forward/backward on one rank")
     whole(owner, "epochs", config.epochs, fix="use a whole number of passes >= 1 over each batch")
     whole(owner, "seed", config.seed, low=0, fix="use a whole number >= 0")
-    of_type(owner, "optim", config.optim, OptimConfig, "pass a workbench.engines.fsdp.OptimConfig(lr=...)")
+    of_type(owner, "optim", config.optim, OptimConfig, "pass a workbench.OptimConfig(lr=...)")
 
 
 FIELD_STAGES = {

@@ -19,7 +19,7 @@ from algorithms.metrics import format_line
 from workbench import Session
 from workbench.data import arithmetic
 from workbench.data.prompts import tokenize_prompts
-from workbench.engines.fsdp import OptimConfig
+from workbench.engines.contract import OptimConfig
 from workbench.engines.rollout import SamplingConfig
 from workbench.models import load
 from workbench.stages.arithmetic_policy import arithmetic_policy

@@ -15,7 +15,7 @@ from algorithms import GRPO, Groups, GRPOConfig, core
 from workbench.data import arithmetic
 from workbench.errors import WorkbenchError
 from workbench.data.prompts import tokenize_prompts
-from workbench.engines.fsdp import OptimConfig
+from workbench.engines.contract import OptimConfig
 from workbench.engines.rollout import SamplingConfig
 from workbench.models import load, make_tiny
 from workbench.models.value import load_value_model

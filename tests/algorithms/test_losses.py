@@ -9,10 +9,10 @@ import torch
 from algorithms import core
 from algorithms.losses import ActorLoss, CriticLoss, PretrainLoss
 from workbench import Batch
-from workbench.engines.forward import response_log_probs
+from workbench.engines.forward import model_outputs, response_log_probs
 from workbench.models import load, make_tiny
 from workbench.models.value import load_value_model
-from workbench.workers.critic import response_values
+from workbench.engines.forward import response_values
 
 
 @pytest.fixture(scope="module")
@@ -37,11 +37,18 @@ def batch(model_dir):
     })
 
 
+def run(loss_fn, model, batch):
+    """A loss in one process, as an engine runs it: the forward its `needs` names, then the loss."""
+    outputs = model_outputs(model, batch, loss_fn.needs, getattr(loss_fn, "temperature", 1.0))
+    assert set(outputs) == set(loss_fn.needs)  # exactly what it asked for; never the model
+    return loss_fn(outputs, batch)
+
+
 def test_actor_loss_is_policy_loss_minus_entropy_plus_kl(model_dir, batch):
     model = load(model_dir).model
     loss_fn = ActorLoss(core.ppo_clip, {"clip_ratio_low": 0.1}, temperature=0.7, entropy_coeff=0.01, kl_coef=0.2,
                         kl_penalty=core.kl_k3, loss_agg_mode="seq-mean-token-mean")
-    loss, metrics = loss_fn(model, batch)
+    loss, metrics = run(loss_fn, model, batch)
     log_probs, entropy = response_log_probs(model, batch, 0.7, with_entropy=True)
     mask = batch["response_mask"]
     pg, _ = core.ppo_clip(log_probs, batch["old_log_probs"], batch["advantages"], mask, clip_ratio_low=0.1,
@@ -61,19 +68,19 @@ def test_losses_travel_by_value_with_a_notebook_defined_policy(batch, model_dir)
 
     shipped = pickle.loads(ray.cloudpickle.dumps(ActorLoss(half_ppo)))
     model = load(model_dir).model
-    full, _ = ActorLoss(core.ppo_clip)(model, batch)
-    half, _ = shipped(model, batch)
+    full, _ = run(ActorLoss(core.ppo_clip), model, batch)
+    half, _ = run(shipped, model, batch)
     assert torch.allclose(half, 0.5 * full, atol=1e-6)
 
 
 def test_critic_and_pretrain_losses(model_dir, batch):
     model = load_value_model(model_dir).model
-    loss, metrics = CriticLoss(cliprange_value=0.2)(model, batch)
+    loss, metrics = run(CriticLoss(cliprange_value=0.2), model, batch)
     expected, clipfrac = core.value_loss(response_values(model, batch), batch["values"], batch["returns"],
                                          batch["response_mask"], 0.2)
     assert torch.allclose(loss, expected) and metrics["critic/vf_clipfrac"] == pytest.approx(float(clipfrac))
     lm = load(model_dir).model
-    ptx, metrics = PretrainLoss(coef=0.5)(lm, batch)
+    ptx, metrics = run(PretrainLoss(coef=0.5), lm, batch)
     assert ptx.item() == pytest.approx(0.5 * metrics["actor/ptx_loss"], rel=1e-6)
     with pytest.raises(ValueError, match="text_batch"):
         PretrainLoss.check(Batch({"input_ids": batch["input_ids"]}))

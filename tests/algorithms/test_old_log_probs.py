@@ -12,7 +12,7 @@ from algorithms import GRPO, PPO, Groups, GRPOConfig, PPOConfig, core
 from algorithms.losses import ActorLoss
 from workbench.data import arithmetic
 from workbench.data.prompts import tokenize_prompts
-from workbench.engines.forward import response_log_probs
+from workbench.engines.forward import model_outputs, response_log_probs
 from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig
 from workbench.models import load, make_tiny
@@ -50,7 +50,7 @@ def test_loss_and_gradients_equal_recomputation(model_dir):
     for old in (recomputed, batch["rollout_log_probs"]):
         batch["old_log_probs"] = old
         model.zero_grad()
-        value, metrics = loss(model.train(), batch)
+        value, metrics = loss(model_outputs(model.train(), batch, loss.needs, loss.temperature), batch)
         value.backward()
         results.append((value.item(), [p.grad.clone() for p in model.parameters()]))
     (loss_a, grads_a), (loss_b, grads_b) = results

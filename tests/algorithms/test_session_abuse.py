@@ -16,7 +16,7 @@ from workbench import WorkerDiedError
 from workbench.data import arithmetic
 from workbench.data.batch import Batch
 from workbench.data.prompts import tokenize_prompts
-from workbench.engines.fsdp import OptimConfig
+from workbench.engines.contract import OptimConfig
 from workbench.engines.rollout import SamplingConfig
 from workbench.errors import GroupRemovedError
 from workbench.models import load, make_tiny

@@ -23,7 +23,8 @@ from workbench import Mesh
 from workbench.data import arithmetic
 from workbench.data.prompts import tokenize_prompts
 from workbench.errors import WorkerCallError
-from workbench.engines.fsdp import OptimConfig
+from workbench.engines.contract import OptimConfig
+from workbench.engines.forward import model_outputs
 from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig
 from workbench.hybrid import layouts
@@ -102,7 +103,7 @@ def single_process_step(model, train, dp: int, micro: int = 2):
     for rank in range(dp):
         for start in range(0, per_rank, micro):
             rows = train[rank * per_rank + start : rank * per_rank + start + micro]
-            loss, _ = losses.reinforce_loss(single, rows)
+            loss, _ = losses.reinforce_loss(model_outputs(single, rows), rows)
             (loss * (micro / per_rank) / dp).backward()
     torch.nn.utils.clip_grad_norm_(single.parameters(), OPTIM.grad_clip)
     opt.step()

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 from algorithms import PPO, Groups, PPOConfig
 from workbench.data import arithmetic
 from workbench.data.prompts import PromptLoader, PromptLoaderConfig
-from workbench.engines.fsdp import OptimConfig
+from workbench.engines.contract import OptimConfig
 from workbench.engines.rollout import SamplingConfig
 from workbench.errors import ConfigError, NonFiniteError, WorkbenchError
 from workbench.models import load, make_tiny
@@ -32,9 +32,8 @@ def length_score(text: str, truth: str) -> float:
     return float(len(text) % 3)
 
 
-def nan_loss(model, batch):
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    return logits.mean() * math.nan, {"nan_loss": 0.0}
+def nan_loss(outputs, batch):
+    return outputs["log_probs"].sum() * math.nan, {"nan_loss": 0.0}
 
 
 class EditedAdvantages(PPO):

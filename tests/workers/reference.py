@@ -8,7 +8,8 @@ from tests.workers import losses
 from tests.workers.losses import reinforce_loss
 from workbench import Batch
 from workbench.data.prompts import tokenize_prompts
-from workbench.engines.fsdp import OptimConfig
+from workbench.engines.contract import OptimConfig
+from workbench.engines.forward import model_outputs
 
 OPTIM = OptimConfig(lr=1e-3, grad_clip=1.0)
 
@@ -31,7 +32,7 @@ def single_process_step(model, train, optim=OPTIM):
     for rank in range(2):
         for micro in range(2):
             rows = train[rank * 4 + micro * 2 : rank * 4 + micro * 2 + 2]
-            loss, _ = reinforce_loss(single, rows)
+            loss, _ = reinforce_loss(model_outputs(single, rows), rows)
             (loss * 0.5 * 0.5).backward()
     torch.nn.utils.clip_grad_norm_(single.parameters(), optim.grad_clip)
     grads = {name: p.grad.clone() for name, p in single.named_parameters()}

@@ -6,7 +6,7 @@ import torch
 from algorithms.losses import CriticLoss
 from workbench import Batch
 from workbench.data.prompts import tokenize_prompts
-from workbench.engines.fsdp import OptimConfig
+from workbench.engines.contract import OptimConfig
 from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig
 from workbench.models import load, make_tiny

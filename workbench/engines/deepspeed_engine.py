@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from workbench.data.batch import Batch
 from workbench.engines.accumulation import NonFiniteStep, finite_everywhere, micro_batch_weights
-from workbench.engines.fsdp import LossFn, OptimConfig
+from workbench.engines.contract import Forward, LossFn, OptimConfig
 
 # DeepSpeed JIT-compiles a shared-memory comm op (~2 min on 2 cores) the first time a process
 # builds its comm backend, into TORCH_EXTENSIONS_DIR (default: under the home directory, which
@@ -89,7 +89,7 @@ class DeepSpeedEngine:
         self.optim, self.zero_stage = optim, zero_stage
         self.dp_group = dp_mesh.get_group() if dp_mesh is not None else None
 
-    def train_step(self, loss_fn: LossFn, micro_batches: list[Batch]) -> dict[str, float]:
+    def train_step(self, loss_fn: LossFn, micro_batches: list[Batch], forward: Forward) -> dict[str, float]:
         """One optimizer step over micro-batches (gradient accumulation, weighted as
         workbench.engines.accumulation says: by rows, or by what the loss weighs)."""
         self.model.train()
@@ -97,7 +97,7 @@ class DeepSpeedEngine:
         totals: dict[str, float] = {}
         losses = []
         for mb, weight, share in zip(micro_batches, weights, shares):
-            loss, metrics = loss_fn(self.model, mb)
+            loss, metrics = loss_fn(forward(self.model, mb), mb)
             losses.append(loss.detach())
             self.model.backward(loss * weight, scale_wrt_gas=False)
             for k, v in metrics.items():

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from workbench.data.batch import Batch
+from workbench.models.value import token_values
 
 
 def trim_padding(batch: Batch) -> tuple[dict[str, torch.Tensor], int]:
@@ -68,6 +69,25 @@ def response_log_probs(
     return log_probs, pad_responses(entropy, r) * mask if entropy is not None else None
 
 
+def model_outputs(model: torch.nn.Module, batch: Batch, needs: tuple[str, ...] = ("log_probs",),
+                  temperature: float = 1.0) -> dict[str, torch.Tensor]:
+    """What a loss's `needs` names, from forwards of `model` over `batch`: "log_probs" and
+    "entropy" of the responses (at `temperature`), "values" (a value model), "nll" (pre-training
+    rows). The engines' side of a training step (workbench.engines.contract.LossFn); a test or a
+    notebook runs a loss in one process as loss(model_outputs(model, batch, loss.needs), batch)."""
+    out = {}
+    if "values" in needs:
+        out["values"] = response_values(model, batch)
+    if "nll" in needs:
+        out["nll"] = sequence_nll(model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
+    if "log_probs" in needs or "entropy" in needs:
+        log_probs, entropy = response_log_probs(model, batch, temperature, with_entropy="entropy" in needs)
+        out["log_probs"] = log_probs
+        if entropy is not None:
+            out["entropy"] = entropy
+    return out
+
+
 def sequence_nll(model: torch.nn.Module, input_ids, attention_mask, loss_mask) -> torch.Tensor:
     """Per-row mean next-token cross-entropy over the positions loss_mask marks: B.
 
@@ -77,3 +97,11 @@ def sequence_nll(model: torch.nn.Module, input_ids, attention_mask, loss_mask) -
     targets, mask = input_ids[:, 1:], loss_mask[:, 1:].float()
     nll = F.cross_entropy(logits.transpose(1, 2).float(), targets, reduction="none")
     return (nll * mask).sum(1) / mask.sum(1).clamp(min=1)
+
+
+def response_values(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """V(s_t) for each response position t: the value at the token before it. B x R (zero past
+    the longest response: those columns are padding in every row and are not computed)."""
+    inputs, kept = trim_padding(batch)
+    values = token_values(model, inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"])
+    return pad_responses(values[:, -kept - 1 : -1], batch["responses"].shape[1])

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -19,40 +17,13 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from workbench import checks
 from workbench.data.batch import Batch
-from workbench.errors import ConfigError
 from workbench.engines.accumulation import NonFiniteStep, micro_batch_weights
+from workbench.engines.contract import Forward, LossFn, OptimConfig  # noqa: F401  (re-exported: older imports)
 
 # Value heads (AutoModelForTokenClassification) return a view; FSDP2 warns that an in-place
 # op on it would skip its hooks. Losses here never modify model outputs in place.
 warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
-
-LossFn = Callable[[torch.nn.Module, Batch], tuple[torch.Tensor, dict[str, float]]]
-"""loss_fn(model, micro_batch) -> (mean loss over the micro-batch's rows, metrics)."""
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    """AdamW settings."""
-
-    lr: float = 1e-5
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    """Clip the global gradient norm to this (0 = no clipping; the norm is still reported)."""
-
-    def __post_init__(self):
-        checks.real("OptimConfig", "lr", self.lr, 0, low_open=True, fix="use a learning rate > 0 (e.g. 1e-5)")
-        if not (isinstance(self.betas, (tuple, list)) and len(self.betas) == 2):
-            raise ConfigError("OptimConfig.betas", self.betas, "use two numbers in [0, 1), e.g. (0.9, 0.999)")
-        for i, beta in enumerate(self.betas):
-            checks.real("OptimConfig", f"betas[{i}]", beta, 0, 1, high_open=True, fix="use betas in [0, 1), e.g. (0.9, 0.999)")
-        checks.real("OptimConfig", "eps", self.eps, 0, low_open=True, fix="use eps > 0 (e.g. 1e-8)")
-        checks.real("OptimConfig", "weight_decay", self.weight_decay, 0, fix="use weight_decay >= 0")
-        checks.real("OptimConfig", "grad_clip", self.grad_clip, 0, fix="use grad_clip >= 0 (0 = no clipping)")
-
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The repeated blocks of an HF causal LM (model.model.layers for Llama-style models)."""
@@ -76,7 +47,7 @@ class FSDPEngine:
             model.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
         )
 
-    def train_step(self, loss_fn: LossFn, micro_batches: list[Batch]) -> dict[str, float]:
+    def train_step(self, loss_fn: LossFn, micro_batches: list[Batch], forward: Forward) -> dict[str, float]:
         """One optimizer step over micro-batches (gradient accumulation, weighted as
         workbench.engines.accumulation says: by rows, or by what the loss weighs)."""
         self.model.train()
@@ -84,7 +55,7 @@ class FSDPEngine:
         weights, shares = micro_batch_weights(loss_fn, micro_batches, self.dp_group)
         totals: dict[str, float] = {}
         for mb, weight, share in zip(micro_batches, weights, shares):
-            loss, metrics = loss_fn(self.model, mb)
+            loss, metrics = loss_fn(forward(self.model, mb), mb)
             (loss * weight).backward()
             for k, v in metrics.items():
                 totals[k] = totals.get(k, 0.0) + float(v) * share

@@ -26,7 +26,8 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 from workbench.data.batch import Batch
 from workbench.engines.accumulation import NonFiniteStep, all_reduce_small, micro_batch_weights
-from workbench.engines.fsdp import LossFn, OptimConfig, decoder_layers
+from workbench.engines.contract import Forward, LossFn, OptimConfig
+from workbench.engines.fsdp import decoder_layers
 from workbench.errors import ConfigError
 
 COLUMN = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
@@ -89,14 +90,14 @@ class TensorParallelEngine:
             foreach=False,
         )
 
-    def train_step(self, loss_fn: LossFn, micro_batches: list[Batch]) -> dict[str, float]:
+    def train_step(self, loss_fn: LossFn, micro_batches: list[Batch], forward: Forward) -> dict[str, float]:
         """One optimizer step over micro-batches, weighted as workbench.engines.accumulation says."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         weights, shares = micro_batch_weights(loss_fn, micro_batches, self.dp_group)
         totals: dict[str, float] = {}
         for mb, weight, share in zip(micro_batches, weights, shares):
-            loss, metrics = loss_fn(self.model, mb)
+            loss, metrics = loss_fn(forward(self.model, mb), mb)
             (loss * weight).backward()
             for k, v in metrics.items():
                 totals[k] = totals.get(k, 0.0) + float(v) * share

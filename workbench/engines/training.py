@@ -1,7 +1,7 @@
 """The one place a training backend is chosen: FSDP2 (default), DeepSpeed ZeRO, or "3d"
 (tensor parallel inside each replica, data-parallel replicas: the hybrid engine's training layout).
 
-Both engines share one interface — `model`, `train_step(loss_fn, micro_batches)`,
+The engines share one interface — `model`, `train_step(loss_fn, micro_batches, forward)`,
 `full_weights()`, `save(path)`, `load(path)` — so workers and algorithms never branch on it.
 """
 
@@ -11,7 +11,8 @@ import math
 
 import torch
 
-from workbench.engines.fsdp import FSDPEngine, OptimConfig
+from workbench.engines.contract import OptimConfig
+from workbench.engines.fsdp import FSDPEngine
 
 BACKENDS = ("fsdp", "deepspeed", "3d")
 

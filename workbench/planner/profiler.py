@@ -27,8 +27,8 @@ import torch.distributed as dist
 
 from workbench.controller import ONE_TO_ALL, Worker, register
 from workbench.data.batch import Batch
-from workbench.engines.forward import response_log_probs
-from workbench.engines.fsdp import OptimConfig
+from workbench.engines.forward import model_outputs, response_log_probs
+from workbench.engines.contract import OptimConfig
 from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig
 from workbench.engines.training import make_engine
@@ -54,10 +54,9 @@ class ProfileShapes:
     allreduce_bytes: tuple[int, ...] = (1 << 12, 1 << 20, 1 << 22, 1 << 24)
 
 
-def _loss(model, batch):
-    """A PPO-shaped loss: the response log-prob forward, a scalar per token, backward."""
-    log_probs, _ = response_log_probs(model, batch)
-    return -log_probs.mean(), {}
+def _loss(outputs, batch):
+    """A PPO-shaped loss: the response log-prob forward (the worker's), a scalar per token."""
+    return -outputs["log_probs"].mean(), {}
 
 
 def _batch(rows: int, prompt: int, response: int, vocab: int, seed: int = 0) -> Batch:
@@ -143,7 +142,7 @@ class ProbeWorker(Worker):
             def train():
                 for s in range(0, rows, shapes.rows_per_step):
                     mini = batch[s : s + shapes.rows_per_step]
-                    engine.train_step(_loss, [mini[i : i + mb] for i in range(0, len(mini), mb)])
+                    engine.train_step(_loss, [mini[i : i + mb] for i in range(0, len(mini), mb)], model_outputs)
 
             steps = -(-rows // shapes.rows_per_step)
             out.append(Timing("inference", spec, rows, prompt, response, mb,

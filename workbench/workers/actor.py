@@ -27,8 +27,8 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from workbench.controller import ONE_TO_ALL, THREE_D_ALL_MICRO_DP, THREE_D_PROTO, THREE_D_REDUCED, Worker, register
 from workbench.data.batch import Batch
-from workbench.engines.forward import response_log_probs, sequence_nll
-from workbench.engines.fsdp import LossFn, OptimConfig
+from workbench.engines.forward import model_outputs, response_log_probs, sequence_nll
+from workbench.engines.contract import Forward, LossFn, OptimConfig, needs
 from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig, stream_seed
 from workbench.engines.tensor_parallel import parallelize
@@ -271,14 +271,24 @@ class ActorRolloutRefWorker(Worker):
     @register(THREE_D_REDUCED)
     def update_actor(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
         """Mini-batch steps over this rank's rows for `epochs` passes; metrics averaged over
-        steps and ranks. `loss_fn(model, micro_batch) -> (loss, metrics)` comes from the driver."""
+        steps and ranks. `loss_fn(outputs, micro_batch) -> (loss, metrics)` comes from the driver;
+        outputs are what its `needs` names: "log_probs" (default), "entropy", or "nll" for
+        pre-training rows (workbench.engines.contract)."""
         cfg = self.config
         self._trained_model()
         shuffle_seed = cfg.seed + 1000 * self.updates if cfg.shuffle else None
-        metrics = run_updates(self.engine, batch, loss_fn, self._rows_per_step(), cfg.micro_batch_size, cfg.epochs, shuffle_seed)
+        forward = self._training_forward(loss_fn)
+        metrics = run_updates(self.engine, batch, loss_fn, forward, self._rows_per_step(), cfg.micro_batch_size, cfg.epochs, shuffle_seed)
         self.version += 1
         self.updates += 1
         return mean_over_ranks({k if "/" in k else f"actor/{k}": v for k, v in metrics.items()})
+
+    def _training_forward(self, loss_fn: LossFn) -> Forward:
+        """The forward a training step runs for `loss_fn`: what its `needs` names, log-probs at
+        the loss's temperature if it names one (else this worker's)."""
+        wanted = needs(loss_fn, ("log_probs",))
+        temperature = getattr(loss_fn, "temperature", self.config.temperature)
+        return lambda model, mb: model_outputs(model, mb, wanted, temperature)
 
     def _rows_per_step(self) -> int:
         """This rank's share of a mini-batch."""

@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 import torch.distributed as dist
 
 from workbench.controller import ONE_TO_ALL, THREE_D_PROTO, THREE_D_REDUCED, Worker, register
 from workbench.data.batch import Batch
-from workbench.engines.forward import pad_responses, trim_padding
-from workbench.engines.fsdp import LossFn, OptimConfig
+from workbench.engines.forward import model_outputs, response_values
+from workbench.engines.contract import LossFn, OptimConfig
 from workbench.engines.training import BACKENDS, make_engine
 from workbench import checks
 from workbench.errors import ConfigError
 from workbench.models.load import LoadConfig, check_model_dir, for_worker
-from workbench.models.value import load_value_model, token_values
+from workbench.models.value import load_value_model
 from workbench.workers.training import load_rank_state, mean_over_ranks, run_updates, save_rank_state
 
 
@@ -62,14 +63,6 @@ class CriticConfig:
             self.check_rows(batch.num_valid, role)
 
 
-def response_values(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    """V(s_t) for each response position t: the value at the token before it. B x R (zero past
-    the longest response: those columns are padding in every row and are not computed)."""
-    inputs, kept = trim_padding(batch)
-    values = token_values(model, inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"])
-    return pad_responses(values[:, -kept - 1 : -1], batch["responses"].shape[1])
-
-
 class CriticWorker(Worker):
     def __init__(self, config: CriticConfig):
         super().__init__(config)
@@ -92,10 +85,12 @@ class CriticWorker(Worker):
 
     @register(THREE_D_REDUCED)
     def update_critic(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
-        """Value-function steps with `loss_fn(model, micro_batch)` from the driver (e.g.
+        """Value-function steps with `loss_fn(outputs, micro_batch)` from the driver, outputs
+        {"values": V of each response position} (e.g.
         algorithms.losses.CriticLoss, PPO's clipped value loss on batch["returns"])."""
         cfg = self.config
-        metrics = run_updates(self.engine, batch, loss_fn, cfg.mini_batch_size // self.mesh.dp, cfg.micro_batch_size, cfg.epochs)
+        forward = partial(model_outputs, needs=("values",))
+        metrics = run_updates(self.engine, batch, loss_fn, forward, cfg.mini_batch_size // self.mesh.dp, cfg.micro_batch_size, cfg.epochs)
         return mean_over_ranks({k if "/" in k else f"critic/{k}": v for k, v in metrics.items()})
 
     # ---- checkpoints -------------------------------------------------------------------------

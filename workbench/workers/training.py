@@ -12,12 +12,12 @@ import torch.distributed as dist
 
 from workbench.data.batch import Batch
 from workbench.engines.accumulation import NonFiniteStep, all_reduce_small
-from workbench.engines.fsdp import LossFn
+from workbench.engines.contract import Forward, LossFn
 
 
 def run_updates(
-    engine, batch: Batch, loss_fn: LossFn, rows_per_step: int, micro_batch_size: int, epochs: int = 1,
-    shuffle_seed: int | None = None,
+    engine, batch: Batch, loss_fn: LossFn, forward: Forward, rows_per_step: int, micro_batch_size: int,
+    epochs: int = 1, shuffle_seed: int | None = None,
 ) -> dict[str, float]:
     """Optimizer steps over this rank's rows; returns metrics averaged over the steps.
 
@@ -34,7 +34,7 @@ def run_updates(
             mini = batch[order[start : start + rows_per_step]]
             micro = [mini[i : i + micro_batch_size] for i in range(0, len(mini), micro_batch_size)]
             try:
-                steps.append(engine.train_step(loss_fn, micro))
+                steps.append(engine.train_step(loss_fn, micro, forward))
             except NonFiniteStep as e:
                 uids = list(mini["uid"])[:8] if "uid" in mini else "?"
                 raise NonFiniteStep(
