@@ -3,8 +3,9 @@
 1. Profile this machine (`workbench.planner.profiler`: model calls on one worker, gloo
    all-reduces, how workers share the cores) and fit the `local` cluster preset.
 2. For several placements of the four PPO models (actor, reference, critic, reward model) on
-   local Ray workers, one device per colocated set (and one placement with two, data parallel
-   with FSDP), run real iterations of `algorithms.ppo`.
+   local Ray workers, one device per colocated set (and two placements with two: one data
+   parallel with FSDP, one with the actor and reference tensor parallel, generating data
+   parallel through the hybrid engine's switch), run real iterations of `algorithms.ppo`.
 3. Compare with the planner's estimate for the same placement: TimeCost (ReaLHF list
    scheduling, with the fitted core sharing) over the simulator's call times under the fitted
    preset. Nothing measured in step 2 feeds the estimate.
@@ -33,7 +34,7 @@ from pathlib import Path
 
 from algorithms.groups import Groups
 from algorithms.ppo import PPO, PPOConfig
-from workbench import Session
+from workbench import Mesh, Session
 from workbench.data import arithmetic
 from workbench.data.prompts import tokenize_prompts
 from workbench.engines.rollout import SamplingConfig
@@ -56,8 +57,13 @@ PLACEMENTS = {   # colocated sets; each set is one pool of one device unless DEV
     "actor+critic | ref+reward": [("actor", "critic"), ("reference", "reward")],
     "standalone": [(r,) for r in ROLES],
     "actor+ref | critic+reward, dp=2": [("actor", "reference"), ("critic", "reward")],
+    "actor+ref tp=2 | critic+reward, dp=2": [("actor", "reference"), ("critic", "reward")],
 }
-DEVICES = {"actor+ref | critic+reward, dp=2": 2}   # data parallel: FSDP over 2 devices per set
+DEVICES = {"actor+ref | critic+reward, dp=2": 2,   # data parallel: FSDP over 2 devices per set
+           "actor+ref tp=2 | critic+reward, dp=2": 2}
+# Roles trained and run tensor parallel over their set's devices (backend "3d"); the actor
+# generates data parallel (gen_tp=1), so every generation pays the hybrid engine's switch.
+TENSOR_PARALLEL = {"actor+ref tp=2 | critic+reward, dp=2": ("actor", "reference")}
 MICRO, MINI = 4, 8
 # Worker method -> planner call name (the PPO dataflow derived from algorithms/ppo.py).
 CALL_OF_METHOD = {"generate_sequences": "actor_gen", "compute_log_prob": "actor_logp",
@@ -68,22 +74,27 @@ CONSTANTS = ("train_efficiency", "inference_efficiency", "bandwidth_efficiency",
              "kernel_latency", "call_overhead", "collective_latency", "cores", "peak_flops")
 
 
-def worker_specs(model_dir: str) -> dict:
+def worker_specs(model_dir: str, tensor_parallel: bool = False) -> dict:
+    backend = "3d" if tensor_parallel else "fsdp"
     return {
-        "actor": (ActorRolloutRefWorker, ActorConfig(model_dir, micro_batch_size=MICRO, mini_batch_size=MINI)),
-        "reference": (ActorRolloutRefWorker, ActorConfig(model_dir, train=False, rollout=None, reference=True,
-                                                         micro_batch_size=MICRO)),
+        "actor": (ActorRolloutRefWorker, ActorConfig(model_dir, backend=backend, micro_batch_size=MICRO, mini_batch_size=MINI)),
+        "reference": (ActorRolloutRefWorker, ActorConfig(model_dir, backend=backend, train=False, rollout=None,
+                                                         reference=True, micro_batch_size=MICRO)),
         "critic": (CriticWorker, CriticConfig(model_dir, micro_batch_size=MICRO, mini_batch_size=MINI)),
         "reward": (RewardModelWorker, ScoreModelConfig(model_dir, micro_batch_size=MICRO)),
     }
 
 
-def build(session: Session, tag: str, sets, devices: int, model_dir: str, cfg: PPOConfig) -> PPO:
+def build(session: Session, tag: str, sets, devices: int, model_dir: str, cfg: PPOConfig,
+          tp_roles: tuple[str, ...] = ()) -> PPO:
     """PPO over fresh groups for one placement; roles get the tag so placements coexist."""
-    specs, groups = worker_specs(model_dir), {}
+    groups = {}
     for i, roles in enumerate(sets):
         pool = session.pool(f"{tag}-set{i}", devices)
-        made = session.fused(pool, **{f"{tag}_{r}": specs[r] for r in roles})
+        tp = all(r in tp_roles for r in roles)
+        specs = worker_specs(model_dir, tensor_parallel=tp)
+        mesh = Mesh(tp=devices, gen_tp=1) if tp else None
+        made = session.fused(pool, mesh=mesh, **{f"{tag}_{r}": specs[r] for r in roles})
         groups |= {r: made[f"{tag}_{r}"] for r in roles}
     return PPO(Groups(**groups), cfg)
 
@@ -124,12 +135,20 @@ def _union(spans) -> float:
     return total
 
 
-def estimate(sets, devices: int, spec: ModelSpec, workload: Workload, cluster) -> tuple[float, dict]:
+def estimate(sets, devices: int, spec: ModelSpec, workload: Workload, cluster,
+             tp_roles: tuple[str, ...] = ()) -> tuple[float, dict]:
     """The planner's seconds per iteration (`devices` per set, every call on its model's set,
-    data parallel over them), and its seconds per call plus outside every call."""
+    data parallel over them, or tensor parallel for `tp_roles` with data-parallel generation),
+    and its seconds per call plus outside every call."""
     flow = dataflow_preset("ppo")
     home = {role: DeviceMesh(i * devices, devices) for i, roles in enumerate(sets) for role in roles}
-    plan = ExecutionPlan({c.name: (home[c.model], ParallelStrategy(1, 1, devices)) for c in flow.calls})
+
+    def strategy(call):
+        if call.model in tp_roles and call.kind != "generate":
+            return ParallelStrategy(1, devices, 1)
+        return ParallelStrategy(1, 1, devices)
+
+    plan = ExecutionPlan({c.name: (home[c.model], strategy(c)) for c in flow.calls})
     evaluator = PlanEvaluator(flow, flow.model_specs(spec), workload, cluster, n_iterations=1)
     ev = evaluator.evaluate(plan)
     calls = {t.call: ev.schedule.end[i] - ev.schedule.start[i]
@@ -176,18 +195,18 @@ def main(argv=None) -> dict:
                         ppo_mini_batches=max(1, sequences // MINI), micro_batch_size=MICRO,
                         recompute=False, param_sharding="full")
 
-    # Logical devices for every placement at once (15) plus the probes (5); only one
+    # Logical devices for every placement at once (19) plus the probes (5); only one
     # placement (or the profiler) computes at a time.
     rounds = []
     with Session(num_devices=24) as session:
         profiler = Profiler(session, {spec.name: model_dir})
-        algos = {name: build(session, f"p{i}", sets, DEVICES.get(name, 1), model_dir, cfg)
+        algos = {name: build(session, f"p{i}", sets, DEVICES.get(name, 1), model_dir, cfg, TENSOR_PARALLEL.get(name, ()))
                  for i, (name, sets) in enumerate(PLACEMENTS.items())}
         for k in range(args.warmup + args.iterations):
             # Profile, then measure, every round: the machine is shared and its load drifts.
             cal = profiler.calibration() if args.calibration is None else load_calibration(args.calibration)
             cluster = cluster_preset("local", 4, calibration=cal)
-            estimated = {name: estimate(sets, DEVICES.get(name, 1), spec, workload, cluster)
+            estimated = {name: estimate(sets, DEVICES.get(name, 1), spec, workload, cluster, TENSOR_PARALLEL.get(name, ()))
                          for name, sets in PLACEMENTS.items()}
             est = {name: e[0] for name, e in estimated.items()}
             times, traced = run_round(session, algos, prompts)

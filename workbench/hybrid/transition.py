@@ -42,6 +42,7 @@ class TransitionStats:
 
     method: str
     seconds: float = 0.0
+    """The switch itself: all-gathers and re-pointing."""
     bytes_sent: int = 0
     """Bytes this rank sent in its all-gathers (ring: its piece to each other member)."""
     bytes_received: int = 0
@@ -55,6 +56,8 @@ class TransitionStats:
     """Training bytes kept beside (not inside) the generation buffers while generating."""
     checked: bool = False
     """Whether the weight-sync checksum ran (and passed)."""
+    check_seconds: float = 0.0
+    """Seconds of that check (not in `seconds`)."""
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -123,10 +126,11 @@ class HybridEngine:
             local(gen).data = self._generation_piece(gathered, piece, dim)
         stats.peak_param_bytes, stats.redundant_bytes = self._resident_bytes()
         self.in_generation = True
+        stats.seconds = time.time() - start
         if self.check:
             self.verify()
             stats.checked = True
-        stats.seconds = time.time() - start
+            stats.check_seconds = time.time() - start - stats.seconds
         return stats
 
     def _gather(self, piece: torch.Tensor, dim: int) -> tuple[torch.Tensor, int, int]:

@@ -215,7 +215,8 @@ class ActorRolloutRefWorker(Worker):
         3D-HybridEngine instead gathers the generation layout before every generation."""
         if self.hybrid is not None:
             stats = self.hybrid.to_generation()
-            self.record_span("hybrid.transition", time.time() - stats.seconds, time.time(), **stats.as_dict())
+            end = time.time()
+            self.record_span("hybrid.transition", end - stats.seconds - stats.check_seconds, end, **stats.as_dict())
             return
         if self.engine is None or self.shares_weights or self.rollout_version == self.version:
             return
