@@ -4,10 +4,11 @@
 
 Each rank is a column of the model's p·t training shards (pipeline stage, tensor piece; stage
 major, top to bottom). Dark: the shard the rank trains, generated with in place (zero
-redundancy); hatched: a training shard (or its ZeRO partition) kept beside the generation
-weights (Table 2's redundancy). Mid: the rest of the shard it generates with. Light: weights it gathers in the switch but does not generate with (the whole model under
-deepspeed_chat and vanilla). The strip under a column is coloured by the rank's gather group:
-ranks of one colour all-gather together. Everything is read from `workbench.hybrid.layouts`.
+redundancy). Hatched: a training shard (or its ZeRO partition) kept beside the generation
+weights (Table 2's redundancy). Mid: the rest of the shard it generates with. Light: weights it
+gathers in the switch but does not generate with (the whole model under deepspeed_chat and
+vanilla). The strip under a column is coloured by the rank's gather group: ranks of one colour
+all-gather together. Everything is read from `workbench.hybrid.layouts`.
 """
 
 from __future__ import annotations
@@ -20,25 +21,30 @@ from workbench.hybrid import layouts
 
 TRAIN, GENERATE, GATHERED, EMPTY = "#1f4e79", "#6fa8dc", "#dde7f0", "white"
 COLOURS = {"train": TRAIN, "kept": TRAIN, "generate": GENERATE, "gathered": GATHERED, "": EMPTY}
-LEGEND = {"train": "trains; generates with it in place", "kept": "trains; kept beside the generation weights (redundant)",
+LEGEND = {"train": "trains; generates with it in place",
+          "kept": "trains; kept beside the generation weights (redundant)",
           "generate": "rest of the shard it generates with", "gathered": "gathered in the switch, then dropped"}
 GROUP_COLOURS = ("#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d55e00", "#f0e442", "#0072b2", "#999999")
 
 
 def cell_kinds(mesh: Mesh) -> list[list[str]]:
-    """Per rank, per training shard (stage-major): "train" (trained; generated with in place),
-    "kept" (trained; a copy kept beside the generation weights: Table 2's redundancy),
-    "generate", "gathered"
-    (gathered in the switch, not generated with) or "" — what the drawing colours, as data."""
-    kinds = []
+    """What the drawing colours, as data: per rank, per training shard (stage-major), one of
+    "train" (trained; generated with in place), "kept" (trained; a copy kept beside the
+    generation weights: Table 2's redundancy), "generate", "gathered" (gathered in the switch,
+    not generated with) or "" (never held)."""
     redundant = [t.redundant > 0 for t in layouts.transition_bytes(mesh, 1)]
+    every_shard = layouts.Shard((0, mesh.pp), (0, mesh.tp)).pieces
+    kinds = []
     for row in layouts.rank_map(mesh):
+        train, generate = row["train_shard"].pieces, row["gen_shard"].pieces
         gathered = layouts.gathered_shard(mesh, row["rank"]).pieces
-        generate = row["gen_shard"].pieces
-        train = row["train_shard"].pieces
-        kinds.append([("kept" if redundant[row["rank"]] else "train") if piece in train else "generate" if piece in generate else
-                      "gathered" if piece in gathered else ""
-                      for piece in layouts.Shard((0, mesh.pp), (0, mesh.tp)).pieces])
+
+        def kind(piece):
+            if piece in train:
+                return "kept" if redundant[row["rank"]] else "train"
+            return "generate" if piece in generate else "gathered" if piece in gathered else ""
+
+        kinds.append([kind(piece) for piece in every_shard])
     return kinds
 
 
