@@ -50,3 +50,10 @@ def test_figure_has_a_row_per_mesh_and_a_cell_per_rank_and_shard():
 def test_bad_input_is_named():
     with pytest.raises(TypeError, match="Mesh"):
         draw_shard_map([Mesh(tp=2)])
+
+
+def test_pipeline_stages_are_cells_too():
+    # 1-2-2 pipeline x tensor -> 1-2 generation: each rank gathers its tensor piece of both stages
+    kinds = cell_kinds(Mesh(pp=2, tp=2, gen_pp=1, gen_tp=2, transition="hybridflow"))
+    assert kinds[0] == ["train", "", "generate", ""]  # cells are (stage, piece) stage-major
+    assert kinds[3] == ["", "generate", "", "train"]
