@@ -8,20 +8,15 @@ a single-process step, every transition's counted bytes with Table 2.
 import copy
 import time
 
-import math
-
 import pytest
 import ray
 import torch
 
 import tests.hybrid.workers
 import tests.workers.losses as losses
-from algorithms import PPO, Groups
 from tests.hybrid.workers import CorruptibleActor
 from tests.workers.reference import advantages_for, assert_checkpoint_roundtrip, prompts
 from workbench import Mesh
-from workbench.data import arithmetic
-from workbench.data.prompts import tokenize_prompts
 from workbench.errors import WorkerCallError
 from workbench.engines.contract import OptimConfig
 from workbench.engines.forward import model_outputs
@@ -29,15 +24,13 @@ from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig
 from workbench.hybrid import layouts
 from workbench.models import load, make_tiny
-from workbench.workers import ActorConfig, ActorRolloutRefWorker
-from workbench.workers.critic import CriticConfig, CriticWorker
-from workbench.workers.rule_reward import RuleReward
+from workbench.workers import ActorConfig
 
 ray.cloudpickle.register_pickle_by_value(losses)
 ray.cloudpickle.register_pickle_by_value(tests.hybrid.workers)
 
 OPTIM = OptimConfig(lr=1e-5, grad_clip=1.0)
-GREEDY = SamplingConfig(max_new_tokens=10, greedy=True)
+GREEDY = SamplingConfig(max_new_tokens=8, greedy=True)
 
 
 @pytest.fixture(scope="module")
@@ -51,28 +44,43 @@ def unsharded(model_dir):
     return loaded.model.eval(), loaded.tokenizer
 
 
-def actor_group(session, model_dir, mesh, **config):
-    cfg = ActorConfig(model_path=model_dir, backend="3d", optim=OPTIM, mini_batch_size=8, micro_batch_size=2, **config)
-    return session.group("actor", ActorRolloutRefWorker, session.pool("actor_pool", mesh.world_size), cfg, mesh=mesh)
+LAYOUTS = {"1-4-1to1-2-2-1": (4, 1, 2), "1-2-2to1-1-2-2": (2, 2, 1), "1-4-2to1-2-2-2": (4, 2, 2)}
+METHODS = ("hybridflow", "vanilla", "deepspeed_chat")
+
+
+@pytest.fixture(scope="module")
+def switching_actor(request, shared_session, model_dir):
+    """A tensor-parallel actor group (with a reference) for one (layout, method), started once
+    and shared by the tests that name it: starting 4-8 processes is the slow part here."""
+    layout, method = request.param
+    tp, dp, gen_tp = LAYOUTS[layout]
+    mesh = Mesh(tp=tp, dp=dp, gen_tp=gen_tp, transition=method)
+    cfg = ActorConfig(model_path=model_dir, backend="3d", optim=OPTIM, mini_batch_size=8, micro_batch_size=2, reference=True)
+    group = shared_session.group("actor", CorruptibleActor, shared_session.pool("actor_pool", mesh.world_size), cfg, mesh=mesh)
+    yield group
+    shared_session.clear()
+
+
+def both(layouts, methods=METHODS):
+    return pytest.mark.parametrize("switching_actor", [(a, m) for a in layouts for m in methods], indirect=True,
+                                   ids=[f"{a}-{m}" for a in layouts for m in methods])
 
 
 def transitions(session, since: float):
     return [s for s in session.trace() if s.method == "hybrid.transition" and s.start >= since]
 
 
-@pytest.mark.parametrize("method", ["hybridflow", "vanilla", "deepspeed_chat"])
-@pytest.mark.parametrize("layout", [(4, 1, 2), (2, 2, 1), (4, 2, 2)], ids=["1-4-1to1-2-2-1", "1-2-2to1-1-2-2", "1-4-2to1-2-2-2"])
-def test_generation_layouts_equal_the_unsharded_model_and_table_2(session, model_dir, unsharded, layout, method):
-    tp, dp, gen_tp = layout
+@both(LAYOUTS)
+def test_generation_layouts_equal_the_unsharded_model_and_table_2(shared_session, switching_actor, unsharded):
+    actor, mesh = switching_actor, switching_actor.mesh
+    tp, dp, gen_tp, method = mesh.tp, mesh.dp, mesh.gen_tp, mesh.transition
     model, tokenizer = unsharded
-    mesh = Mesh(tp=tp, dp=dp, gen_tp=gen_tp, transition=method)
-    actor = actor_group(session, model_dir, mesh)
     batch = prompts(tokenizer, 8)
     since = time.time()
     out = actor.generate_sequences(batch, GREEDY).get()
     expected = HFRollout(copy.deepcopy(model), tokenizer.pad_token_id, tokenizer.eos_token_id).generate(batch, GREEDY)
     assert torch.equal(out["responses"], expected["responses"])
-    spans = transitions(session, since)
+    spans = transitions(shared_session, since)
     assert sorted(s.rank for s in spans) == list(range(mesh.world_size))
     model_bytes = spans[0].extra["model_bytes"]
     derived = layouts.transition_bytes(mesh, model_bytes)
@@ -110,11 +118,12 @@ def single_process_step(model, train, dp: int, micro: int = 2):
     return single.eval()
 
 
-@pytest.mark.parametrize("layout", [(4, 1, 2), (2, 2, 1)], ids=["1-4-1", "1-2-2"])
-def test_tensor_parallel_update_equals_single_process_and_next_generation_uses_it(session, model_dir, unsharded, layout, tmp_path):
-    tp, dp, gen_tp = layout
+@both(["1-4-1to1-2-2-1", "1-2-2to1-1-2-2"], ["hybridflow"])
+def test_tensor_parallel_update_equals_single_process_and_next_generation_uses_it(switching_actor, unsharded, tmp_path):
+    actor = switching_actor
+    tp, dp = actor.mesh.tp, actor.mesh.dp
     model, tokenizer = unsharded
-    actor = actor_group(session, model_dir, Mesh(tp=tp, dp=dp, gen_tp=gen_tp), reference=True)
+    actor.save_checkpoint(str(tmp_path / "untrained")).get()  # put back at the end: the group is shared
     batch = prompts(tokenizer, 8)
     rolled = actor.generate_sequences(batch, SamplingConfig(max_new_tokens=10, n=1, seed=3)).get()
     scored = actor.compute_log_prob(rolled).get()
@@ -130,43 +139,29 @@ def test_tensor_parallel_update_equals_single_process_and_next_generation_uses_i
     worst = max((trained[k] - v).abs().max().item() for k, v in single.state_dict().items())
     assert worst <= 1e-5, f"tensor parallel {tp}x{dp} vs single process: max param diff {worst}"
 
+    # The next generation samples from the updated weights: its log-probs are the updated
+    # model's on the same tokens, not the old model's (greedy tokens could flip at near-ties).
     after = actor.generate_sequences(batch, GREEDY).get()
-    expected = HFRollout(single, tokenizer.pad_token_id, tokenizer.eos_token_id).generate(batch, GREEDY)
-    assert torch.equal(after["responses"], expected["responses"]), "generation did not pick up the update"
+    mask = after["response_mask"].bool()
+    with torch.no_grad():
+        new, old = (model_outputs(m, after)["log_probs"] for m in (single, model))
+    to_new = (after["rollout_log_probs"] - new).abs()[mask].max()
+    to_old = (after["rollout_log_probs"] - old).abs()[mask].max()
+    assert to_new <= 1e-4 and to_old > 20 * to_new, f"generation did not pick up the update: {to_new} vs {to_old}"
     moved = actor.compute_ref_log_prob(rolled).get()["ref_log_probs"]
     assert torch.equal(moved, ref), "the reference must stay frozen"
     assert_checkpoint_roundtrip(actor, train, tmp_path / "ckpt")
+    actor.load_checkpoint(str(tmp_path / "untrained")).get()
 
 
-def test_a_corrupted_switch_is_caught_by_the_weight_sync_check_and_the_group_recovers(session, model_dir, unsharded):
-    model, tokenizer = unsharded
-    cfg = ActorConfig(model_path=model_dir, backend="3d", optim=OPTIM, mini_batch_size=8, micro_batch_size=2)
-    actor = session.group("actor", CorruptibleActor, session.pool("actor_pool", 4), cfg, mesh=Mesh(tp=4, gen_tp=2))
+@both(["1-4-1to1-2-2-1"], ["hybridflow"])
+def test_a_corrupted_switch_is_caught_by_the_weight_sync_check_and_the_group_recovers(switching_actor, unsharded):
+    actor, (_, tokenizer) = switching_actor, unsharded
     batch = prompts(tokenizer, 4)
+    before = actor.generate_sequences(batch, GREEDY).get()
     actor.corrupt_next_switch(0).get()
     with pytest.raises(WorkerCallError, match="weight sync check failed"):
         actor.generate_sequences(batch, GREEDY).get()
     actor.corrupt_next_switch(0, on=False).get()
-    out = actor.generate_sequences(batch, GREEDY).get()
-    expected = HFRollout(copy.deepcopy(model), tokenizer.pad_token_id, tokenizer.eos_token_id).generate(batch, GREEDY)
-    assert torch.equal(out["responses"], expected["responses"])
-
-
-def test_a_tensor_parallel_ppo_iteration_end_to_end(session, model_dir):
-    tokenizer = load(model_dir).tokenizer
-    problems = arithmetic.generate(arithmetic.ArithmeticConfig(digits=1), 4, seed=1)
-    batch = tokenize_prompts([p.__dict__ for p in problems], tokenizer, max_prompt_length=32)
-    actor = session.group("actor", ActorRolloutRefWorker, session.pool("actor_pool", 4),
-                          ActorConfig(model_path=model_dir, backend="3d", reference=True, optim=OptimConfig(lr=1e-4),
-                                      mini_batch_size=4, micro_batch_size=2), mesh=Mesh(tp=2, dp=2, gen_tp=1))
-    critic = session.group("critic", CriticWorker, session.pool("critic_pool", 1), CriticConfig(model_path=model_dir))
-    groups = Groups(actor=actor, reference=actor, critic=critic, reward=RuleReward(arithmetic.score))
-    algo = PPO(groups, PPO.Config(sampling=SamplingConfig(max_new_tokens=6, n=2, seed=0)))
-    since = time.time()
-    for _ in range(2):
-        out, metrics = algo.step(batch)
-        assert len(out) == 8 and all(math.isfinite(v) for v in metrics.values()), metrics
-        assert metrics["actor/grad_norm"] > 0 and metrics["critic/vf_loss"] > 0
-        assert metrics["actor/rollout_logprob_diff"] < 1e-4  # sampled from the weights it trains
-    switches = transitions(session, since)
-    assert len(switches) == 2 * 4 and all(s.extra["checked"] for s in switches)
+    after = actor.generate_sequences(batch, GREEDY).get()
+    assert torch.equal(after["responses"], before["responses"])

@@ -12,13 +12,12 @@ import math
 import warnings
 
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from workbench.data.batch import Batch
 from workbench.engines.accumulation import NonFiniteStep, micro_batch_weights
+from workbench.engines.checkpoint import load_sharded, save_sharded
 from workbench.engines.contract import Forward, LossFn, OptimConfig  # noqa: F401  (re-exported: older imports)
 
 # Value heads (AutoModelForTokenClassification) return a view; FSDP2 warns that an in-place
@@ -91,11 +90,7 @@ class FSDPEngine:
 
     def save(self, path: str) -> None:
         """Sharded model + optimizer state (torch.distributed.checkpoint; each rank its shard)."""
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path)
+        save_sharded(self.model, self.optimizer, path)
 
     def load(self, path: str) -> None:
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        state = {"model": model_state, "optim": optim_state}
-        dcp.load(state, checkpoint_id=path)
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        load_sharded(self.model, self.optimizer, path)

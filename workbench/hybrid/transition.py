@@ -3,7 +3,7 @@ actor's weights (HybridFlow §3 / Table 2), on the ranks that hold them.
 
 Training: every projection cut into t pieces over a tensor-parallel group (engines.tensor_parallel).
 Generation: cut into t_g <= t pieces over the generation groups of `mesh.transition`'s method.
-`to_generation()` fills the generation model's pieces with all-gathers, one tensor at a time:
+`to_generation()` fills the generation model's pieces with all-gathers, one per decoder layer:
 - "hybridflow": inside each micro-DP group (t/t_g consecutive ranks). The gathered piece contains
   this rank's training piece, so the training parameter is re-pointed into it: nothing is kept
   twice and peak parameter memory is the generation shard, M/t_g.
@@ -86,6 +86,7 @@ class HybridEngine:
         self.held: list[torch.Tensor] = []  # whole tensors vanilla / deepspeed_chat keep while generating
         self.kept: list[torch.Tensor] = []  # deepspeed_chat's own partitions, kept beside them
         self.in_generation = False
+        self.buckets = self._buckets()
         self.release_generation_weights()
 
     @staticmethod
@@ -114,16 +115,8 @@ class HybridEngine:
         self.to_training()  # after a failed generation the last switch may still be in place
         start = time.time()
         stats = TransitionStats(method=self.mesh.transition)
-        for name, train, gen in self.pairs:
-            dim = shard_dim(train)
-            if dim is None:
-                continue
-            piece = local(train)
-            stats.model_bytes += piece.numel() * piece.element_size() * self.mesh.tp
-            gathered, sent, received = self._gather(piece, dim)
-            stats.bytes_sent += sent
-            stats.bytes_received += received
-            local(gen).data = self._generation_piece(gathered, piece, dim)
+        for bucket in self.buckets:
+            self._switch(bucket, stats)
         stats.peak_param_bytes, stats.redundant_bytes = self._resident_bytes()
         self.in_generation = True
         stats.seconds = time.time() - start
@@ -133,32 +126,56 @@ class HybridEngine:
             stats.check_seconds = time.time() - start - stats.seconds
         return stats
 
-    def _gather(self, piece: torch.Tensor, dim: int) -> tuple[torch.Tensor, int, int]:
-        """The whole tensor (vanilla, deepspeed_chat) or the generation piece (hybridflow)
-        rebuilt along `dim`; bytes sent and received."""
-        method, members = self.mesh.transition, self.gather_members
-        size = len(members)
-        if method == "deepspeed_chat":  # each replica sends 1/d of the piece the d replicas share
-            d = self.mesh.dp
-            if piece.numel() % d:
-                raise ValueError(f"deepspeed_chat transition: a piece of {piece.numel()} elements does not split over dp={d}")
-            chunk = piece.reshape(-1).chunk(d)[self.mesh.coord(self.rank).dp]
-            flat = self._all_gather(chunk)
-            # ranks are (dp, tp) in order: regroup to (tp, dp) to rebuild each tp piece
-            pieces = flat.view(d, self.mesh.tp, -1).transpose(0, 1).reshape(self.mesh.tp, *piece.shape)
-            nbytes = chunk.numel() * chunk.element_size()
-        else:
-            flat = self._all_gather(piece.reshape(-1))
-            pieces = flat.view(size, *piece.shape)
-            nbytes = piece.numel() * piece.element_size()
-        whole = pieces.reshape(-1, *piece.shape[1:]) if dim == 0 else torch.cat(pieces.unbind(0), dim=dim)
-        return whole, nbytes * (size - 1), nbytes * (size - 1)
+    def _buckets(self) -> list[list[tuple]]:
+        """The cut weights in groups that share one all-gather: a decoder layer's weights
+        together (many small collectives cost more than one of the same bytes), every other
+        weight alone; each weight alone when there is nothing to gather."""
+        buckets: dict[str, list[tuple]] = {}
+        for name, train, gen in self.pairs:
+            dim = shard_dim(train)
+            if dim is None:
+                continue
+            layer = name.split(".")[:3] if name.startswith("model.layers.") and len(self.gather_members) > 1 else [name]
+            buckets.setdefault(".".join(layer), []).append((name, train, gen, dim))
+        return list(buckets.values())
+
+    def _switch(self, bucket: list[tuple], stats: TransitionStats) -> None:
+        """One all-gather for the bucket's contributions, then each weight's generation piece."""
+        size = len(self.gather_members)
+        parts = [self._contribution(local(train)) for _, train, _, _ in bucket]
+        flat = torch.cat(parts) if len(parts) > 1 else parts[0]
+        gathered = self._all_gather(flat).view(size, -1)
+        offset = 0
+        for (name, train, gen, dim), part in zip(bucket, parts):
+            piece = local(train)
+            column = gathered[:, offset : offset + part.numel()]  # every member's part of this weight
+            offset += part.numel()
+            if self.mesh.transition == "deepspeed_chat":  # ranks are (dp, tp): regroup to (tp, dp)
+                pieces = column.reshape(self.mesh.dp, self.mesh.tp, -1).transpose(0, 1).reshape(self.mesh.tp, *piece.shape)
+            else:
+                pieces = column.reshape(size, *piece.shape)
+            whole = pieces.reshape(-1, *piece.shape[1:]) if dim == 0 else torch.cat(pieces.unbind(0), dim=dim)
+            nbytes = part.numel() * part.element_size()
+            stats.model_bytes += piece.numel() * piece.element_size() * self.mesh.tp
+            stats.bytes_sent += nbytes * (size - 1)  # ring: its part, then the size-2 it relays
+            stats.bytes_received += nbytes * (size - 1)
+            local(gen).data = self._generation_piece(whole, piece, dim)
+
+    def _contribution(self, piece: torch.Tensor) -> torch.Tensor:
+        """What this rank sends of a training piece: all of it, or for deepspeed_chat its 1/d
+        (the d replicas split the piece they share, as ZeRO-3 partitions it)."""
+        if self.mesh.transition != "deepspeed_chat":
+            return piece.reshape(-1)
+        d = self.mesh.dp
+        if piece.numel() % d:
+            raise ValueError(f"deepspeed_chat transition: a piece of {piece.numel()} elements does not split over dp={d}")
+        return piece.reshape(-1).chunk(d)[self.mesh.coord(self.rank).dp]
 
     def _all_gather(self, flat: torch.Tensor) -> torch.Tensor:
         if len(self.gather_members) == 1:
             return flat
         out = torch.empty(len(self.gather_members) * flat.numel(), dtype=flat.dtype, device=flat.device)
-        dist.all_gather_single(out, flat.contiguous(), group=self.gather_group)
+        _all_gather_single(out, flat.contiguous(), group=self.gather_group)
         return out
 
     def _generation_piece(self, gathered: torch.Tensor, piece: torch.Tensor, dim: int) -> torch.Tensor:
@@ -221,10 +238,9 @@ class HybridEngine:
             dim = shard_dim(train)
             if dim is None:
                 continue
-            full = list(train.shape)
             names.append(name)
-            train_sums.append(_checksum(local(train), dim, tp_index, full))
-            gen_sums.append(_checksum(local(gen), dim, gen_index, full))
+            train_sums.append(_checksum(local(train), dim, tp_index))
+            gen_sums.append(_checksum(local(gen), dim, gen_index))
         if not names:
             return
         train_total = torch.stack(train_sums)
@@ -240,17 +256,14 @@ class HybridEngine:
             raise WeightSyncError(names[i], self.rank, float(train_total[i]), float(gen_total[i]))
 
 
-def _checksum(piece: torch.Tensor, dim: int, index: int, full_shape: list[int]) -> torch.Tensor:
-    """sum(x * w(global position)) of the piece `index` cut along `dim` of a `full_shape` tensor."""
-    offsets = [torch.arange(n, device=piece.device, dtype=torch.float64) for n in piece.shape]
-    offsets[dim] = offsets[dim] + index * piece.shape[dim]
-    flat = torch.zeros(piece.shape, dtype=torch.float64, device=piece.device)
-    stride = 1
-    for axis in reversed(range(len(full_shape))):
-        shape = [1] * len(full_shape)
-        shape[axis] = -1
-        flat = flat + offsets[axis].view(shape) * stride
-        stride *= full_shape[axis]
-    weight = 1.0 + torch.remainder(flat * 0.6180339887, 1.0)  # distinct, position-dependent
-    return (piece.double() * weight).sum()
-
+def _checksum(piece: torch.Tensor, dim: int, index: int) -> torch.Tensor:
+    """Of the piece `index` cut along `dim` of a 2-D weight: its row sums weighted by global row
+    number plus its column sums weighted by global column number. Summed over the pieces of any
+    cut it is the same number, and a value moved to another place changes it. Two reductions,
+    no copy of the weight."""
+    rows, cols = piece.sum(1, dtype=torch.float64), piece.sum(0, dtype=torch.float64)
+    row0 = index * piece.shape[0] if dim == 0 else 0
+    col0 = index * piece.shape[1] if dim == 1 else 0
+    row_no = torch.arange(row0 + 1, row0 + 1 + len(rows), device=piece.device, dtype=torch.float64)
+    col_no = torch.arange(col0 + 1, col0 + 1 + len(cols), device=piece.device, dtype=torch.float64)
+    return (rows * row_no).sum() + 0.6180339887 * (cols * col_no).sum()

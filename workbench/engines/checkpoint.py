@@ -1,0 +1,38 @@
+"""Sharded model + optimizer checkpoints with torch.distributed.checkpoint (each rank its shard),
+for the engines whose parameters are DTensors (FSDP2, tensor parallel).
+
+One trap handled here: `get_state_dict` on an optimizer that has not stepped yet makes its state
+by running a step with zero gradients at lr 0. That leaves Adam's step count at 1, so the first
+real step after a checkpoint taken before training would use the wrong bias correction (a
+different update than without the checkpoint). Such a checkpoint is marked as holding a fresh
+optimizer, and the optimizer is made fresh again after saving it and after loading it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+FRESH = "optimizer_not_stepped"
+"""Marker file: the checkpoint's optimizer had not taken a step."""
+
+
+def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str) -> None:
+    fresh = not optimizer.state
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path)
+    if fresh:
+        optimizer.state.clear()
+        (Path(path) / FRESH).touch()
+
+
+def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str) -> None:
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    if (Path(path) / FRESH).exists():
+        optimizer.state.clear()
