@@ -45,6 +45,20 @@ def micro_batch_weights(loss_fn, micro_batches: list[Batch], group=None) -> tupl
     return (sizes * world / total.clamp(min=1e-12)).tolist(), (sizes / local).tolist()
 
 
+def accumulate_gradients(model, loss_fn, micro_batches: list[Batch], forward, group=None) -> dict[str, float]:
+    """Forward, loss and backward of every micro-batch of one step into `model`'s gradients,
+    each weighted as above; the loss metrics averaged over this rank's micro-batches."""
+    model.train()
+    weights, shares = micro_batch_weights(loss_fn, micro_batches, group)
+    totals: dict[str, float] = {}
+    for mb, weight, share in zip(micro_batches, weights, shares):
+        loss, metrics = loss_fn(forward(model, mb), mb)
+        (loss * weight).backward()
+        for k, v in metrics.items():
+            totals[k] = totals.get(k, 0.0) + float(v) * share
+    return totals
+
+
 class NonFiniteStep(FloatingPointError):
     """A training step whose loss or gradient norm is NaN/inf: its optimizer step was skipped."""
 

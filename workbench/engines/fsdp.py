@@ -16,7 +16,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from workbench.data.batch import Batch
-from workbench.engines.accumulation import NonFiniteStep, micro_batch_weights
+from workbench.engines.accumulation import NonFiniteStep, accumulate_gradients
 from workbench.engines.checkpoint import load_sharded, save_sharded
 from workbench.engines.contract import Forward, LossFn, OptimConfig  # noqa: F401  (re-exported: older imports)
 
@@ -49,15 +49,8 @@ class FSDPEngine:
     def train_step(self, loss_fn: LossFn, micro_batches: list[Batch], forward: Forward) -> dict[str, float]:
         """One optimizer step over micro-batches (gradient accumulation, weighted as
         workbench.engines.accumulation says: by rows, or by what the loss weighs)."""
-        self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        weights, shares = micro_batch_weights(loss_fn, micro_batches, self.dp_group)
-        totals: dict[str, float] = {}
-        for mb, weight, share in zip(micro_batches, weights, shares):
-            loss, metrics = loss_fn(forward(self.model, mb), mb)
-            (loss * weight).backward()
-            for k, v in metrics.items():
-                totals[k] = totals.get(k, 0.0) + float(v) * share
+        totals = accumulate_gradients(self.model, loss_fn, micro_batches, forward, self.dp_group)
         clip = self.optim.grad_clip if self.optim.grad_clip > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         if isinstance(grad_norm, DTensor):

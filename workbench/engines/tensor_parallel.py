@@ -23,7 +23,7 @@ from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from workbench.data.batch import Batch
-from workbench.engines.accumulation import NonFiniteStep, all_reduce_small, micro_batch_weights
+from workbench.engines.accumulation import NonFiniteStep, accumulate_gradients, all_reduce_small
 from workbench.engines.checkpoint import load_sharded, save_sharded
 from workbench.engines.contract import Forward, LossFn, OptimConfig
 from workbench.engines.fsdp import decoder_layers
@@ -91,15 +91,8 @@ class TensorParallelEngine:
 
     def train_step(self, loss_fn: LossFn, micro_batches: list[Batch], forward: Forward) -> dict[str, float]:
         """One optimizer step over micro-batches, weighted as workbench.engines.accumulation says."""
-        self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        weights, shares = micro_batch_weights(loss_fn, micro_batches, self.dp_group)
-        totals: dict[str, float] = {}
-        for mb, weight, share in zip(micro_batches, weights, shares):
-            loss, metrics = loss_fn(forward(self.model, mb), mb)
-            (loss * weight).backward()
-            for k, v in metrics.items():
-                totals[k] = totals.get(k, 0.0) + float(v) * share
+        totals = accumulate_gradients(self.model, loss_fn, micro_batches, forward, self.dp_group)
         self._average_over_replicas()
         grad_norm = self._clip(self.optim.grad_clip if self.optim.grad_clip > 0 else math.inf)
         if not math.isfinite(grad_norm):  # the norm is global: every rank skips together
