@@ -25,6 +25,7 @@ last line one JSON object.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -178,6 +179,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--calibration", type=Path, default=None,
                         help="use a saved calibration instead of profiling each round")
     parser.add_argument("--save", type=Path, default=Path(".cache/planner/local-calibration.json"))
+    parser.add_argument("--dump", type=Path, default=None,
+                        help="write every round's raw profile, measured times and traced stages here "
+                             "(to study the estimate offline)")
     args = parser.parse_args(argv)
     load_start = os.getloadavg()
     started = time.perf_counter()
@@ -216,6 +220,12 @@ def main(argv=None) -> dict:
                 rounds.append({"calibration": cal, "estimated": est, "measured": times,
                                "stages": {n: (estimated[n][1], traced[n]) for n in PLACEMENTS},
                                "loadavg": round(os.getloadavg()[0], 2)})
+            if args.dump:
+                dumped = [{"calibration": r["calibration"].to_dict(), "measured": r["measured"],
+                           "traced": {n: r["stages"][n][1] for n in PLACEMENTS}, "loadavg": r["loadavg"]}
+                          for r in rounds]
+                args.dump.write_text(json.dumps({"workload": dataclasses.asdict(workload), "spec": dataclasses.asdict(spec),
+                                                 "rounds": dumped}, indent=1))
         profiler.close()
     cal.save(args.save)
     rows = []

@@ -30,13 +30,30 @@ def test_full_sharding_gathers_every_layer_per_micro_batch():
     dp2 = ParallelStrategy(1, 1, 2)
     # 32 sequences over 2 ranks, 4 optimizer steps: one micro-batch of 4 per step and rank;
     # 4 micro-batches per rank in a forward-only pass. 7 FSDP units (6 layers + root).
-    units, p = SPEC.n_layers + 1, SPEC.param_count
-    train_ar = full.allreduce(p * (2 * WEIGHT_BYTES + GRAD_BYTES) / 2 * 4, 2, n_ops=3 * units * 4)
-    optimizer_ar = opt.allreduce(p * (GRAD_BYTES + WEIGHT_BYTES) / 2 * 4, 2, n_ops=2 * 4)
+    # Weights move in the cluster's dtype (fp32 on the local CPU preset), gradients in fp32.
+    units, p, w = SPEC.n_layers + 1, SPEC.param_count, full.dtype_bytes
+    assert w == 4 and w != WEIGHT_BYTES
+    train_ar = full.allreduce(p * (2 * w + GRAD_BYTES) / 2 * 4, 2, n_ops=3 * units * 4)
+    optimizer_ar = opt.allreduce(p * (GRAD_BYTES + w) / 2 * 4, 2, n_ops=2 * 4)
     assert full.train(SPEC, dp2) - opt.train(SPEC, dp2) == pytest.approx(train_ar - optimizer_ar)
-    infer_ar = full.allreduce(p * WEIGHT_BYTES / 2 * 4, 2, n_ops=units * 4)
+    infer_ar = full.allreduce(p * w / 2 * 4, 2, n_ops=units * 4)
     assert full.inference(SPEC, dp2) - opt.inference(SPEC, dp2) == pytest.approx(infer_ar)
     assert train_ar > optimizer_ar > 0
+
+
+def test_frozen_models_gather_nothing_they_are_whole_on_every_rank():
+    opt, full = sims()
+    dp2 = ParallelStrategy(1, 1, 2)
+    assert full.inference(SPEC, dp2, trained=False) == opt.inference(SPEC, dp2)
+    assert full.inference(SPEC, dp2, trained=False) < full.inference(SPEC, dp2)
+
+
+def test_generation_after_sharded_training_gathers_the_weights_first():
+    opt, full = sims()
+    dp2, one = ParallelStrategy(1, 1, 2), ParallelStrategy(1, 1, 1)
+    gather = full.allreduce(SPEC.param_count * full.dtype_bytes / 2, 2, n_ops=SPEC.n_layers + 1)
+    assert full.reshard_time(SPEC, dp2, dp2) - opt.reshard_time(SPEC, dp2, dp2) == pytest.approx(gather)
+    assert full.reshard_time(SPEC, one, one) == opt.reshard_time(SPEC, one, one)
 
 
 def test_unknown_sharding_mode_is_refused():

@@ -132,7 +132,7 @@ class AutoMapper:
         for s in strategies(spec, n, self.cluster.devices_per_node):
             if s.tp > (self.max_tp or s.tp) or s.pp > (self.max_pp or s.pp):
                 continue
-            times = {c.name: self.sim.call_time(c, spec, s) for c in calls}
+            times = {c.name: self.sim.call_time(c, spec, s, trained=trained) for c in calls}
             act = max([train_activations(spec, s, self.wl) if c.kind == "train" else
                        inference_activations(spec, s, self.wl) for c in calls], default=0.0)
             static = static_memory(spec, s, trained, self.wl.param_sharding)

@@ -43,6 +43,7 @@ ONE = ParallelStrategy(1, 1, 1)
 EFFICIENCY_BOUNDS = {"train_efficiency": 1.25, "inference_efficiency": 1.25,
                      "bandwidth_efficiency": 4.0}
 DEFAULT_PATH = Path(".cache/planner/local-calibration.json")
+CPU_DTYPE_BYTES = 4   # the workers compute and communicate in fp32 on a CPU
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,7 @@ class Calibration:
             collective_latency=self.collective_latency, step_overhead=self.step_overhead,
             train_overhead=self.train_overhead, kernel_latency=self.kernel_latency, call_overhead=self.call_overhead,
             driver_bandwidth=self.driver_bandwidth,
-            cores_per_node=self.cores, calibrated=True,
+            cores_per_node=self.cores, dtype_bytes=CPU_DTYPE_BYTES, decode_overlap=False, calibrated=True,
             note=f"calibrated on this machine ({self.machine.get('cpu_count', '?')} cores, "
                  f"load {self.machine.get('loadavg', '?')})")
 
@@ -305,4 +306,5 @@ def _placeholder(peak_flops: float, memory_bandwidth: float) -> ClusterSpec:
                        train_efficiency=1.0, inference_efficiency=1.0,
                        memory_bandwidth=memory_bandwidth, bandwidth_efficiency=1.0,
                        intra_node_bandwidth=1e12, inter_node_bandwidth=1e12,
-                       comm_efficiency=1.0, collective_latency=0.0)
+                       comm_efficiency=1.0, collective_latency=0.0, dtype_bytes=CPU_DTYPE_BYTES,
+                       decode_overlap=False)

@@ -154,7 +154,7 @@ class PlanEvaluator:
     def call_cost(self, call_name: str, mesh_: DeviceMesh, s: ParallelStrategy,
                   kv_budget: float = float("inf")) -> float:
         c = self.flow.call(call_name)
-        return self.sim.call_time(c, self.specs[c.model], s, kv_budget)
+        return self.sim.call_time(c, self.specs[c.model], s, kv_budget, c.model in self.train_call)
 
     def build_graph(self, plan: ExecutionPlan, kv_budget: dict[str, float]) -> TaskGraph:
         g, ids, u = TaskGraph(), {}, self.cluster.devices_per_node
@@ -184,7 +184,7 @@ class PlanEvaluator:
                                          kind="data", call=c.name, iteration=k))
                 parents += self._param_parents(g, ids, plan, c, k)
                 cost = self.sim.call_time(c, self.specs[c.model], s,
-                                          kv_budget.get(c.name, float("inf")))
+                                          kv_budget.get(c.name, float("inf")), c.model in self.train_call)
                 if c.kind == "generate" and c.model in self.train_call \
                         and (mesh_, s) == self.home(c.model, plan):
                     # Same layout: the updated weights are still copied into the generation

@@ -72,11 +72,13 @@ def static_memory(spec: ModelSpec, s: ParallelStrategy, trained: bool,
 
     sharding "optimizer" (Megatron distributed optimizer, ZeRO-1): weights and gradients are
     replicated over data-parallel ranks, Adam states sharded. "full" (FSDP / ZeRO-3, what the
-    workbench's workers run, frozen models included): everything sharded over all devices."""
+    workbench's workers train with): everything sharded over all devices. Frozen models are
+    kept as the workers keep them under either: whole on every data-parallel rank, cut only by
+    tensor and pipeline parallelism (no gathers in their forwards)."""
     shard = spec.param_count / s.model_parallel
-    per_dp = shard / s.dp if sharding == "full" else shard
     if not trained:
-        return MemoryBreakdown(params=per_dp * WEIGHT_BYTES)
+        return MemoryBreakdown(params=shard * WEIGHT_BYTES)
+    per_dp = shard / s.dp if sharding == "full" else shard
     return MemoryBreakdown(params=per_dp * WEIGHT_BYTES, grads=per_dp * GRAD_BYTES,
                            optimizer=shard / s.dp * ADAM_BYTES)
 

@@ -90,7 +90,7 @@ class PlanSpace:
                     dyn = generation_weights(spec, s) + kv_bytes_per_sequence(spec, s, self.wl)
                     t = self.evaluator.sim.generate(spec, s, max(free, 1.0), call.batch_factor)
                 if t is None:
-                    t = self.evaluator.sim.call_time(call, spec, s)
+                    t = self.evaluator.sim.call_time(call, spec, s, trained=trained)
                 fits = static + dyn <= q
                 key = (not fits, t)
                 if best is None or key < best[0]:

@@ -42,6 +42,8 @@ class Simulator:
 
     def __init__(self, cluster: ClusterSpec, workload: Workload):
         self.cluster, self.wl = cluster, workload
+        self.dtype_bytes = cluster.dtype_bytes
+        self._widen = cluster.dtype_bytes / WEIGHT_BYTES   # bf16 byte counts -> the cluster's dtype
         self._memo: dict[tuple, float] = {}
 
     # --- links and collectives -------------------------------------------------------------
@@ -78,13 +80,17 @@ class Simulator:
             self._memo[key] = self._pass(spec, s, batch_factor, train=True)
         return self._memo[key]
 
-    def inference(self, spec: ModelSpec, s: ParallelStrategy, batch_factor: float = 1.0) -> float:
-        key = ("inference", spec, s, batch_factor)
+    def inference(self, spec: ModelSpec, s: ParallelStrategy, batch_factor: float = 1.0,
+                  trained: bool = True) -> float:
+        """A forward-only call; `trained=False` for a frozen model, which the workers keep
+        whole on every data-parallel rank, so its forward gathers nothing."""
+        key = ("inference", spec, s, batch_factor, trained)
         if key not in self._memo:
-            self._memo[key] = self._pass(spec, s, batch_factor, train=False)
+            self._memo[key] = self._pass(spec, s, batch_factor, train=False, trained=trained)
         return self._memo[key]
 
-    def _pass(self, spec: ModelSpec, s: ParallelStrategy, bf: float, *, train: bool) -> float:
+    def _pass(self, spec: ModelSpec, s: ParallelStrategy, bf: float, *, train: bool,
+              trained: bool = True) -> float:
         c, wl = self.cluster, self.wl
         seqs = wl.sequences * bf
         epochs = wl.ppo_epochs if train else 1
@@ -101,7 +107,7 @@ class Simulator:
         micro = max(1, math.ceil(per_step / wl.micro_batch_size))
         n_micro = micro * steps
         tokens_replica = tokens / s.dp
-        act_bytes = tokens_replica * spec.hidden * WEIGHT_BYTES
+        act_bytes = tokens_replica * spec.hidden * self.dtype_bytes
         # Megatron TP: 2 all-reduces per layer per forward, 2 per backward.
         ar_per_layer = 2 * passes if train else 2
         layers = spec.n_layers / s.pp
@@ -121,13 +127,13 @@ class Simulator:
             params = spec.param_count / s.world
             total += steps * params * OPTIMIZER_STEP_BYTES \
                 / (c.memory_bandwidth * c.bandwidth_efficiency)
-        if s.dp > 1 and wl.param_sharding == "full":
+        if s.dp > 1 and wl.param_sharding == "full" and trained:
             # FSDP / ZeRO-3: per micro-batch, one all-gather of every layer's parameters per
             # forward (two when training: the backward gathers again) and, when training, one
             # gradient reduce-scatter; each moves half an all-reduce's volume.
             weights = spec.param_count / s.model_parallel
             gathers = 2 if train else 1
-            volume = weights * (gathers * WEIGHT_BYTES + (GRAD_BYTES if train else 0)) / 2
+            volume = weights * (gathers * self.dtype_bytes + (GRAD_BYTES if train else 0)) / 2
             units = spec.n_layers / s.pp + 1   # one FSDP unit per decoder layer, plus the root
             total += self.allreduce(volume * n_micro, s.dp,
                                     n_ops=(gathers + train) * units * n_micro,
@@ -135,7 +141,7 @@ class Simulator:
         elif train and s.dp > 1:
             # Distributed optimizer: reduce-scatter fp32 grads + all-gather bf16 params,
             # the volume of half an all-reduce each.
-            shard = spec.param_count / s.model_parallel * (GRAD_BYTES + WEIGHT_BYTES) / 2
+            shard = spec.param_count / s.model_parallel * (GRAD_BYTES + self.dtype_bytes) / 2
             total += self.allreduce(shard * steps, s.dp, n_ops=2 * steps,
                                     members_per_node=dp_members_per_node(s, c))
         return total
@@ -167,33 +173,34 @@ class Simulator:
         # A step streams every weight once per replica (pipeline stages take turns on
         # micro-batches, so PP saves memory but not time) plus the KV cache at the mean context.
         ctx = wl.prompt_len + wl.response_len / 2
-        read = (spec.param_count * WEIGHT_BYTES + b * spec.kv_bytes_per_token * ctx) / s.tp
+        read = (spec.param_count * self.dtype_bytes + b * spec.kv_bytes_per_token * self._widen * ctx) / s.tp
         mem = read / (c.memory_bandwidth * c.bandwidth_efficiency)
         comp = 2 * spec.matmul_params * b / (s.tp * c.peak_flops * c.inference_efficiency)
         fixed = c.step_overhead + self.kernel_time(spec, s)
-        step = max(mem, comp) + fixed
+        step = (max(mem, comp) if c.decode_overlap else mem + comp) + fixed
         if s.tp > 1:
-            step += self.allreduce(b * spec.hidden * WEIGHT_BYTES * spec.n_layers * 2, s.tp,
+            step += self.allreduce(b * spec.hidden * self.dtype_bytes * spec.n_layers * 2, s.tp,
                                    n_ops=2 * spec.n_layers)
         if s.pp > 1:
-            step += (s.pp - 1) * (c.collective_latency + b * spec.hidden * WEIGHT_BYTES
+            step += (s.pp - 1) * (c.collective_latency + b * spec.hidden * self.dtype_bytes
                                   / self.link_bandwidth(s.world > c.devices_per_node))
         prefill_flops = b * wl.prompt_len * spec.forward_flops_per_token(wl.prompt_len / 2)
         prefill = prefill_flops / (mp * c.peak_flops * c.inference_efficiency) + fixed
         if s.tp > 1:
-            prefill += self.allreduce(b * wl.prompt_len * spec.hidden * WEIGHT_BYTES
+            prefill += self.allreduce(b * wl.prompt_len * spec.hidden * self.dtype_bytes
                                       * spec.n_layers * 2, s.tp, n_ops=2 * spec.n_layers)
         t = waves * (prefill + wl.response_len * step)
         self._memo[key] = t
         return t
 
     def call_time(self, call: "Call", spec: ModelSpec, s: ParallelStrategy,
-                  kv_budget: float = INF) -> float:
-        """Seconds of one call as the driver sees it: its work plus `call_overhead`."""
+                  kv_budget: float = INF, trained: bool = True) -> float:
+        """Seconds of one call as the driver sees it: its work plus `call_overhead`
+        (`trained`: whether the call's model is trained, see `inference`)."""
         if call.kind == "train":
             work = self.train(spec, s, call.batch_factor)
         elif call.kind == "inference":
-            work = self.inference(spec, s, call.batch_factor)
+            work = self.inference(spec, s, call.batch_factor, trained)
         else:
             work = self.generate(spec, s, kv_budget, call.batch_factor)
         return work + self.cluster.call_overhead
@@ -204,9 +211,17 @@ class Simulator:
         """3D-HybridEngine train->generation switch: each device receives Table 2's bytes
         (`memory.transition`) over the links its all-gather group spans."""
         t = transition(spec, train, gen, method or self.wl.transition)
-        return self.weight_copy_time(t.generation_params) + (
+        gather = 0.0
+        if self.wl.param_sharding == "full" and train.dp > 1:
+            # Table 2 assumes data-parallel replicas hold whole training shards; FSDP / ZeRO-3
+            # ranks hold 1/dp of one, so each first all-gathers its generation shard (one
+            # gather per layer, half an all-reduce's volume each).
+            shard = spec.param_count / gen.model_parallel * self.dtype_bytes
+            gather = self.allreduce(shard / 2, train.dp, n_ops=spec.n_layers + 1,
+                                    members_per_node=dp_members_per_node(train, self.cluster))
+        return gather + self.weight_copy_time(t.generation_params * self._widen) + (
             0.0 if t.comm_bytes <= 0 else
-            t.comm_bytes / self.link_bandwidth(self._gather_crosses(t, train))
+            t.comm_bytes * self._widen / self.link_bandwidth(self._gather_crosses(t, train))
             + self.cluster.collective_latency)
 
     def _gather_crosses(self, t, train: ParallelStrategy) -> bool:
@@ -226,7 +241,7 @@ class Simulator:
         device of a finer-or-equal layout (then it equals the HybridFlow formula)."""
         if src == dst and src_devs == dst_devs:
             return 0.0
-        m = spec.param_count * WEIGHT_BYTES
+        m = spec.param_count * self.dtype_bytes
         need = m / dst.model_parallel
         inside = src_devs[0] <= dst_devs[0] and dst_devs[1] <= src_devs[1]
         if inside and src.model_parallel % dst.model_parallel == 0:

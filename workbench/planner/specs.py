@@ -239,6 +239,15 @@ class ClusterSpec:
     """Default device split between colocated sets. "aligned": ReaLHF meshes only, whole
     machines or a power-of-two slice inside one (1, 2, 4, 8, 16, 24, ... on 8-GPU machines),
     as real clusters schedule them. "free": any device count, packed machine by machine."""
+    dtype_bytes: int = 2
+    """Bytes per weight and activation element the devices compute and communicate in: 2
+    (bf16) on GPU presets; 4 on a calibrated CPU, whose workers run fp32. Scales what
+    collectives, weight switches and decoding reads move; memory capacity stays counted in
+    the workload's bf16 figures (`memory.py`)."""
+    decode_overlap: bool = True
+    """Whether a decoding step's weight and KV reads overlap its matmuls, so the step costs the
+    larger of the two (GPUs: the roofline). False on a calibrated CPU, where one thread streams
+    the weights through the very matmuls it computes, and the step costs their sum."""
     cores_per_node: float | None = None
     """Compute units the devices of one machine time-share: a CPU machine offering more
     logical devices than cores. With k busy devices each runs at min(1, cores/k) of its
@@ -316,7 +325,7 @@ def _local(n_nodes: int, devices_per_node: int = 4, calibration=None) -> Cluster
         train_efficiency=0.3, inference_efficiency=0.3,
         memory_bandwidth=5e9, bandwidth_efficiency=0.5,
         intra_node_bandwidth=2e9, inter_node_bandwidth=1e9, collective_latency=200e-6,
-        calibrated=False,
+        dtype_bytes=4, decode_overlap=False, calibrated=False,
         note="UNCALIBRATED placeholder for this CPU machine; run calibration before trusting")
 
 
