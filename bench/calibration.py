@@ -72,6 +72,7 @@ CALL_OF_METHOD = {"generate_sequences": "actor_gen", "compute_log_prob": "actor_
                   "compute_reward": "reward", "update_critic": "critic_train",
                   "update_actor": "actor_train"}
 CONSTANTS = ("train_efficiency", "inference_efficiency", "bandwidth_efficiency", "step_overhead", "train_overhead",
+             "inference_overhead",
              "kernel_latency", "call_overhead", "collective_latency", "cores", "peak_flops")
 
 
@@ -265,7 +266,8 @@ def main(argv=None) -> dict:
     print(f"\nfitted local preset: peak {cal.peak_flops / 1e9:.0f} GFLOP/s/thread, train eff "
           f"{cal.train_efficiency:.2f}, inference eff {cal.inference_efficiency:.2f}, decode bandwidth "
           f"{cal.memory_bandwidth * cal.bandwidth_efficiency / 1e9:.1f} GB/s, step overhead "
-          f"{cal.step_overhead * 1e3:.2f} ms, train overhead {cal.train_overhead * 1e3:.1f} ms/micro-batch, all-reduce {cal.intra_node_bandwidth / 1e9:.2f} GB/s + "
+          f"{cal.step_overhead * 1e3:.2f} ms, train overhead {cal.train_overhead * 1e3:.1f} ms/micro-batch, inference overhead "
+          f"{cal.inference_overhead * 1e3:.1f} ms/micro-batch, all-reduce {cal.intra_node_bandwidth / 1e9:.2f} GB/s + "
           f"{cal.collective_latency * 1e3:.2f} ms, cores {cal.cores:.2f}, kernel "
           f"{cal.kernel_latency * 1e6:.1f} us, call overhead {cal.call_overhead * 1e3:.1f} ms")
     print(f"\nPPO, {args.model} models, {args.prompts} prompts x {args.samples} samples x {args.new_tokens} tokens, "

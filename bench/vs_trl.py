@@ -106,7 +106,7 @@ def build_workbench(session, algo: str, model_dir: Path, reward_dir: Path, args,
     rows = args.rows
     devices, backend, stage = PLACEMENTS[placement]
     train = dict(backend=backend, zero_stage=stage, mini_batch_size=rows, micro_batch_size=rows // devices)
-    actor_cfg = ActorConfig(model_path=str(model_dir), rollout="hf", reference=(algo == "ppo"),
+    actor_cfg = ActorConfig(model_path=str(model_dir), rollout=args.rollout, reference=(algo == "ppo"),
                             optim=OptimConfig(lr=args.lr), **train)
     pool = session.pool(f"bench_{algo}_{placement}", devices)
     sampling = SamplingConfig(max_new_tokens=args.new_tokens, temperature=args.temperature, n=args.n if algo == "grpo" else 1)
@@ -283,6 +283,8 @@ def main() -> None:
     parser.add_argument("--old-log-probs", default="auto", help="the workbench's AlgoConfig.old_log_probs")
     parser.add_argument("--placement", default="dp2-zero2", choices=sorted(PLACEMENTS),
                         help="the workbench's placement: devices x threads each, and the training backend")
+    parser.add_argument("--rollout", default="hf", choices=("hf", "vllm"),
+                        help="the workbench's rollout backend (vLLM engines are pinned one core per rank)")
     args = parser.parse_args()
 
     from workbench import Session
@@ -304,7 +306,7 @@ def main() -> None:
         "settings": {"rows": args.rows, "n": args.n, "temperature": args.temperature, "lr": args.lr,
                      "kl_coef": args.kl_coef, "threads": args.threads, "warmup": args.warmup,
                      "iterations": args.iterations, "rounds": args.rounds, "old_log_probs": args.old_log_probs,
-                     "workbench_placement": args.placement, "placements": PLACEMENTS, "rollout": "hf",
+                     "workbench_placement": args.placement, "placements": PLACEMENTS, "rollout": args.rollout,
                      "peers": PEER_REQUIREMENTS, "new_tokens": CASES},
     }))
 

@@ -13,6 +13,7 @@ SMALL = ModelSpec("kit-1m", 4, 128, 4, 4, 352, 262)
 MEDIUM = ModelSpec("kit-10m", 6, 384, 6, 6, 1024, 262)
 PEAK, MEM_BW = 100e9, 8e9
 TRUE = dict(train_efficiency=0.55, inference_efficiency=0.7, step_overhead=2.5e-3, train_overhead=0.04,
+            inference_overhead=0.02,
             bandwidth_efficiency=0.3,
             intra_node_bandwidth=0.4e9, collective_latency=3e-4)
 
@@ -27,7 +28,7 @@ def _synthetic():
     truth = _truth()
     timings = []
     for model in (SMALL, MEDIUM):
-        for b, t in [(8, 48), (32, 48), (16, 96)]:
+        for b, t in [(8, 48), (32, 48), (16, 96), (16, 16)]:
             timings.append(Timing("inference", model, b, t, 0, 4))
             timings.append(Timing("train", model, b, t, 0, 4, mini_batches=max(1, b // 8)))
         for b, p, r in [(1, 16, 16), (8, 16, 16), (32, 16, 16), (32, 16, 32)]:
@@ -142,7 +143,11 @@ def test_fit_stays_inside_physical_bounds_when_decoding_is_overhead_bound():
     cal = fit(timings, _synthetic()[1], peak_flops=PEAK, memory_bandwidth=MEM_BW, slowdown={1: 1.0})
     assert cal.bandwidth_efficiency <= EFFICIENCY_BOUNDS["bandwidth_efficiency"] * (1 + 1e-9)
     assert cal.train_efficiency <= EFFICIENCY_BOUNDS["train_efficiency"] * (1 + 1e-9)
-    assert cal.step_overhead == pytest.approx(4e-3, rel=0.1)
+    # The per-step overhead takes what the bounded read time does not explain (the reads now
+    # cost a little of each step's 4 ms), and decoding is still predicted about as measured.
+    assert 3e-3 < cal.step_overhead < 4e-3
+    errors = [abs(p / m - 1) for label, m, p in cal.residuals() if label.startswith("generate")]
+    assert sum(errors) / len(errors) < 0.1
 
 
 def test_measured_fixed_costs_reach_the_local_preset():

@@ -106,3 +106,10 @@ def mask_after_eos(responses: torch.Tensor, eos_token_id: int | list[int]) -> to
     is_eos = torch.isin(responses, eos)
     after_eos = (is_eos.cumsum(dim=1) - is_eos.long()) > 0
     return (~after_eos).long()
+
+
+def response_texts(batch: Batch, tokenizer) -> list[str]:
+    """Text of each response through its EOS, special tokens dropped (what rule rewards read)."""
+    mask = batch["response_mask"]
+    tokens = batch["responses"] * mask + tokenizer.pad_token_id * (1 - mask)
+    return tokenizer.batch_decode(tokens, skip_special_tokens=True)

@@ -6,7 +6,8 @@ The fit keeps the simulator's formulas: every measured call is replayed through 
 with a one-device strategy and a workload of the measured shape, and the cluster figures are
 chosen to minimise the squared *relative* error of those predictions. Each call time is
 piecewise linear in (1 / achieved train FLOP/s, 1 / achieved inference FLOP/s, 1 / achieved
-decoding bytes/s, seconds of fixed overhead per forward pass, seconds per training micro-batch),
+decoding bytes/s, seconds of fixed overhead per forward pass, seconds per training and per
+inference micro-batch),
 so Gauss-Newton with finite
 differences solves it exactly inside one branch of the decoding max(memory, compute) and
 converges in a few rounds. The rates are kept inside physical bounds (`EFFICIENCY_BOUNDS`):
@@ -126,6 +127,8 @@ class Calibration:
     """Measured bytes/s of data sent through the driver to a worker and back."""
     train_overhead: float = 0.0
     """Seconds per training micro-batch beyond its FLOPs (see ClusterSpec.train_overhead)."""
+    inference_overhead: float = 0.0
+    """Seconds per forward-only micro-batch beyond its FLOPs (ClusterSpec.inference_overhead)."""
 
     def cluster(self, n_nodes: int = 1, devices_per_node: int = 4) -> ClusterSpec:
         """The `local` preset with these figures."""
@@ -138,7 +141,8 @@ class Calibration:
             intra_node_bandwidth=self.intra_node_bandwidth,
             inter_node_bandwidth=self.intra_node_bandwidth, comm_efficiency=1.0,
             collective_latency=self.collective_latency, step_overhead=self.step_overhead,
-            train_overhead=self.train_overhead, kernel_latency=self.kernel_latency, call_overhead=self.call_overhead,
+            train_overhead=self.train_overhead, inference_overhead=self.inference_overhead,
+            kernel_latency=self.kernel_latency, call_overhead=self.call_overhead,
             driver_bandwidth=self.driver_bandwidth,
             cores_per_node=self.cores, dtype_bytes=CPU_DTYPE_BYTES, decode_overlap=False, calibrated=True,
             note=f"calibrated on this machine ({self.machine.get('cpu_count', '?')} cores, "
@@ -231,9 +235,9 @@ def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray, keep: np.ndarray) -> np.nda
 
 
 def fit_compute(timings: list[Timing], peak_flops: float, memory_bandwidth: float,
-                kernel_latency: float = 0.0) -> tuple[float, float, float, float, float]:
+                kernel_latency: float = 0.0) -> tuple[float, float, float, float, float, float]:
     """(train_efficiency, inference_efficiency, bandwidth_efficiency, step_overhead,
-    train_overhead) minimising relative error."""
+    train_overhead, inference_overhead) minimising relative error."""
     kinds = {t.kind for t in timings}
     if not {"train", "inference"} <= kinds:
         raise ValueError(f"calibration needs train and inference timings; got {sorted(kinds)}")
@@ -241,13 +245,13 @@ def fit_compute(timings: list[Timing], peak_flops: float, memory_bandwidth: floa
                                kernel_latency=kernel_latency)
 
     def cluster_of(x):
-        a, b, m, o, t = x
-        # (s/FLOP train and inference, s/byte decoding, s per forward, s per training micro-
-        # batch; floors keep a pinned-at-zero cost from dividing by zero)
+        a, b, m, o, t, i = x
+        # (s/FLOP train and inference, s/byte decoding, s per forward, s per training and per
+        # inference micro-batch)
         return dataclasses.replace(base, train_efficiency=1 / (a * peak_flops),
                                    inference_efficiency=1 / (b * peak_flops),
                                    bandwidth_efficiency=1 / (m * memory_bandwidth),
-                                   step_overhead=o, train_overhead=t)
+                                   step_overhead=o, train_overhead=t, inference_overhead=i)
 
     def predict(x):
         c = cluster_of(x)
@@ -255,14 +259,15 @@ def fit_compute(timings: list[Timing], peak_flops: float, memory_bandwidth: floa
 
     measured = np.array([t.seconds for t in timings])
     # Starts from compute-bound to memory-bound decoding.
-    starts = [np.array([2 / peak_flops, 2 / peak_flops, k / memory_bandwidth, 1e-3, 1e-3])
+    starts = [np.array([2 / peak_flops, 2 / peak_flops, k / memory_bandwidth, 1e-3, 1e-3, 1e-3])
               for k in (1, 4, 16)]
     b = EFFICIENCY_BOUNDS
     lower = np.array([1 / (b["train_efficiency"] * peak_flops),
                       1 / (b["inference_efficiency"] * peak_flops),
-                      1 / (b["bandwidth_efficiency"] * memory_bandwidth), 0.0, 0.0])
+                      1 / (b["bandwidth_efficiency"] * memory_bandwidth), 0.0, 0.0, 0.0])
     c = cluster_of(fit_piecewise_linear(predict, measured, starts, lower=lower))
-    return c.train_efficiency, c.inference_efficiency, c.bandwidth_efficiency, c.step_overhead, c.train_overhead
+    return (c.train_efficiency, c.inference_efficiency, c.bandwidth_efficiency, c.step_overhead,
+            c.train_overhead, c.inference_overhead)
 
 
 def fit_collectives(samples: list[CollectiveTiming]) -> tuple[float, float]:
@@ -292,13 +297,13 @@ def fit(timings: list[Timing], collectives: list[CollectiveTiming], *, peak_flop
         machine: dict | None = None, kernel_latency: float = 0.0,
         call_overhead: float = 0.0, driver_bandwidth: float = float("inf")) -> Calibration:
     """All fitted figures as one Calibration (kernel latency and call overhead as measured)."""
-    train_eff, inf_eff, bw_eff, overhead, train_overhead = fit_compute(timings, peak_flops, memory_bandwidth,
-                                                                       kernel_latency)
+    train_eff, inf_eff, bw_eff, overhead, train_overhead, inference_overhead = fit_compute(
+        timings, peak_flops, memory_bandwidth, kernel_latency)
     bw, lat = fit_collectives(collectives)
     return Calibration(peak_flops, train_eff, inf_eff, overhead, memory_bandwidth, bw_eff, bw, lat,
                        fit_cores(slowdown), device_memory, list(timings), list(collectives),
                        dict(machine or {}, slowdown={str(k): v for k, v in slowdown.items()}),
-                       kernel_latency, call_overhead, driver_bandwidth, train_overhead)
+                       kernel_latency, call_overhead, driver_bandwidth, train_overhead, inference_overhead)
 
 
 def _placeholder(peak_flops: float, memory_bandwidth: float) -> ClusterSpec:

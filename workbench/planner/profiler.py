@@ -30,7 +30,7 @@ from workbench.data.batch import Batch
 from workbench.engines.forward import model_outputs, response_log_probs
 from workbench.engines.contract import OptimConfig
 from workbench.engines.hf_rollout import HFRollout
-from workbench.engines.rollout import SamplingConfig
+from workbench.engines.rollout import SamplingConfig, response_texts
 from workbench.engines.training import make_engine
 from workbench.models.load import load
 from workbench.planner.calibrate import Calibration, CollectiveTiming, Timing, fit
@@ -41,8 +41,10 @@ from workbench.planner.specs import ModelSpec
 class ProfileShapes:
     """What to time per model."""
 
-    forward: tuple[tuple[int, int, int], ...] = ((8, 16, 16), (32, 16, 16), (16, 64, 32))
-    """(sequences, prompt tokens, response tokens) of inference and train calls."""
+    forward: tuple[tuple[int, int, int], ...] = ((8, 16, 16), (32, 16, 16), (16, 64, 32), (16, 8, 8))
+    """(sequences, prompt tokens, response tokens) of inference and train calls: micro-batches
+    of 64, 128 and 384 tokens, and 2 to 8 of them, so per-token rates and per-micro-batch costs
+    are told apart."""
     generate: tuple[tuple[int, int, int], ...] = ((2, 16, 16), (8, 16, 16), (32, 16, 16),
                                                   (32, 16, 32))
     """(sequences, prompt tokens, new tokens) of generation calls."""
@@ -127,8 +129,8 @@ class ProbeWorker(Worker):
                 ModelSpec.from_hf_config(loaded.model.config, name),
                 HFRollout(copy.deepcopy(loaded.model), loaded.tokenizer.pad_token_id,
                           loaded.tokenizer.eos_token_id),
-                make_engine(loaded.model, OptimConfig(), self.device_mesh["dp"]))
-        spec, rollout, engine = self._models[model_path]
+                make_engine(loaded.model, OptimConfig(), self.device_mesh["dp"]), loaded.tokenizer)
+        spec, rollout, engine, tokenizer = self._models[model_path]
         mb, out = shapes.micro_batch_size, []
         for rows, prompt, response in shapes.forward:
             batch = _batch(rows, prompt, response, spec.vocab)
@@ -152,8 +154,9 @@ class ProbeWorker(Worker):
         for rows, prompt, new in shapes.generate:
             prompts = _batch(rows, prompt, 0, spec.vocab)
             sampling = SamplingConfig(max_new_tokens=new, seed=0)
+            # As the actor's generate_sequences: sample, then decode the responses' text.
             out.append(Timing("generate", spec, rows, prompt, new, rows, seconds=_median_time(
-                lambda: rollout.generate(prompts, sampling), shapes.repeats)))
+                lambda: response_texts(rollout.generate(prompts, sampling), tokenizer), shapes.repeats)))
         return out
 
     @register(ONE_TO_ALL)

@@ -115,7 +115,8 @@ class Simulator:
                             n_ops=layers * ar_per_layer * n_micro)
         bubble = 1 + (s.pp - 1) / micro
         # Fixed framework cost per forward-equivalent of each micro-batch (0 on GPU presets).
-        overhead = n_micro * (passes * (c.step_overhead + self.kernel_time(spec, s)) + (c.train_overhead if train else 0.0))
+        overhead = n_micro * (passes * (c.step_overhead + self.kernel_time(spec, s))
+                              + (c.train_overhead if train else c.inference_overhead))
         total = (compute + tp + overhead) * bubble
         if s.pp > 1:  # activations forward (and their gradients backward) between stages
             hops = 2 if train else 1

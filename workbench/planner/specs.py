@@ -220,6 +220,11 @@ class ClusterSpec:
     bookkeeping, dense gradients of embeddings, the loss's own passes): 0 on GPU presets, where
     large models hide it; on this CPU it is most of a small model's training step (calibration
     fits it: a training call's time follows its micro-batch count far more than its tokens)."""
+    inference_overhead: float = 0.0
+    """Fixed seconds per forward-only micro-batch (log-prob, value and score calls) beyond its
+    FLOPs: 0 on GPU presets; on this CPU a small micro-batch's matmuls run far below the
+    rate of large ones, so a forward's time follows its micro-batch count as well as its
+    tokens (Hockney's n½ as a time per micro-batch; the calibration fits it)."""
     kernel_latency: float = 0.0
     """Seconds one kernel costs beyond its bytes and FLOPs (launch, ramp-up): Hockney's
     t = (n + n½)/r∞ model of a kernel moving n bytes at rate r∞, with n½/r∞ written as a time.

@@ -30,7 +30,7 @@ from workbench.data.batch import Batch
 from workbench.engines.forward import model_outputs, response_log_probs, sequence_nll
 from workbench.engines.contract import Forward, LossFn, OptimConfig, needs
 from workbench.engines.hf_rollout import HFRollout
-from workbench.engines.rollout import SamplingConfig, stream_seed
+from workbench.engines.rollout import SamplingConfig, response_texts, stream_seed
 from workbench.engines.tensor_parallel import parallelize
 from workbench.engines.training import BACKENDS, make_engine
 from workbench.hybrid.layouts import generation_groups
@@ -205,9 +205,7 @@ class ActorRolloutRefWorker(Worker):
         if self.hybrid is not None:
             self.hybrid.to_training()
         self.record_span("hybrid.release", start, time.time(), rss_bytes=psutil.Process().memory_info().rss)
-        # Text of each response (through EOS, special tokens dropped) for rule rewards.
-        tokens = out["responses"] * out["response_mask"] + self.tokenizer.pad_token_id * (1 - out["response_mask"])
-        out["response_text"] = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
+        out["response_text"] = response_texts(out, self.tokenizer)
         return out
 
     def _sync_rollout_weights(self) -> None:
