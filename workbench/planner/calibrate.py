@@ -5,12 +5,11 @@ and loads, and needs neither torch nor Ray.
 The fit keeps the simulator's formulas: every measured call is replayed through `Simulator`
 with a one-device strategy and a workload of the measured shape, and the cluster figures are
 chosen to minimise the squared *relative* error of those predictions. Each call time is
-piecewise linear in (1 / achieved train FLOP/s, 1 / achieved inference FLOP/s, 1 / achieved
-decoding bytes/s, seconds of fixed overhead per forward pass, seconds per training and per
-inference micro-batch),
-so Gauss-Newton with finite
-differences solves it exactly inside one branch of the decoding max(memory, compute) and
-converges in a few rounds. The rates are kept inside physical bounds (`EFFICIENCY_BOUNDS`):
+linear in (1 / achieved train FLOP/s, 1 / achieved inference FLOP/s, 1 / achieved decoding
+bytes/s, seconds of fixed overhead per forward pass, seconds per training and per inference
+micro-batch) — a CPU decoding step pays its reads and its matmuls (`decode_overlap=False`);
+a preset that overlaps them makes it piecewise linear — so Gauss-Newton with finite
+differences solves it exactly (inside one branch) and converges in a few rounds. The rates are kept inside physical bounds (`EFFICIENCY_BOUNDS`):
 a fit that would need a matmul faster than the measured peak GEMM, or decoding faster than a
 few times the measured streaming copy, is pinned at the bound instead of going degenerate.
 Two fixed costs are measured directly rather than fitted: the time of one tiny kernel
@@ -39,8 +38,8 @@ from workbench.planner.strategy import ParallelStrategy
 ONE = ParallelStrategy(1, 1, 1)
 # Largest achieved fraction of the measured single-thread figures a fit may claim: matmuls in
 # a model do not beat the peak GEMM they are measured against (1.25 leaves room for noise in
-# that one measurement); decoding counts bf16 bytes while the CPU reads fp32 from caches as
-# well as memory, so it may reach a few times the streaming-copy rate, not 1000 times.
+# that one measurement); decoding reads weights and KV cache from caches as well as memory,
+# so it may reach a few times the streaming-copy rate, not 1000 times.
 EFFICIENCY_BOUNDS = {"train_efficiency": 1.25, "inference_efficiency": 1.25,
                      "bandwidth_efficiency": 4.0}
 DEFAULT_PATH = Path(".cache/planner/local-calibration.json")
@@ -107,8 +106,7 @@ class Calibration:
     memory_bandwidth: float
     """Bytes/s of one thread streaming a large tensor copy."""
     bandwidth_efficiency: float
-    """Fitted fraction of it that decoding achieves (the planner counts bf16 weights; a CPU
-    run reads fp32, which this fraction absorbs)."""
+    """Fitted fraction of it that decoding achieves (reading fp32 weights: `CPU_DTYPE_BYTES`)."""
     intra_node_bandwidth: float
     """Effective all-reduce link bandwidth between workers (bytes/s, efficiency 1)."""
     collective_latency: float
