@@ -140,7 +140,7 @@ class Simulator:
                                     n_ops=(gathers + train) * units * n_micro,
                                     members_per_node=dp_members_per_node(s, c))
         elif train and s.dp > 1:
-            # Distributed optimizer: reduce-scatter fp32 grads + all-gather bf16 params,
+            # Distributed optimizer: reduce-scatter fp32 grads + all-gather the params,
             # the volume of half an all-reduce each.
             shard = spec.param_count / s.model_parallel * (GRAD_BYTES + self.dtype_bytes) / 2
             total += self.allreduce(shard * steps, s.dp, n_ops=2 * steps,
