@@ -98,6 +98,7 @@ def build_workbench(session, algo: str, model_dir: Path, reward_dir: Path, args,
     from workbench.data import arithmetic
     from workbench.engines.contract import OptimConfig
     from workbench.engines.rollout import SamplingConfig
+    from workbench.engines.vllm_rollout import VLLMRolloutConfig
     from workbench.workers import ActorConfig, ActorRolloutRefWorker
     from workbench.workers.critic import CriticConfig, CriticWorker
     from workbench.workers.reward import RewardModelWorker, ScoreModelConfig
@@ -106,8 +107,10 @@ def build_workbench(session, algo: str, model_dir: Path, reward_dir: Path, args,
     rows = args.rows
     devices, backend, stage = PLACEMENTS[placement]
     train = dict(backend=backend, zero_stage=stage, mini_batch_size=rows, micro_batch_size=rows // devices)
+    # vLLM engines are pinned one core per rank; one rank gets every core.
+    engine = VLLMRolloutConfig(cpu_threads_bind="per-rank" if devices > 1 else f"0-{args.threads - 1}")
     actor_cfg = ActorConfig(model_path=str(model_dir), rollout=args.rollout, reference=(algo == "ppo"),
-                            optim=OptimConfig(lr=args.lr), **train)
+                            optim=OptimConfig(lr=args.lr), vllm=engine, **train)
     pool = session.pool(f"bench_{algo}_{placement}", devices)
     sampling = SamplingConfig(max_new_tokens=args.new_tokens, temperature=args.temperature, n=args.n if algo == "grpo" else 1)
     if algo == "grpo":
@@ -284,7 +287,7 @@ def main() -> None:
     parser.add_argument("--placement", default="dp2-zero2", choices=sorted(PLACEMENTS),
                         help="the workbench's placement: devices x threads each, and the training backend")
     parser.add_argument("--rollout", default="hf", choices=("hf", "vllm"),
-                        help="the workbench's rollout backend (vLLM engines are pinned one core per rank)")
+                        help="the workbench's rollout backend (vLLM engines: one core per rank, all cores for one rank)")
     args = parser.parse_args()
 
     from workbench import Session
