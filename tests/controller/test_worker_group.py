@@ -1,10 +1,12 @@
 """Worker groups on a real local Ray: real processes, gloo process groups, object refs."""
 
-import _thread
+import json
 import os
 import signal
-import threading
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -13,6 +15,9 @@ import torch
 from tests.controller.workers import EchoWorker, ReferenceLike
 from workbench.controller.future import _UNSET
 from workbench import Batch, DispatchError, Mesh, PlacementError, WorkerCallError, WorkerDiedError
+
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def prompts(n):
@@ -119,18 +124,17 @@ def test_killed_worker_is_reported_and_group_can_be_recreated(session):
     assert group.all_reduce().get() == [3.0, 3.0]
 
 
-def test_ctrl_c_while_waiting_leaves_session_usable(session):
-    group = session.group("slow", EchoWorker, session.pool("one", 1))
-    # The call outlasts the interrupt by a wide margin, so a loaded machine (a timer thread
-    # that runs late) still interrupts the wait rather than seeing the call finish first.
-    future = group.sleep(8.0)
-    threading.Timer(0.5, _thread.interrupt_main).start()
-    start = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        future.get()
-    assert time.monotonic() - start < 4.0
-    assert group.where().get()[0]["rank"] == 0
-    assert future.get() == [8.0]
+def test_ctrl_c_while_waiting_leaves_session_usable():
+    # In a fresh driver (tests/controller/ctrl_c_check.py), as in a user's kernel: the call
+    # outlasts the interrupt by a wide margin, the wait is interrupted at once, and the group
+    # still answers and hands over the call's result afterwards.
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-m", "tests.controller.ctrl_c_check"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["interrupted"] and result["waited_s"] < 4.0, result
+    assert result["rank"] == 0 and result["result"] == [8.0]
 
 
 def test_rerunning_a_group_cell_does_not_leak_actors(session):

@@ -1,0 +1,38 @@
+"""Run as a script (its own driver and Ray, like a user's fresh kernel): Ctrl-C while waiting
+on a long call. Prints one JSON line with what happened; the pytest test asserts on it.
+
+Own process because the interrupt is delivered to the driver's main thread: inside the long
+test session, earlier tests' driver state made the delivery unreliable (the wait outlived it).
+"""
+
+import _thread
+import json
+import threading
+import time
+
+import ray
+
+import tests.controller.workers as workers
+from workbench import Session
+
+
+def main() -> None:
+    ray.cloudpickle.register_pickle_by_value(workers)
+    with Session(num_devices=1) as session:
+        group = session.group("slow", workers.EchoWorker, session.pool("one", 1))
+        future = group.sleep(8.0)
+        threading.Timer(0.5, _thread.interrupt_main).start()
+        start = time.monotonic()
+        try:
+            future.get()
+            interrupted = False
+        except KeyboardInterrupt:
+            interrupted = True
+        waited = time.monotonic() - start
+        rank = group.where().get()[0]["rank"]
+        print(json.dumps({"interrupted": interrupted, "waited_s": waited, "rank": rank,
+                          "result": future.get()}))
+
+
+if __name__ == "__main__":
+    main()
