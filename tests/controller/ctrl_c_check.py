@@ -20,7 +20,7 @@ def main() -> None:
     ray.cloudpickle.register_pickle_by_value(workers)
     with Session(num_devices=1) as session:
         group = session.group("slow", workers.EchoWorker, session.pool("one", 1))
-        future = group.sleep(8.0)
+        future = group.sleep(3.0)
         threading.Timer(0.5, _thread.interrupt_main).start()
         start = time.monotonic()
         try:
