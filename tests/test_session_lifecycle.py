@@ -27,8 +27,9 @@ def alive_hosts() -> list[str]:
 
 
 def live_placement_groups() -> list[str]:
-    return [pg["name"] for pg in ray.util.placement_group_table().values()
-            if pg["state"] != "REMOVED" and pg["name"].startswith("workbench:")]
+    # Sorted: Ray's table is keyed by group id, so its order is not creation order.
+    return sorted(pg["name"] for pg in ray.util.placement_group_table().values()
+                  if pg["state"] != "REMOVED" and pg["name"].startswith("workbench:"))
 
 
 @pytest.fixture
