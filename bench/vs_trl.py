@@ -97,6 +97,7 @@ def build_workbench(session, algo: str, model_dir: Path, reward_dir: Path, args,
     from algorithms import GRPO, PPO, Groups, GRPOConfig, PPOConfig
     from workbench.data import arithmetic
     from workbench.engines.contract import OptimConfig
+    from workbench.engines.hf_rollout import HFRolloutConfig
     from workbench.engines.rollout import SamplingConfig
     from workbench.engines.vllm_rollout import VLLMRolloutConfig
     from workbench.workers import ActorConfig, ActorRolloutRefWorker
@@ -110,7 +111,7 @@ def build_workbench(session, algo: str, model_dir: Path, reward_dir: Path, args,
     # vLLM engines are pinned one core per rank; one rank gets every core.
     engine = VLLMRolloutConfig(cpu_threads_bind="per-rank" if devices > 1 else f"0-{args.threads - 1}")
     actor_cfg = ActorConfig(model_path=str(model_dir), rollout=args.rollout, reference=(algo == "ppo"),
-                            optim=OptimConfig(lr=args.lr), vllm=engine, **train)
+                            optim=OptimConfig(lr=args.lr), vllm=engine, hf=HFRolloutConfig(compile=args.hf_compile), **train)
     pool = session.pool(f"bench_{algo}_{placement}", devices)
     sampling = SamplingConfig(max_new_tokens=args.new_tokens, temperature=args.temperature, n=args.n if algo == "grpo" else 1)
     if algo == "grpo":
@@ -288,6 +289,9 @@ def main() -> None:
                         help="the workbench's placement: devices x threads each, and the training backend")
     parser.add_argument("--rollout", default="hf", choices=("hf", "vllm"),
                         help="the workbench's rollout backend (vLLM engines: one core per rank, all cores for one rank)")
+    parser.add_argument("--hf-compile", default=True, action=argparse.BooleanOptionalAction,
+                        help="the workbench's HF rollout decodes with a static cache and a compiled step "
+                             "(HFRolloutConfig.compile; its compilation falls in the warm-up iteration)")
     args = parser.parse_args()
 
     from workbench import Session
@@ -310,7 +314,7 @@ def main() -> None:
                      "kl_coef": args.kl_coef, "threads": args.threads, "warmup": args.warmup,
                      "iterations": args.iterations, "rounds": args.rounds, "old_log_probs": args.old_log_probs,
                      "workbench_placement": args.placement, "placements": PLACEMENTS, "rollout": args.rollout,
-                     "peers": PEER_REQUIREMENTS, "new_tokens": CASES},
+                     "hf_compile": args.hf_compile, "peers": PEER_REQUIREMENTS, "new_tokens": CASES},
     }))
 
 

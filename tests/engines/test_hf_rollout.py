@@ -5,7 +5,7 @@ import torch
 
 from workbench.data.prompts import tokenize_prompts
 from workbench.engines.forward import response_log_probs
-from workbench.engines.hf_rollout import HFRollout
+from workbench.engines.hf_rollout import HFRollout, HFRolloutConfig
 from workbench.engines.rollout import SamplingConfig, mask_after_eos
 from workbench.models import load, make_tiny
 
@@ -35,6 +35,33 @@ def test_greedy_is_deterministic(engine):
     a = rollout.generate(prompts, SamplingConfig(max_new_tokens=8, greedy=True))
     b = rollout.generate(prompts, SamplingConfig(max_new_tokens=8, greedy=True))
     assert torch.equal(a["responses"], b["responses"])
+
+
+@pytest.mark.parametrize("config", [HFRolloutConfig(cache="static"), HFRolloutConfig(compile=True)], ids=["static", "compiled"])
+def test_static_and_compiled_decoding_give_the_same_rollout(engine, config):
+    """A static cache (prompts left-padded to the bucket) and a compiled decoding step change
+    how fast, not what: the same greedy tokens and output layout, and sampled log-probs that a
+    training forward reproduces, as with the default dynamic cache."""
+    rollout, prompts = engine
+    other = HFRollout(rollout.model, rollout.pad_token_id, rollout.eos_token_id, config)
+    greedy = SamplingConfig(max_new_tokens=8, greedy=True)
+    expected, got = rollout.generate(prompts, greedy), other.generate(prompts, greedy)
+    assert prompts["input_ids"].shape[1] % config.prompt_bucket != 0  # the bucket padding is exercised
+    for key in ("responses", "response_mask", "input_ids", "attention_mask", "position_ids"):
+        assert torch.equal(expected[key], got[key]), key
+    out = other.generate(prompts, SamplingConfig(max_new_tokens=8, n=2, seed=3))
+    with torch.no_grad():
+        forward, _ = response_log_probs(other.model, out, 1.0)
+    assert (forward - out["rollout_log_probs"]).abs().max() <= 1e-3
+
+
+def test_hf_rollout_config_names_a_bad_field():
+    with pytest.raises(ValueError, match="HFRolloutConfig.cache"):
+        HFRolloutConfig(cache="paged")
+    with pytest.raises(ValueError, match="HFRolloutConfig.prompt_bucket"):
+        HFRolloutConfig(prompt_bucket=0)
+    with pytest.raises(ValueError, match="HFRolloutConfig.compile"):
+        HFRolloutConfig(compile="yes")
 
 
 def test_mask_covers_tokens_through_the_first_eos():

@@ -29,7 +29,7 @@ from workbench.controller import ONE_TO_ALL, THREE_D_ALL_MICRO_DP, THREE_D_PROTO
 from workbench.data.batch import Batch
 from workbench.engines.forward import model_outputs, response_log_probs, sequence_nll
 from workbench.engines.contract import Forward, LossFn, OptimConfig, needs
-from workbench.engines.hf_rollout import HFRollout
+from workbench.engines.hf_rollout import HFRollout, HFRolloutConfig
 from workbench.engines.rollout import SamplingConfig, response_texts, stream_seed
 from workbench.engines.tensor_parallel import parallelize
 from workbench.engines.training import BACKENDS, make_engine
@@ -76,6 +76,8 @@ class ActorConfig:
     """Log-probs use log_softmax(logits / temperature): set it to the sampling temperature."""
     seed: int = 0
     load: LoadConfig = field(default_factory=LoadConfig)
+    hf: HFRolloutConfig = field(default_factory=HFRolloutConfig)
+    """HF rollout settings when rollout="hf" (KV cache, compiled decoding)."""
     vllm: VLLMRolloutConfig = field(default_factory=lambda: VLLMRolloutConfig(cpu_threads_bind="per-rank"))
     """vLLM engine settings when rollout="vllm"; cpu_threads_bind="per-rank" pins rank r's
     engine to core r mod cores (several ranks on one machine must not share cores)."""
@@ -94,6 +96,7 @@ class ActorConfig:
         checks.real("ActorConfig", "temperature", self.temperature, 0, low_open=True,
                     fix="use a temperature > 0 (the sampling temperature; 1.0 for greedy sampling)")
         checks.of_type("ActorConfig", "load", self.load, LoadConfig, "pass a workbench.models.load.LoadConfig")
+        checks.of_type("ActorConfig", "hf", self.hf, HFRolloutConfig, "pass an HFRolloutConfig")
         checks.of_type("ActorConfig", "vllm", self.vllm, VLLMRolloutConfig, "pass a VLLMRolloutConfig")
         if not (self.train or self.rollout or self.reference):
             raise ConfigError("ActorConfig(train, rollout, reference)", (self.train, self.rollout, self.reference),
@@ -143,7 +146,7 @@ class ActorRolloutRefWorker(Worker):
             self.reference = parallelize(copy.deepcopy(model), tp_mesh).eval().requires_grad_(False)
         self.hybrid = None
         if tensor_parallel and config.rollout == "hf":
-            self.rollout = HFRollout(self._generation_model(model), self.tokenizer.pad_token_id, self.tokenizer.eos_token_id)
+            self.rollout = HFRollout(self._generation_model(model), self.tokenizer.pad_token_id, self.tokenizer.eos_token_id, config.hf)
         else:
             self.rollout = self._make_rollout(model)
         self.engine = None
@@ -181,7 +184,7 @@ class ActorRolloutRefWorker(Worker):
     def _make_rollout(self, model):
         cfg = self.config
         if cfg.rollout == "hf":
-            return HFRollout(copy.deepcopy(model), self.tokenizer.pad_token_id, self.tokenizer.eos_token_id)
+            return HFRollout(copy.deepcopy(model), self.tokenizer.pad_token_id, self.tokenizer.eos_token_id, cfg.hf)
         if cfg.rollout == "vllm":
             from workbench.engines.vllm_rollout import VLLMRollout  # heavy import, only when used
 
