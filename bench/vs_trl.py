@@ -10,7 +10,9 @@ threads in all. TRL runs as it is meant to, one process with all the threads. Th
 uses its best placement here (`--placement`, default dp2-zero2, picked by measuring the three
 in PLACEMENTS): two devices of one thread each, data parallel, every role fused into one
 process per device, DeepSpeed ZeRO-2 training (whole weights on each rank, so the HF rollout
-reads them: no sync), HF rollout.
+reads them: no sync), HF rollout, and compiled forwards (`--compile`: a static-cache compiled
+decoding step, compiled training and scoring forwards; compilation falls in the warm-up
+iterations, two by default on both sides).
 
 Each case alternates rounds: a fresh TRL process runs warm-up + measured steps, then the
 workbench runs as many iterations on its long-lived groups, then the compute limit is measured:
@@ -100,6 +102,7 @@ def build_workbench(session, algo: str, model_dir: Path, reward_dir: Path, args,
     from workbench.engines.hf_rollout import HFRolloutConfig
     from workbench.engines.rollout import SamplingConfig
     from workbench.engines.vllm_rollout import VLLMRolloutConfig
+    from workbench.models.load import LoadConfig
     from workbench.workers import ActorConfig, ActorRolloutRefWorker
     from workbench.workers.critic import CriticConfig, CriticWorker
     from workbench.workers.reward import RewardModelWorker, ScoreModelConfig
@@ -107,11 +110,12 @@ def build_workbench(session, algo: str, model_dir: Path, reward_dir: Path, args,
 
     rows = args.rows
     devices, backend, stage = PLACEMENTS[placement]
+    load = LoadConfig(compile=args.compile and backend == "deepspeed")  # compiled training: ZeRO-1/2 only
     train = dict(backend=backend, zero_stage=stage, mini_batch_size=rows, micro_batch_size=rows // devices)
     # vLLM engines are pinned one core per rank; one rank gets every core.
     engine = VLLMRolloutConfig(cpu_threads_bind="per-rank" if devices > 1 else f"0-{args.threads - 1}")
     actor_cfg = ActorConfig(model_path=str(model_dir), rollout=args.rollout, reference=(algo == "ppo"),
-                            optim=OptimConfig(lr=args.lr), vllm=engine, hf=HFRolloutConfig(compile=args.hf_compile), **train)
+                            optim=OptimConfig(lr=args.lr), vllm=engine, hf=HFRolloutConfig(compile=args.compile), load=load, **train)
     pool = session.pool(f"bench_{algo}_{placement}", devices)
     sampling = SamplingConfig(max_new_tokens=args.new_tokens, temperature=args.temperature, n=args.n if algo == "grpo" else 1)
     if algo == "grpo":
@@ -121,8 +125,8 @@ def build_workbench(session, algo: str, model_dir: Path, reward_dir: Path, args,
     groups = session.fused(
         pool,
         actor=(ActorRolloutRefWorker, actor_cfg),
-        critic=(CriticWorker, CriticConfig(model_path=str(reward_dir), optim=OptimConfig(lr=args.lr), **train)),
-        reward=(RewardModelWorker, ScoreModelConfig(model_path=str(reward_dir), micro_batch_size=rows)),
+        critic=(CriticWorker, CriticConfig(model_path=str(reward_dir), optim=OptimConfig(lr=args.lr), load=load, **train)),
+        reward=(RewardModelWorker, ScoreModelConfig(model_path=str(reward_dir), micro_batch_size=rows, load=load)),
     )
     config = PPOConfig(sampling=sampling, kl_coef=args.kl_coef, old_log_probs=args.old_log_probs)
     return PPO(Groups(actor=groups["actor"], reference=groups["actor"], critic=groups["critic"], reward=groups["reward"]), config)
@@ -281,7 +285,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--kl-coef", type=float, default=0.05, help="PPO's KL-in-reward coefficient (both sides)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each side's one process")
-    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--warmup", type=int, default=2, help="unmeasured iterations per side (the workbench compiles in them)")
     parser.add_argument("--iterations", type=int, default=3, help="measured iterations per side per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--old-log-probs", default="auto", help="the workbench's AlgoConfig.old_log_probs")
@@ -289,9 +293,9 @@ def main() -> None:
                         help="the workbench's placement: devices x threads each, and the training backend")
     parser.add_argument("--rollout", default="hf", choices=("hf", "vllm"),
                         help="the workbench's rollout backend (vLLM engines: one core per rank, all cores for one rank)")
-    parser.add_argument("--hf-compile", default=True, action=argparse.BooleanOptionalAction,
-                        help="the workbench's HF rollout decodes with a static cache and a compiled step "
-                             "(HFRolloutConfig.compile; its compilation falls in the warm-up iteration)")
+    parser.add_argument("--compile", default=True, action=argparse.BooleanOptionalAction,
+                        help="the workbench compiles its forwards: decoding (HFRolloutConfig.compile) and every "
+                             "training and scoring forward (LoadConfig.compile); compilation falls in the warm-up")
     args = parser.parse_args()
 
     from workbench import Session
@@ -314,7 +318,7 @@ def main() -> None:
                      "kl_coef": args.kl_coef, "threads": args.threads, "warmup": args.warmup,
                      "iterations": args.iterations, "rounds": args.rounds, "old_log_probs": args.old_log_probs,
                      "workbench_placement": args.placement, "placements": PLACEMENTS, "rollout": args.rollout,
-                     "hf_compile": args.hf_compile, "peers": PEER_REQUIREMENTS, "new_tokens": CASES},
+                     "compile": args.compile, "peers": PEER_REQUIREMENTS, "new_tokens": CASES},
     }))
 
 

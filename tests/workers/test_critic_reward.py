@@ -10,6 +10,7 @@ from workbench.engines.contract import OptimConfig
 from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig
 from workbench.models import load, make_tiny
+from workbench.models.load import LoadConfig
 from workbench.models.value import last_token_index, load_value_model, token_values
 from workbench.workers.critic import CriticConfig, CriticWorker
 from workbench.workers.reward import CostModelWorker, RewardModelWorker, ScoreModelConfig
@@ -70,3 +71,25 @@ def test_reward_and_cost_scores_match_a_local_forward(session, reward_dir, rollo
     last = last_token_index(rollout["response_mask"])
     assert torch.equal(token_level[torch.arange(len(rollout)), last], scores["scores"])
     assert int((token_level != 0).sum()) <= len(rollout)
+
+
+def test_compiled_critic_and_reward_match_a_local_forward(session, reward_dir, rollout):
+    """LoadConfig.compile: the compiled value forwards (critic under DeepSpeed ZeRO-2, frozen
+    reward model) give what the eager local model gives, and the critic still trains."""
+    pool = session.pool("compiled_pool", 1)
+    compiled = LoadConfig(compile=True)
+    critic = session.group("critic", CriticWorker, pool, CriticConfig(
+        model_path=reward_dir, backend="deepspeed", optim=OptimConfig(lr=3e-3), mini_batch_size=6, micro_batch_size=6,
+        load=compiled))
+    reward = session.group("reward", RewardModelWorker, pool, ScoreModelConfig(model_path=reward_dir, load=compiled))
+    local = load_value_model(reward_dir).model
+    with torch.no_grad():
+        values = token_values(local, rollout["input_ids"], rollout["attention_mask"], rollout["position_ids"])
+    expected = values[torch.arange(len(rollout)), last_token_index(rollout["attention_mask"])]
+    assert (reward.compute_reward(rollout).get()["scores"] - expected).abs().max() <= 1e-5
+    got = critic.compute_values(rollout).get()["values"]
+    r = rollout["responses"].shape[1]
+    assert (got - values[:, -r - 1 : -1] * rollout["response_mask"]).abs().max() <= 1e-5
+    batch = rollout.union(Batch({"values": got, "returns": torch.ones_like(got)}))
+    losses = [critic.update_critic(batch, CriticLoss()).get()["critic/vf_loss"] for _ in range(3)]
+    assert losses[-1] < losses[0], losses

@@ -28,6 +28,7 @@ from tests.workers.reference import OPTIM, advantages_for, assert_checkpoint_rou
 from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig
 from workbench.models import load, make_tiny
+from workbench.models.load import LoadConfig
 from workbench.workers import ActorConfig, ActorRolloutRefWorker
 
 ray.cloudpickle.register_pickle_by_value(losses)
@@ -42,12 +43,16 @@ def model_dir(tmp_path_factory):
 
 
 
-@pytest.mark.parametrize("stage", [1, 2, 3])
-def test_zero_stage_matches_single_process_and_restores_checkpoints(session, model_dir, tmp_path, stage):
+@pytest.mark.parametrize("stage, compiled", [(1, False), (2, False), (3, False), (2, True)],
+                         ids=["zero1", "zero2", "zero3", "zero2-compiled"])
+def test_zero_stage_matches_single_process_and_restores_checkpoints(session, model_dir, tmp_path, stage, compiled):
+    """compiled: LoadConfig.compile, the training and log-prob forwards run torch.compile'd; the
+    step must match the eager single-process one as closely as the eager engine does."""
     config = ActorConfig(
-        model_path=model_dir, backend="deepspeed", zero_stage=stage, optim=OPTIM, mini_batch_size=8, micro_batch_size=2
+        model_path=model_dir, backend="deepspeed", zero_stage=stage, optim=OPTIM, mini_batch_size=8, micro_batch_size=2,
+        load=LoadConfig(compile=compiled),
     )
-    actor = session.group("actor", ActorRolloutRefWorker, session.pool(f"zero{stage}", 2), config)
+    actor = session.group("actor", ActorRolloutRefWorker, session.pool(f"zero{stage}{'c' if compiled else ''}", 2), config)
     model, tokenizer = load(model_dir).model, load(model_dir).tokenizer
     greedy = SamplingConfig(max_new_tokens=10, greedy=True)
     train = actor.generate_sequences(prompts(tokenizer), greedy).get()
@@ -67,7 +72,10 @@ def test_zero_stage_matches_single_process_and_restores_checkpoints(session, mod
             worst_safe = max(worst_safe, diff[safe].max().item() if safe.any() else 0.0)
     print(f"ZeRO-{stage}: max param diff {worst:.3g} (where |grad| >= {ADAM_SAFE_GRAD}: {worst_safe:.3g})")
     assert worst_safe <= 1e-5, f"ZeRO-{stage} vs single process: max param diff {worst_safe}"
-    assert worst <= (1e-5 if stage < 3 else 2 * OPTIM.lr), f"ZeRO-{stage} vs single process: max param diff {worst}"
+    # Compiled kernels also sum in another order: held like ZeRO-3 (measured 1.2e-7 where |g| >=
+    # 1e-6, 2.6e-5 at a nearly cancelling gradient).
+    bound = 2 * OPTIM.lr if stage == 3 or compiled else 1e-5
+    assert worst <= bound, f"ZeRO-{stage} vs single process: max param diff {worst}"
 
     # The hybrid engine's gather reaches the rollout copy.
     after = actor.generate_sequences(prompts(tokenizer), greedy).get()
@@ -77,6 +85,19 @@ def test_zero_stage_matches_single_process_and_restores_checkpoints(session, mod
 
     # Checkpoint: save -> update -> load gives back the same log-probs.
     assert_checkpoint_roundtrip(actor, after, tmp_path / "ckpt")
+
+
+def test_compiled_training_is_refused_where_it_is_not_wired():
+    from workbench.workers.critic import CriticConfig
+
+    for backend, stage in (("fsdp", 2), ("3d", 2), ("deepspeed", 3)):
+        with pytest.raises(ValueError, match=r"ActorConfig\.load\.compile.*backend='deepspeed' and zero_stage 1 or 2"):
+            ActorConfig(model_path="m", backend=backend, zero_stage=stage, load=LoadConfig(compile=True))
+        with pytest.raises(ValueError, match=r"CriticConfig\.load\.compile"):
+            CriticConfig(model_path="m", backend=backend, zero_stage=stage, load=LoadConfig(compile=True))
+    ActorConfig(model_path="m", train=False, reference=True, load=LoadConfig(compile=True))  # frozen: any backend
+    with pytest.raises(ValueError, match=r"LoadConfig\.compile"):
+        LoadConfig(compile="yes")
 
 
 def test_unknown_backend_or_stage_is_refused():

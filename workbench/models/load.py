@@ -47,6 +47,12 @@ class LoadConfig:
     token ids, then tell padding apart from a real eos), "refuse" raises."""
     attn_implementation: str | None = None
     """Passed to `from_pretrained` ("eager", "sdpa", ...); None keeps transformers' default."""
+    compile: bool = False
+    """Workers compile the model's forward (`torch.compile`, dynamic shapes) for training and
+    scoring: on the 2-core CPU machine a training step takes ~17% less at 10M parameters and
+    ~30% less at 1M. The first forwards of each kind (with and without gradients) compile
+    first, a minute or more per process, so it pays in long runs. Generation is compiled on
+    its own (HFRolloutConfig.compile). Trained models: DeepSpeed ZeRO-1/2 only."""
 
     def __post_init__(self):
         if self.dtype != "auto" and self.dtype not in DTYPES and not isinstance(self.dtype, torch.dtype):
@@ -55,6 +61,8 @@ class LoadConfig:
             raise ConfigError("LoadConfig.pad_token", self.pad_token, "use 'eos' (reuse eos as pad) or 'refuse'")
         if not isinstance(self.device, str) or not self.device:
             raise ConfigError("LoadConfig.device", self.device, "use a device name such as 'cpu' or 'cuda'")
+        if not isinstance(self.compile, bool):
+            raise ConfigError("LoadConfig.compile", self.compile, "use True or False")
 
 
 @dataclass
@@ -76,6 +84,29 @@ def for_worker(cfg: LoadConfig, device: str | torch.device, trained: bool) -> Lo
     fp32 parameters under "auto" (the engines' master weights; they compute in bf16 on GPUs)."""
     dtype = "float32" if trained and cfg.dtype == "auto" else cfg.dtype
     return replace(cfg, device=str(device), dtype=dtype)
+
+
+def compile_forward(model: torch.nn.Module, cfg: LoadConfig) -> torch.nn.Module:
+    """`model`, its forward compiled in place when cfg.compile. In place (nn.Module.compile), so
+    parameter names, checkpoints and tensors shared with a rollout copy stay as they are."""
+    if cfg.compile:
+        import torch._dynamo
+
+        # Every model of a process (actor, reference, critic, reward), with and without gradients,
+        # shares transformers' forward wrappers, so their graphs share one cache: past dynamo's
+        # default limit of 8 it would silently fall back to eager.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        model.compile(dynamic=True)  # batches change length every iteration: one graph for all
+    return model
+
+
+def check_compiled_training(owner: str, cfg: LoadConfig, backend: str, zero_stage: int) -> None:
+    """Compiled training forwards are wired for DeepSpeed ZeRO-1/2, whose engine calls the
+    module as it is; FSDP2, ZeRO-3 and tensor parallelism hook into the forward itself."""
+    if cfg.compile and not (backend == "deepspeed" and zero_stage < 3):
+        raise ConfigError(f"{owner}.load.compile", True,
+                          f"compiled training runs with backend='deepspeed' and zero_stage 1 or 2 (here backend="
+                          f"{backend!r}, zero_stage={zero_stage}); use that backend, or compile=False")
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: str = "cpu") -> torch.dtype:

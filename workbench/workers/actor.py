@@ -38,7 +38,8 @@ from workbench.hybrid.transition import HybridEngine
 from workbench.engines.vllm_rollout import VLLMRolloutConfig
 from workbench import checks
 from workbench.errors import ConfigError
-from workbench.models.load import LoadConfig, check_model_dir, check_positions, for_worker, load
+from workbench.models.load import (LoadConfig, check_compiled_training, check_model_dir, check_positions, compile_forward,
+                                   for_worker, load)
 from workbench.workers.training import load_rank_state, mean_over_ranks, run_updates, save_rank_state
 
 
@@ -96,6 +97,10 @@ class ActorConfig:
         checks.real("ActorConfig", "temperature", self.temperature, 0, low_open=True,
                     fix="use a temperature > 0 (the sampling temperature; 1.0 for greedy sampling)")
         checks.of_type("ActorConfig", "load", self.load, LoadConfig, "pass a workbench.models.load.LoadConfig")
+        if self.train:
+            check_compiled_training("ActorConfig", self.load, self.backend, self.zero_stage)
+        elif self.load.compile and self.backend == "3d":
+            raise ConfigError("ActorConfig.load.compile", True, "compiled forwards are not wired for tensor parallelism; use compile=False")
         checks.of_type("ActorConfig", "hf", self.hf, HFRolloutConfig, "pass an HFRolloutConfig")
         checks.of_type("ActorConfig", "vllm", self.vllm, VLLMRolloutConfig, "pass a VLLMRolloutConfig")
         if not (self.train or self.rollout or self.reference):
@@ -143,12 +148,13 @@ class ActorRolloutRefWorker(Worker):
         tp_mesh = self.device_mesh["tp"] if tensor_parallel else None
         self.reference = None
         if config.reference:  # cut like the training weights where those are cut
-            self.reference = parallelize(copy.deepcopy(model), tp_mesh).eval().requires_grad_(False)
+            self.reference = compile_forward(parallelize(copy.deepcopy(model), tp_mesh).eval().requires_grad_(False), config.load)
         self.hybrid = None
         if tensor_parallel and config.rollout == "hf":
             self.rollout = HFRollout(self._generation_model(model), self.tokenizer.pad_token_id, self.tokenizer.eos_token_id, config.hf)
         else:
             self.rollout = self._make_rollout(model)
+        compile_forward(model, config.load)  # after the copies above: each compiles its own way
         self.engine = None
         if config.train:
             self.engine = make_engine(

@@ -15,7 +15,7 @@ from workbench.engines.contract import LossFn, OptimConfig
 from workbench.engines.training import BACKENDS, make_engine
 from workbench import checks
 from workbench.errors import ConfigError
-from workbench.models.load import LoadConfig, check_model_dir, for_worker
+from workbench.models.load import LoadConfig, check_compiled_training, check_model_dir, compile_forward, for_worker
 from workbench.models.value import load_value_model
 from workbench.workers.training import load_rank_state, mean_over_ranks, run_updates, save_rank_state
 
@@ -44,6 +44,7 @@ class CriticConfig:
             raise ConfigError("CriticConfig.zero_stage", self.zero_stage, "use ZeRO stage 1, 2 or 3")
         checks.training_fields("CriticConfig", self)
         checks.of_type("CriticConfig", "load", self.load, LoadConfig, "pass a workbench.models.load.LoadConfig")
+        check_compiled_training("CriticConfig", self.load, self.backend, self.zero_stage)
 
     def check_layout(self, mesh, role: str) -> None:
         """Driver-side, before workers start: the layout and the model directory fit."""
@@ -69,7 +70,7 @@ class CriticWorker(Worker):
         torch.manual_seed(config.seed)
         loaded = load_value_model(config.model_path, for_worker(config.load, self.device, trained=True))
         self.engine = make_engine(
-            loaded.model, config.optim, self.device_mesh["dp"], backend=config.backend, zero_stage=config.zero_stage,
+            compile_forward(loaded.model, config.load), config.optim, self.device_mesh["dp"], backend=config.backend, zero_stage=config.zero_stage,
             micro_batch_size=config.micro_batch_size, mini_batch_size=max(1, config.mini_batch_size // self.mesh.dp),
             tp_mesh=self.device_mesh["tp"] if config.backend == "3d" and self.mesh.tp > 1 else None,
         )

@@ -17,7 +17,7 @@ from workbench.data.batch import Batch
 from workbench import checks
 from workbench.engines.forward import trim_padding
 from workbench.errors import ConfigError
-from workbench.models.load import LoadConfig, check_model_dir, for_worker
+from workbench.models.load import LoadConfig, check_model_dir, compile_forward, for_worker
 from workbench.models.value import last_token_index, load_value_model, token_values
 
 
@@ -46,7 +46,8 @@ class RewardModelWorker(Worker):
 
     def __init__(self, config: ScoreModelConfig):
         super().__init__(config)
-        self.model = load_value_model(config.model_path, for_worker(config.load, self.device, trained=False)).model.eval().requires_grad_(False)
+        loaded = load_value_model(config.model_path, for_worker(config.load, self.device, trained=False))
+        self.model = compile_forward(loaded.model.eval().requires_grad_(False), config.load)
 
     @torch.no_grad()
     def _score(self, batch: Batch) -> Batch:
