@@ -26,8 +26,10 @@ def trim_padding(batch: Batch) -> tuple[dict[str, torch.Tensor], int]:
     lead = int(used[:prompt_len].long().argmax()) if bool(used[:prompt_len].any()) else prompt_len
     kept = int(batch["response_mask"].bool().any(0).nonzero().max()) + 1 if bool(batch["response_mask"].any()) else 1
     end = prompt_len + kept
-    inputs = {k: batch[k][:, lead:end] for k in ("input_ids", "attention_mask", "position_ids")}
-    inputs["responses"] = batch["responses"][:, :kept]
+    # Contiguous copies: a compiled forward (LoadConfig.compile) guards on strides, and a
+    # sliced view would make it recompile whenever some columns are trimmed.
+    inputs = {k: batch[k][:, lead:end].contiguous() for k in ("input_ids", "attention_mask", "position_ids")}
+    inputs["responses"] = batch["responses"][:, :kept].contiguous()
     return inputs, kept
 
 
