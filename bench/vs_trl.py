@@ -12,7 +12,8 @@ in PLACEMENTS): two devices of one thread each, data parallel, every role fused 
 process per device, DeepSpeed ZeRO-2 training (whole weights on each rank, so the HF rollout
 reads them: no sync), HF rollout, and compiled forwards (`--compile`: a static-cache compiled
 decoding step, compiled training and scoring forwards; compilation falls in the warm-up
-iterations, two by default on both sides).
+iterations, two by default on both sides), and for PPO the critic's values taken from its
+update's training forward (`--reuse-values`; the compute limit then skips that forward too).
 
 Each case alternates rounds: a fresh TRL process runs warm-up + measured steps, then the
 workbench runs as many iterations on its long-lived groups, then the compute limit is measured:
@@ -125,7 +126,8 @@ def build_workbench(session, algo: str, model_dir: Path, reward_dir: Path, args,
     groups = session.fused(
         pool,
         actor=(ActorRolloutRefWorker, actor_cfg),
-        critic=(CriticWorker, CriticConfig(model_path=str(reward_dir), optim=OptimConfig(lr=args.lr), load=load, **train)),
+        critic=(CriticWorker, CriticConfig(model_path=str(reward_dir), optim=OptimConfig(lr=args.lr), load=load,
+                                           reuse_values_forward=args.reuse_values, **train)),
         reward=(RewardModelWorker, ScoreModelConfig(model_path=str(reward_dir), micro_batch_size=rows, load=load)),
     )
     config = PPOConfig(sampling=sampling, kl_coef=args.kl_coef, old_log_probs=args.old_log_probs)
@@ -177,7 +179,8 @@ class ComputeLimit:
             with torch.no_grad():
                 response_log_probs(self.reference, batch)
                 response_values(self.reward, batch)
-                response_values(self.critic, batch)
+                if not self.args.reuse_values:  # else the training forward below gives the values
+                    response_values(self.critic, batch)
             self.critic.train()
             loss = (response_values(self.critic, batch) * mask).sum() / mask.sum()
             loss.backward()
@@ -296,6 +299,9 @@ def main() -> None:
     parser.add_argument("--compile", default=True, action=argparse.BooleanOptionalAction,
                         help="the workbench compiles its forwards: decoding (HFRolloutConfig.compile) and every "
                              "training and scoring forward (LoadConfig.compile); compilation falls in the warm-up")
+    parser.add_argument("--reuse-values", default=True, action=argparse.BooleanOptionalAction,
+                        help="PPO: the critic's values come from its update's training forward, which is kept "
+                             "(CriticConfig.reuse_values_forward; exact for the one-step update here)")
     args = parser.parse_args()
 
     from workbench import Session
@@ -318,7 +324,7 @@ def main() -> None:
                      "kl_coef": args.kl_coef, "threads": args.threads, "warmup": args.warmup,
                      "iterations": args.iterations, "rounds": args.rounds, "old_log_probs": args.old_log_probs,
                      "workbench_placement": args.placement, "placements": PLACEMENTS, "rollout": args.rollout,
-                     "compile": args.compile, "peers": PEER_REQUIREMENTS, "new_tokens": CASES},
+                     "compile": args.compile, "reuse_values": args.reuse_values, "peers": PEER_REQUIREMENTS, "new_tokens": CASES},
     }))
 
 

@@ -8,11 +8,12 @@ from workbench import Batch
 from workbench.data.prompts import tokenize_prompts
 from workbench.engines.contract import OptimConfig
 from workbench.engines.hf_rollout import HFRollout
+from workbench.errors import ConfigError
 from workbench.engines.rollout import SamplingConfig
 from workbench.models import load, make_tiny
 from workbench.models.load import LoadConfig
 from workbench.models.value import last_token_index, load_value_model, token_values
-from workbench.workers.critic import CriticConfig, CriticWorker
+from workbench.workers.critic import CriticConfig, CriticWorker, has_dropout
 from workbench.workers.reward import CostModelWorker, RewardModelWorker, ScoreModelConfig
 
 
@@ -80,7 +81,7 @@ def test_compiled_critic_and_reward_match_a_local_forward(session, reward_dir, r
     compiled = LoadConfig(compile=True)
     critic = session.group("critic", CriticWorker, pool, CriticConfig(
         model_path=reward_dir, backend="deepspeed", optim=OptimConfig(lr=3e-3), mini_batch_size=6, micro_batch_size=6,
-        load=compiled))
+        load=compiled, reuse_values_forward=True))
     reward = session.group("reward", RewardModelWorker, pool, ScoreModelConfig(model_path=reward_dir, load=compiled))
     local = load_value_model(reward_dir).model
     with torch.no_grad():
@@ -91,5 +92,49 @@ def test_compiled_critic_and_reward_match_a_local_forward(session, reward_dir, r
     r = rollout["responses"].shape[1]
     assert (got - values[:, -r - 1 : -1] * rollout["response_mask"]).abs().max() <= 1e-5
     batch = rollout.union(Batch({"values": got, "returns": torch.ones_like(got)}))
-    losses = [critic.update_critic(batch, CriticLoss()).get()["critic/vf_loss"] for _ in range(3)]
+    metrics = [critic.update_critic(batch, CriticLoss()).get() for _ in range(3)]
+    losses = [m["critic/vf_loss"] for m in metrics]
     assert losses[-1] < losses[0], losses
+    # Only the first update follows compute_values: it reused that forward; the others computed their own.
+    assert [m["critic/values_forward_reused"] for m in metrics] == [1.0, 0.0, 0.0]
+
+
+def test_reused_values_forward_gives_the_update_recomputation_gives(session, reward_dir, rollout):
+    """CriticConfig.reuse_values_forward: the values and the update's loss, gradient norm and new
+    weights are those of a critic that recomputes; an update over other rows recomputes."""
+    pool = session.pool("reuse_pool", 2)
+    settings = dict(model_path=reward_dir, optim=OptimConfig(lr=3e-3), mini_batch_size=6, micro_batch_size=2)
+    reusing = session.group("critic", CriticWorker, pool, CriticConfig(**settings, reuse_values_forward=True))
+    plain = session.group("plain_critic", CriticWorker, pool, CriticConfig(**settings))
+
+    values = reusing.compute_values(rollout).get()["values"]
+    assert (values - plain.compute_values(rollout).get()["values"]).abs().max() <= 1e-6
+    batch = rollout.union(Batch({"values": values, "returns": values + torch.linspace(-1, 1, values.shape[1])}))
+    got, want = reusing.update_critic(batch, CriticLoss()).get(), plain.update_critic(batch, CriticLoss()).get()
+    assert got["critic/values_forward_reused"] == 1.0
+    for key in ("critic/vf_loss", "critic/grad_norm", "critic/vpred_mean"):
+        assert abs(got[key] - want[key]) <= 1e-6 * max(1.0, abs(want[key])), (key, got[key], want[key])
+    after = reusing.compute_values(rollout).get()["values"]
+    assert (after - values).abs().max() > 1e-4  # the step moved the values ...
+    assert (after - plain.compute_values(rollout).get()["values"]).abs().max() <= 1e-5  # ... to the same place
+
+    # `after` kept a forward too; rows in another order are not its rows, so this update computes its own.
+    flipped = batch[torch.arange(len(batch) - 1, -1, -1)]
+    got, want = reusing.update_critic(flipped, CriticLoss()).get(), plain.update_critic(flipped, CriticLoss()).get()
+    assert got["critic/values_forward_reused"] == 0.0
+    assert abs(got["critic/vf_loss"] - want["critic/vf_loss"]) <= 1e-5
+
+
+def test_reused_values_forward_is_refused_where_the_values_would_be_stale(model_dir):
+    settings = dict(model_path=model_dir, mini_batch_size=6, micro_batch_size=2, reuse_values_forward=True)
+    with pytest.raises(ConfigError, match=r"CriticConfig.reuse_values_forward.*epochs=2"):
+        CriticConfig(**settings, epochs=2)
+    with pytest.raises(ConfigError, match=r"CriticConfig.reuse_values_forward.*zero_stage=3"):
+        CriticConfig(**settings, backend="deepspeed", zero_stage=3)
+    with pytest.raises(ConfigError, match=r"reuse_values_forward.*several optimizer steps.*raise mini_batch_size to 12"):
+        CriticConfig(**settings).check_rows(12, "critic")
+    CriticConfig(**settings).check_rows(6, "critic")
+    model = load_value_model(model_dir).model
+    assert not has_dropout(model)
+    model.config.attention_dropout = 0.1  # a random training forward is not the values' forward
+    assert has_dropout(model)

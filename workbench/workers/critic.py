@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -12,6 +11,7 @@ from workbench.controller import ONE_TO_ALL, THREE_D_PROTO, THREE_D_REDUCED, Wor
 from workbench.data.batch import Batch
 from workbench.engines.forward import model_outputs, response_values
 from workbench.engines.contract import LossFn, OptimConfig
+from workbench.engines.kept_forward import KeptForwards
 from workbench.engines.training import BACKENDS, make_engine
 from workbench import checks
 from workbench.errors import ConfigError
@@ -36,6 +36,11 @@ class CriticConfig:
     """DeepSpeed ZeRO stage (1, 2 or 3) when backend="deepspeed"."""
     seed: int = 0
     load: LoadConfig = field(default_factory=LoadConfig)
+    reuse_values_forward: bool = False
+    """Compute the values with the update's own training forward and keep it for the update,
+    saving one forward of the critic per iteration (workbench.engines.kept_forward). Exact where
+    allowed: one epoch, and every update one optimizer step (rows <= mini_batch_size); other
+    updates are refused. Holds the forward's activations from compute_values to update_critic."""
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -45,6 +50,17 @@ class CriticConfig:
         checks.training_fields("CriticConfig", self)
         checks.of_type("CriticConfig", "load", self.load, LoadConfig, "pass a workbench.models.load.LoadConfig")
         check_compiled_training("CriticConfig", self.load, self.backend, self.zero_stage)
+        checks.of_type("CriticConfig", "reuse_values_forward", self.reuse_values_forward, bool, "use True or False")
+        if self.reuse_values_forward:
+            if self.epochs != 1:
+                raise ConfigError("CriticConfig.reuse_values_forward", True,
+                                  f"the values are the first epoch's forward, stale after its step (epochs={self.epochs}); "
+                                  "use epochs=1 or turn reuse_values_forward off")
+            if self.backend == "3d" or (self.backend == "deepspeed" and self.zero_stage == 3):
+                raise ConfigError("CriticConfig.reuse_values_forward", True,
+                                  f"kept forwards are supported with backend='fsdp' and DeepSpeed ZeRO-1/2, not "
+                                  f"backend={self.backend!r}" + (" zero_stage=3" if self.backend == "deepspeed" else "")
+                                  + "; change the backend or turn reuse_values_forward off")
 
     def check_layout(self, mesh, role: str) -> None:
         """Driver-side, before workers start: the layout and the model directory fit."""
@@ -57,6 +73,11 @@ class CriticConfig:
 
     def check_rows(self, rows: int, role: str) -> None:
         checks.rows_split("CriticConfig", self.mini_batch_size, rows, role)
+        if self.reuse_values_forward and rows > self.mini_batch_size:
+            raise ConfigError("CriticConfig.reuse_values_forward", True,
+                              f"{role}: an update of {rows} rows takes several optimizer steps (mini_batch_size="
+                              f"{self.mini_batch_size}), and the kept values are stale after the first; "
+                              f"raise mini_batch_size to {rows} or turn reuse_values_forward off")
 
     def check_call(self, role: str, method: str, args: tuple, kwargs: dict) -> None:
         batch = args[0] if args else kwargs.get("batch")
@@ -69,20 +90,42 @@ class CriticWorker(Worker):
         super().__init__(config)
         torch.manual_seed(config.seed)
         loaded = load_value_model(config.model_path, for_worker(config.load, self.device, trained=True))
+        if config.reuse_values_forward and has_dropout(loaded.model):
+            raise ConfigError("CriticConfig.reuse_values_forward", True,
+                              f"the value model at {config.model_path} uses dropout, so its training forward is not "
+                              "the values' forward; turn reuse_values_forward off (or set the dropout to 0)")
         self.engine = make_engine(
             compile_forward(loaded.model, config.load), config.optim, self.device_mesh["dp"], backend=config.backend, zero_stage=config.zero_stage,
             micro_batch_size=config.micro_batch_size, mini_batch_size=max(1, config.mini_batch_size // self.mesh.dp),
             tp_mesh=self.device_mesh["tp"] if config.backend == "3d" and self.mesh.tp > 1 else None,
         )
+        self.kept: KeptForwards | None = None  # compute_values' training forward, for the next update
+        self.weights_version = 0  # counts weight changes: a kept forward is used only at its version
 
     @register(THREE_D_PROTO)
-    @torch.no_grad()
     def compute_values(self, batch: Batch, output_key: str = "values") -> Batch:
-        """V of each response position, under `output_key` (Safe-RLHF's cost critic: cost_values)."""
-        self.engine.model.eval()
+        """V of each response position, under `output_key` (Safe-RLHF's cost critic: cost_values).
+        With reuse_values_forward, from the next update's training forward, which is kept."""
+        self.kept = None  # an older kept forward, and its activations, go
         step = self.config.micro_batch_size
-        values = torch.cat([response_values(self.engine.model, batch[i : i + step]) for i in range(0, len(batch), step)])
+        micro = [batch[i : i + step] for i in range(0, len(batch), step)]
+        if self.config.reuse_values_forward and len(batch) <= self.rows_per_step:
+            self.kept = KeptForwards(self.engine.model, micro, self.training_forward, self.weights_version)
+            values = self.kept.detached("values")
+        else:
+            self.engine.model.eval()
+            with torch.no_grad():
+                values = torch.cat([response_values(self.engine.model, mb) for mb in micro])
         return Batch({output_key: values * batch["response_mask"]})
+
+    @property
+    def rows_per_step(self) -> int:
+        """This rank's rows per optimizer step."""
+        return max(1, self.config.mini_batch_size // self.mesh.dp)
+
+    @staticmethod
+    def training_forward(model, micro_batch: Batch):
+        return model_outputs(model, micro_batch, needs=("values",))
 
     @register(THREE_D_REDUCED)
     def update_critic(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
@@ -90,8 +133,17 @@ class CriticWorker(Worker):
         {"values": V of each response position} (e.g.
         algorithms.losses.CriticLoss, PPO's clipped value loss on batch["returns"])."""
         cfg = self.config
-        forward = partial(model_outputs, needs=("values",))
-        metrics = run_updates(self.engine, batch, loss_fn, forward, cfg.mini_batch_size // self.mesh.dp, cfg.micro_batch_size, cfg.epochs)
+        kept, self.kept = self.kept, None
+        forward = self.training_forward
+        if kept is not None and kept.version == self.weights_version and cfg.epochs == 1 and len(batch) <= self.rows_per_step:
+            forward = kept.forward(forward)  # one step over the kept rows: their forward is this step's
+        try:
+            metrics = run_updates(self.engine, batch, loss_fn, forward, self.rows_per_step, cfg.micro_batch_size, cfg.epochs)
+        finally:
+            self.weights_version += 1
+        if cfg.reuse_values_forward:  # the share of micro-batches that reused compute_values' forward
+            micro_batches = -(-len(batch) // cfg.micro_batch_size)
+            metrics["values_forward_reused"] = (kept.reused if kept else 0) / max(1, micro_batches)
         return mean_over_ranks({k if "/" in k else f"critic/{k}": v for k, v in metrics.items()})
 
     # ---- checkpoints -------------------------------------------------------------------------
@@ -104,6 +156,7 @@ class CriticWorker(Worker):
 
     @register(ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> str:
+        self.kept, self.weights_version = None, self.weights_version + 1
         self.engine.load(path)
         load_rank_state(path, self.rank)
         return path
@@ -119,3 +172,10 @@ class CriticWorker(Worker):
             model.save_pretrained(path)
         dist.barrier()
         return path
+
+
+def has_dropout(model: torch.nn.Module) -> bool:
+    """Whether a training forward of `model` is random (dropout modules, or attention dropout)."""
+    config = getattr(model, "config", None)
+    return any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()) or bool(
+        getattr(config, "attention_dropout", 0.0))
