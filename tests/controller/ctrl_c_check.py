@@ -5,8 +5,9 @@ Own process because the interrupt is delivered to the driver's main thread: insi
 test session, earlier tests' driver state made the delivery unreliable (the wait outlived it).
 """
 
-import _thread
 import json
+import os
+import signal
 import threading
 import time
 
@@ -20,8 +21,10 @@ def main() -> None:
     ray.cloudpickle.register_pickle_by_value(workers)
     with Session(num_devices=1) as session:
         group = session.group("slow", workers.EchoWorker, session.pool("one", 1))
-        future = group.sleep(3.0)
-        threading.Timer(0.5, _thread.interrupt_main).start()
+        future = group.sleep(6.0)
+        # A real SIGINT, as a kernel's interrupt sends (_thread.interrupt_main only sets a flag,
+        # which a busy machine's run once let pass unseen until the call had finished).
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
         start = time.monotonic()
         try:
             future.get()

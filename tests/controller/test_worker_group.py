@@ -126,15 +126,15 @@ def test_killed_worker_is_reported_and_group_can_be_recreated(session):
 
 def test_ctrl_c_while_waiting_leaves_session_usable():
     # In a fresh driver (tests/controller/ctrl_c_check.py), as in a user's kernel: the wait
-    # on a 3 s call is interrupted at once (0.5 s in), and the group
+    # on a 6 s call is interrupted at once (0.5 s in), and the group
     # still answers and hands over the call's result afterwards.
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = subprocess.run([sys.executable, "-m", "tests.controller.ctrl_c_check"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-4000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
-    assert result["interrupted"] and result["waited_s"] < 2.0, result
-    assert result["rank"] == 0 and result["result"] == [3.0]
+    assert result["interrupted"] and result["waited_s"] < 3.0, result
+    assert result["rank"] == 0 and result["result"] == [6.0]
 
 
 def test_rerunning_a_group_cell_does_not_leak_actors(session):
