@@ -27,14 +27,13 @@ def same_rows(a: Batch, b: Batch) -> bool:
 
 
 class KeptForwards:
-    """Outputs of `forward(model, micro_batch)` for each micro-batch, graphs attached, made
-    while the weights were at `version`."""
+    """Outputs of `forward(model, micro_batch)` for each micro-batch, graphs attached. Valid
+    until the weights change: whoever changes them drops the kept forwards."""
 
-    def __init__(self, model: torch.nn.Module, micro_batches: list[Batch], forward: Forward, version: int):
+    def __init__(self, model: torch.nn.Module, micro_batches: list[Batch], forward: Forward):
         model.train()  # the mode of the training step that will use them
         self.micro_batches = micro_batches
         self.outputs: list[Outputs] = [forward(model, mb) for mb in micro_batches]
-        self.version = version
         self.reused = 0
 
     def detached(self, key: str) -> torch.Tensor:

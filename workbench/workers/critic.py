@@ -99,8 +99,7 @@ class CriticWorker(Worker):
             micro_batch_size=config.micro_batch_size, mini_batch_size=max(1, config.mini_batch_size // self.mesh.dp),
             tp_mesh=self.device_mesh["tp"] if config.backend == "3d" and self.mesh.tp > 1 else None,
         )
-        self.kept: KeptForwards | None = None  # compute_values' training forward, for the next update
-        self.weights_version = 0  # counts weight changes: a kept forward is used only at its version
+        self.kept: KeptForwards | None = None  # compute_values' training forward; dropped when the weights change
 
     @register(THREE_D_PROTO)
     def compute_values(self, batch: Batch, output_key: str = "values") -> Batch:
@@ -110,7 +109,7 @@ class CriticWorker(Worker):
         step = self.config.micro_batch_size
         micro = [batch[i : i + step] for i in range(0, len(batch), step)]
         if self.config.reuse_values_forward and len(batch) <= self.rows_per_step:
-            self.kept = KeptForwards(self.engine.model, micro, self.training_forward, self.weights_version)
+            self.kept = KeptForwards(self.engine.model, micro, self.training_forward)
             values = self.kept.detached("values")
         else:
             self.engine.model.eval()
@@ -135,12 +134,9 @@ class CriticWorker(Worker):
         cfg = self.config
         kept, self.kept = self.kept, None
         forward = self.training_forward
-        if kept is not None and kept.version == self.weights_version and cfg.epochs == 1 and len(batch) <= self.rows_per_step:
-            forward = kept.forward(forward)  # one step over the kept rows: their forward is this step's
-        try:
-            metrics = run_updates(self.engine, batch, loss_fn, forward, self.rows_per_step, cfg.micro_batch_size, cfg.epochs)
-        finally:
-            self.weights_version += 1
+        if kept is not None and len(batch) <= self.rows_per_step:  # epochs == 1 (config): one step
+            forward = kept.forward(forward)  # over the kept rows: their forward is this step's
+        metrics = run_updates(self.engine, batch, loss_fn, forward, self.rows_per_step, cfg.micro_batch_size, cfg.epochs)
         if cfg.reuse_values_forward:  # the share of micro-batches that reused compute_values' forward
             micro_batches = -(-len(batch) // cfg.micro_batch_size)
             metrics["values_forward_reused"] = (kept.reused if kept else 0) / max(1, micro_batches)
@@ -156,7 +152,7 @@ class CriticWorker(Worker):
 
     @register(ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> str:
-        self.kept, self.weights_version = None, self.weights_version + 1
+        self.kept = None  # made with the weights being replaced
         self.engine.load(path)
         load_rank_state(path, self.rank)
         return path
