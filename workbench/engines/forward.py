@@ -26,11 +26,17 @@ def trim_padding(batch: Batch) -> tuple[dict[str, torch.Tensor], int]:
     lead = int(used[:prompt_len].long().argmax()) if bool(used[:prompt_len].any()) else prompt_len
     kept = int(batch["response_mask"].bool().any(0).nonzero().max()) + 1 if bool(batch["response_mask"].any()) else 1
     end = prompt_len + kept
-    # Contiguous copies: a compiled forward (LoadConfig.compile) guards on strides, and a
-    # sliced view would make it recompile whenever some columns are trimmed.
-    inputs = {k: batch[k][:, lead:end].contiguous() for k in ("input_ids", "attention_mask", "position_ids")}
-    inputs["responses"] = batch["responses"][:, :kept].contiguous()
+    # Fresh copies, never views: a compiled forward (LoadConfig.compile) guards on strides and
+    # on a view's base, so a slice (or a `.contiguous()` that returns the slice itself when no
+    # column is trimmed) would make it recompile whenever the trimming changes.
+    inputs = {k: _fresh(batch[k][:, lead:end]) for k in ("input_ids", "attention_mask", "position_ids")}
+    inputs["responses"] = _fresh(batch["responses"][:, :kept])
     return inputs, kept
+
+
+def _fresh(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy that is not a view of anything."""
+    return t.clone(memory_format=torch.contiguous_format)
 
 
 def pad_responses(values: torch.Tensor, r: int) -> torch.Tensor:
