@@ -7,10 +7,11 @@ reward (arithmetic exact match for GRPO; the same saved reward-model directory f
 samples per prompt, max new tokens, temperature, learning rate, one optimizer step per batch
 (one epoch, one mini-batch), fp32, no KL for GRPO, and the same cores: `--threads` torch
 threads in all. TRL runs as it is meant to, one process with all the threads. The workbench
-uses its best placement here (`--placement`, default dp2-zero2, picked by measuring the three
-in PLACEMENTS): two devices of one thread each, data parallel, every role fused into one
-process per device, DeepSpeed ZeRO-2 training (whole weights on each rank, so the HF rollout
-reads them: no sync), HF rollout, and compiled forwards (`--compile`: a static-cache compiled
+uses its best placement here (`--placement`, default dp2-zero2, picked by measuring those in
+PLACEMENTS against the compute limit of the same run; 1x2-zero2 ties it for PPO and loses for
+GRPO, see bench/results/vs_trl/session7_NOTES.md): two devices of one thread each, data
+parallel, every role fused into one process per device, DeepSpeed ZeRO-2 training (whole
+weights on each rank, so the HF rollout reads them: no sync), HF rollout, and compiled forwards (`--compile`: a static-cache compiled
 decoding step, compiled training and scoring forwards; compilation falls in the warm-up
 iterations, two by default on both sides), and for PPO the critic's values taken from its
 update's training forward (`--reuse-values`; the compute limit then skips that forward too).
@@ -88,6 +89,7 @@ PLACEMENTS = {
     # name: (devices, training backend, ZeRO stage). Every role is fused into one process per
     # device, data-parallel over the devices; each process gets threads / devices torch threads.
     "1x2": (1, "fsdp", 2),
+    "1x2-zero2": (1, "deepspeed", 2),
     "dp2-fsdp": (2, "fsdp", 2),
     "dp2-zero2": (2, "deepspeed", 2),
 }
