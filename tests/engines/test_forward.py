@@ -1,12 +1,14 @@
 """The shared forward's inputs: trimmed of all-padding columns, and never views, so a compiled
 forward (LoadConfig.compile) keeps one graph whatever the trimming."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch._dynamo
 
 from workbench import Batch
-from workbench.engines.forward import response_log_probs, trim_padding
+from workbench.engines.forward import response_log_probs, sequence_nll, trim_padding
 from workbench.models import load, make_tiny
 
 
@@ -32,6 +34,21 @@ def test_trimmed_inputs_are_fresh_tensors(prompt_pad, response_len):
     assert inputs["input_ids"].shape[1] == 6 - prompt_pad + response_len
     for name, tensor in inputs.items():
         assert tensor.is_contiguous() and tensor._base is None, f"{name} is a view: a compiled forward would guard on its base"
+
+
+def test_the_pretraining_forward_gets_fresh_tensors_from_a_micro_batch_view():
+    seen = []
+
+    class Recorder(torch.nn.Module):
+        def forward(self, input_ids, attention_mask):
+            seen.append((input_ids._base, attention_mask._base))
+            return SimpleNamespace(logits=torch.zeros(*input_ids.shape, 200))
+
+    rows = batch(0, 5)
+    micro = rows["input_ids"][1:3], rows["attention_mask"][1:3]  # slices of the mini-batch, as the engines cut them
+    assert micro[0]._base is not None
+    sequence_nll(Recorder(), *micro, loss_mask=micro[1])
+    assert seen == [(None, None)]
 
 
 def test_a_compiled_forward_does_not_recompile_when_the_trimming_changes(tmp_path):

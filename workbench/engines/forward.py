@@ -101,7 +101,7 @@ def sequence_nll(model: torch.nn.Module, input_ids, attention_mask, loss_mask) -
 
     The pre-training (PPO-ptx) loss of a right-padded text batch, e.g. from
     workbench.stages.encode_examples."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
+    logits = model(input_ids=_fresh(input_ids), attention_mask=_fresh(attention_mask)).logits[:, :-1]  # see trim_padding
     targets, mask = input_ids[:, 1:], loss_mask[:, 1:].float()
     nll = F.cross_entropy(logits.transpose(1, 2).float(), targets, reduction="none")
     return (nll * mask).sum(1) / mask.sum(1).clamp(min=1)
