@@ -14,7 +14,8 @@ parallel, every role fused into one process per device, DeepSpeed ZeRO-2 trainin
 weights on each rank, so the HF rollout reads them: no sync), HF rollout, and compiled forwards
 (`--compile`: a static-cache compiled decoding step, compiled training and scoring forwards;
 compilation falls in the warm-up iterations, two by default on both sides), and for PPO the
-critic's values taken from its update's training forward (`--reuse-values`; the compute limit then skips that forward too).
+critic's values taken from its update's training forward (`--reuse-values`; the compute limit
+then skips that forward too).
 
 Each case alternates rounds: a fresh TRL process runs warm-up + measured steps, then the
 workbench runs as many iterations on its long-lived groups, then the compute limit is measured:
