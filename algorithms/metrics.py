@@ -46,7 +46,7 @@ class StageClock:
         now = time.monotonic()
         self.first = self.first or now
         tags = getattr(future, "trace_tags", None)
-        if tags is not None:  # a worker-group call (a rule reward's Ray tasks have no spans)
+        if tags is not None:  # the call's spans in the trace get the iteration and stage
             tags.update(run=self.run, iteration=self.iteration, stage=stage)
         refs = list(future.metas or future.outputs)
         if not refs:

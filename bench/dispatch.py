@@ -1,11 +1,14 @@
 """Dispatch overhead of the single controller vs bare Ray actor calls, measured in one run.
 
-Two figures, each as our median / bare Ray's median (goal: <= 1.2):
+Three figures, each as our median / bare Ray's median (goal: <= 1.2):
   trivial  - a registered no-op on a 4-worker group, `.get()` on the driver, vs
              ray.get of the same no-op on 4 bare actors;
   transfer - a 4 MB Batch made by a 2-worker group and consumed by another 2-worker group
              (each destination rank pulls its half worker to worker), vs bare actors passing
-             object refs the same way.
+             object refs the same way;
+  driver   - a small Batch from the driver (64 prompts of 16 tokens with their text, what an
+             iteration's generate call sends) split over a 2-worker group, vs bare actors
+             each given its half as a plain argument.
 Rounds alternate ours/bare so both see the same machine load. Last line: one JSON object.
 """
 
@@ -36,6 +39,10 @@ class BenchWorker(Worker):
     def consume(self, batch: Batch) -> float:
         return float(batch["data"][0, 0])
 
+    @register(DP_PROTO)
+    def rows(self, batch: Batch) -> int:
+        return len(batch)
+
 
 class BareActor:
     def noop(self):
@@ -46,6 +53,15 @@ class BareActor:
 
     def consume(self, tensor: torch.Tensor) -> float:
         return float(tensor[0, 0])
+
+    def rows(self, batch: Batch) -> int:
+        return len(batch)
+
+
+def prompt_batch(rows: int = 64, tokens: int = 16) -> Batch:
+    ids = torch.randint(3, 200, (rows, tokens))
+    return Batch({"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": ids.clone()},
+                 columns={"prompt": [f"{i} + {i} =" for i in range(rows)], "ground_truth": [str(2 * i) for i in range(rows)]})
 
 
 def timed(fn) -> float:
@@ -100,6 +116,22 @@ def main() -> None:
         for _ in range(args.transfer_rounds):
             t_ours.append(timed(ours_transfer))
             t_raw.append(timed(bare_transfer))
+
+        prompts = prompt_batch()
+        halves = prompts.chunk(2)
+
+        def ours_driver():
+            source.rows(prompts).get()
+
+        def bare_driver():
+            ray.get([a.rows.remote(h) for a, h in zip(bare_source, halves)])
+
+        d_ours, d_raw = [], []
+        for _ in range(20):
+            ours_driver(), bare_driver()
+        for _ in range(args.rounds):
+            d_ours.append(timed(ours_driver))
+            d_raw.append(timed(bare_driver))
     finally:
         session.shutdown()
 
@@ -114,6 +146,9 @@ def main() -> None:
         "transfer_ms": round(med(t_ours) * 1e3, 3),
         "transfer_bare_ms": round(med(t_raw) * 1e3, 3),
         "transfer_ratio": round(med(t_ours) / med(t_raw), 3),
+        "driver_batch_ms": round(med(d_ours) * 1e3, 3),
+        "driver_batch_bare_ms": round(med(d_raw) * 1e3, 3),
+        "driver_batch_ratio": round(med(d_ours) / med(d_raw), 3),
         "rounds": args.rounds,
         "transfer_rounds": args.transfer_rounds,
         "goal_ratio": 1.2,
@@ -122,6 +157,8 @@ def main() -> None:
           f"-> x{result['trivial_ratio']}")
     print(f"{args.mb:g} MB batch between two 2-worker groups: ours {result['transfer_ms']} ms vs bare Ray "
           f"{result['transfer_bare_ms']} ms -> x{result['transfer_ratio']}")
+    print(f"64-prompt Batch from the driver to a 2-worker group: ours {result['driver_batch_ms']} ms vs bare Ray "
+          f"{result['driver_batch_bare_ms']} ms -> x{result['driver_batch_ratio']}")
     print(json.dumps(result))
 
 

@@ -40,7 +40,7 @@ from workbench.controller.resource_pool import ResourcePool, check_devices
 from workbench.controller.worker import Worker
 from workbench.controller.worker_group import HostSet, WorkerGroup
 from workbench.errors import ConfigError, DispatchError, GroupRemovedError, SessionClosedError
-from workbench.tracing import CallRecord, save_chrome_trace
+from workbench.tracing import CallRecord, save_chrome_trace, span_sources
 
 # Worker processes get these unless the caller's runtime_env says otherwise: one BLAS thread
 # each (torch threads are set per worker), and quiet tokenizers.
@@ -294,7 +294,7 @@ class Session:
     # ---- tracing and lifetime ----------------------------------------------------------------
     def trace(self, timeout: float = 10.0) -> list[CallRecord]:
         """Every call's span records so far (the newest `max_trace_records` of them), from
-        every live worker, in start order. Workers answer beside the calls they are running,
+        every live worker and rule-reward scorer, in start order. Workers answer beside the calls they are running,
         so this is cheap while work is in flight; all host sets are asked at once and given
         `timeout` seconds together."""
         hostsets = list({id(g.hostset): g.hostset for g in self.groups.values()}.values())
@@ -303,6 +303,8 @@ class Session:
         deadline = time.monotonic() + timeout
         for hostset in hostsets:
             self._keep_records(hostset.drain_records(max(0.0, deadline - time.monotonic()), request=False))
+        for drain in span_sources():  # callers outside worker groups: rule-reward scorers
+            self._keep_records(drain(max(0.0, deadline - time.monotonic())))
         return list(self.records)
 
     def _keep_records(self, new: list[CallRecord]) -> None:

@@ -13,12 +13,32 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import itertools
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 _TAGS: contextvars.ContextVar[dict] = contextvars.ContextVar("workbench_trace_tags", default={})
+_CALL_NUMBERS = itertools.count()
+
+
+def new_call_number() -> int:
+    """A driver call's number, unique in this process: it ties every span of the call to its tags."""
+    return next(_CALL_NUMBERS)
+
+
+_SPAN_SOURCES: list[Callable[[float], list]] = []
+
+
+def add_span_source(drain: Callable[[float], list]) -> None:
+    """Have `session.trace()` also call drain(timeout) for spans recorded outside worker groups."""
+    if drain not in _SPAN_SOURCES:
+        _SPAN_SOURCES.append(drain)
+
+
+def span_sources() -> list[Callable[[float], list]]:
+    return list(_SPAN_SOURCES)
 
 
 @contextlib.contextmanager

@@ -12,9 +12,8 @@ separate groups.
 
 from __future__ import annotations
 
-import itertools
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Any
 
 import ray
@@ -27,10 +26,8 @@ from workbench.controller.resource_pool import ResourcePool
 from workbench.controller.worker import AFTER, META, TAGS, TRACE_GROUP, host_class
 from workbench.data.batch import Batch
 from workbench.errors import DispatchError, GroupRemovedError, WorkerCallError, WorkerDiedError
-from workbench.tracing import CallRecord, current_tags
+from workbench.tracing import CallRecord, current_tags, new_call_number
 
-# Driver call numbers, unique in this process: they tie every rank's span to its call's tags.
-_CALL_NUMBERS = itertools.count()
 MAX_CALL_TAGS = 100_000  # tags kept per host set for spans not drained yet
 
 
@@ -292,7 +289,7 @@ class WorkerGroup:
         else:
             collect_ranks, collect = protocol.collect_ranks(mesh), protocol.collect
         entry = f"{self.role}__{method}"
-        number = next(_CALL_NUMBERS)
+        number = new_call_number()
         tags = self.hostset.tag_call(number, current_tags(), len(ranks))
         metas, outputs = [], []
         for i, rank in enumerate(ranks):
@@ -346,11 +343,14 @@ def _whole(value: Any) -> Any:
 
 
 def _put_once(values: list[Any]) -> list[Any]:
-    """Store each distinct Batch once in the object store; ranks share the reference."""
+    """A Batch that goes to several ranks is stored once in the object store, and the ranks share
+    the reference. A Batch for one rank travels as a plain argument: Ray inlines a small one
+    into the task (a put costs a few ms more) and stores a large one itself."""
+    shared = Counter(id(v) for v in values if isinstance(v, Batch))
     stored: dict[int, Any] = {}
     out = []
     for v in values:
-        if isinstance(v, Batch):
+        if isinstance(v, Batch) and shared[id(v)] > 1:
             if id(v) not in stored:
                 stored[id(v)] = ray.put(v)
             v = stored[id(v)]

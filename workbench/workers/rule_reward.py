@@ -14,6 +14,10 @@ deadline and SIGKILLs it when the deadline passes, so a function that swallows e
 ignores signals or deadlocks is still stopped. The error names the row being scored; a fresh
 child replaces the killed one on the next call. A function that raises or returns NaN/inf
 fails the call with an error naming the function and the row.
+
+Each scoring call leaves one span per piece in the session's trace (`session.trace()`), on its
+own row (pool "rule_reward", one rank per scoring process), tagged like a worker group's calls;
+the span covers receiving the rows and scoring them in the child.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import multiprocessing
 import os
 import time
 import traceback
+from collections import OrderedDict, deque
 from typing import Callable
 
 import ray
@@ -32,14 +37,19 @@ from ray import cloudpickle
 from workbench.controller.future import CallInfo, DataFuture, describe_output
 from workbench.controller.mesh import Mesh
 from workbench.controller.protocols import concat
-from workbench.controller.worker import resolve_input
+from workbench.controller.worker import MAX_RECORDS, TRACE_GROUP, resolve_input
 from workbench.data.batch import PAD_KEY, Batch
 from workbench.errors import DispatchError, WorkbenchError
+from workbench.tracing import CallRecord, add_span_source, current_tags, new_call_number
 
 SCORER_NAMESPACE = "workbench"
 SCORER_PREFIX = "workbench:reward_scorer:"
 LOAD_TIMEOUT = 120.0
 """Seconds a scoring process may take to load a reward function (its imports), apart from the time limit."""
+SCORER_POOL = "rule_reward"
+"""The pool (and role) name of scoring spans in the trace."""
+MAX_CALL_TAGS = 100_000
+"""Tags kept for scoring calls whose spans have not been drained yet."""
 
 
 class RuleRewardError(WorkbenchError):
@@ -86,10 +96,13 @@ class RuleReward:
         spec = (cloudpickle.dumps(self.fn), self.name, self.timeout, self.output_key, self.text_key,
                 self.truth_key, self.chunk_size)
         scorers = scorer_pool(self.processes)
-        results = [scorers[i % len(scorers)].score.remote(spec, piece) for i, piece in enumerate(pieces)]
+        number = new_call_number()
+        results = [scorers[i % len(scorers)].score.remote(spec, piece, {"call": number}) for i, piece in enumerate(pieces)]
         metas, outputs = [r[0] for r in results], [r[1] for r in results]
         ranks = list(range(len(pieces)))
-        return DataFuture(CallInfo("rule_reward", self.name, ranks), outputs, metas, ranks, concat, Mesh(dp=len(pieces)))
+        future = DataFuture(CallInfo("rule_reward", self.name, ranks), outputs, metas, ranks, concat, Mesh(dp=len(pieces)))
+        future.trace_tags = _tag_call(number, current_tags(), len(pieces))  # the stage clock adds to these
+        return future
 
     compute_cost = compute_reward  # a rule cost (output_key="costs") is called like a cost model
 
@@ -126,16 +139,68 @@ def stop_scorers() -> None:
         for actor in pool:
             ray.kill(actor, no_restart=True)
     _scorers.clear()
+    _drains.clear()
 
 
-# num_cpus=0: scoring is light, and pools may have reserved every CPU slot.
-@ray.remote(num_cpus=0)
+# ---- spans in the trace: the driver side ---------------------------------------------------------
+_call_tags: OrderedDict[int, list] = OrderedDict()  # call number -> [tags, spans not drained yet]
+_drains: list = []  # drain_records calls that had not answered yet
+
+
+def _tag_call(number: int, tags: dict, pieces: int) -> dict:
+    """Keep a scoring call's tags until its spans are drained (as HostSet.tag_call does)."""
+    _call_tags[number] = [tags, pieces]
+    while len(_call_tags) > MAX_CALL_TAGS:
+        _call_tags.popitem(last=False)
+    return tags
+
+
+def drain_records(timeout: float = 10.0) -> list[CallRecord]:
+    """The scoring spans recorded since the last drain, by every scorer of this Ray cluster,
+    tagged with their calls' tags. A scorer that does not answer within `timeout` keeps its
+    answer for the next drain."""
+    if not ray.is_initialized():
+        return []
+    _drains.extend(s.drain_records.remote() for s in _current_scorers())
+    ready, remaining = ray.wait(_drains, num_returns=len(_drains), timeout=timeout) if _drains else ([], [])
+    _drains[:] = remaining
+    records = []
+    for ref in ready:
+        try:
+            records += ray.get(ref)
+        except ray.exceptions.RayActorError:
+            pass  # a killed scorer's spans went with it
+    for r in records:
+        entry = _call_tags.get(r.extra.get("call"))
+        if entry is not None:
+            r.extra.update(entry[0])
+            entry[1] -= 1
+            if entry[1] <= 0:
+                del _call_tags[r.extra["call"]]
+    return records
+
+
+add_span_source(drain_records)
+
+
+def _current_scorers() -> list:
+    context = ray.get_runtime_context()
+    return list(_scorers.get(f"{context.gcs_address}/{context.get_job_id()}", []))
+
+
+# ---- the scoring processes ------------------------------------------------------------------------
+# num_cpus=0: scoring is light, and pools may have reserved every CPU slot. drain_records runs
+# in its own thread, so spans reach the driver while a slow function holds the scorer.
+@ray.remote(num_cpus=0, concurrency_groups={TRACE_GROUP: 1})
 class RewardScorer:
     """One long-lived scoring process: keeps a child that runs reward functions, and replaces
     the child only when it had to be killed (time limit) or died."""
 
     def __init__(self):
         self.child = None
+        self.records: deque[CallRecord] = deque(maxlen=MAX_RECORDS)
+        self.counts: dict[str, int] = {}
+        self.index = int(ray.get_runtime_context().get_actor_name().rpartition(":")[2])  # its rank in the trace
         self._start_child()
 
     def _start_child(self) -> None:
@@ -157,20 +222,42 @@ class RewardScorer:
             self._start_child()
         return os.getpid(), self.child.pid
 
+    @ray.method(concurrency_group=TRACE_GROUP)
+    def drain_records(self) -> list[CallRecord]:
+        """Hand over the spans recorded so far (popleft is atomic beside a call in flight)."""
+        records = []
+        while self.records:
+            records.append(self.records.popleft())
+        return records
+
     @ray.method(num_returns=2)
-    def score(self, spec: tuple, rows):
+    def score(self, spec: tuple, rows, tags: dict | None = None):
         fn_bytes, name, timeout, output_key, text_key, truth_key, chunk_size = spec
+        start = time.time()
         rows = resolve_input(rows)
-        texts, truths = list(rows[text_key]), list(rows[truth_key])
-        uids = list(rows["uid"]) if "uid" in rows else list(range(len(rows)))
-        scores: list[float] = []
-        for start in range(0, len(rows), chunk_size):  # one deadline per chunk of chunk_size rows
-            end = min(start + chunk_size, len(rows))
-            scores += self._score_chunk(fn_bytes, name, timeout, texts[start:end], truths[start:end], uids[start:end])
-        out = Batch({output_key: torch.tensor(scores, dtype=torch.float32)})
-        if PAD_KEY in rows.tensors.keys():
-            out.tensors[PAD_KEY] = rows.tensors[PAD_KEY]
-        return describe_output(out), out
+        fetched, ok, out = time.time(), False, None
+        try:
+            texts, truths = list(rows[text_key]), list(rows[truth_key])
+            uids = list(rows["uid"]) if "uid" in rows else list(range(len(rows)))
+            scores: list[float] = []
+            for first in range(0, len(rows), chunk_size):  # one deadline per chunk of chunk_size rows
+                end = min(first + chunk_size, len(rows))
+                scores += self._score_chunk(fn_bytes, name, timeout, texts[first:end], truths[first:end], uids[first:end])
+            out = Batch({output_key: torch.tensor(scores, dtype=torch.float32)})
+            if PAD_KEY in rows.tensors.keys():
+                out.tensors[PAD_KEY] = rows.tensors[PAD_KEY]
+            ok = True
+            return describe_output(out), out
+        finally:
+            self._record(name, start, fetched, rows, out, ok, tags or {})
+
+    def _record(self, name: str, start: float, fetched: float, rows, out, ok: bool, tags: dict) -> None:
+        sequence = self.counts[name] = self.counts.get(name, -1) + 1
+        self.records.append(CallRecord(
+            call_id=sequence, role=SCORER_POOL, method=name, rank=self.index, pool=SCORER_POOL, pid=os.getpid(),
+            start=start, fetched=fetched, end=time.time(), bytes_in=describe_output(rows).nbytes,
+            bytes_out=describe_output(out).nbytes if ok else 0, ok=ok, extra={**tags, "rows": len(rows)},
+        ))
 
     def _score_chunk(self, fn_bytes, name, timeout, texts, truths, uids) -> list[float]:
         if self.child is None or not self.child.is_alive():
