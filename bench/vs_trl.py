@@ -23,7 +23,7 @@ bare HF `generate` of the same prompts plus the bare forward/backward/optimizer 
 algorithm on the same rows, in this process with the same threads. Per side: median seconds
 per iteration and generated tokens/s (tokens up to and including EOS); ratios are tokens/s of
 the workbench over the peer's (> 1: the workbench is faster). Framework overhead: iteration
-time minus the in-worker compute spans of the trace.
+time minus the compute spans of the trace (workers' calls, and the rule reward's scoring).
 
 The peers' environments (their own transformers) are built by this script into .cache/peers/
 the first time. Last line: one JSON object.
