@@ -190,3 +190,15 @@ def test_futures_passed_between_groups_leave_no_references_behind(session):
     for _ in range(300):
         sink.double(source.double(prompts(4))).get()
     assert held() <= before + 2
+
+
+def test_a_batch_is_stored_once_only_when_ranks_share_it(shared_session):
+    """A Batch for one rank travels inside its task; one that several ranks receive (tensor
+    parallel replicas of a chunk) goes to the object store once and they share the reference."""
+    from workbench.controller.worker_group import _put_once
+
+    own, shared = prompts(2), prompts(4)
+    sent = _put_once([own, shared, shared, 7])
+    assert sent[0] is own and sent[3] == 7
+    assert isinstance(sent[1], ray.ObjectRef) and sent[1] == sent[2]
+    assert ray.get(sent[1]).equals(shared)
