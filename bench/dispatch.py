@@ -70,6 +70,14 @@ def timed(fn) -> float:
     return time.perf_counter() - start
 
 
+def alternate(ours, bare, warmup: int, rounds: int) -> tuple[list[float], list[float]]:
+    """Seconds of each, alternating call by call so both see the same machine load."""
+    for _ in range(warmup):
+        ours(), bare()
+    pairs = [(timed(ours), timed(bare)) for _ in range(rounds)]
+    return [a for a, _ in pairs], [b for _, b in pairs]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=200, help="trivial-call rounds")
@@ -103,19 +111,8 @@ def main() -> None:
             refs = [a.make.remote(nbytes // 2) for a in bare_source]
             ray.get([b.consume.remote(r) for b, r in zip(bare_sink, refs)])
 
-        ours, raw = [], []
-        for fn_ours, fn_raw, rounds in ((ours_trivial, bare_trivial_call, args.rounds),):
-            for _ in range(20):  # warm-up
-                fn_ours(), fn_raw()
-            for _ in range(rounds):
-                ours.append(timed(fn_ours))
-                raw.append(timed(fn_raw))
-        t_ours, t_raw = [], []
-        for _ in range(3):
-            ours_transfer(), bare_transfer()
-        for _ in range(args.transfer_rounds):
-            t_ours.append(timed(ours_transfer))
-            t_raw.append(timed(bare_transfer))
+        ours, raw = alternate(ours_trivial, bare_trivial_call, 20, args.rounds)
+        t_ours, t_raw = alternate(ours_transfer, bare_transfer, 3, args.transfer_rounds)
 
         prompts = prompt_batch()
         halves = prompts.chunk(2)
@@ -126,12 +123,7 @@ def main() -> None:
         def bare_driver():
             ray.get([a.rows.remote(h) for a, h in zip(bare_source, halves)])
 
-        d_ours, d_raw = [], []
-        for _ in range(20):
-            ours_driver(), bare_driver()
-        for _ in range(args.rounds):
-            d_ours.append(timed(ours_driver))
-            d_raw.append(timed(bare_driver))
+        d_ours, d_raw = alternate(ours_driver, bare_driver, 20, args.rounds)
     finally:
         session.shutdown()
 

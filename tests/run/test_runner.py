@@ -93,7 +93,7 @@ def test_run_writes_every_output(first_run, tiny):
     assert {"generate_sequences", "update_actor", "update_critic"} <= {n.split(".")[-1] for n in names}
     from workbench.tracing import load_records
 
-    assert {r.role for r in load_records(out / "trace.jsonl")} == {"actor", "critic"}
+    assert {r.role for r in load_records(out / "trace.jsonl")} == {"actor", "critic", "rule_reward"}
     assert (out / "checkpoints" / "latest").exists() and (out / "config.yaml").exists()
     assert load_config(out / "config.yaml") == tiny_config(tiny, out, "checkpoint.export_hf=true")  # reproducible
     from transformers import AutoModelForCausalLM

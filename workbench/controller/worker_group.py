@@ -139,13 +139,7 @@ class HostSet:
         pending for the next drain, so no span is lost."""
         if request:
             self.request_records()
-        ready, self._drains = ray.wait(self._drains, num_returns=len(self._drains), timeout=timeout)
-        records = []
-        for ref in ready:
-            try:
-                records += ray.get(ref)
-            except ray.exceptions.RayActorError:
-                pass  # a dead rank's spans died with it
+        records, self._drains = collect_spans(self._drains, timeout)
         for r in records:
             r.extra.update(self.call_tags.get(r.extra.get("call"), {}))
         for r in records:  # after tagging them all: a call's spans may share this drain
@@ -356,6 +350,19 @@ def _put_once(values: list[Any]) -> list[Any]:
             v = stored[id(v)]
         out.append(v)
     return out
+
+
+def collect_spans(drains: list, timeout: float) -> tuple[list[CallRecord], list]:
+    """The spans of the drain_records calls that answer within `timeout`, and the calls still
+    pending (kept for the next drain, so no span is lost). A dead process's spans died with it."""
+    ready, pending = ray.wait(drains, num_returns=len(drains), timeout=timeout) if drains else ([], [])
+    records = []
+    for ref in ready:
+        try:
+            records += ray.get(ref)
+        except ray.exceptions.RayActorError:
+            pass
+    return records, pending
 
 
 def _unfinished(refs: list) -> list:

@@ -38,6 +38,7 @@ from workbench.controller.future import CallInfo, DataFuture, describe_output
 from workbench.controller.mesh import Mesh
 from workbench.controller.protocols import concat
 from workbench.controller.worker import MAX_RECORDS, TRACE_GROUP, resolve_input
+from workbench.controller.worker_group import collect_spans
 from workbench.data.batch import PAD_KEY, Batch
 from workbench.errors import DispatchError, WorkbenchError
 from workbench.tracing import CallRecord, add_span_source, current_tags, new_call_number
@@ -162,14 +163,7 @@ def drain_records(timeout: float = 10.0) -> list[CallRecord]:
     if not ray.is_initialized():
         return []
     _drains.extend(s.drain_records.remote() for s in _current_scorers())
-    ready, remaining = ray.wait(_drains, num_returns=len(_drains), timeout=timeout) if _drains else ([], [])
-    _drains[:] = remaining
-    records = []
-    for ref in ready:
-        try:
-            records += ray.get(ref)
-        except ray.exceptions.RayActorError:
-            pass  # a killed scorer's spans went with it
+    records, _drains[:] = collect_spans(_drains, timeout)
     for r in records:
         entry = _call_tags.get(r.extra.get("call"))
         if entry is not None:
