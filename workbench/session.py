@@ -294,9 +294,9 @@ class Session:
     # ---- tracing and lifetime ----------------------------------------------------------------
     def trace(self, timeout: float = 10.0) -> list[CallRecord]:
         """Every call's span records so far (the newest `max_trace_records` of them), from
-        every live worker and rule-reward scorer, in start order. Workers answer beside the calls they are running,
-        so this is cheap while work is in flight; all host sets are asked at once and given
-        `timeout` seconds together."""
+        every live worker and rule-reward scorer, in start order. They answer beside the calls
+        they are running, so this is cheap while work is in flight; the host sets are asked at
+        once, and all of them share `timeout` seconds."""
         hostsets = list({id(g.hostset): g.hostset for g in self.groups.values()}.values())
         for hostset in hostsets:
             hostset.request_records()

@@ -123,8 +123,7 @@ _scorers: dict[str, list] = {}
 def scorer_pool(size: int) -> list:
     """The first `size` scorer actors of this Ray cluster, started on first use and then reused
     until the cluster shuts down or `stop_scorers()` is called."""
-    context = ray.get_runtime_context()
-    key = f"{context.gcs_address}/{context.get_job_id()}"
+    key = _cluster_key()
     if key not in _scorers:  # a new cluster: handles of an earlier one are dead
         _scorers.clear()
     pool = _scorers.setdefault(key, [])
@@ -132,6 +131,11 @@ def scorer_pool(size: int) -> list:
         pool.append(RewardScorer.options(
             name=f"{SCORER_PREFIX}{len(pool)}", namespace=SCORER_NAMESPACE, get_if_exists=True).remote())
     return pool[:size]
+
+
+def _cluster_key() -> str:
+    context = ray.get_runtime_context()
+    return f"{context.gcs_address}/{context.get_job_id()}"
 
 
 def stop_scorers() -> None:
@@ -162,7 +166,7 @@ def drain_records(timeout: float = 10.0) -> list[CallRecord]:
     answer for the next drain."""
     if not ray.is_initialized():
         return []
-    _drains.extend(s.drain_records.remote() for s in _current_scorers())
+    _drains.extend(s.drain_records.remote() for s in _scorers.get(_cluster_key(), []))
     records, _drains[:] = collect_spans(_drains, timeout)
     for r in records:
         entry = _call_tags.get(r.extra.get("call"))
@@ -175,11 +179,6 @@ def drain_records(timeout: float = 10.0) -> list[CallRecord]:
 
 
 add_span_source(drain_records)
-
-
-def _current_scorers() -> list:
-    context = ray.get_runtime_context()
-    return list(_scorers.get(f"{context.gcs_address}/{context.get_job_id()}", []))
 
 
 # ---- the scoring processes ------------------------------------------------------------------------
