@@ -228,7 +228,7 @@ class RewardScorer:
         fn_bytes, name, timeout, output_key, text_key, truth_key, chunk_size = spec
         start = time.time()
         rows = resolve_input(rows)
-        fetched, ok, out = time.time(), False, None
+        fetched, out = time.time(), None
         try:
             texts, truths = list(rows[text_key]), list(rows[truth_key])
             uids = list(rows["uid"]) if "uid" in rows else list(range(len(rows)))
@@ -239,17 +239,17 @@ class RewardScorer:
             out = Batch({output_key: torch.tensor(scores, dtype=torch.float32)})
             if PAD_KEY in rows.tensors.keys():
                 out.tensors[PAD_KEY] = rows.tensors[PAD_KEY]
-            ok = True
             return describe_output(out), out
         finally:
-            self._record(name, start, fetched, rows, out, ok, tags or {})
+            self._record(name, start, fetched, rows, out, tags or {})
 
-    def _record(self, name: str, start: float, fetched: float, rows, out, ok: bool, tags: dict) -> None:
+    def _record(self, name: str, start: float, fetched: float, rows, out: Batch | None, tags: dict) -> None:
+        """One span of a score call; out is None when the call failed."""
         sequence = self.counts[name] = self.counts.get(name, -1) + 1
         self.records.append(CallRecord(
             call_id=sequence, role=SCORER_POOL, method=name, rank=self.index, pool=SCORER_POOL, pid=os.getpid(),
             start=start, fetched=fetched, end=time.time(), bytes_in=describe_output(rows).nbytes,
-            bytes_out=describe_output(out).nbytes if ok else 0, ok=ok, extra={**tags, "rows": len(rows)},
+            bytes_out=describe_output(out).nbytes, ok=out is not None, extra={**tags, "rows": len(rows)},
         ))
 
     def _score_chunk(self, fn_bytes, name, timeout, texts, truths, uids) -> list[float]:
