@@ -313,7 +313,7 @@ class AdaptiveKL:
     def __post_init__(self):
         for name in ("value", "target"):  # a multiplicative update cannot leave 0
             checks.real("AdaptiveKL", name, getattr(self, name), 0, low_open=True,
-                        fix="AdaptiveKL needs a positive start value and target: a multiplicative update cannot leave 0")
+                        fix="use a positive start value and target: a multiplicative update cannot leave 0")
 
     def update(self, current_kl: float, n_steps: int) -> None:
         error = float(np.clip(current_kl / self.target - 1, -0.2, 0.2))
