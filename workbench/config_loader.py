@@ -168,7 +168,8 @@ def read_yaml(path: str | Path, what: str = "fields") -> dict[str, Any]:
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError("config file", str(path), f"not valid YAML ({getattr(error, 'problem', error)}{at})") from None
+        problem = getattr(error, "problem", error)
+        raise ConfigError("config file", str(path), f"not valid YAML ({problem}{at})") from None
     if not isinstance(values, dict):
         raise ConfigError("config file", str(path), f"the YAML must be a mapping of {what}")
     return values
@@ -200,7 +201,8 @@ def unknown_field(where: str, value: Any, valid: list[str], section: str, what: 
     prefix = f"{section}." if section and what == "field" else ""
     hint = f"did you mean {prefix + near[0]!r}? " if near else ""
     listing = ", ".join(sorted(valid))
-    return ConfigError(where, value, f"no such {what}{' in ' + repr(section) if section else ''}; {hint}valid: {listing}")
+    inside = f" in {section!r}" if section else ""
+    return ConfigError(where, value, f"no such {what}{inside}; {hint}valid: {listing}")
 
 
 def to_plain(value: Any) -> Any:

@@ -85,7 +85,8 @@ class Session:
                      fix="use a whole number of devices >= 1, or None for the CPU count")
         checks.whole("Session", "threads_per_worker", threads_per_worker,
                      fix="use a whole number >= 1 (torch threads per worker)")
-        checks.whole("Session", "max_colocate", max_colocate, fix="use a whole number >= 1 (worker processes per device)")
+        checks.whole("Session", "max_colocate", max_colocate,
+                     fix="use a whole number >= 1 (worker processes per device)")
         checks.whole("Session", "max_trace_records", max_trace_records, none_ok=True,
                      fix="use a whole number of spans >= 1, or None to keep every span")
         if address is not None and not isinstance(address, str):
@@ -152,7 +153,8 @@ class Session:
             raise ConfigError("pool name", name, "give the pool a non-empty string name")
         devices = check_devices(name, devices)
         max_colocate = self.max_colocate if max_colocate is None else max_colocate
-        checks.whole(f"pool {name!r}", "max_colocate", max_colocate, fix="use a whole number >= 1 (worker processes per device)")
+        checks.whole(f"pool {name!r}", "max_colocate", max_colocate,
+                     fix="use a whole number >= 1 (worker processes per device)")
         old = self.pools.get(name)
         if old is not None:
             shape = [devices] if isinstance(devices, int) else devices

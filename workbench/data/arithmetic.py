@@ -49,7 +49,8 @@ class ArithmeticConfig:
         checks.whole("ArithmeticConfig", "min_digits", self.min_digits, fix="use a whole number of digits >= 1")
         checks.whole("ArithmeticConfig", "digits", self.digits, low=self.min_digits,
                      fix=f"use a whole number of digits >= min_digits ({self.min_digits})")
-        checks.whole("ArithmeticConfig", "num_operands", self.num_operands, low=2, fix="use a whole number of operands >= 2")
+        checks.whole("ArithmeticConfig", "num_operands", self.num_operands, low=2,
+                     fix="use a whole number of operands >= 2")
         if "{expression}" not in self.template:
             raise ValueError(f"ArithmeticConfig.template must contain '{{expression}}', got {self.template!r}")
 

@@ -203,7 +203,8 @@ class PromptLoader:
 
     def __init__(self, rows: list[dict[str, Any]], tokenizer, cfg: PromptLoaderConfig | None = None):
         cfg = cfg or PromptLoaderConfig()
-        checks.whole("PromptLoaderConfig", "batch_size", cfg.batch_size, fix="use a whole number of prompts >= 1 per Batch")
+        checks.whole("PromptLoaderConfig", "batch_size", cfg.batch_size,
+                     fix="use a whole number of prompts >= 1 per Batch")
         self.rows, self.tokenizer, self.cfg = rows, tokenizer, cfg
         self.epoch = 0
         if cfg.overlong == "refuse":

@@ -57,8 +57,10 @@ class LoadConfig:
 
     def __post_init__(self):
         if not isinstance(self.dtype, torch.dtype):
-            checks.one_of("LoadConfig", "dtype", self.dtype, ("auto", *DTYPES), fix=f"use 'auto' or one of {sorted(DTYPES)}")
-        checks.one_of("LoadConfig", "pad_token", self.pad_token, ("eos", "refuse"), fix="use 'eos' (reuse eos as pad) or 'refuse'")
+            checks.one_of("LoadConfig", "dtype", self.dtype, ("auto", *DTYPES),
+                          fix=f"use 'auto' or one of {sorted(DTYPES)}")
+        checks.one_of("LoadConfig", "pad_token", self.pad_token, ("eos", "refuse"),
+                      fix="use 'eos' (reuse eos as pad) or 'refuse'")
         if not isinstance(self.device, str) or not self.device:
             raise ConfigError("LoadConfig.device", self.device, "use a device name such as 'cpu' or 'cuda'")
         checks.of_type("LoadConfig", "compile", self.compile, bool, "use True or False")

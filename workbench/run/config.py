@@ -221,7 +221,8 @@ class RunConfig:
             except ImportError:
                 raise ConfigError("logging.wandb", True, "the wandb package is not installed (pip install wandb), "
                                                          "or set logging.wandb=false") from None
-        checks.real("data", "reward_timeout", self.data.reward_timeout, 0, low_open=True, fix="give the seconds allowed, > 0")
+        checks.real("data", "reward_timeout", self.data.reward_timeout, 0, low_open=True,
+                    fix="give the seconds allowed, > 0")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values (YAML-writable) that `from_dict` turns back into this config."""

@@ -87,8 +87,10 @@ class ActorConfig:
     the generation pieces with the training pieces (WeightSyncError on a mismatch)."""
 
     def __post_init__(self):
-        checks.one_of("ActorConfig", "rollout", self.rollout, ROLLOUTS, fix=f"unknown rollout backend; use one of {ROLLOUTS}")
-        checks.one_of("ActorConfig", "backend", self.backend, BACKENDS, fix=f"unknown training backend; use one of {BACKENDS}")
+        checks.one_of("ActorConfig", "rollout", self.rollout, ROLLOUTS,
+                      fix=f"unknown rollout backend; use one of {ROLLOUTS}")
+        checks.one_of("ActorConfig", "backend", self.backend, BACKENDS,
+                      fix=f"unknown training backend; use one of {BACKENDS}")
         checks.one_of("ActorConfig", "zero_stage", self.zero_stage, (1, 2, 3), fix="not a ZeRO stage; use 1, 2 or 3")
         checks.training_fields("ActorConfig", self)
         checks.real("ActorConfig", "temperature", self.temperature, 0, low_open=True,

@@ -43,7 +43,8 @@ class CriticConfig:
     updates are refused. Holds the forward's activations from compute_values to update_critic."""
 
     def __post_init__(self):
-        checks.one_of("CriticConfig", "backend", self.backend, BACKENDS, fix=f"unknown training backend; use one of {BACKENDS}")
+        checks.one_of("CriticConfig", "backend", self.backend, BACKENDS,
+                      fix=f"unknown training backend; use one of {BACKENDS}")
         checks.one_of("CriticConfig", "zero_stage", self.zero_stage, (1, 2, 3), fix="not a ZeRO stage; use 1, 2 or 3")
         checks.training_fields("CriticConfig", self)
         checks.of_type("CriticConfig", "load", self.load, LoadConfig, "pass a workbench.models.load.LoadConfig")
