@@ -22,13 +22,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import torch
-import yaml
 
 from algorithms import core
 from algorithms.groups import Groups
 from algorithms.losses import ActorLoss, CriticLoss
 from algorithms.metrics import StageClock, data_metrics, format_line, throughput
-from workbench import checks
+from workbench import checks, config_loader
 from workbench.data.batch import Batch
 from workbench.engines.rollout import SamplingConfig, stream_seed
 from workbench.errors import ConfigError
@@ -88,8 +87,7 @@ class AlgoConfig:
     def validate(self) -> None:
         """Every field checked (again, for a config edited in place: Algorithm does so at each step)."""
         owner = type(self).__name__
-        if not isinstance(self.sampling, SamplingConfig):
-            raise ConfigError(f"{owner}.sampling", self.sampling, "pass a SamplingConfig(...)")
+        checks.of_type(owner, "sampling", self.sampling, SamplingConfig, "pass a SamplingConfig(...)")
         self.sampling.__post_init__()  # frozen, but a replaced field may bypass nothing: re-check
         for name, registry in (("estimator", core.ADVANTAGES), ("policy_loss", core.POLICY_LOSSES)):
             value = getattr(self, name)
@@ -109,17 +107,14 @@ class AlgoConfig:
         checks.whole(owner, "kl_horizon", self.kl_horizon, fix="use a whole number of samples >= 1")
         checks.real(owner, "cliprange_value", self.cliprange_value, 0, low_open=True, none_ok=True,
                     fix="use a value clip range > 0, or None for plain MSE")
-        if not isinstance(self.estimator_args, dict):
-            raise ConfigError(f"{owner}.estimator_args", self.estimator_args, "pass a dict of keyword values")
-        if self.old_log_probs not in OLD_LOG_PROB_SOURCES:
-            raise ConfigError(f"{owner}.old_log_probs", self.old_log_probs, f"use one of {OLD_LOG_PROB_SOURCES}")
-        if self.loss_agg_mode not in core.LOSS_AGG_MODES:
-            raise ConfigError(f"{owner}.loss_agg_mode", self.loss_agg_mode, f"use one of {core.LOSS_AGG_MODES}")
-        if self.kl_target is not None and self.kl_coef <= 0:
-            raise ConfigError(f"{owner}.kl_coef", self.kl_coef, f"kl_target={self.kl_target} adapts kl_coef, which must start > 0")
+        checks.of_type(owner, "estimator_args", self.estimator_args, dict, "pass a dict of keyword values")
+        checks.one_of(owner, "old_log_probs", self.old_log_probs, OLD_LOG_PROB_SOURCES)
+        checks.one_of(owner, "loss_agg_mode", self.loss_agg_mode, core.LOSS_AGG_MODES)
+        if self.kl_target is not None:
+            checks.real(owner, "kl_coef", self.kl_coef, 0, low_open=True,
+                        fix=f"kl_target={self.kl_target} adapts kl_coef, which must start > 0")
         for name in ("kl_penalty", "kl_loss_type"):
-            if getattr(self, name) not in core.KL_PENALTIES:
-                raise ConfigError(f"{owner}.{name}", getattr(self, name), f"use one of {sorted(core.KL_PENALTIES.entries)}")
+            checks.one_of(owner, name, getattr(self, name), sorted(core.KL_PENALTIES.entries))
 
     def settings(self) -> dict[str, Any]:
         """Every field by name, then estimator_args: what estimators and losses are bound from."""
@@ -127,18 +122,15 @@ class AlgoConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]):
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - names)
-        if unknown:
-            raise ValueError(f"{cls.__name__}: unknown setting(s) {unknown}; known: {sorted(names)}")
-        values = dict(values)
-        if isinstance(values.get("sampling"), dict):
-            values["sampling"] = SamplingConfig(**values["sampling"])
-        return cls(**values)
+        """This config from a mapping (a YAML section, a dict in a cell): nested `sampling:` keys
+        update this config's default sampling; an unknown or mistyped field is a ConfigError
+        naming `<Config>.<dotted.field>` (and the nearest valid name), as in a headless run."""
+        return config_loader.build(cls, values, cls.__name__)
 
     @classmethod
-    def from_yaml(cls, path: str | Path):
-        return cls.from_dict(yaml.safe_load(Path(path).read_text()) or {})
+    def from_yaml(cls, path: str | Path, overrides: list[str] | tuple[str, ...] = ()):
+        """This config from a YAML file of its fields, with `dotted.field=value` overrides."""
+        return cls.from_dict(config_loader.read(path, overrides))
 
 
 class Algorithm:

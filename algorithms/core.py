@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from workbench import checks
+
 # ---- registries ------------------------------------------------------------------------------
 
 
@@ -309,9 +311,9 @@ class AdaptiveKL:
     horizon: int = 10000
 
     def __post_init__(self):
-        if self.value <= 0 or self.target <= 0:
-            raise ValueError(f"AdaptiveKL needs a positive start value and target (got {self.value}, {self.target}): "
-                             f"a multiplicative update cannot leave 0")
+        for name in ("value", "target"):  # a multiplicative update cannot leave 0
+            checks.real("AdaptiveKL", name, getattr(self, name), 0, low_open=True,
+                        fix="use a positive start value and target: a multiplicative update cannot leave 0")
 
     def update(self, current_kl: float, n_steps: int) -> None:
         error = float(np.clip(current_kl / self.target - 1, -0.2, 0.2))
@@ -386,8 +388,8 @@ def ppo_clip(
         "actor/ppo_kl": masked_mean(old_log_probs - log_probs, mask).item(),
     }
     if clip_ratio_c is not None:
-        if clip_ratio_c <= 1:
-            raise ValueError(f"clip_ratio_c={clip_ratio_c}: the dual-clip bound must be > 1 (3.0 in Ye et al.)")
+        checks.real("ppo_clip", "clip_ratio_c", clip_ratio_c, 1, low_open=True,
+                    fix="the dual-clip bound must be > 1 (3.0 in Ye et al.)")
         cap = -advantages * clip_ratio_c
         lower = ((advantages < 0) & (cap < losses)).float()
         losses = torch.where(advantages < 0, torch.minimum(losses, cap), losses)

@@ -7,6 +7,7 @@ with `loss_agg_mode="seq-mean-token-sum-norm"` (no length normalisation).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from algorithms.base import AlgoConfig, Algorithm
 from workbench.engines.rollout import SamplingConfig
@@ -16,7 +17,7 @@ from workbench.errors import ConfigError
 @dataclass
 class GRPOConfig(AlgoConfig):
     sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(max_new_tokens=16, n=4))
-    estimator: str = "grpo"
+    estimator: str | Callable = "grpo"
     kl_loss_coef: float = 0.01
     kl_loss_type: str = "k3"
 

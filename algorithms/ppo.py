@@ -8,13 +8,14 @@ reward; estimate advantages with GAE; update the critic and the actor.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from algorithms.base import AlgoConfig, Algorithm
 
 
 @dataclass
 class PPOConfig(AlgoConfig):
-    estimator: str = "gae"
+    estimator: str | Callable = "gae"
     kl_coef: float = 0.05
 
 

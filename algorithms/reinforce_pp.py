@@ -6,13 +6,14 @@ global whitening of the advantages over the batch. With n > 1 samples per prompt
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from algorithms.base import AlgoConfig, Algorithm
 
 
 @dataclass
 class ReinforcePPConfig(AlgoConfig):
-    estimator: str = "reinforce_pp"
+    estimator: str | Callable = "reinforce_pp"
     kl_coef: float = 0.05
 
 

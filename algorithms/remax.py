@@ -5,13 +5,14 @@ same prompt — one extra greedy generation per iteration, and no critic.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Callable
 
 from algorithms.base import AlgoConfig, Algorithm
 
 
 @dataclass
 class ReMaxConfig(AlgoConfig):
-    estimator: str = "remax"
+    estimator: str | Callable = "remax"
     kl_coef: float = 0.05
 
 

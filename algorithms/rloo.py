@@ -5,6 +5,7 @@ the other k-1. No critic; the KL to the reference is folded into the reward.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from algorithms.base import AlgoConfig, Algorithm
 from workbench.engines.rollout import SamplingConfig
@@ -14,7 +15,7 @@ from workbench.errors import ConfigError
 @dataclass
 class RLOOConfig(AlgoConfig):
     sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(max_new_tokens=16, n=4))
-    estimator: str = "rloo"
+    estimator: str | Callable = "rloo"
     kl_coef: float = 0.05
 
     def __post_init__(self):

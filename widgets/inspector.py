@@ -11,6 +11,7 @@ the whole batch, so rows compare. Filter by score, sort by mean advantage.
 from __future__ import annotations
 
 from widgets.ui import Control, View, escape
+from workbench import checks
 
 TOKEN_FIELDS = {"advantage": "advantages", "log-prob": "old_log_probs", "reference log-prob": "ref_log_probs",
                 "KL (old - ref)": None, "value": "values", "return": "returns"}
@@ -39,8 +40,7 @@ class BatchInspector(View):
     def _check(self) -> None:
         if self.field not in self.fields():
             raise ValueError(f"BatchInspector: field {self.field!r} is not in this batch; available: {self.fields()}")
-        if self.sort not in SORTS:
-            raise ValueError(f"BatchInspector: sort {self.sort!r}: use one of {SORTS}")
+        checks.one_of("BatchInspector", "sort", self.sort, SORTS)
 
     def fields(self) -> list[str]:
         keys = set(self.batch.keys())

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from workbench import checks
 from workbench.planner import (AutoMapper, ModelDoesNotFitError, Plan, PlannerError, Workload,
                                cluster_preset, compositions, d_cost, dataflow_preset, model_preset)
 from workbench.planner.memory import min_static_memory
@@ -118,8 +119,7 @@ def placement_sets(s: Scenario, models: tuple[str, ...]) -> tuple[tuple[str, ...
 def estimate(s: Scenario) -> Estimate:
     """Plan `s` (cached): see the module docstring."""
     t0 = time.perf_counter()
-    if s.placement not in PLACEMENTS:
-        raise ValueError(f"Scenario.placement={s.placement!r}: use one of {PLACEMENTS}")
+    checks.one_of("Scenario", "placement", s.placement, PLACEMENTS)
     flow = dataflow_for(s.algorithm)
     cluster = cluster_for(s)
     workload = Workload(global_batch=s.global_batch, n_samples=s.n_samples, prompt_len=s.prompt_len,

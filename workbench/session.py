@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 
 import ray
 
+from workbench import checks
 from workbench.controller.mesh import Mesh
 from workbench.controller.resource_pool import ResourcePool, check_devices
 from workbench.controller.worker import Worker
@@ -80,11 +81,14 @@ class Session:
             bounded (a span is about 1.2 KB). None keeps every span. Also settable later as
             `session.max_trace_records`.
         """
-        _check_whole("Session", "num_devices", num_devices, "a whole number of devices >= 1, or None for the CPU count", none_ok=True)
-        _check_whole("Session", "threads_per_worker", threads_per_worker, "a whole number >= 1 (torch threads per worker)")
-        _check_whole("Session", "max_colocate", max_colocate, "a whole number >= 1 (worker processes per device)")
-        _check_whole("Session", "max_trace_records", max_trace_records,
-                     "a whole number of spans >= 1, or None to keep every span", none_ok=True)
+        checks.whole("Session", "num_devices", num_devices, none_ok=True,
+                     fix="use a whole number of devices >= 1, or None for the CPU count")
+        checks.whole("Session", "threads_per_worker", threads_per_worker,
+                     fix="use a whole number >= 1 (torch threads per worker)")
+        checks.whole("Session", "max_colocate", max_colocate,
+                     fix="use a whole number >= 1 (worker processes per device)")
+        checks.whole("Session", "max_trace_records", max_trace_records, none_ok=True,
+                     fix="use a whole number of spans >= 1, or None to keep every span")
         if address is not None and not isinstance(address, str):
             raise ConfigError("Session.address", address, 'pass "auto", "host:port", or None for an embedded Ray')
         if runtime_env is not None and not isinstance(runtime_env, dict):
@@ -149,7 +153,8 @@ class Session:
             raise ConfigError("pool name", name, "give the pool a non-empty string name")
         devices = check_devices(name, devices)
         max_colocate = self.max_colocate if max_colocate is None else max_colocate
-        _check_whole(f"pool {name!r}", "max_colocate", max_colocate, "a whole number >= 1 (worker processes per device)")
+        checks.whole(f"pool {name!r}", "max_colocate", max_colocate,
+                     fix="use a whole number >= 1 (worker processes per device)")
         old = self.pools.get(name)
         if old is not None:
             shape = [devices] if isinstance(devices, int) else devices
@@ -357,10 +362,3 @@ class Session:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"pools={list(self.pools)}, groups={list(self.groups)}"
         return f"Session({state})"
-
-
-def _check_whole(owner: str, field: str, value, fix: str, none_ok: bool = False) -> None:
-    if value is None and none_ok:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"{owner}.{field}", value, f"use {fix}")

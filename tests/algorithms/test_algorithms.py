@@ -170,7 +170,8 @@ def test_missing_roles_and_bad_settings_are_refused_before_any_remote_work(group
         algorithms.GRPOConfig(sampling=SamplingConfig(n=1))
     with pytest.raises(ValueError, match="loss_agg_mode"):
         algorithms.PPOConfig(loss_agg_mode="mean")
-    with pytest.raises(ValueError, match="unknown setting.*'gama'"):
+    with pytest.raises(ValueError, match=r"^PPOConfig\.gama=0\.9: no such field in 'PPOConfig'; "
+                                         r"did you mean 'PPOConfig\.gamma'"):
         algorithms.PPOConfig.from_dict({"gama": 0.9})
 
 

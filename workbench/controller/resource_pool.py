@@ -11,13 +11,13 @@ Groups on disjoint pools run concurrently.
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass, field
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from workbench import checks
 from workbench.errors import PlacementError
 
 
@@ -140,10 +140,9 @@ def reserved_per_node(resource: str, exclude: PlacementGroup | None = None) -> d
 
 def check_devices(name: str, devices) -> int | list[int]:
     """devices as given, if it is a positive int or a non-empty list of them; else a PlacementError."""
-    def whole(d):
-        return isinstance(d, numbers.Integral) and not isinstance(d, bool) and d >= 1
-
-    if whole(devices) or (isinstance(devices, (list, tuple)) and devices and all(whole(d) for d in devices)):
+    if checks.is_whole(devices, 1) or (
+        isinstance(devices, (list, tuple)) and devices and all(checks.is_whole(d, 1) for d in devices)
+    ):
         return devices if isinstance(devices, int) else list(devices)
     raise PlacementError(
         f"pool {name!r}: devices={devices!r} is not a device count; pass a whole number >= 1 "

@@ -20,6 +20,8 @@ import random
 import re
 from dataclasses import dataclass, field
 
+from workbench import checks
+
 OPERATIONS = ("+", "-", "*")
 
 
@@ -44,12 +46,11 @@ class ArithmeticConfig:
             raise ValueError(
                 f"ArithmeticConfig.operations={self.operations!r}: use a non-empty subset of {OPERATIONS}"
             )
-        if not 1 <= self.min_digits <= self.digits:
-            raise ValueError(
-                f"ArithmeticConfig needs 1 <= min_digits <= digits, got {self.min_digits}, {self.digits}"
-            )
-        if self.num_operands < 2:
-            raise ValueError(f"ArithmeticConfig.num_operands must be >= 2, got {self.num_operands}")
+        checks.whole("ArithmeticConfig", "min_digits", self.min_digits, fix="use a whole number of digits >= 1")
+        checks.whole("ArithmeticConfig", "digits", self.digits, low=self.min_digits,
+                     fix=f"use a whole number of digits >= min_digits ({self.min_digits})")
+        checks.whole("ArithmeticConfig", "num_operands", self.num_operands, low=2,
+                     fix="use a whole number of operands >= 2")
         if "{expression}" not in self.template:
             raise ValueError(f"ArithmeticConfig.template must contain '{{expression}}', got {self.template!r}")
 

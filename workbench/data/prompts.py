@@ -23,6 +23,7 @@ from typing import Any, Iterable, Iterator, Literal
 
 import torch
 
+from workbench import checks
 from workbench.data.arithmetic import ArithmeticConfig, generate
 from workbench.data.batch import Batch
 from workbench.errors import WorkbenchError
@@ -152,8 +153,7 @@ def tokenize_prompts(
     HF and vLLM use for left-padded generation. `indices` are the rows' places in their
     dataset, used in errors and as the default uid.
     """
-    if overlong not in ("refuse", "truncate"):
-        raise ValueError(f"overlong={overlong!r}: use 'refuse' or 'truncate'")
+    checks.one_of("tokenize_prompts", "overlong", overlong, ("refuse", "truncate"))
     if tokenizer.pad_token_id is None:
         raise PromptDataError(
             "the tokenizer has no pad token; load it with workbench.models.load_tokenizer "
@@ -203,8 +203,8 @@ class PromptLoader:
 
     def __init__(self, rows: list[dict[str, Any]], tokenizer, cfg: PromptLoaderConfig | None = None):
         cfg = cfg or PromptLoaderConfig()
-        if cfg.batch_size <= 0:
-            raise ValueError(f"PromptLoaderConfig.batch_size must be positive, got {cfg.batch_size}")
+        checks.whole("PromptLoaderConfig", "batch_size", cfg.batch_size,
+                     fix="use a whole number of prompts >= 1 per Batch")
         self.rows, self.tokenizer, self.cfg = rows, tokenizer, cfg
         self.epoch = 0
         if cfg.overlong == "refuse":

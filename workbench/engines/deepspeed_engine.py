@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from workbench import checks
 from workbench.data.batch import Batch
 from workbench.engines.accumulation import NonFiniteStep, finite_everywhere, micro_batch_weights
 from workbench.engines.contract import Forward, LossFn, OptimConfig
@@ -54,8 +55,7 @@ class DeepSpeedEngine:
         accumulation_steps: int = 1,
         bf16: bool | None = None,
     ):
-        if zero_stage not in (1, 2, 3):
-            raise ValueError(f"DeepSpeedEngine: zero_stage must be 1, 2 or 3, got {zero_stage!r}")
+        checks.one_of("DeepSpeedEngine", "zero_stage", zero_stage, (1, 2, 3), fix="use ZeRO stage 1, 2 or 3")
         if not dist.is_initialized():
             # A worker host has already formed the group; standalone use needs the usual
             # RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT variables.

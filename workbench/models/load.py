@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import torch
 
+from workbench import checks
 from workbench.errors import ConfigError, WorkbenchError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -55,14 +56,14 @@ class LoadConfig:
     its own (HFRolloutConfig.compile). Trained models: DeepSpeed ZeRO-1/2 only."""
 
     def __post_init__(self):
-        if self.dtype != "auto" and self.dtype not in DTYPES and not isinstance(self.dtype, torch.dtype):
-            raise ConfigError("LoadConfig.dtype", self.dtype, f"use 'auto' or one of {sorted(DTYPES)}")
-        if self.pad_token not in ("eos", "refuse"):
-            raise ConfigError("LoadConfig.pad_token", self.pad_token, "use 'eos' (reuse eos as pad) or 'refuse'")
+        if not isinstance(self.dtype, torch.dtype):
+            checks.one_of("LoadConfig", "dtype", self.dtype, ("auto", *DTYPES),
+                          fix=f"use 'auto' or one of {sorted(DTYPES)}")
+        checks.one_of("LoadConfig", "pad_token", self.pad_token, ("eos", "refuse"),
+                      fix="use 'eos' (reuse eos as pad) or 'refuse'")
         if not isinstance(self.device, str) or not self.device:
             raise ConfigError("LoadConfig.device", self.device, "use a device name such as 'cpu' or 'cuda'")
-        if not isinstance(self.compile, bool):
-            raise ConfigError("LoadConfig.compile", self.compile, "use True or False")
+        checks.of_type("LoadConfig", "compile", self.compile, bool, "use True or False")
 
 
 @dataclass
@@ -115,8 +116,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: str = "cpu") -> torch.dtype:
     if dtype == "auto":
         on_gpu = torch.device(device).type == "cuda" and torch.cuda.is_available()
         return torch.bfloat16 if on_gpu and torch.cuda.is_bf16_supported() else torch.float32
-    if dtype not in DTYPES:
-        raise ValueError(f"LoadConfig.dtype={dtype!r}: use 'auto' or one of {sorted(DTYPES)}")
+    checks.one_of("LoadConfig", "dtype", dtype, DTYPES, fix=f"use 'auto' or one of {sorted(DTYPES)}")
     return DTYPES[dtype]
 
 
@@ -206,10 +206,9 @@ def ensure_pad_token(tokenizer, policy: Literal["eos", "refuse"] = "eos", path: 
         "tokenizer.add_special_tokens({'pad_token': '<pad>'}); model.resize_token_embeddings("
         "len(tokenizer)); then save both with save_pretrained."
     )
+    checks.one_of("LoadConfig", "pad_token", policy, ("eos", "refuse"))
     if policy == "refuse":
         raise ModelLoadError(f"the tokenizer of {str(path)!r} has no pad token. {how_to_fix}")
-    if policy != "eos":
-        raise ValueError(f"LoadConfig.pad_token={policy!r}: use 'eos' or 'refuse'")
     if tokenizer.eos_token is None:
         raise ModelLoadError(f"the tokenizer of {str(path)!r} has neither a pad nor an eos token. {how_to_fix}")
     tokenizer.pad_token = tokenizer.eos_token

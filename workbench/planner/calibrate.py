@@ -31,6 +31,7 @@ from typing import Callable, Literal
 
 import numpy as np
 
+from workbench import config_loader
 from workbench.planner.simulator import Simulator
 from workbench.planner.specs import GIB, ClusterSpec, ModelSpec, Workload
 from workbench.planner.strategy import ParallelStrategy
@@ -158,10 +159,8 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Calibration":
-        d = dict(d)
-        d["timings"] = [Timing(**{**t, "model": ModelSpec(**t["model"])}) for t in d["timings"]]
-        d["collectives"] = [CollectiveTiming(**c) for c in d["collectives"]]
-        return cls(**d)
+        """The calibration `to_dict` wrote (checked field by field, as every config is)."""
+        return config_loader.build(cls, d, "calibration")
 
     def save(self, path: str | Path = DEFAULT_PATH) -> Path:
         path = Path(path)

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from workbench import checks
 from workbench.errors import ConfigError
 from workbench.workers.training import rng_state, set_rng_state
 
@@ -41,8 +42,7 @@ class RunCheckpointer:
     """Saves and restores whole runs under `directory`, keeping the newest `keep` steps."""
 
     def __init__(self, directory: str | os.PathLike, keep: int = 3):
-        if keep < 1:
-            raise ConfigError("RunCheckpointer.keep", keep, "keep at least 1 checkpoint")
+        checks.whole("RunCheckpointer", "keep", keep, fix="keep at least 1 checkpoint")
         self.directory, self.keep = Path(directory), keep
 
     # ---- where things are --------------------------------------------------------------------

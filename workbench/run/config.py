@@ -7,7 +7,8 @@ Sections reuse the components' own configs (`ActorConfig`, `CriticConfig`, `Samp
 here as in a notebook. YAML gives a mapping per section; overrides are `dotted.name=value`
 with the value read as a YAML scalar (`4`, `3e-5`, `null`, `[+, -]`). An unknown or
 mistyped field, at any depth, is a `ConfigError` naming the full dotted field and the nearest
-valid name; a value of the wrong type names the field and the type expected.
+valid name; a value of the wrong type names the field and the type expected (the loader is
+workbench.config_loader, shared with every other config; `RunLoader` adds the run's rules).
 
 The `algorithm` section is chosen by its `name` (one of `algorithms.ALGORITHMS`): its other
 keys are fields of that algorithm's config (`PPOConfig`, `GRPOConfig`, ...), apart from
@@ -16,17 +17,13 @@ keys are fields of that algorithm's config (`PPOConfig`, `GRPOConfig`, ...), apa
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
-
-import yaml
+from typing import Any
 
 from algorithms import ALGORITHMS, AlgoConfig, PPOConfig
+from workbench import checks
+from workbench.config_loader import Loader, read, to_plain, unknown_field
 from workbench.data.arithmetic import ArithmeticConfig, CostConfig
 from workbench.data.prompts import PromptLoaderConfig
 from workbench.engines.rollout import SamplingConfig
@@ -208,15 +205,11 @@ class RunConfig:
 
     def validate(self) -> None:
         """Checks across sections (each section's own fields were checked when it was built)."""
-        for where in ("iterations", "placement.actor_devices", "placement.threads_per_worker"):
-            _at_least(self, where, 1)
-        for where in ("placement.critic_devices", "placement.num_devices", "checkpoint.every", "checkpoint.keep",
-                      "evaluation.every", "evaluation.max_new_tokens", "logging.rollouts_every", "logging.rollout_rows",
-                      "logging.print_every", "faults.max_recoveries", "faults.reward_retries",
-                      "data.train_size", "data.eval_size", "model.sft_steps"):
-            _at_least(self, where, 0)
-        if self.checkpoint.keep < 1 and self.checkpoint.every:
-            raise ConfigError("checkpoint.keep", self.checkpoint.keep, "keep at least 1 checkpoint")
+        for where, low in _COUNTS.items():
+            section, _, name = where.rpartition(".")
+            checks.whole(section, name, _field(self, where), low)
+        if self.checkpoint.every:
+            checks.whole("checkpoint", "keep", self.checkpoint.keep, 1, fix="keep at least 1 checkpoint")
         if self.faults.max_recoveries and not self.checkpoint.every:
             raise ConfigError("faults.max_recoveries", self.faults.max_recoveries,
                               "recovery reloads the last checkpoint: set checkpoint.every >= 1, or faults.max_recoveries=0")
@@ -228,55 +221,68 @@ class RunConfig:
             except ImportError:
                 raise ConfigError("logging.wandb", True, "the wandb package is not installed (pip install wandb), "
                                                          "or set logging.wandb=false") from None
-        if self.data.reward_timeout <= 0:
-            raise ConfigError("data.reward_timeout", self.data.reward_timeout, "give the seconds allowed, > 0")
+        checks.real("data", "reward_timeout", self.data.reward_timeout, 0, low_open=True,
+                    fix="give the seconds allowed, > 0")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values (YAML-writable) that `from_dict` turns back into this config."""
-        out = _plain(self)
+        out = to_plain(self)
         out["algorithm"] = {"name": self.algorithm_name, **{k: v for k, v in out["algorithm"].items() if k != "sampling"}}
         return out
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> RunConfig:
-        config = build(cls, values, "")
+        config = RUN_LOADER.build(cls, values, "")
         config.validate()
         return config
 
 
+_COUNTS = {
+    "iterations": 1, "placement.actor_devices": 1, "placement.threads_per_worker": 1,
+    **dict.fromkeys(("placement.critic_devices", "placement.num_devices", "checkpoint.every", "checkpoint.keep",
+                     "evaluation.every", "evaluation.max_new_tokens", "logging.rollouts_every", "logging.rollout_rows",
+                     "logging.print_every", "faults.max_recoveries", "faults.reward_retries",
+                     "data.train_size", "data.eval_size", "model.sft_steps"), 0),
+}
+"""The run's whole-number fields and the least each may be (checked again by `validate`, so a
+config edited in Python is checked like one read from YAML)."""
+
+
+def _field(config: RunConfig, where: str) -> Any:
+    value = config
+    for part in where.split("."):
+        value = getattr(value, part)
+    return value
+
+
 # ---- loading ----------------------------------------------------------------------------------
+class RunLoader(Loader):
+    """The workbench's loader with the run config's two rules: the `algorithm` section's class is
+    chosen by its `name`, and its `sampling` is the run's own top-level section."""
+
+    def choose(self, cls: type, values: dict, path: str, base: Any) -> tuple[type, Any]:
+        if not (isinstance(cls, type) and issubclass(cls, AlgoConfig)):
+            return cls, base
+        name = values.pop("name", None)
+        if name is None:
+            return (type(base) if base is not None else PPOConfig), base
+        if name not in ALGORITHMS:
+            raise unknown_field(f"{path}.name", name, list(ALGORITHMS), path, what="algorithm")
+        chosen = ALGORITHMS[name].Config
+        return chosen, (base if type(base) is chosen else None)
+
+    def hidden(self, cls: type) -> dict[str, str]:
+        if isinstance(cls, type) and issubclass(cls, AlgoConfig):
+            return {"sampling": "sampling is the run's own top-level section: write sampling.<field> instead"}
+        return {}
+
+
+RUN_LOADER = RunLoader()
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
     """A RunConfig from a YAML file (or the defaults) with `dotted.name=value` overrides applied."""
-    values: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        if not path.exists():
-            raise ConfigError("config file", str(path), "no such file")
-        values = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(values, dict):
-            raise ConfigError("config file", str(path), "the YAML must be a mapping of sections (model:, data:, ...)")
-    for override in overrides:
-        apply_override(values, override)
-    return RunConfig.from_dict(values)
-
-
-def apply_override(values: dict[str, Any], override: str) -> None:
-    """Set `a.b.c=value` in nested dicts (value parsed as a YAML scalar)."""
-    key, sep, text = override.partition("=")
-    if not sep or not key.strip():
-        raise ConfigError("override", override, "write overrides as dotted.field=value, e.g. sampling.n=4")
-    parts = key.strip().split(".")
-    try:
-        value = yaml.safe_load(text) if text.strip() else ""
-    except yaml.YAMLError as error:
-        raise ConfigError(key, text, f"not a YAML value ({error.problem})") from None
-    node = values
-    for i, part in enumerate(parts[:-1]):
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(".".join(parts[: i + 1]), child, f"is a value, not a section; cannot set {key}")
-        node = child
-    node[parts[-1]] = value
+    return RunConfig.from_dict(read(path, overrides, what="sections (model:, data:, ...)"))
 
 
 def algorithm_name(config: AlgoConfig) -> str:
@@ -285,153 +291,3 @@ def algorithm_name(config: AlgoConfig) -> str:
             return name
     raise ConfigError("algorithm", type(config).__name__, f"not the config of one of {sorted(ALGORITHMS)}")
 
-
-def build(cls: type, values: Any, path: str, base: Any = None):
-    """An instance of dataclass `cls` from a mapping, on top of `base` (default: cls's defaults):
-    nested sections recurse, values are checked against the fields' types, and the class's own
-    checks (__post_init__) run with their errors placed at `path`."""
-    if dataclasses.is_dataclass(values) and isinstance(values, cls):
-        return values
-    if not isinstance(values, dict):
-        raise ConfigError(path or "config", values, f"expected a mapping of {cls.__name__}'s fields")
-    values = dict(values)
-    if cls is AlgoConfig or (isinstance(cls, type) and issubclass(cls, AlgoConfig)):
-        cls, base = _algorithm_class(values, path, base)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    hints = typing.get_type_hints(cls)
-    hidden = {"sampling"} if issubclass(cls, AlgoConfig) else set()
-    changes = {}
-    for key, value in values.items():
-        where = f"{path}.{key}" if path else str(key)
-        if key in hidden:
-            raise ConfigError(where, value, f"{key} is the run's own top-level section: write {key}.<field> instead")
-        if key not in fields:
-            raise unknown_field(where, value, list(fields), path)
-        current = getattr(base, key) if base is not None else _default(fields[key])
-        changes[key] = convert(value, hints[key], where, current)
-    try:
-        if base is not None:
-            return dataclasses.replace(base, **changes)
-        return cls(**changes)
-    except ConfigError as error:  # the class's own check: name the field by its run-config path
-        head, _, rest = error.where.partition(".")
-        where = f"{path}.{rest}" if path and rest and head == cls.__name__ else f"{path} ({error.where})" if path else error.where
-        raise ConfigError(where, error.value, error.fix) from None
-    except (TypeError, ValueError) as error:
-        raise ConfigError(path or cls.__name__, values, str(error)) from None
-
-
-def _algorithm_class(values: dict, path: str, base: Any) -> tuple[type, Any]:
-    name = values.pop("name", None)
-    if name is None:
-        return type(base) if base is not None else PPOConfig, base
-    if name not in ALGORITHMS:
-        raise unknown_field(f"{path}.name", name, list(ALGORITHMS), path, what="algorithm")
-    cls = ALGORITHMS[name].Config
-    return cls, (base if type(base) is cls else None)
-
-
-def unknown_field(where: str, value: Any, valid: list[str], section: str, what: str = "field") -> ConfigError:
-    last = where.rsplit(".", 1)[-1]
-    near = difflib.get_close_matches(str(last) if what == "field" else str(value), valid, n=1, cutoff=0.5)
-    prefix = f"{section}." if section and what == "field" else ""
-    hint = f"did you mean {prefix + near[0]!r}? " if near else ""
-    listing = ", ".join(sorted(valid))
-    return ConfigError(where, value, f"no such {what}{' in ' + repr(section) if section else ''}; {hint}valid: {listing}")
-
-
-def convert(value: Any, hint: Any, where: str, current: Any = None) -> Any:
-    """`value` checked against the type `hint` (ints widen to floats, lists to tuples)."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is Any or hint is object:
-        return value
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arm in (a for a in args if a is not type(None)):
-            try:
-                return convert(value, arm, where, current)
-            except ConfigError as error:
-                errors.append(error)
-        raise ConfigError(where, value, f"expected {_name(hint)}") from None
-    if origin is Literal:
-        if value in args:
-            return value
-        raise ConfigError(where, value, f"use one of {list(args)}")
-    if dataclasses.is_dataclass(hint):
-        base = current if isinstance(current, hint) else None
-        return build(hint, value, where, base)
-    if origin in (tuple, list) or hint in (tuple, list):
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(where, value, f"expected a list ({_name(hint)})")
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            if len(args) != len(value):
-                raise ConfigError(where, value, f"expected {len(args)} values ({_name(hint)})")
-            items = [convert(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args))]
-        else:
-            item = args[0] if args else Any
-            items = [convert(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
-        return tuple(items) if (origin or hint) is tuple else items
-    if origin is dict or hint is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(where, value, "expected a mapping")
-        return value
-    if origin is not None and callable(value):  # e.g. Callable[...]
-        return value
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(where, value, "expected true or false")
-    if hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ConfigError(where, value, "expected a whole number")
-    if hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads 3e-5 (no dot) as text
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(where, value, "expected a number")
-    if hint is str:
-        if isinstance(value, str):
-            return value
-        raise ConfigError(where, value, "expected text (quote it in YAML)")
-    if isinstance(hint, type) and not isinstance(value, hint):
-        raise ConfigError(where, value, f"expected {_name(hint)}")
-    return value
-
-
-def _default(f: dataclasses.Field) -> Any:
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return None
-
-
-def _name(hint: Any) -> str:
-    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
-
-
-def _at_least(config: RunConfig, where: str, low: int) -> None:
-    value = config
-    for part in where.split("."):
-        value = getattr(value, part)
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(where, value, f"use a whole number >= {low}")
-
-
-def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if callable(value):
-        return getattr(value, "__qualname__", repr(value))
-    return value

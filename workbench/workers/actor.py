@@ -87,12 +87,11 @@ class ActorConfig:
     the generation pieces with the training pieces (WeightSyncError on a mismatch)."""
 
     def __post_init__(self):
-        if self.rollout not in ROLLOUTS:
-            raise ValueError(f"ActorConfig.rollout: unknown backend {self.rollout!r}; use one of {ROLLOUTS}")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"ActorConfig.backend: unknown training backend {self.backend!r}; use one of {BACKENDS}")
-        if self.zero_stage not in (1, 2, 3):
-            raise ValueError(f"ActorConfig.zero_stage: {self.zero_stage!r} is not a ZeRO stage; use 1, 2 or 3")
+        checks.one_of("ActorConfig", "rollout", self.rollout, ROLLOUTS,
+                      fix=f"unknown rollout backend; use one of {ROLLOUTS}")
+        checks.one_of("ActorConfig", "backend", self.backend, BACKENDS,
+                      fix=f"unknown training backend; use one of {BACKENDS}")
+        checks.one_of("ActorConfig", "zero_stage", self.zero_stage, (1, 2, 3), fix="not a ZeRO stage; use 1, 2 or 3")
         checks.training_fields("ActorConfig", self)
         checks.real("ActorConfig", "temperature", self.temperature, 0, low_open=True,
                     fix="use a temperature > 0 (the sampling temperature; 1.0 for greedy sampling)")

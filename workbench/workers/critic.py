@@ -43,10 +43,9 @@ class CriticConfig:
     updates are refused. Holds the forward's activations from compute_values to update_critic."""
 
     def __post_init__(self):
-        if self.backend not in BACKENDS:
-            raise ValueError(f"CriticConfig.backend: unknown training backend {self.backend!r}; use one of {BACKENDS}")
-        if self.zero_stage not in (1, 2, 3):
-            raise ConfigError("CriticConfig.zero_stage", self.zero_stage, "use ZeRO stage 1, 2 or 3")
+        checks.one_of("CriticConfig", "backend", self.backend, BACKENDS,
+                      fix=f"unknown training backend; use one of {BACKENDS}")
+        checks.one_of("CriticConfig", "zero_stage", self.zero_stage, (1, 2, 3), fix="not a ZeRO stage; use 1, 2 or 3")
         checks.training_fields("CriticConfig", self)
         checks.of_type("CriticConfig", "load", self.load, LoadConfig, "pass a workbench.models.load.LoadConfig")
         check_compiled_training("CriticConfig", self.load, self.backend, self.zero_stage)

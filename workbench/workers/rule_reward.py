@@ -34,6 +34,7 @@ import ray
 import torch
 from ray import cloudpickle
 
+from workbench import checks
 from workbench.controller.future import CallInfo, DataFuture, describe_output
 from workbench.controller.mesh import Mesh
 from workbench.controller.protocols import concat
@@ -72,10 +73,9 @@ class RuleReward:
         timeout: seconds allowed for one chunk of chunk_size rows (the process running the
         function is killed when it passes); processes: long-lived scoring processes shared by
         every RuleReward of the session (chunks are spread over them)."""
-        if timeout <= 0:
-            raise ValueError(f"RuleReward.timeout={timeout!r}: give the seconds allowed per chunk, > 0")
-        if chunk_size < 1 or processes < 1:
-            raise ValueError(f"RuleReward: chunk_size={chunk_size!r} and processes={processes!r} must be >= 1")
+        checks.real("RuleReward", "timeout", timeout, 0, low_open=True, fix="give the seconds allowed per chunk, > 0")
+        checks.whole("RuleReward", "chunk_size", chunk_size, fix="use a whole number of rows >= 1 per chunk")
+        checks.whole("RuleReward", "processes", processes, fix="use a whole number of scoring processes >= 1")
         self.fn, self.chunk_size, self.timeout, self.processes = fn, chunk_size, timeout, processes
         self.output_key, self.text_key, self.truth_key = output_key, text_key, truth_key
         self.name = getattr(fn, "__qualname__", repr(fn))
