@@ -1,10 +1,5 @@
 """Small checks shared by the config dataclasses: each raises ConfigError naming the field
-(`Owner.field`), the value and the fix, on the driver, before any remote work.
-
-Only generic validators (a whole number, a real in bounds, one of, of a type) live here, at the
-bottom layer; checks about a domain live with the module that owns it (layouts in
-`engines.training` / `engines.tensor_parallel`, training fields in `engines.contract`,
-mini-batch splits in `workers.training`)."""
+(`Owner.field`), the value and the fix, on the driver, before any remote work."""
 
 from __future__ import annotations
 
