@@ -16,12 +16,12 @@ from pathlib import Path
 
 from algorithms import PPO, Groups, PPOConfig
 from algorithms.metrics import format_line
-from workbench import Session
 from workbench.data import arithmetic
 from workbench.data.prompts import tokenize_prompts
 from workbench.engines.contract import OptimConfig
 from workbench.engines.rollout import SamplingConfig
 from workbench.models import load
+from workbench.session import Session
 from workbench.stages.arithmetic_policy import arithmetic_policy
 from workbench.tracing import text_timeline
 from workbench.workers import ActorConfig, ActorRolloutRefWorker

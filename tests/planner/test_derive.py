@@ -4,8 +4,7 @@ import pytest
 
 import algorithms
 from algorithms.base import Algorithm
-from workbench.planner.dataflow import dataflow_preset
-from workbench.planner.derive import DeriveError, derive_dataflow
+from workbench.planner.derive import DeriveError, dataflow_preset, derive_dataflow
 
 
 def edges(dataflow):

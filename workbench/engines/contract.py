@@ -6,6 +6,7 @@ so none of them reaches into another backend's module.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -56,3 +57,16 @@ class OptimConfig:
         checks.real("OptimConfig", "eps", self.eps, 0, low_open=True, fix="use eps > 0 (e.g. 1e-8)")
         checks.real("OptimConfig", "weight_decay", self.weight_decay, 0, fix="use weight_decay >= 0")
         checks.real("OptimConfig", "grad_clip", self.grad_clip, 0, fix="use grad_clip >= 0 (0 = no clipping)")
+
+
+def check_training_fields(owner: str, config) -> None:
+    """The settings every trained model's config shares (ActorConfig, CriticConfig)."""
+    if not isinstance(config.model_path, (str, os.PathLike)) or not str(config.model_path):
+        raise ConfigError(f"{owner}.model_path", config.model_path, "give a local Hugging Face checkpoint directory")
+    checks.whole(owner, "mini_batch_size", config.mini_batch_size,
+                 fix="use a whole number of rows >= 1 per optimizer step (summed over data-parallel ranks)")
+    checks.whole(owner, "micro_batch_size", config.micro_batch_size,
+                 fix="use a whole number of rows >= 1 per forward/backward on one rank")
+    checks.whole(owner, "epochs", config.epochs, fix="use a whole number of passes >= 1 over each batch")
+    checks.whole(owner, "seed", config.seed, low=0, fix="use a whole number >= 0")
+    checks.of_type(owner, "optim", config.optim, OptimConfig, "pass a workbench.OptimConfig(lr=...)")

@@ -28,6 +28,7 @@ from workbench.engines.checkpoint import load_sharded, save_sharded
 from workbench.engines.contract import Forward, LossFn, OptimConfig
 from workbench.engines.fsdp import decoder_layers
 from workbench.errors import ConfigError
+from workbench.models.load import load_config
 
 COLUMN = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
 ROW = ("self_attn.o_proj", "mlp.down_proj")
@@ -40,6 +41,22 @@ def check_tensor_parallel(config, tp: int, field: str = "model") -> None:
                         ("hidden_size", config.hidden_size), ("intermediate_size", config.intermediate_size)):
         if value % tp:
             raise ConfigError(f"{field}.{name}", value, f"must divide by the tensor-parallel size tp={tp}; choose a tp that divides {value}")
+
+
+def check_tensor_parallel_layout(owner: str, mesh, role: str, model_path, trust_remote_code: bool = False,
+                                 rollout: str | None = None) -> None:
+    """backend="3d": tensor and data parallelism (pp = 1), a generation layout that only shrinks
+    tensor parallelism, a model whose heads and widths split evenly, an HF rollout when the
+    generation layout is cut."""
+    if mesh.pp != 1 or mesh.gen_pp not in (None, 1):
+        raise ConfigError(f"{role} mesh", str(mesh), f"{owner} with backend='3d' has no pipeline parallelism yet; use pp=1")
+    gen_tp = mesh.gen_tp or mesh.tp
+    if gen_tp > 1 and rollout not in ("hf", None):
+        raise ConfigError(f"{owner}.rollout", rollout, f"a tensor-parallel generation layout (gen_tp={gen_tp}) runs the "
+                          f"HF rollout; use rollout='hf', or gen_tp=1 for vLLM")
+    config = load_config(model_path, trust_remote_code)
+    for size in {mesh.tp, gen_tp}:
+        check_tensor_parallel(config, size, f"{owner}.model_path ({model_path})")
 
 
 def llama_tp_plan(model: torch.nn.Module) -> dict:

@@ -13,8 +13,21 @@ import torch
 
 from workbench.engines.contract import OptimConfig
 from workbench.engines.fsdp import FSDPEngine
+from workbench.errors import ConfigError
 
 BACKENDS = ("fsdp", "deepspeed", "3d")
+
+
+def check_data_parallel_only(owner: str, mesh, role: str) -> None:
+    """Workers that shard with FSDP/ZeRO over data-parallel ranks implement no tp/pp: a tp or
+    pp mesh would silently run full replicas."""
+    gen = [x for x in (mesh.gen_tp, mesh.gen_pp) if x not in (None, 1)]
+    if mesh.tp != 1 or mesh.pp != 1 or gen:
+        raise ConfigError(
+            f"{role} mesh", str(mesh),
+            f"{owner} runs data parallelism only (FSDP/ZeRO shards over the ranks); use "
+            f"Mesh(dp={mesh.world_size}) or leave mesh=None",
+        )
 
 
 def make_engine(

@@ -5,32 +5,35 @@
     plan = automap(flow, "llama2-7b", Workload(), cluster_preset("a100_80g", 16))
     print(plan.table())
 
-Modules, one job each: `specs` (models, workload, cluster), `dataflow` (calls of an
-algorithm), `derive` (reads those calls off `algorithms/<name>.py`), `strategy` (3-D layouts),
-`memory` (per-device bytes, the hybrid engine's Table 2 switch) and `simulator` (call times)
-for the cost model, `automap` (HybridFlow Alg. 1/2: joint layouts per colocated set, aligned
-allocations), `plan` (its result), `schedule` (TimeCost list scheduling), `execution`
-(ReaLHF plans, augmented graph, MaxMem), `search` (Metropolis-Hastings chains with a
-convergence report), `report` (tables and Gantt bars), `profiler` / `calibrate` (fit the
-local preset on this machine).
+Modules, one job each: `specs` (models, workload, cluster), `clusters` (named clusters, this
+machine's from a calibration), `dataflow` (calls of an algorithm), `derive` (reads those calls
+off `algorithms/<name>.py`: the built-in dataflows), `strategy` (3-D layouts), `memory`
+(per-device bytes, the hybrid engine's Table 2 switch) and `simulator` (call times) for the
+cost model, `automap` (HybridFlow Alg. 1/2: joint layouts per colocated set, aligned
+allocations), `placement` (colocated sets and their layouts), `plan` (automap's result, with
+its table and Gantt bars), `deploy` (a plan onto a live Session), `schedule` (TimeCost list
+scheduling), `execution` (ReaLHF plans, augmented graph, MaxMem), `search`
+(Metropolis-Hastings chains with a convergence report), `report` (tables and Gantt bars),
+`profiler` / `calibrate` (fit the local preset on this machine).
 """
 
 from workbench.planner.automap import AutoMapper, automap, compositions, d_cost, set_partitions
-from workbench.planner.dataflow import Call, Dataflow, dataflow_preset
-from workbench.planner.derive import DeriveError, derive_dataflow
+from workbench.planner.clusters import cluster_preset, cluster_presets
+from workbench.planner.dataflow import Call, Dataflow
+from workbench.planner.derive import DeriveError, dataflow_preset, derive_dataflow
 from workbench.planner.errors import (ModelDoesNotFitError, NoFeasiblePlanError, NoMeshError,
                                       PlannerError, UnknownPresetError)
 from workbench.planner.execution import (Evaluation, ExecutionPlan, DeviceMesh, PlanEvaluator, mesh,
                                          valid_meshes)
 from workbench.planner.memory import MemoryBreakdown, static_memory
-from workbench.planner.plan import ColocatedSet, ModelAssignment, Plan
+from workbench.planner.placement import ColocatedSet, ModelAssignment
+from workbench.planner.plan import Plan
 from workbench.planner.report import GanttBar, execution_gantt, execution_table
 from workbench.planner.schedule import Schedule, TaskGraph, time_cost
 from workbench.planner.search import (Convergence, PlanSpace, SearchResult, exhaustive, mcmc,
                                       multi_chain, search)
 from workbench.planner.simulator import Simulator
-from workbench.planner.specs import (MODEL_PRESETS, ClusterSpec, ModelSpec, Workload,
-                                     cluster_preset, cluster_presets, model_preset)
+from workbench.planner.specs import MODEL_PRESETS, ClusterSpec, ModelSpec, Workload, model_preset
 from workbench.planner.strategy import ParallelStrategy, strategies
 
 __all__ = [

@@ -24,7 +24,8 @@ from workbench.planner.errors import ModelDoesNotFitError, NoFeasiblePlanError, 
 from workbench.planner.memory import (MemoryBreakdown, Transition, generation_memory,
                                       inference_activations, kv_bytes_per_sequence, static_memory,
                                       train_activations, transition)
-from workbench.planner.plan import ColocatedSet, ModelAssignment, Plan, pack_sets, span
+from workbench.planner.placement import ColocatedSet, ModelAssignment, pack_sets, span
+from workbench.planner.plan import Plan
 from workbench.planner.simulator import INF, Simulator
 from workbench.planner.specs import ClusterSpec, ModelSpec, Workload
 from workbench.planner.strategy import ParallelStrategy, generation_strategies, strategies

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from workbench.planner.errors import UnknownPresetError
 from workbench.planner.specs import ModelSpec, model_preset
 
 CallKind = Literal["generate", "inference", "train"]
@@ -103,14 +102,3 @@ class Dataflow:
         return {r: spec.as_value_model() if r in self.value_models else spec
                 for r in self.models}
 
-
-def dataflow_preset(name: str) -> Dataflow:
-    """The dataflow of a built-in algorithm (`algorithms.ALGORITHMS`: ppo, grpo, remax,
-    safe_rlhf, rloo, reinforce_pp), read off its `step()` so plan and code cannot drift."""
-    import algorithms  # the algorithms import the workbench, so look them up at call time
-    from workbench.planner.derive import derive_dataflow
-
-    key = name.lower().replace("-", "_")
-    if key not in algorithms.ALGORITHMS:
-        raise UnknownPresetError("dataflow", name, list(algorithms.ALGORITHMS))
-    return derive_dataflow(algorithms.ALGORITHMS[key], key)

@@ -9,15 +9,15 @@ The planner itself stays free of Ray: this module only calls the session it is g
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 from workbench.controller.mesh import Mesh
 from workbench.planner.errors import PlannerError
+from workbench.planner.placement import ColocatedSet, ModelAssignment
 
 if TYPE_CHECKING:
     from workbench.controller.resource_pool import ResourcePool
     from workbench.controller.worker_group import WorkerGroup
-    from workbench.planner.plan import ColocatedSet, ModelAssignment, Plan
     from workbench.session import Session
 
 
@@ -34,13 +34,14 @@ def model_mesh(assignment: ModelAssignment) -> Mesh:
                 transition=t.method if t else "hybridflow")
 
 
-def to_pools(plan: Plan, session: Session) -> dict[str, Layout]:
-    """Reserve the plan's pools on `session` and return each model's (pool, mesh)."""
-    return {m: layout for colocated in plan.sets for m, layout in _set_layouts(colocated, session).items()}
+def reserve_pools(sets: Sequence[ColocatedSet], session: Session) -> dict[str, Layout]:
+    """Reserve a plan's pools (one per colocated set) on `session`; each model's (pool, mesh)."""
+    return {m: layout for colocated in sets for m, layout in _set_layouts(colocated, session).items()}
 
 
-def deploy(plan: Plan, session: Session, workers: dict[str, tuple[type, Any]]) -> dict[str, WorkerGroup]:
-    """Pools, layouts and worker groups for the plan; returns {model: WorkerGroup}.
+def deploy_sets(sets: Sequence[ColocatedSet], session: Session,
+                workers: dict[str, tuple[type, Any]]) -> dict[str, WorkerGroup]:
+    """Pools, layouts and worker groups for a plan's colocated sets; returns {model: WorkerGroup}.
 
     workers: model -> (Worker class, config) for every model of the plan. Models of one
     colocated set with the same (pp, tp, dp) share one process per device (`session.fused`,
@@ -49,18 +50,18 @@ def deploy(plan: Plan, session: Session, workers: dict[str, tuple[type, Any]]) -
     `check_layout(mesh, model)` says whether its worker runs the planned layout (tensor
     parallelism needs backend="3d"; plan with automap(..., max_tp=1, max_pp=1) otherwise).
     """
-    models = [m for s in plan.sets for m in s.models]
+    models = [m for s in sets for m in s.models]
     missing, unknown = [m for m in models if m not in workers], [w for w in workers if w not in models]
     if missing or unknown:
         raise PlannerError(f"deploy needs a (Worker class, config) for each planned model {models}; "
                            + (f"missing {missing}" if missing else f"not in the plan: {unknown}"))
-    for s in plan.sets:
+    for s in sets:
         for m, a in s.assignments.items():
             check = getattr(workers[m][1], "check_layout", None)
             if check is not None:
                 check(model_mesh(a), m)
     groups = {}
-    for colocated in plan.sets:
+    for colocated in sets:
         layouts = _set_layouts(colocated, session)
         by_layout: dict[tuple[int, int, int], list[str]] = {}  # same (pp, tp, dp) -> one process
         for model in colocated.models:

@@ -19,6 +19,7 @@ import inspect
 import textwrap
 
 from workbench.planner.dataflow import Call, Dataflow
+from workbench.planner.errors import UnknownPresetError
 
 # Stage method -> (role, call kind, call name) in the planner's vocabulary.
 STAGE_CALLS = {
@@ -137,3 +138,14 @@ def _names(target: ast.AST) -> list[str]:
     if isinstance(target, (ast.Tuple, ast.List)):
         return [n for element in target.elts for n in _names(element)]
     return []
+
+
+def dataflow_preset(name: str) -> Dataflow:
+    """The dataflow of a built-in algorithm (`algorithms.ALGORITHMS`: ppo, grpo, remax,
+    safe_rlhf, rloo, reinforce_pp), read off its `step()` so plan and code cannot drift."""
+    import algorithms  # on first use: the planner's other pieces load without the model stack
+
+    key = name.lower().replace("-", "_")
+    if key not in algorithms.ALGORITHMS:
+        raise UnknownPresetError("dataflow", name, list(algorithms.ALGORITHMS))
+    return derive_dataflow(algorithms.ALGORITHMS[key], key)

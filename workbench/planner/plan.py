@@ -1,4 +1,5 @@
-"""A HybridFlow plan: placement (colocated sets), allocation (devices per set) and strategies.
+"""A HybridFlow plan: placement (colocated sets), allocation (devices per set) and strategies,
+with the estimated time of every call; its text table and Gantt bars.
 
 `Plan.deploy` runs it (see `deploy`): every colocated set becomes one resource pool, every
 model in it one worker group on that pool with its (pp, tp, dp) layout, and the actor's
@@ -10,53 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from workbench.planner.dataflow import Dataflow
-from workbench.planner.memory import MemoryBreakdown, Transition
-from workbench.planner.specs import ClusterSpec, ModelSpec, Workload
+from workbench.planner.deploy import deploy_sets, reserve_pools
+from workbench.planner.execution import DeviceMesh, ExecutionPlan
+from workbench.planner.placement import ColocatedSet, ModelAssignment  # noqa: F401  (ModelAssignment: older imports)
+from workbench.planner.report import GB, GanttBar, device_range, text_table
+from workbench.planner.specs import ClusterSpec, Workload
 from workbench.planner.strategy import ParallelStrategy
-
-
-@dataclass(frozen=True)
-class ModelAssignment:
-    """One model's layout inside its colocated set."""
-
-    model: str
-    """Role name ('actor', 'critic', ...)."""
-    spec: ModelSpec
-    """Architecture."""
-    strategy: ParallelStrategy
-    """Layout for training and inference calls (its world = the set's device count)."""
-    generation: ParallelStrategy | None = None
-    """Actor only: 3D-HybridEngine generation layout (p_g, t_g, d_g·d) on the same devices."""
-    memory: MemoryBreakdown = field(default_factory=MemoryBreakdown)
-    """Per-device static memory plus the peak dynamic memory of this model's calls."""
-    transition: Transition | None = None
-    """Actor only: the training -> generation switch (HybridFlow Table 2 bytes and memory)."""
-
-
-@dataclass(frozen=True)
-class ColocatedSet:
-    """Models that time-share the same devices (one resource pool)."""
-
-    name: str
-    """Pool name, e.g. 'actor+reference'."""
-    models: tuple[str, ...]
-    """Roles in the set, in dataflow order."""
-    first_device: int
-    """Global index of the set's first device (sets are packed node by node)."""
-    n_devices: int
-    """Devices allocated to the set."""
-    devices_per_node: tuple[int, ...]
-    """Devices taken on each machine the set touches: `ResourcePool(devices_per_node=...)`."""
-    nodes: tuple[int, ...]
-    """Indices of those machines."""
-    assignments: dict[str, ModelAssignment]
-    """Layout per model."""
-    peak_memory: float
-    """Per-device peak: static memory of all models + the largest call's dynamic memory."""
-
-    @property
-    def devices(self) -> range:
-        return range(self.first_device, self.first_device + self.n_devices)
 
 
 @dataclass
@@ -113,29 +73,24 @@ class Plan:
         return f"[{' | '.join(parts)}] {self.iteration_time:.1f}s/iter"
 
     def table(self) -> str:
-        from workbench.planner.report import plan_table
         return plan_table(self)
 
-    def gantt(self) -> list:
-        from workbench.planner.report import plan_gantt
+    def gantt(self) -> list[GanttBar]:
         return plan_gantt(self)
 
     def to_pools(self, session) -> dict:
         """Reserve one pool per colocated set on a live Session; returns {model: (pool, mesh)}
         ready for `session.group(model, WorkerClass, pool, config, mesh=mesh)`."""
-        from workbench.planner.deploy import to_pools
-        return to_pools(self, session)
+        return reserve_pools(self.sets, session)
 
     def deploy(self, session, workers: dict) -> dict:
         """Pools, layouts and worker groups of this plan on a live Session: `workers` maps
         each model to (Worker class, config); returns {model: WorkerGroup}."""
-        from workbench.planner.deploy import deploy
-        return deploy(self, session, workers)
+        return deploy_sets(self.sets, session, workers)
 
-    def to_execution_plan(self):
+    def to_execution_plan(self) -> ExecutionPlan:
         """The same placement as a ReaLHF execution plan (mesh + strategy per call), to be
         scored by TimeCost / MaxMem next to searched plans."""
-        from workbench.planner.execution import ExecutionPlan, DeviceMesh
         layouts = {}
         for c in self.dataflow.calls:
             s = self.set_of(c.model)
@@ -143,20 +98,55 @@ class Plan:
         return ExecutionPlan(layouts)
 
 
-def span(first: int, k: int, devices_per_node: int) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
-    """First device, per-node counts and node indices of k devices starting at device `first`."""
-    counts, nodes, d = [], [], first
-    while d < first + k:
-        node = d // devices_per_node
-        take = min(first + k, (node + 1) * devices_per_node) - d
-        counts.append(take)
-        nodes.append(node)
-        d += take
-    return first, tuple(counts), tuple(nodes)
+def plan_table(plan: Plan) -> str:
+    """Placement, allocation, strategy and time per call, stage times and memory per device."""
+    stage = plan.dataflow.stages()
+    wl, c = plan.workload, plan.cluster
+    head = (f"HybridFlow plan: {plan.dataflow.name} on {c.n_devices} x {c.name} "
+            f"({c.n_nodes} node(s) x {c.devices_per_node})"
+            + ("" if c.calibrated else "  [UNCALIBRATED cluster figures]") +
+            f"\nworkload: batch {wl.global_batch}x{wl.n_samples}, prompt {wl.prompt_len}, "
+            f"response {wl.response_len}, {wl.ppo_epochs} epoch(s) x {wl.ppo_mini_batches} "
+            f"mini-batches")
+    sets = text_table(
+        ["colocated set", "devices", "per node", "models (train | gen layout)", "mem/device GB"],
+        [[s.name, device_range(s.devices.start, s.devices.stop), list(s.devices_per_node),
+          ", ".join(f"{m}:{a.strategy}" + (f"|{a.generation}" if a.generation else "")
+                    for m, a in s.assignments.items()),
+          f"{s.peak_memory / GB:.1f} / {c.device_memory / GB:.0f}"] for s in plan.sets])
+    calls = text_table(
+        ["call", "model", "kind", "stage", "set", "strategy", "est. s"],
+        [[k.name, k.model, k.kind, stage[k.name], plan.set_of(k.model).name,
+          plan.strategy_of(k.name), f"{plan.call_times[k.name]:.2f}"]
+         for k in plan.dataflow.calls])
+    switches = [f"{m}: {a.transition.method} switch {a.strategy} -> {a.generation}, "
+                f"{a.transition.comm_bytes / GB:.2f} GB moved/device, peak "
+                f"{a.transition.peak_params / GB:.2f} GB params, redundancy "
+                f"{a.transition.redundant / GB:.2f} GB"
+                for s in plan.sets for m, a in s.assignments.items() if a.transition is not None]
+    idle = plan.stats.get("idle_devices", 0)
+    stages = "  ".join(f"stage {i}: {t:.2f}s" for i, t in enumerate(plan.stage_times))
+    if switches or idle:
+        sets += "\n" + "\n".join(switches + ([f"{idle} device(s) left idle: more would not be "
+                                                f"faster"] if idle else []))
+    tail = (f"{stages}\niteration: {plan.iteration_time:.2f}s   throughput: "
+            f"{plan.throughput:,.0f} tokens/s")
+    return "\n\n".join([head, sets, calls, tail])
 
 
-def pack_sets(sizes: list[int], devices_per_node: int) -> list[tuple[int, tuple[int, ...],
-                                                                     tuple[int, ...]]]:
-    """First device, per-node counts and node indices of sets laid out one after another."""
-    starts = [sum(sizes[:i]) for i in range(len(sizes))]
-    return [span(start, n, devices_per_node) for start, n in zip(starts, sizes)]
+def plan_gantt(plan: Plan) -> list[GanttBar]:
+    """Bars of one iteration under HybridFlow's stage model: stages one after another, sets in
+    parallel, the calls of one set within a stage one after another (dataflow order)."""
+    stage = plan.dataflow.stages()
+    bars, t0 = [], 0.0
+    for s_i, length in enumerate(plan.stage_times):
+        for cs in plan.sets:
+            t = t0
+            for call in plan.dataflow.calls:
+                if stage[call.name] == s_i and call.model in cs.models:
+                    d = plan.call_times[call.name]
+                    bars.append(GanttBar(call.name, call.name, "compute",
+                                         (cs.devices.start, cs.devices.stop), t, t + d))
+                    t += d
+        t0 += length
+    return bars

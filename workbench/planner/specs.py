@@ -1,4 +1,5 @@
 """Planner inputs as data: model architecture, RLHF workload, and cluster hardware.
+The named clusters (A100, H100, H200, this machine) are built in `clusters`.
 
 Units everywhere in the planner: bytes, seconds, FLOP/s, bytes/s.
 Sources: Llama 2 paper (Touvron et al. 2023) for the model shapes; HybridFlow §8.1 for the
@@ -8,11 +9,10 @@ testbed and workload (see `/work/shared/reference/hybridflow.md` §5).
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass
 from typing import Literal
 
-from workbench.planner.errors import NoMeshError, UnknownPresetError
+from workbench.planner.errors import UnknownPresetError
 
 GIB = 1024**3
 
@@ -271,100 +271,3 @@ class ClusterSpec:
         u = self.devices_per_node
         return [d for d in range(1, u + 1) if u % d == 0] + \
             [k * u for k in range(2, self.n_nodes + 1)]
-
-
-# Fixed costs of small work on GPU presets (defaults, not measured here):
-#   kernel_latency 5 us: a CUDA kernel launch costs ~3-5 us of host time and a small kernel
-#     about as much to ramp up (NVIDIA, "Getting Started with CUDA Graphs", 2019 dev blog);
-#   collective_latency 20 us: small-message NCCL all-reduce inside an NVLink machine
-#     (nccl-tests all_reduce_perf, 8 x A100, 8 B - 64 KiB: ~15-25 us);
-#   step_overhead 2 ms: per decoding step/forward outside kernels (sampling, scheduling,
-#     Python): an assumption of the order of an inference engine's CPU time per step.
-_GPU_LATENCIES = dict(kernel_latency=5e-6, collective_latency=20e-6, step_overhead=2e-3,
-                      allocation="aligned")
-_GPU_LATENCY_NOTE = "kernel 5 us, collective 20 us, step 2 ms (see specs.py); ReaLHF meshes"
-
-
-def _a100(n_nodes: int) -> ClusterSpec:
-    return ClusterSpec(
-        "a100_80g", n_nodes, 8, device_memory=80e9, peak_flops=312e12,
-        train_efficiency=0.45, inference_efficiency=0.5,
-        memory_bandwidth=2.039e12, bandwidth_efficiency=0.7,
-        intra_node_bandwidth=600e9, inter_node_bandwidth=200e9 / 8, **_GPU_LATENCIES,
-        note="HybridFlow testbed: A100-80GB SXM, NVLink 600 GB/s, 200 Gbps between machines; "
-             + _GPU_LATENCY_NOTE)
-
-
-def _h100(n_nodes: int) -> ClusterSpec:
-    return ClusterSpec(
-        "h100", n_nodes, 8, device_memory=80e9, peak_flops=989e12,
-        train_efficiency=0.4, inference_efficiency=0.45,
-        memory_bandwidth=3.35e12, bandwidth_efficiency=0.7,
-        intra_node_bandwidth=900e9, inter_node_bandwidth=8 * 400e9 / 8, **_GPU_LATENCIES,
-        note="H100 SXM datasheet: 989 TFLOP/s bf16 dense, 3.35 TB/s HBM3, NVLink 900 GB/s, "
-             "8x400 Gbps InfiniBand per machine; efficiencies assumed; " + _GPU_LATENCY_NOTE)
-
-
-def _h200(n_nodes: int) -> ClusterSpec:
-    return ClusterSpec(
-        "h200", n_nodes, 8, device_memory=141e9, peak_flops=989e12,
-        train_efficiency=0.4, inference_efficiency=0.45,
-        memory_bandwidth=4.8e12, bandwidth_efficiency=0.7,
-        intra_node_bandwidth=900e9, inter_node_bandwidth=8 * 400e9 / 8, **_GPU_LATENCIES,
-        note="H200 SXM datasheet: H100 compute, 141 GB HBM3e at 4.8 TB/s; efficiencies assumed; "
-             + _GPU_LATENCY_NOTE)
-
-
-def _local(n_nodes: int, devices_per_node: int = 4, calibration=None) -> ClusterSpec:
-    """This machine: from a calibration (`workbench.planner.calibrate`) when given, else
-    placeholder figures."""
-    if calibration is not None:
-        from workbench.planner.calibrate import load_calibration
-        if not hasattr(calibration, "cluster"):
-            calibration = load_calibration(calibration)
-        return calibration.cluster(n_nodes, devices_per_node)
-    # PLACEHOLDER figures for this 2-core CPU machine (logical "devices" = CPU slots sharing
-    # two cores). Not measured: issue 4 item 5 (calibration) must fit them from real runs.
-    return ClusterSpec(
-        "local", n_nodes, devices_per_node, device_memory=4 * GIB, peak_flops=2e10,
-        train_efficiency=0.3, inference_efficiency=0.3,
-        memory_bandwidth=5e9, bandwidth_efficiency=0.5,
-        intra_node_bandwidth=2e9, inter_node_bandwidth=1e9, collective_latency=200e-6,
-        dtype_bytes=4, decode_overlap=False, calibrated=False,
-        note="UNCALIBRATED placeholder for this CPU machine; run calibration before trusting")
-
-
-_CLUSTER_PRESETS = {"a100_80g": _a100, "h100": _h100, "h200": _h200, "local": _local}
-
-
-def cluster_preset(name: str, n_devices: int | None = None, *, n_nodes: int | None = None,
-                   calibration=None) -> ClusterSpec:
-    """A cluster preset sized by `n_devices` (a divisor of one machine, or whole machines)
-    or by `n_nodes`. Default: one machine. A sub-machine size gives a one-node cluster with
-    that many devices. `calibration` (a `Calibration` or the path of a saved one) replaces
-    the placeholder figures of the `local` preset with fitted ones."""
-    try:
-        make = _CLUSTER_PRESETS[name.lower()]
-    except KeyError:
-        raise UnknownPresetError("cluster", name, list(_CLUSTER_PRESETS)) from None
-    if calibration is not None:
-        if make is not _local:
-            raise ValueError(f"cluster {name!r}: only the 'local' preset is built from a "
-                             f"calibration of this machine")
-        make = functools.partial(_local, calibration=calibration)
-    one = make(1)
-    u = one.devices_per_node
-    if n_devices is None:
-        return make(n_nodes or 1)
-    if n_nodes is not None and n_nodes * u != n_devices:
-        raise ValueError(f"n_devices={n_devices} and n_nodes={n_nodes} disagree ({u}/node)")
-    if n_devices >= u and n_devices % u == 0:
-        return make(n_devices // u)
-    if 0 < n_devices < u and u % n_devices == 0:
-        return dataclasses.replace(one, devices_per_node=n_devices)
-    valid = one.mesh_sizes() + [k * u for k in range(2, 17)]
-    raise NoMeshError(n_devices, u, sorted(set(valid)), what=f"cluster {name!r} size")
-
-
-def cluster_presets() -> list[str]:
-    return sorted(_CLUSTER_PRESETS)

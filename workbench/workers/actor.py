@@ -28,11 +28,11 @@ from torch.distributed.device_mesh import DeviceMesh
 from workbench.controller import ONE_TO_ALL, THREE_D_ALL_MICRO_DP, THREE_D_PROTO, THREE_D_REDUCED, Worker, register
 from workbench.data.batch import Batch
 from workbench.engines.forward import model_outputs, response_log_probs, sequence_nll
-from workbench.engines.contract import Forward, LossFn, OptimConfig, needs
+from workbench.engines.contract import Forward, LossFn, OptimConfig, check_training_fields, needs
 from workbench.engines.hf_rollout import HFRollout, HFRolloutConfig
 from workbench.engines.rollout import SamplingConfig, response_texts, stream_seed
-from workbench.engines.tensor_parallel import parallelize
-from workbench.engines.training import BACKENDS, make_engine
+from workbench.engines.tensor_parallel import check_tensor_parallel_layout, parallelize
+from workbench.engines.training import BACKENDS, check_data_parallel_only, make_engine
 from workbench.hybrid.layouts import generation_groups
 from workbench.hybrid.transition import HybridEngine
 from workbench.engines.vllm_rollout import VLLMRolloutConfig
@@ -40,7 +40,8 @@ from workbench import checks
 from workbench.errors import ConfigError
 from workbench.models.load import (LoadConfig, check_compiled_training, check_model_dir, check_positions, compile_forward,
                                    for_worker, load)
-from workbench.workers.training import load_rank_state, mean_over_ranks, run_updates, save_rank_state
+from workbench.workers.training import (check_mini_batch_splits, check_rows_split, load_rank_state, mean_over_ranks,
+                                        run_updates, save_rank_state)
 
 
 ROLLOUTS = ("hf", "vllm", None)
@@ -92,7 +93,7 @@ class ActorConfig:
         checks.one_of("ActorConfig", "backend", self.backend, BACKENDS,
                       fix=f"unknown training backend; use one of {BACKENDS}")
         checks.one_of("ActorConfig", "zero_stage", self.zero_stage, (1, 2, 3), fix="not a ZeRO stage; use 1, 2 or 3")
-        checks.training_fields("ActorConfig", self)
+        check_training_fields("ActorConfig", self)
         checks.real("ActorConfig", "temperature", self.temperature, 0, low_open=True,
                     fix="use a temperature > 0 (the sampling temperature; 1.0 for greedy sampling)")
         checks.of_type("ActorConfig", "load", self.load, LoadConfig, "pass a workbench.models.load.LoadConfig")
@@ -109,17 +110,17 @@ class ActorConfig:
     def check_layout(self, mesh, role: str) -> None:
         """Driver-side, before workers start: the layout and the model directory fit."""
         if self.backend == "3d":
-            checks.tensor_parallel_layout("ActorConfig", mesh, role, self.model_path, self.load.trust_remote_code,
-                                          rollout=self.rollout)
+            check_tensor_parallel_layout("ActorConfig", mesh, role, self.model_path, self.load.trust_remote_code,
+                                         rollout=self.rollout)
         else:
-            checks.data_parallel_only("ActorRolloutRefWorker", mesh, role)
-        checks.mini_batch_splits("ActorConfig", self.mini_batch_size, mesh.dp, role)
+            check_data_parallel_only("ActorRolloutRefWorker", mesh, role)
+        check_mini_batch_splits("ActorConfig", self.mini_batch_size, mesh.dp, role)
         check_model_dir(self.model_path, "ActorConfig.model_path", "causal", self.load.trust_remote_code)
 
     def check_rows(self, rows: int, role: str) -> None:
         """An update over `rows` rows takes equal mini-batches."""
         if self.train:
-            checks.rows_split("ActorConfig", self.mini_batch_size, rows, role)
+            check_rows_split("ActorConfig", self.mini_batch_size, rows, role)
 
     def check_call(self, role: str, method: str, args: tuple, kwargs: dict) -> None:
         """Driver-side check of a call's inputs, before it is sent (see WorkerGroup.call)."""

@@ -10,14 +10,16 @@ import torch.distributed as dist
 from workbench.controller import ONE_TO_ALL, THREE_D_PROTO, THREE_D_REDUCED, Worker, register
 from workbench.data.batch import Batch
 from workbench.engines.forward import model_outputs, response_values
-from workbench.engines.contract import LossFn, OptimConfig
+from workbench.engines.contract import LossFn, OptimConfig, check_training_fields
 from workbench.engines.kept_forward import KeptForwards
-from workbench.engines.training import BACKENDS, make_engine
+from workbench.engines.tensor_parallel import check_tensor_parallel_layout
+from workbench.engines.training import BACKENDS, check_data_parallel_only, make_engine
 from workbench import checks
 from workbench.errors import ConfigError
 from workbench.models.load import LoadConfig, check_compiled_training, check_model_dir, compile_forward, for_worker
 from workbench.models.value import load_value_model
-from workbench.workers.training import load_rank_state, mean_over_ranks, run_updates, save_rank_state
+from workbench.workers.training import (check_mini_batch_splits, check_rows_split, load_rank_state, mean_over_ranks,
+                                        run_updates, save_rank_state)
 
 
 @dataclass
@@ -46,7 +48,7 @@ class CriticConfig:
         checks.one_of("CriticConfig", "backend", self.backend, BACKENDS,
                       fix=f"unknown training backend; use one of {BACKENDS}")
         checks.one_of("CriticConfig", "zero_stage", self.zero_stage, (1, 2, 3), fix="not a ZeRO stage; use 1, 2 or 3")
-        checks.training_fields("CriticConfig", self)
+        check_training_fields("CriticConfig", self)
         checks.of_type("CriticConfig", "load", self.load, LoadConfig, "pass a workbench.models.load.LoadConfig")
         check_compiled_training("CriticConfig", self.load, self.backend, self.zero_stage)
         checks.of_type("CriticConfig", "reuse_values_forward", self.reuse_values_forward, bool, "use True or False")
@@ -64,14 +66,14 @@ class CriticConfig:
     def check_layout(self, mesh, role: str) -> None:
         """Driver-side, before workers start: the layout and the model directory fit."""
         if self.backend == "3d":
-            checks.tensor_parallel_layout("CriticConfig", mesh, role, self.model_path, self.load.trust_remote_code)
+            check_tensor_parallel_layout("CriticConfig", mesh, role, self.model_path, self.load.trust_remote_code)
         else:
-            checks.data_parallel_only("CriticWorker", mesh, role)
-        checks.mini_batch_splits("CriticConfig", self.mini_batch_size, mesh.dp, role)
+            check_data_parallel_only("CriticWorker", mesh, role)
+        check_mini_batch_splits("CriticConfig", self.mini_batch_size, mesh.dp, role)
         check_model_dir(self.model_path, "CriticConfig.model_path", "value", self.load.trust_remote_code)
 
     def check_rows(self, rows: int, role: str) -> None:
-        checks.rows_split("CriticConfig", self.mini_batch_size, rows, role)
+        check_rows_split("CriticConfig", self.mini_batch_size, rows, role)
         if self.reuse_values_forward and rows > self.mini_batch_size:
             raise ConfigError("CriticConfig.reuse_values_forward", True,
                               f"{role}: an update of {rows} rows takes several optimizer steps (mini_batch_size="

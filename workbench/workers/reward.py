@@ -16,6 +16,7 @@ from workbench.controller import DP_PROTO, Worker, register
 from workbench.data.batch import Batch
 from workbench import checks
 from workbench.engines.forward import trim_padding
+from workbench.engines.training import check_data_parallel_only
 from workbench.errors import ConfigError
 from workbench.models.load import LoadConfig, check_model_dir, compile_forward, for_worker
 from workbench.models.value import last_token_index, load_value_model, token_values
@@ -37,7 +38,7 @@ class ScoreModelConfig:
 
     def check_layout(self, mesh, role: str) -> None:
         """Driver-side, before workers start: a decoder-only scorer with its tokenizer."""
-        checks.data_parallel_only("RewardModelWorker", mesh, role)
+        check_data_parallel_only("RewardModelWorker", mesh, role)
         check_model_dir(self.model_path, "ScoreModelConfig.model_path", "value", self.load.trust_remote_code)
 
 

@@ -13,6 +13,30 @@ import torch.distributed as dist
 from workbench.data.batch import Batch
 from workbench.engines.accumulation import NonFiniteStep, all_reduce_small
 from workbench.engines.contract import Forward, LossFn
+from workbench.errors import ConfigError
+
+
+def check_mini_batch_splits(owner: str, mini_batch_size: int, dp: int, role: str) -> None:
+    """A mini-batch splits evenly over the group's data-parallel ranks (`run_updates` takes
+    mini_batch_size // dp rows per rank and step)."""
+    if mini_batch_size % dp:
+        raise ConfigError(
+            f"{owner}.mini_batch_size", mini_batch_size,
+            f"it is split over the {role} group's {dp} data-parallel ranks; use a multiple of {dp}",
+        )
+
+
+def check_rows_split(owner: str, mini_batch_size: int, rows: int, role: str) -> None:
+    """An update over `rows` rows takes mini-batches of mini_batch_size rows: all equal (a
+    mini_batch_size above the rows is one step over all of them)."""
+    if rows > mini_batch_size and rows % mini_batch_size:
+        steps = [mini_batch_size] * (rows // mini_batch_size) + [rows % mini_batch_size]
+        raise ConfigError(
+            f"{owner}.mini_batch_size", mini_batch_size,
+            f"the {role} update gets {rows} rows, which would make uneven optimizer steps of "
+            f"{steps} rows; use a mini_batch_size that divides {rows} (rebuild the {role} group), "
+            f"or change the number of prompts / samples",
+        )
 
 
 def run_updates(
