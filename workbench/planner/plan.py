@@ -7,6 +7,7 @@ hybrid engine gets the generation layout.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 from workbench.planner.dataflow import Dataflow
@@ -70,12 +71,19 @@ class Plan:
     """Colocated sets with their devices and layouts."""
     call_times: dict[str, float]
     """Estimated seconds per call (the actor's generation includes resharding)."""
-    stage_times: tuple[float, ...]
-    """d_cost per stage: max over sets of the sum of their calls in the stage."""
+    level_times: tuple[float, ...]
+    """d_cost per dependency level (Dataflow.levels; HybridFlow's stages): max over sets of
+    the sum of their calls in the level."""
     iteration_time: float
-    """Sum of stage times: the estimated seconds per iteration."""
+    """Sum of level times: the estimated seconds per iteration."""
     stats: dict = field(default_factory=dict)
     """Search statistics: placements, allocations evaluated, seconds."""
+
+    @property
+    def stage_times(self) -> tuple[float, ...]:
+        """Deprecated: `level_times`."""
+        warnings.warn("Plan.stage_times is now Plan.level_times", DeprecationWarning, stacklevel=2)
+        return self.level_times
 
     @property
     def placement(self) -> tuple[tuple[str, ...], ...]:
