@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from workbench.errors import ConfigError
-from workbench.workers.training import rng_state, set_rng_state
+from workbench.workers.updates import rng_state, set_rng_state
 
 TRAINED_ROLES = ("actor", "critic", "cost_critic")
 """The roles whose weights change during a run (reference, reward and cost models are frozen)."""

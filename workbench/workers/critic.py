@@ -12,12 +12,12 @@ from workbench.data.batch import Batch
 from workbench.engines.forward import model_outputs, response_values
 from workbench.engines.contract import LossFn, OptimConfig
 from workbench.engines.kept_forward import KeptForwards
-from workbench.engines.training import BACKENDS, make_engine
+from workbench.engines.backends import BACKENDS, make_engine
 from workbench import checks
 from workbench.errors import ConfigError
 from workbench.models.load import LoadConfig, check_compiled_training, check_model_dir, compile_forward, for_worker
 from workbench.models.value import load_value_model
-from workbench.workers.training import load_rank_state, mean_over_ranks, run_updates, save_rank_state
+from workbench.workers.updates import load_rank_state, mean_over_ranks, run_updates, save_rank_state
 
 
 @dataclass
