@@ -33,5 +33,8 @@ def finite_batch(batch, before: str) -> None:
             raise NonFiniteError(field, step, list(uids), before)
 
 
-_FIELD_STEPS = {field: steps.producer_of(field) for step in steps.STEPS for field in step.produces}
+_FIELD_STEPS: dict[str, str] = {}
 """Each field a step produces, and the (first) step that makes it, in step order."""
+for _step in steps.STEPS:
+    for _field in _step.produces:
+        _FIELD_STEPS.setdefault(_field, _step.name)

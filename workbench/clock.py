@@ -64,9 +64,9 @@ class StepClock:
         refs = {ref: step for step, step_refs in self.pending.items() for ref in step_refs}
         remaining = list(refs)
         while remaining:
-            ready, remaining = ray.wait(remaining, num_returns=1, fetch_local=False)
+            done, remaining = ray.wait(remaining, num_returns=1, fetch_local=False)
             now = time.monotonic()
-            for ref in ready:
+            for ref in done:
                 step = refs[ref]
                 self.pending[step].remove(ref)
                 if not self.pending[step]:
