@@ -5,7 +5,7 @@
     batch, metrics = ppo.step(prompts)
 
 `core` holds the numerics (registries of advantage estimators, KL penalties, policy losses);
-`base` the shared stages; one file per algorithm holds its recipe.
+`base` the shared steps (their table: `workbench.steps`); one file per algorithm holds its recipe.
 """
 
 from algorithms import core

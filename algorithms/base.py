@@ -1,15 +1,17 @@
-"""What every algorithm shares: its settings, and the stages its recipe is written in.
+"""What every algorithm shares: its settings, and the steps its recipe is written in.
 
-An algorithm file (ppo.py, grpo.py, ...) subclasses `Algorithm` and writes `step()` as a few
-stage calls. Each stage is also a method a notebook cell can call on its own:
+An algorithm file (ppo.py, grpo.py, ...) subclasses `Algorithm` and writes `step()` (one
+iteration) as a few step calls. Each step is also a method a notebook cell can call on its own:
 
     gen = algo.generate(prompts)                 # a DataFuture: returns at once
     batch = algo.collect(gen, algo.old_log_probs(gen), algo.reference(gen), algo.values(gen), algo.reward(gen))
     batch = algo.advantages(algo.shape_rewards(batch))   # driver-side numerics (algorithms.core)
     metrics = algo.finish(batch, critic=algo.update_critic(batch), actor=algo.update_actor(batch))
 
-Remote stages return futures, which flow worker to worker; `collect` waits and joins them on
-the driver. Estimators and losses are looked up in core's registries at each call.
+Remote steps return futures, which flow worker to worker; `collect` waits and joins them on
+the driver. Estimators and losses are looked up in core's registries at each call. The steps,
+their names (`timing_s/<name>`, the trace's `extra["step"]`) and what each produces are one
+table, `workbench.steps`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import threading
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -26,8 +29,10 @@ import torch
 from algorithms import core
 from algorithms.groups import Groups
 from algorithms.losses import ActorLoss, CriticLoss
-from algorithms.metrics import StageClock, data_metrics, format_line, throughput
-from workbench import checks, config_loader
+from algorithms.guard import finite_batch
+from algorithms.metrics import data_metrics, format_line, throughput
+from workbench import checks, config_loader, steps
+from workbench.clock import StepClock
 from workbench.data.batch import Batch
 from workbench.engines.rollout import SamplingConfig, stream_seed
 from workbench.errors import ConfigError
@@ -134,7 +139,7 @@ class AlgoConfig:
 
 
 class Algorithm:
-    """The stages of an RLHF iteration over live worker groups; subclasses write `step`."""
+    """The steps of an RLHF iteration over live worker groups; subclasses write `step` (one iteration)."""
 
     Config = AlgoConfig
     roles: tuple[str, ...] = ("actor", "reward")
@@ -148,7 +153,7 @@ class Algorithm:
         self.kl_ctl = core.AdaptiveKL(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.kl_target else core.FixedKL(cfg.kl_coef)
         self.run_name = f"{type(self).__name__}#{next(_run_numbers)}"
         """Tags this algorithm's trace spans (`extra["run"]`), told apart from other runs in one session."""
-        self.clock = StageClock(self.run_name)
+        self.clock = StepClock(self.run_name)
         self.reuse_rollout_log_probs = False  # decided per iteration, in generate()
         self.iteration = 0
         self.history: list[dict[str, float]] = []
@@ -204,23 +209,35 @@ class Algorithm:
                     f"set both to the same value (rebuild the {role} group, or change the sampling)"
                 )
 
-    # ---- remote stages: each returns a future at once ------------------------------------------
-    def generate(self, prompts: Batch, sampling: SamplingConfig | None = None, stage: str = "gen"):
+    # ---- remote steps: each returns a future at once (names: workbench.steps) -------------------
+    def generate(self, prompts: Batch, sampling: SamplingConfig | None = None, *, step: str = steps.GEN.name,
+                 new_iteration: bool = True, stage: str | None = None):
+        """Sample responses to `prompts`. By default an iteration starts here (see
+        `start_iteration`); pass `new_iteration=False` for a further generation inside one
+        (ReMax's greedy baseline: `step="gen_greedy"`)."""
+        if stage is not None:  # the old keyword, under which only "gen" started an iteration
+            step, new_iteration = _renamed_stage(stage), stage == steps.GEN.name
         sampling = sampling or self.config.sampling
         if sampling.seed is not None:  # this iteration's own stream: iterations must not repeat samples
             sampling = replace(sampling, seed=stream_seed(sampling.seed, self.iteration))
-        if stage == "gen":  # an iteration starts here; drop whatever a failed one left behind
-            self._check(prompts)
-            self.clock.reset()
-            self.reuse_rollout_log_probs = self.old_log_prob_source(len(prompts) * sampling.n) == "rollout"
-        return self.clock.launch(stage, self.groups.actor.generate_sequences(prompts, sampling))
+        if new_iteration:
+            self.start_iteration(prompts, sampling)
+        return self.clock.launch(step, self.groups.actor.generate_sequences(prompts, sampling))
+
+    def start_iteration(self, prompts: Batch, sampling: SamplingConfig | None = None) -> None:
+        """Before an iteration's remote work: check the config and batch sizes, drop whatever a
+        failed iteration left on the clock, and decide where this iteration's log pi_old comes from."""
+        sampling = sampling or self.config.sampling
+        self._check(prompts)
+        self.clock.reset()
+        self.reuse_rollout_log_probs = self.old_log_prob_source(len(prompts) * sampling.n) == "rollout"
 
     def old_log_probs(self, gen):
         """log pi_old of the sampled tokens, recomputed by the training forward (+ entropy);
         None when this iteration reuses the rollout's log-probs (see AlgoConfig.old_log_probs)."""
         if self.reuse_rollout_log_probs:
             return None
-        return self.clock.launch("old_log_prob", self.groups.actor.compute_log_prob(gen), gen)
+        return self.clock.launch(steps.OLD_LOG_PROB.name, self.groups.actor.compute_log_prob(gen), gen)
 
     def old_log_prob_source(self, rows: int) -> str:
         """"rollout" or "recompute" for an iteration of `rows` responses, per config.old_log_probs;
@@ -248,24 +265,28 @@ class Algorithm:
         return "recompute"
 
     def reference(self, gen):
-        return self.clock.launch("ref", self.groups.reference.compute_ref_log_prob(gen), gen)
+        return self.clock.launch(steps.REF.name, self.groups.reference.compute_ref_log_prob(gen), gen)
 
     def values(self, gen):
-        return self.clock.launch("values", self.groups.critic.compute_values(gen), gen)
+        return self.clock.launch(steps.VALUES.name, self.groups.critic.compute_values(gen), gen)
 
-    def reward(self, gen, stage: str = "reward"):
-        return self.clock.launch(stage, self.groups.reward.compute_reward(gen), gen)
+    def reward(self, gen, *, step: str = steps.REWARD.name, stage: str | None = None):
+        step = _renamed_stage(stage) if stage is not None else step
+        return self.clock.launch(step, self.groups.reward.compute_reward(gen), gen)
 
-    def update_critic(self, batch: Batch, critic=None, loss=None, stage: str = "update_critic"):
-        checks.finite_batch(batch, before=stage)
+    def update_critic(self, batch: Batch, critic=None, loss=None, *, step: str = steps.UPDATE_CRITIC.name,
+                      stage: str | None = None):
+        step = _renamed_stage(stage) if stage is not None else step
+        finite_batch(batch, before=step)
         loss = loss or CriticLoss(self.config.cliprange_value, self.config.loss_agg_mode)
-        return self.clock.launch(stage, (critic or self.groups.critic).update_critic(batch, loss))
+        return self.clock.launch(step, (critic or self.groups.critic).update_critic(batch, loss))
 
-    def update_actor(self, batch: Batch, loss=None, stage: str = "update_actor"):
-        checks.finite_batch(batch, before=stage)
-        return self.clock.launch(stage, self.groups.actor.update_actor(batch, loss or self.actor_loss()))
+    def update_actor(self, batch: Batch, loss=None, *, step: str = steps.UPDATE_ACTOR.name, stage: str | None = None):
+        step = _renamed_stage(stage) if stage is not None else step
+        finite_batch(batch, before=step)
+        return self.clock.launch(step, self.groups.actor.update_actor(batch, loss or self.actor_loss()))
 
-    # ---- driver-side stages ---------------------------------------------------------------------
+    # ---- driver-side steps ----------------------------------------------------------------------
     def collect(self, *parts) -> Batch:
         """Wait for the given results and join them into one Batch on the driver."""
         self.clock.wait()
@@ -283,7 +304,7 @@ class Algorithm:
     def shape_rewards(self, batch: Batch, share: float = 1.0) -> Batch:
         """token_level_rewards = scores - share * beta * KL(old || ref) when kl_coef > 0 (PPO
         style); the per-token KL is kept as token_level_kl."""
-        with self.clock.stage("reward_shaping"):
+        with self.clock.measure(steps.REWARD_SHAPING.name):
             if self.kl_ctl.value:
                 rewards, kl = core.kl_in_reward(
                     batch["token_level_scores"], batch["old_log_probs"], batch["ref_log_probs"],
@@ -302,7 +323,7 @@ class Algorithm:
         """advantages and returns from the estimator registered under config.estimator *now*."""
         name = estimator or self.config.estimator
         fn = core.ADVANTAGES.get(name)
-        with self.clock.stage("adv"):
+        with self.clock.measure(steps.ADV.name):
             batch["advantages"], batch["returns"] = core.call(fn, batch, self.config.settings(), what=f"advantage estimator {name!r}")
         return batch
 
@@ -417,6 +438,13 @@ class BackgroundFit:
 
     def __repr__(self) -> str:
         return f"BackgroundFit({len(self.history)} iterations done{', finished' if self.done else ''})"
+
+
+def _renamed_stage(stage: str) -> str:
+    """The step named by the deprecated `stage=` keyword."""
+    warnings.warn("the stage= keyword of Algorithm's step methods is now step= (generate: also new_iteration=)",
+                  DeprecationWarning, stacklevel=3)
+    return stage
 
 
 def _epochs(prompts: Iterable[Batch]):

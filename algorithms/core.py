@@ -92,7 +92,7 @@ def call(fn: Callable, *sources: Mapping[str, Any], what: str = "") -> Any:
                 raise MissingInput(
                     f"{name} needs {param.name!r}, which is neither a batch column nor a setting "
                     f"(batch/settings hold: {sorted(set().union(*[list(s.keys()) for s in sources]))}). "
-                    f"Add the stage that produces it, or give it a default"
+                    f"Add the step that produces it, or give it a default"
                 )
     return fn(**kwargs)
 

@@ -22,8 +22,9 @@ class ReMax(Algorithm):
 
     def step(self, prompts):
         gen = self.generate(prompts)
-        greedy = self.generate(prompts, replace(self.config.sampling, greedy=True, n=1), stage="gen_greedy")
-        baseline = self.reward(greedy, stage="reward_greedy")
+        greedy_sampling = replace(self.config.sampling, greedy=True, n=1)
+        greedy = self.generate(prompts, greedy_sampling, step="gen_greedy", new_iteration=False)
+        baseline = self.reward(greedy, step="reward_greedy")
         batch = self.collect(gen, self.old_log_probs(gen), self.reference(gen), self.reward(gen))
         batch["reward_baselines"] = baseline.get()["scores"].repeat_interleave(self.config.sampling.n)
         batch = self.advantages(self.shape_rewards(batch))

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from algorithms import core
 from algorithms.base import AlgoConfig, Algorithm
 from algorithms.losses import CriticLoss, PretrainLoss
-from workbench import checks
+from workbench import checks, steps
 
 
 @dataclass
@@ -61,18 +61,19 @@ class SafeRLHF(Algorithm):
         batch = self.advantages(self.shape_rewards(batch))
         updates = dict(
             critic=self.update_critic(batch),
-            cost_critic=self.update_critic(batch, self.groups.cost_critic, self.cost_critic_loss(), stage="update_cost_critic"),
+            cost_critic=self.update_critic(batch, self.groups.cost_critic, self.cost_critic_loss(), step="update_cost_critic"),
             actor=self.update_actor(batch),
         )
         if ptx is not None:
-            updates["ptx"] = self.update_actor(ptx, PretrainLoss(self.config.ptx_coef), stage="update_ptx")
+            updates["ptx"] = self.update_actor(ptx, PretrainLoss(self.config.ptx_coef), step="update_ptx")
         return batch, self.finish(batch, **updates)
 
     def cost(self, gen):
-        return self.clock.launch("cost", self.groups.cost.compute_cost(gen), gen)
+        return self.clock.launch(steps.COST.name, self.groups.cost.compute_cost(gen), gen)
 
     def cost_values(self, gen):
-        return self.clock.launch("cost_values", self.groups.cost_critic.compute_values(gen, "cost_values"), gen)
+        values = self.groups.cost_critic.compute_values(gen, "cost_values")
+        return self.clock.launch(steps.COST_VALUES.name, values, gen)
 
     def cost_critic_loss(self):
         return CriticLoss(self.config.cliprange_value, self.config.loss_agg_mode, "cost_values", "cost_returns")
@@ -92,7 +93,7 @@ class SafeRLHF(Algorithm):
         mean cost first, then weighs them (Safe-RLHF's actor objective)."""
         name = estimator or self.config.estimator
         fn, settings, what = core.ADVANTAGES.get(name), self.config.settings(), f"advantage estimator {name!r}"
-        with self.clock.stage("adv"):
+        with self.clock.measure(steps.ADV.name):
             reward_advantages, batch["returns"] = core.call(fn, batch, settings, what=what)
             costs = {"token_level_rewards": batch["token_level_cost_rewards"], "values": batch["cost_values"]}
             batch["cost_advantages"], batch["cost_returns"] = core.call(fn, costs, batch, settings, what=what)

@@ -14,7 +14,7 @@ machine is shared, and a calibration only predicts runs made under the load it s
 columns are medians over the rounds after the warm-up round.
 
 Prints a table (placement, estimated s, measured s, relative error), whether the estimates
-rank the placements in the measured order, the error broken down by stage (each model call's
+rank the placements in the measured order, the error broken down by step (each model call's
 estimated seconds against its traced span, and the time outside every call: dispatch,
 transfers and driver-side work), the fitted constants' spread over the rounds, and as the
 last line one JSON object.
@@ -35,7 +35,7 @@ from pathlib import Path
 
 from algorithms.groups import Groups
 from algorithms.ppo import PPO, PPOConfig
-from workbench import Mesh, Session
+from workbench import Mesh, Session, steps
 from workbench.data import arithmetic
 from workbench.data.prompts import tokenize_prompts
 from workbench.engines.rollout import SamplingConfig
@@ -66,11 +66,6 @@ DEVICES = {"actor+ref | critic+reward, dp=2": 2,   # data parallel: FSDP over 2 
 # generates data parallel (gen_tp=1), so every generation pays the hybrid engine's switch.
 TENSOR_PARALLEL = {"actor+ref tp=2 | critic+reward, dp=2": ("actor", "reference")}
 MICRO, MINI = 4, 8
-# Worker method -> planner call name (the PPO dataflow derived from algorithms/ppo.py).
-CALL_OF_METHOD = {"generate_sequences": "actor_gen", "compute_log_prob": "actor_logp",
-                  "compute_ref_log_prob": "ref_logp", "compute_values": "critic_values",
-                  "compute_reward": "reward", "update_critic": "critic_train",
-                  "update_actor": "actor_train"}
 CONSTANTS = ("train_efficiency", "inference_efficiency", "bandwidth_efficiency", "step_overhead", "train_overhead",
              "inference_overhead",
              "kernel_latency", "call_overhead", "collective_latency", "cores", "peak_flops")
@@ -104,22 +99,28 @@ def build(session: Session, tag: str, sets, devices: int, model_dir: str, cfg: P
 def run_round(session: Session, algos: dict[str, PPO], prompts) -> tuple[dict, dict]:
     """Seconds of one PPO iteration per placement (placements take turns), and per placement
     its traced seconds per call plus the time outside every call."""
-    times, stages = {}, {}
+    times, traced = {}, {}
     for i, (name, algo) in enumerate(algos.items()):
         wall, start = time.time(), time.perf_counter()
         algo.step(prompts)
         times[name] = time.perf_counter() - start
-        records = [r for r in session.trace() if r.start >= wall and r.role.startswith(f"p{i}_")
-                   and r.method in CALL_OF_METHOD]
-        stages[name] = _traced_stages(records, wall, wall + times[name])
-    return times, stages
+        records = [r for r in session.trace() if r.start >= wall and r.role.startswith(f"p{i}_") and _model_call(r)]
+        traced[name] = _traced_steps(records, wall, wall + times[name])
+    return times, traced
 
 
-def _traced_stages(records, begin: float, end: float) -> dict[str, float]:
-    """Per call: the longest rank's span; 'outside calls': the step's time no call covered."""
+def _model_call(record) -> bool:
+    """A span of a step's worker call itself (its trace tag names the step, which is also the
+    planner's call name), not one recorded inside it (hybrid.* transitions)."""
+    step = steps.BY_NAME.get(record.extra.get("step"))
+    return step is not None and record.method == step.worker_method
+
+
+def _traced_steps(records, begin: float, end: float) -> dict[str, float]:
+    """Per step: the longest rank's span; 'outside calls': the iteration's time no call covered."""
     out: dict[str, float] = {}
     for r in records:
-        call = CALL_OF_METHOD[r.method]
+        call = r.extra["step"]
         out[call] = max(out.get(call, 0.0), r.end - r.start)
     out["outside calls"] = (end - begin) - _union([(r.start, r.end) for r in records])
     return out
@@ -181,7 +182,7 @@ def main(argv=None) -> dict:
                         help="use a saved calibration instead of profiling each round")
     parser.add_argument("--save", type=Path, default=Path(".cache/planner/local-calibration.json"))
     parser.add_argument("--dump", type=Path, default=None,
-                        help="write every round's raw profile, measured times and traced stages here "
+                        help="write every round's raw profile, measured times and traced steps here "
                              "(to study the estimate offline)")
     args = parser.parse_args(argv)
     load_start = os.getloadavg()
@@ -219,11 +220,11 @@ def main(argv=None) -> dict:
                   + ", ".join(f"{n}: est {est[n]:.2f} / {times[n]:.2f} s" for n in PLACEMENTS), flush=True)
             if k >= args.warmup:
                 rounds.append({"calibration": cal, "estimated": est, "measured": times,
-                               "stages": {n: (estimated[n][1], traced[n]) for n in PLACEMENTS},
+                               "steps": {n: (estimated[n][1], traced[n]) for n in PLACEMENTS},
                                "loadavg": round(os.getloadavg()[0], 2)})
             if args.dump:
                 dumped = [{"calibration": r["calibration"].to_dict(), "measured": r["measured"],
-                           "traced": {n: r["stages"][n][1] for n in PLACEMENTS}, "loadavg": r["loadavg"]}
+                           "traced": {n: r["steps"][n][1] for n in PLACEMENTS}, "loadavg": r["loadavg"]}
                           for r in rounds]
                 args.dump.write_text(json.dumps({"workload": dataclasses.asdict(workload), "spec": dataclasses.asdict(spec),
                                                  "rounds": dumped}, indent=1))
@@ -237,12 +238,12 @@ def main(argv=None) -> dict:
                      "rel_error": round(est / meas - 1, 3),
                      "rounds": [[round(r["estimated"][name], 3), round(r["measured"][name], 3)] for r in rounds]})
 
-    stage_rows = {}
+    step_rows = {}
     for name in PLACEMENTS:
-        keys = list(rounds[0]["stages"][name][0])
-        stage_rows[name] = {k: [round(statistics.median(r["stages"][name][0].get(k, 0.0) for r in rounds), 3),
-                                round(statistics.median(r["stages"][name][1].get(k, 0.0) for r in rounds), 3)]
-                            for k in keys}
+        keys = list(rounds[0]["steps"][name][0])
+        step_rows[name] = {k: [round(statistics.median(r["steps"][name][0].get(k, 0.0) for r in rounds), 3),
+                               round(statistics.median(r["steps"][name][1].get(k, 0.0) for r in rounds), 3)]
+                           for k in keys}
     spread = {}
     for k in CONSTANTS:
         values = [getattr(r["calibration"], k) for r in rounds]
@@ -250,11 +251,11 @@ def main(argv=None) -> dict:
         spread[k] = {"median": mid, "min": min(values), "max": max(values),
                      "rel_spread": round((max(values) - min(values)) / mid, 3) if mid else 0.0}
 
-    print("\nper stage, estimated / traced seconds (median over rounds); 'outside calls' is the "
+    print("\nper step, estimated / traced seconds (median over rounds); 'outside calls' is the "
           "iteration time no model call covered (dispatch, transfers, driver-side work):")
-    calls = list(next(iter(stage_rows.values())))
+    calls = list(next(iter(step_rows.values())))
     print(f"{'placement':32s} " + " ".join(f"{c:>15s}" for c in calls))
-    for name, row in stage_rows.items():
+    for name, row in step_rows.items():
         print(f"{name:32s} " + " ".join(f"{row[c][0]:6.2f} / {row[c][1]:5.2f}" for c in calls))
     print("\nfitted constants over the rounds (median, min - max, spread):")
     for k, v in spread.items():
@@ -293,7 +294,7 @@ def main(argv=None) -> dict:
         "fitted_per_round": [{k: float(f"{getattr(r['calibration'], k):.4g}") for k in CONSTANTS}
                              for r in rounds],
         "fitted_spread": {k: v["rel_spread"] for k, v in spread.items()},
-        "stages": stage_rows,
+        "steps": step_rows,
         "loadavg_per_round": [r["loadavg"] for r in rounds],
         "slowdown": cal.machine.get("slowdown"),
         "loadavg_start": [round(x, 2) for x in load_start],

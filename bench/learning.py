@@ -37,7 +37,7 @@ from workbench.data.prompts import write_jsonl
 from workbench.models import make_tiny
 from workbench.run.config import RunConfig
 from workbench.run.runner import Runner
-from workbench.stages import SFTConfig, train_sft
+from workbench.stages import StageConfig, train_sft
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "learning"
@@ -64,7 +64,7 @@ def prepare_model(cfg: arithmetic.ArithmeticConfig, sft: list, steps: int, lr: f
         torch.set_num_threads(1)
         base = make_tiny("10m", CACHE / "base-10m")
         start = time.monotonic()
-        result = train_sft(base, arithmetic.demonstrations(sft), sft_dir, SFTConfig(steps=steps, lr=lr, log_every=0))
+        result = train_sft(base, arithmetic.demonstrations(sft), sft_dir, StageConfig(steps=steps, lr=lr, log_every=0))
         print(f"SFT: loss {result['first_loss']:.2f} -> {result['last_loss']:.2f} in {steps} steps "
               f"({time.monotonic() - start:.0f} s)")
     return sft_dir

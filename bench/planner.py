@@ -3,8 +3,8 @@
 For PPO with Llama-2 7B/13B/34B/70B (all four models the same size, as in the HybridFlow
 paper §8) on 8-128 A100-80GB (8 per machine; 1024 + 1024 tokens, batch 1024), it prints per
 model and cluster size
-  * the planner's best placement, allocation and layouts, with its stage times
-    (generation | preparation | training) and the stage that dominates;
+  * the planner's best placement, allocation and layouts, with its time per dependency level
+    (the paper's stages: generation | preparation | training) and the level that dominates;
   * beside it the three fixed placements (colocate: all on all devices; split: actor+reference
     | critic+reward; standalone: a set per model), each with its best allocation and layouts,
     so a reader sees what the choice gains and where;
@@ -30,7 +30,7 @@ from workbench.planner.automap import AutoMapper
 
 MODELS = ["llama2-7b", "llama2-13b", "llama2-34b", "llama2-70b"]
 DEVICES = [8, 16, 32, 64, 128]
-STAGES = ("generation", "preparation", "training")
+LEVELS = ("generation", "preparation", "training")  # the HybridFlow paper's stages
 FIXED = {
     "colocate": (("actor", "reference", "critic", "reward"),),
     "split": (("actor", "reference"), ("critic", "reward")),
@@ -50,15 +50,15 @@ def _kind(placement) -> str:
 
 
 def _summary(plan) -> dict:
-    stages = [round(t, 1) for t in plan.stage_times]
+    levels = [round(t, 1) for t in plan.level_times]
     return {
         "placement": [s.name for s in plan.sets],
         "allocation": list(plan.allocation),
         "layouts": {m: str(a.strategy) + (f"|{a.generation}" if a.generation else "")
                     for s in plan.sets for m, a in s.assignments.items()},
         "iteration_s": round(plan.iteration_time, 2),
-        "stages_s": stages,
-        "dominant": STAGES[max(range(len(stages)), key=stages.__getitem__)],
+        "levels_s": levels,
+        "dominant": LEVELS[max(range(len(levels)), key=levels.__getitem__)],
         "idle_devices": plan.stats["idle_devices"],
         "peak_memory_gb": round(plan.peak_memory / 1e9, 1),
     }
@@ -101,9 +101,9 @@ def _row(label: str, s: dict | None) -> str:
     if s is None:
         return f"  {label:<10} does not fit"
     place = " | ".join(f"{p}:{a}" for p, a in zip(s["placement"], s["allocation"]))
-    stages = " | ".join(f"{t:6.1f}" for t in s["stages_s"])
+    levels = " | ".join(f"{t:6.1f}" for t in s["levels_s"])
     idle = f"  ({s['idle_devices']} idle)" if s["idle_devices"] else ""
-    return (f"  {label:<10} {s['iteration_s']:8.1f} s  [{stages}]  {s['dominant']:<11} "
+    return (f"  {label:<10} {s['iteration_s']:8.1f} s  [{levels}]  {s['dominant']:<11} "
             f"{s['peak_memory_gb']:5.1f} GB  {place}{idle}")
 
 
@@ -116,7 +116,7 @@ def main() -> None:
 
     cases = []
     print("per case: estimated s/iteration, [generation | preparation | training] s, dominant "
-          "stage, peak GB/device, placement:devices")
+          "level, peak GB/device, placement:devices")
     for model in MODELS:
         for n in DEVICES:
             c = run_case(model, n, args.mcmc_steps, args.chains)

@@ -113,9 +113,9 @@ def build_workbench(session, algo: str, model_dir: Path, reward_dir: Path, args,
     from workbench.workers.rule_reward import RuleReward
 
     rows = args.rows
-    devices, backend, stage = PLACEMENTS[placement]
+    devices, backend, zero_stage = PLACEMENTS[placement]
     load = LoadConfig(compile=args.compile and backend == "deepspeed")  # compiled training: ZeRO-1/2 only
-    train = dict(backend=backend, zero_stage=stage, mini_batch_size=rows, micro_batch_size=rows // devices)
+    train = dict(backend=backend, zero_stage=zero_stage, mini_batch_size=rows, micro_batch_size=rows // devices)
     # vLLM engines are pinned one core per rank; one rank gets every core.
     engine = VLLMRolloutConfig(cpu_threads_bind="per-rank" if devices > 1 else f"0-{args.threads - 1}")
     actor_cfg = ActorConfig(model_path=str(model_dir), rollout=args.rollout, reference=(algo == "ppo"),
@@ -232,7 +232,7 @@ def run_case(session, algo: str, size: str, args) -> dict:
         limit.iteration(b, sampling)
 
     ours, ours_tokens, overhead, peer, peer_tokens, bare = [], [], [], [], [], []
-    stages: dict[str, list[float]] = {}
+    step_times: dict[str, list[float]] = {}
     for round_ in range(args.rounds):
         settings = {
             "repo": str(ROOT), "model": str(model_dir), "reward_model": str(reward_dir), "threads": args.threads,
@@ -250,7 +250,7 @@ def run_case(session, algo: str, size: str, args) -> dict:
             ours_tokens.append(float(batch["response_mask"].sum()))
             for k, v in metrics.items():
                 if k.startswith("timing_s/"):
-                    stages.setdefault(k, []).append(v)
+                    step_times.setdefault(k, []).append(v)
         records = session.trace()
         overhead.append(1 - compute_seconds(records, since) / sum(ours[-args.iterations :]))
         for b in batches[: args.iterations]:
@@ -267,12 +267,12 @@ def run_case(session, algo: str, size: str, args) -> dict:
         "ratio": round(ours_tps / peer_tps, 3),
         "vs_limit": round(statistics.median(ours) / statistics.median(bare), 3),
         "overhead": round(statistics.median(overhead), 4),
-        "stages_s": {k.removeprefix("timing_s/"): round(statistics.median(v), 3) for k, v in stages.items()},
+        "steps_s": {k.removeprefix("timing_s/"): round(statistics.median(v), 3) for k, v in step_times.items()},
     }
     print(f"[{algo} {size}, {new_tokens} new tokens] workbench {result['workbench_s']} s/it "
           f"({result['workbench_tokens_per_s']} tok/s) | TRL {result['trl_s']} s/it ({result['trl_tokens_per_s']} tok/s) "
           f"-> x{result['ratio']} | compute limit {result['limit_s']} s (workbench x{result['vs_limit']} of it), "
-          f"framework overhead {result['overhead']:.1%} | stages {result['stages_s']}", flush=True)
+          f"framework overhead {result['overhead']:.1%} | steps {result['steps_s']}", flush=True)
     session.clear()
     return result
 

@@ -5,7 +5,7 @@
     ppo.fit(prompts, 10, log=None, callbacks=[dashboard])
 
 Charts: score and rewards, KL, losses, clip fractions, response length, throughput and the
-time of each stage. A chart shows whichever of its metrics the algorithm reports (verl's
+time of each step. A chart shows whichever of its metrics the algorithm reports (verl's
 names). `MetricsDashboard.from_jsonl(path)` reads a run's metrics file (RunRecorder's).
 """
 
@@ -66,16 +66,16 @@ class MetricsDashboard(View):
         self.update(metrics, background=True)
 
     def data(self) -> dict:
-        """{chart: {metric: (iterations, values)}}, plus "stage times" from timing_s/*."""
+        """{chart: {metric: (iterations, values)}}, plus "step times" from timing_s/*."""
         its = [m.get("iteration", i + 1) for i, m in enumerate(self.history)]
         out = {}
         for chart, keys in CHARTS.items():
             series = {k: ([it for it, m in zip(its, self.history) if k in m], [m[k] for m in self.history if k in m])
                       for k in keys}
             out[chart] = {k: v for k, v in series.items() if v[0]}
-        stages = sorted({k for m in self.history for k in m if k.startswith("timing_s/")})
-        out["stage times (s)"] = {k: ([it for it, m in zip(its, self.history) if k in m],
-                                      [m[k] for m in self.history if k in m]) for k in stages}
+        timings = sorted({k for m in self.history for k in m if k.startswith("timing_s/")})
+        out["step times (s)"] = {k: ([it for it, m in zip(its, self.history) if k in m],
+                                     [m[k] for m in self.history if k in m]) for k in timings}
         return out
 
     def summary(self) -> str:

@@ -7,7 +7,7 @@
 Bars are calls coloured by role; the part of a call spent fetching its inputs is pale; the
 hybrid engine's transitions (spans named `hybrid.*`: weight sync, releasing the rollout
 engine) are black. Iterations are marked where their first span starts (spans carry the
-iteration and stage their algorithm launched them in). With `estimate`, the planner's bars
+iteration and step their algorithm launched them in). With `estimate`, the planner's bars
 for the same placement are drawn below, on the same time scale.
 
 Sources: a live `Session` (spans drained as they arrive), a list of CallRecords, or a
@@ -78,7 +78,7 @@ class LiveTimeline(View):
 
     def data(self) -> dict:
         """lanes ("pool rank k"), bars (lane, role, method, start, fetched, end, kind, run,
-        iteration, stage; seconds from the first span shown), iteration marks in time order
+        iteration, step; seconds from the first span shown), iteration marks in time order
         ((iteration, start), with "marks" naming them by run when several runs are in view), and
         the estimate's bars."""
         records = self.shown()
@@ -94,7 +94,7 @@ class LiveTimeline(View):
                 out["bars"].append({
                     "lane": lane_of[(r.pool, r.rank)], "role": r.role, "method": r.method, "kind": kind,
                     "start": r.start - t0, "fetched": r.fetched - t0, "end": r.end - t0,
-                    "run": r.extra.get("run"), "iteration": r.extra.get("iteration"), "stage": r.extra.get("stage"),
+                    "run": r.extra.get("run"), "iteration": r.extra.get("iteration"), "step": _step(r),
                     "call": r.extra.get("call"),
                 })
             starts = sorted(_iteration_starts(records).items(), key=lambda item: item[1])
@@ -158,6 +158,12 @@ class LiveTimeline(View):
             est.set_title("planner's estimate, one iteration", fontsize=8)
         axes[-1].set_xlabel("seconds")
         fig.subplots_adjust(**self.margins)
+
+
+def _step(record: CallRecord) -> str | None:
+    """The step that launched the span (workbench.steps); traces saved before the tag was
+    renamed call it "stage"."""
+    return record.extra.get("step", record.extra.get("stage"))
 
 
 def _iteration_starts(records: list[CallRecord]) -> dict[tuple, float]:

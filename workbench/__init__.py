@@ -12,7 +12,7 @@ from workbench.controller import (
     DP_PROTO,
     DP_REDUCED,
     ONE_TO_ALL,
-    RANK_ZERO,
+    ONE_TO_ALL_KEEP_RANK0,
     THREE_D_ALL_MICRO_DP,
     THREE_D_PP_ONLY,
     THREE_D_PROTO,
@@ -52,6 +52,13 @@ _LAZY = {
 
 
 def __getattr__(name: str):
+    if name == "RANK_ZERO":
+        import warnings
+
+        from workbench.controller import protocols
+
+        warnings.warn(protocols.RANK_ZERO_RENAMED, DeprecationWarning, stacklevel=2)
+        return protocols.ONE_TO_ALL_KEEP_RANK0
     if name not in _LAZY:
         raise AttributeError(f"module 'workbench' has no attribute {name!r}")
     import importlib
@@ -64,7 +71,7 @@ def __getattr__(name: str):
 
 __all__ = [
     *_LAZY,
-    "ALL_TO_ALL", "DP_PROTO", "DP_REDUCED", "ONE_TO_ALL", "RANK_ZERO", "THREE_D_ALL_MICRO_DP", "THREE_D_PP_ONLY",
+    "ALL_TO_ALL", "DP_PROTO", "DP_REDUCED", "ONE_TO_ALL", "ONE_TO_ALL_KEEP_RANK0", "THREE_D_ALL_MICRO_DP", "THREE_D_PP_ONLY",
     "THREE_D_PROTO", "Batch", "DataFuture", "DispatchError", "Mesh", "PlacementError", "Protocol",
     "ResourcePool", "Session", "Worker", "WorkerCallError", "WorkerDiedError", "WorkerGroup", "register",
 ]

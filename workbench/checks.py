@@ -67,34 +67,3 @@ def _types(kind) -> tuple:
     return kind if isinstance(kind, tuple) else (kind,)
 
 
-FIELD_STAGES = {
-    "scores": "reward", "token_level_scores": "reward", "costs": "cost", "token_level_costs": "cost",
-    "token_level_rewards": "reward_shaping", "token_level_kl": "reward_shaping", "values": "values",
-    "cost_values": "cost_values", "old_log_probs": "old_log_prob", "rollout_log_probs": "gen",
-    "ref_log_probs": "ref", "advantages": "adv", "returns": "adv", "cost_advantages": "adv",
-    "cost_returns": "adv",
-}
-"""The fields an update reads, and the stage that makes each."""
-
-
-def finite_batch(batch, before: str) -> None:
-    """Refuse NaN/inf in the fields an update reads (response tokens only: padding is never
-    read), on the driver, before `before` (an update) runs; see errors.NonFiniteError."""
-    import torch
-
-    from workbench.errors import NonFiniteError
-
-    mask = batch["response_mask"].bool() if "response_mask" in batch else None
-    for field, stage in FIELD_STAGES.items():
-        if field not in batch:
-            continue
-        values = batch[field]
-        if not torch.is_floating_point(values):
-            continue
-        bad = ~torch.isfinite(values)
-        if bad.dim() == 2 and mask is not None and bad.shape == mask.shape:
-            bad &= mask
-        rows = bad.reshape(len(bad), -1).any(dim=1).nonzero().flatten().tolist()
-        if rows:
-            uids = [batch["uid"][r] for r in rows] if "uid" in batch else rows
-            raise NonFiniteError(field, stage, list(uids), before)

@@ -73,16 +73,24 @@ class GroupRemovedError(WorkbenchError):
 
 class NonFiniteError(WorkbenchError):
     """NaN or inf in an iteration's data, found on the driver before the update that would use
-    it: no weight has changed. Names the field, the stage that made it and the rows."""
+    it: no weight has changed. Names the field, the step that made it (workbench.steps) and the rows."""
 
-    def __init__(self, field: str, stage: str, uids: list, before: str):
-        self.field, self.stage, self.uids = field, stage, uids
+    def __init__(self, field: str, step: str, uids: list, before: str):
+        self.field, self.step, self.uids = field, step, uids
         shown = ", ".join(map(str, uids[:8])) + (f" and {len(uids) - 8} more" if len(uids) > 8 else "")
         super().__init__(
-            f"NaN/inf in {field!r} (made by the {stage!r} stage) in {len(uids)} row(s), uid {shown}; "
-            f"{before} was not run, so no weight changed. Look at those rows' inputs to {stage!r} "
+            f"NaN/inf in {field!r} (made by the {step!r} step) in {len(uids)} row(s), uid {shown}; "
+            f"{before} was not run, so no weight changed. Look at those rows' inputs to {step!r} "
             f"(e.g. a reward function returning nan, or a loss scale that overflowed)"
         )
+
+    @property
+    def stage(self) -> str:
+        """Deprecated: `step`."""
+        import warnings
+
+        warnings.warn("NonFiniteError.stage is now NonFiniteError.step", DeprecationWarning, stacklevel=2)
+        return self.step
 
 
 class SessionClosedError(WorkbenchError):

@@ -2,9 +2,9 @@
 
 Each worker host appends one CallRecord per call it runs; the session drains them on demand
 (`session.trace()`), without waiting for calls in flight. Every span carries the driver call it
-belongs to (`extra["call"]`) and, once an algorithm launched it, the iteration and stage
-(`extra["iteration"]`, `extra["stage"]`); `tags(...)` adds tags of your own to the calls a
-block of code issues. The same records feed the timeline widget and the planner's calibration.
+belongs to (`extra["call"]`) and, once an algorithm launched it, the iteration and step
+(`extra["iteration"]`, `extra["step"]`: see workbench.clock and workbench.steps); `tags(...)`
+adds tags of your own to the calls a block of code issues. The same records feed the timeline widget and the planner's calibration.
 Open an exported file at https://ui.perfetto.dev or chrome://tracing; `save_records` /
 `load_records` keep them whole (JSON lines) for the panel app.
 """
@@ -43,7 +43,7 @@ def span_sources() -> list[Callable[[float], list]]:
 
 @contextlib.contextmanager
 def tags(**values) -> Iterator[dict]:
-    """Tag the spans of every call issued inside the block, e.g. `with tags(stage="probe"):`."""
+    """Tag the spans of every call issued inside the block, e.g. `with tags(step="probe"):`."""
     token = _TAGS.set({**_TAGS.get(), **values})
     try:
         yield _TAGS.get()

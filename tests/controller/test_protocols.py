@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from workbench import (
-    ALL_TO_ALL, DP_PROTO, ONE_TO_ALL, RANK_ZERO, THREE_D_ALL_MICRO_DP, THREE_D_PP_ONLY,
+    ALL_TO_ALL, DP_PROTO, ONE_TO_ALL, ONE_TO_ALL_KEEP_RANK0, THREE_D_ALL_MICRO_DP, THREE_D_PP_ONLY,
     THREE_D_PROTO, Batch, Mesh, Protocol,
 )
 from workbench.errors import ConfigError
@@ -54,7 +54,7 @@ def test_one_to_all_and_pp_only_broadcast(mesh):
     assert all(part is b for part in ONE_TO_ALL.distribute(mesh, b))
     assert ONE_TO_ALL.collect(mesh, [1, 2]) == [1, 2]
     assert THREE_D_PP_ONLY.collect_ranks(mesh) == [mesh.rank(pp=p) for p in range(mesh.pp)]
-    assert RANK_ZERO.collect_ranks(mesh) == [0] and RANK_ZERO.collect(mesh, ["a"]) == "a"
+    assert ONE_TO_ALL_KEEP_RANK0.collect_ranks(mesh) == [0] and ONE_TO_ALL_KEEP_RANK0.collect(mesh, ["a"]) == "a"
 
 
 def test_all_to_all_takes_one_input_per_rank():

@@ -1,13 +1,13 @@
 """Trace spans reach the driver while work runs, none is lost, and each is tied to its call,
-iteration and stage."""
+iteration and step."""
 
 import pytest
 import ray
 import torch
 
-from algorithms.metrics import StageClock
 from tests.controller.workers import EchoWorker
 from workbench import Batch, tags
+from workbench.clock import StepClock
 from workbench.tracing import load_records, save_records
 
 
@@ -39,32 +39,32 @@ def test_trace_answers_beside_a_long_call_and_loses_no_span(session):
 
 def test_spans_carry_their_call_and_tags(session):
     group = session.group("tagged", EchoWorker, session.pool("two", 2))
-    with tags(stage="probe", note="mine"):
+    with tags(step="probe", note="mine"):
         group.double(rows(4)).get()
     group.double(rows(4)).get()
     spans = [r for r in session.trace() if r.role == "tagged"]
     first, second = sorted({r.extra["call"] for r in spans})
-    assert {(r.rank, r.extra.get("stage"), r.extra.get("note")) for r in spans if r.extra["call"] == first} == {
+    assert {(r.rank, r.extra.get("step"), r.extra.get("note")) for r in spans if r.extra["call"] == first} == {
         (0, "probe", "mine"), (1, "probe", "mine")}
-    assert all("stage" not in r.extra for r in spans if r.extra["call"] == second)
+    assert all("step" not in r.extra for r in spans if r.extra["call"] == second)
 
 
-def test_stage_clock_tags_spans_with_iteration_and_stage(session):
+def test_step_clock_tags_spans_with_iteration_and_step(session):
     group = session.group("clocked", EchoWorker, session.pool("two", 2))
-    clock = StageClock()
+    clock = StepClock()
     for _ in range(2):
         gen = clock.launch("gen", group.double(rows(4)))
         clock.launch("values", group.double(gen), gen)
         clock.report()
     spans = [r for r in session.trace() if r.role == "clocked"]
-    assert sorted((r.extra["iteration"], r.extra["stage"]) for r in spans) == [
+    assert sorted((r.extra["iteration"], r.extra["step"]) for r in spans) == [
         (1, "gen"), (1, "gen"), (1, "values"), (1, "values"),
         (2, "gen"), (2, "gen"), (2, "values"), (2, "values")]
 
 
 def test_records_round_trip_through_json_lines(session, tmp_path):
     group = session.group("saved", EchoWorker, session.pool("two", 2))
-    with tags(stage="s"):
+    with tags(step="s"):
         group.double(rows(4)).get()
     spans = [r for r in session.trace() if r.role == "saved"]
     path = save_records(spans[:1], tmp_path / "trace.jsonl")
@@ -76,12 +76,12 @@ def test_records_round_trip_through_json_lines(session, tmp_path):
 
 def test_a_span_recorded_inside_a_call_gets_the_call_tags(session):
     group = session.group("inner", EchoWorker, session.pool("one", 1))
-    with tags(stage="sync"):
+    with tags(step="sync"):
         group.record_inner().get()
     spans = [r for r in session.trace() if r.role == "inner"]
     inner = [r for r in spans if r.method == "inner.span"]
     outer = [r for r in spans if r.method == "record_inner"]
-    assert len(inner) == 1 and inner[0].extra["stage"] == "sync" and inner[0].extra["call"] == outer[0].extra["call"]
+    assert len(inner) == 1 and inner[0].extra["step"] == "sync" and inner[0].extra["call"] == outer[0].extra["call"]
 
 
 def test_the_session_keeps_only_the_newest_spans_up_to_its_limit(session):
@@ -106,7 +106,7 @@ def test_the_session_keeps_only_the_newest_spans_up_to_its_limit(session):
 def test_call_tags_are_kept_only_until_every_rank_span_is_drained(session):
     group = session.group("tag_drop", EchoWorker, session.pool("two", 2))
     hostset = group.hostset
-    with tags(stage="probe"):
+    with tags(step="probe"):
         for _ in range(3):
             group.double(rows(4)).get()
         group.record_inner().get()
@@ -114,7 +114,7 @@ def test_call_tags_are_kept_only_until_every_rank_span_is_drained(session):
     long_call = group.sleep(3.0)
     spans = [r for r in session.trace() if r.role == "tag_drop"]
     assert not long_call.done(), "trace() waited for the long call"
-    assert len(spans) == 10 and all(r.extra["stage"] == "probe" for r in spans)  # inner spans too
+    assert len(spans) == 10 and all(r.extra["step"] == "probe" for r in spans)  # inner spans too
     assert len(hostset.call_tags) == 1  # only the call still in flight
     long_call.get()
     session.trace()

@@ -66,7 +66,7 @@ def test_automap_small_case_is_exhaustive_over_placements_and_allocations():
     expected = sum(math.comb(3, len(p) - 1) for p in set_partitions(flow.models))
     assert plan.stats["allocations"] == expected
     assert sum(plan.allocation) == 4
-    assert plan.iteration_time == pytest.approx(sum(plan.stage_times))
+    assert plan.iteration_time == pytest.approx(sum(plan.level_times))
     assert plan.peak_memory <= cluster.device_memory
     # Best by brute force over the same cost tables.
     m = AutoMapper(flow, flow.model_specs("tiny-10m"), Workload.tiny(), cluster)

@@ -3,21 +3,21 @@ import pytest
 from workbench.planner import Call, Dataflow, dataflow_preset, model_preset
 
 
-def test_ppo_has_three_stages_over_four_models():
+def test_ppo_has_three_levels_over_four_models():
     ppo = dataflow_preset("ppo")
     assert set(ppo.models) == {"actor", "critic", "reference", "reward"}
-    st = ppo.stages()
-    assert st["actor_gen"] == 0 and st["reward"] == 1 and st["actor_train"] == 2
-    assert ppo.n_stages == 3
+    level = ppo.levels()
+    assert level["gen"] == 0 and level["reward"] == 1 and level["update_actor"] == 2
+    assert ppo.n_levels == 3
     assert ppo.trained("critic") and not ppo.trained("reference") and ppo.generates("actor")
 
 
-@pytest.mark.parametrize("name,models,stages", [("grpo", 3, 3), ("remax", 3, 3), ("rloo", 3, 3),
+@pytest.mark.parametrize("name,models,levels", [("grpo", 3, 3), ("remax", 3, 3), ("rloo", 3, 3),
                                                  ("reinforce_pp", 3, 3), ("safe_rlhf", 6, 4)])
-def test_other_presets(name, models, stages):
+def test_other_presets(name, models, levels):
     flow = dataflow_preset(name)
     assert len(flow.models) == models
-    assert flow.n_stages == stages  # Safe-RLHF's PPO-ptx step follows the RL update
+    assert flow.n_levels == levels  # Safe-RLHF's PPO-ptx step follows the RL update
 
 
 def test_value_models_get_a_scalar_head():

@@ -13,11 +13,11 @@ def edges(dataflow):
 
 def test_ppo_is_the_hybridflow_graph():
     flow = derive_dataflow(algorithms.PPO, "ppo")
-    assert flow.stages() == {"actor_gen": 0, "actor_logp": 1, "ref_logp": 1, "critic_values": 1, "reward": 1,
-                             "critic_train": 2, "actor_train": 2}
+    assert flow.levels() == {"gen": 0, "old_log_prob": 1, "ref": 1, "values": 1, "reward": 1,
+                             "update_critic": 2, "update_actor": 2}
     assert flow.value_models == ("critic", "reward")
-    preparation = {"actor_logp", "ref_logp", "critic_values", "reward"}
-    assert preparation <= set(flow.call("actor_train").deps) and preparation <= set(flow.call("critic_train").deps)
+    preparation = {"old_log_prob", "ref", "values", "reward"}
+    assert preparation <= set(flow.call("update_actor").deps) and preparation <= set(flow.call("update_critic").deps)
     assert dataflow_preset("PPO") == flow  # the planner's presets are these derived flows
 
 
@@ -25,18 +25,19 @@ def test_each_algorithm_has_its_own_shape():
     grpo = derive_dataflow(algorithms.GRPO)
     assert grpo.models == ("actor", "reference", "reward") and not grpo.trained("critic")
     remax = derive_dataflow(algorithms.ReMax)
-    assert remax.call("actor_gen_greedy").kind == "generate"
-    assert "reward_greedy" in remax.call("actor_train").deps  # the greedy baseline feeds the update
+    assert remax.call("gen_greedy").kind == "generate"
+    assert "reward_greedy" in remax.call("update_actor").deps  # the greedy baseline feeds the update
     safe = derive_dataflow(algorithms.SafeRLHF)
     assert {"cost", "cost_critic"} <= set(safe.models) and safe.trained("cost_critic")
-    assert safe.call("ptx_train").deps == ("actor_train",)  # PPO-ptx follows the RL update
-    assert safe.n_stages == 4
+    assert safe.call("update_ptx").deps == ("update_actor",)  # PPO-ptx follows the RL update
+    assert safe.call("update_cost_critic").model == "cost_critic"
+    assert safe.n_levels == 4
 
 
-def test_a_step_without_stage_calls_is_refused():
+def test_a_step_without_step_calls_is_refused():
     class Empty(Algorithm):
         def step(self, prompts):
             return prompts, {}
 
-    with pytest.raises(DeriveError, match="makes no stage calls"):
+    with pytest.raises(DeriveError, match="makes no step calls"):
         derive_dataflow(Empty)

@@ -121,8 +121,8 @@ def test_driver_stage_and_dispatch_are_tasks_of_the_iteration(tiny_workload):
     assert kinds.count("driver") == 1 and kinds.count("dispatch") == len(flow.calls)
     sim = evs[1].graph  # the driver task waits for every call the updates read
     driver = next(t for t in sim.tasks if t.kind == "driver")
-    assert {sim.tasks[p].call for p in driver.parents} == {"actor_gen", "actor_logp", "ref_logp",
-                                                            "critic_values", "reward"}
+    assert {sim.tasks[p].call for p in driver.parents} == {"gen", "old_log_prob", "ref",
+                                                            "values", "reward"}
     grown = evs[1].makespan - evs[0].makespan
     assert driver.cost + 0.01 - 1e-9 <= grown <= driver.cost + len(flow.calls) * 0.01 + 1e-9
     assert driver.cost > 0

@@ -13,8 +13,8 @@ def small_space():
     import dataclasses
     ppo = dataflow_preset("ppo")
     flow = Dataflow("ppo6", tuple(
-        dataclasses.replace(c, deps=tuple(d for d in c.deps if d != "actor_logp"))
-        for c in ppo.calls if c.name != "actor_logp"), ppo.value_models)
+        dataclasses.replace(c, deps=tuple(d for d in c.deps if d != "old_log_prob"))
+        for c in ppo.calls if c.name != "old_log_prob"), ppo.value_models)
     cluster = dataclasses.replace(cluster_preset("local", 2), name="tiny2", device_memory=0.7e9)
     # A fixed shape (8 layers, 8192-token vocabulary), not the kit's: this landscape is tuned.
     model = ModelSpec("m30", n_layers=8, hidden=512, n_heads=8, n_kv_heads=8, intermediate=1376, vocab=8192)

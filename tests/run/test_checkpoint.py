@@ -154,7 +154,7 @@ def test_nan_in_a_batch_stops_the_step_before_any_weight_changes(ppo_groups, kit
     before = ckpt.export_hf(new_ppo(groups), tmp_path / "before")
     bad = EditedAdvantages(groups, PPOConfig(sampling=SamplingConfig(max_new_tokens=5, n=2, seed=11)))
     prompts = next(kit["loader"].batches(0))
-    with pytest.raises(NonFiniteError, match=r"'advantages' \(made by the 'adv' stage\) in 1 row") as info:
+    with pytest.raises(NonFiniteError, match=r"'advantages' \(made by the 'adv' step\) in 1 row") as info:
         bad.step(prompts)
     assert len(info.value.uids) == 1 and info.value.uids[0] in set(prompts["uid"])
     after = ckpt.export_hf(bad, tmp_path / "after")

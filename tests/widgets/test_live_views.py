@@ -15,12 +15,12 @@ def test_dashboard_follows_fit(run):
     history = run["history"]
     assert data["score"]["critic/score/mean"] == ([1.0, 2.0], [m["critic/score/mean"] for m in history])
     assert data["losses"]["actor/pg_loss"][1] == [m["actor/pg_loss"] for m in history]
-    assert {"timing_s/gen", "timing_s/step"} <= set(data["stage times (s)"])
+    assert {"timing_s/gen", "timing_s/step"} <= set(data["step times (s)"])
     assert "iteration 2" in run["dashboard"].summary()
     run["dashboard"].png()
 
 
-def test_timeline_shows_every_span_of_the_run_tagged_with_its_stage(run):
+def test_timeline_shows_every_span_of_the_run_tagged_with_its_step(run):
     timeline = run["timeline"]
     assert len(timeline.refresh_seconds) >= 3  # built, then refreshed after each iteration of fit
     timeline.refresh()  # (the browser test may have run another iteration since)
@@ -28,8 +28,8 @@ def test_timeline_shows_every_span_of_the_run_tagged_with_its_stage(run):
     data = timeline.data()
     shown = {(data["lanes"][b["lane"]], b["method"], b["call"]) for b in data["bars"]}
     assert {(f"{r.pool} rank {r.rank}", r.method, r.extra.get("call")) for r in trace} <= shown
-    stages = {(b["method"], b["stage"]) for b in data["bars"] if b["kind"] == "call"}
-    assert {("generate_sequences", "gen"), ("compute_ref_log_prob", "ref"), ("update_actor", "update_actor")} <= stages
+    steps = {(b["method"], b["step"]) for b in data["bars"] if b["kind"] == "call"}
+    assert {("generate_sequences", "gen"), ("compute_ref_log_prob", "ref"), ("update_actor", "update_actor")} <= steps
     assert [i for i, _ in data["iterations"]] == list(range(1, run["grpo"].iteration + 1))
     for iteration, start in data["iterations"]:  # each mark at its iteration's first span
         assert start == min(b["start"] for b in data["bars"] if b["iteration"] == iteration) >= 0

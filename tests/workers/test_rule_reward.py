@@ -127,10 +127,10 @@ def test_iterations_are_scored_by_the_same_processes(session):
     assert scored_by[0] == scored_by[1]
     assert scored_by[0] <= {child for _, child in reward.process_ids()}
 
-    # The scoring shows in the trace, under the iteration and stage that launched it.
+    # The scoring shows in the trace, under the iteration and step that launched it.
     trace = [r for r in session.trace() if r.start >= since]
-    spans = [r for r in trace if r.pool == "rule_reward" and r.extra.get("stage") == "reward"]
-    generations = [r for r in trace if r.method == "generate_sequences" and r.extra.get("stage") == "gen"]
+    spans = [r for r in trace if r.pool == "rule_reward" and r.extra.get("step") == "reward"]
+    generations = [r for r in trace if r.method == "generate_sequences" and r.extra.get("step") == "gen"]
     assert sorted(r.extra["iteration"] for r in spans) == sorted(r.extra["iteration"] for r in generations)
     assert len(spans) == 2
     assert {r.pid for r in spans} <= {scorer for scorer, _ in reward.process_ids()}
@@ -141,10 +141,10 @@ def test_scoring_spans_carry_their_call_tags_and_failures(session):
     from workbench.tracing import tags
 
     since = time.time()
-    with tags(stage="probe"):
+    with tags(step="probe"):
         RuleReward(arithmetic.score, processes=2).compute_reward(answers([" 1", " 2", " 3"], ["1", "2", "4"])).get()
-    with tags(stage="broken"), pytest.raises(WorkerCallError):
+    with tags(step="broken"), pytest.raises(WorkerCallError):
         RuleReward(lambda t, g: math.nan).compute_reward(answers(["x"], ["1"])).get()
     spans = [r for r in session.trace() if r.pool == "rule_reward" and r.start >= since]
-    assert [(r.extra["stage"], r.ok, r.extra["rows"]) for r in spans] == [("probe", True, 3), ("broken", False, 1)]
+    assert [(r.extra["step"], r.ok, r.extra["rows"]) for r in spans] == [("probe", True, 3), ("broken", False, 1)]
     assert spans[0].bytes_in > 0 and spans[0].bytes_out == 3 * 4  # three float32 scores

@@ -15,6 +15,7 @@ A user protocol is just `Protocol("mine", distribute=..., collect=...)`.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -152,10 +153,24 @@ THREE_D_REDUCED = Protocol("3D_REDUCED", THREE_D_PROTO.distribute, first, lambda
 """Split like 3D_PROTO; the ranks reduce their results among themselves, so rank 0's output
 is the answer (the 3D twin of DP_REDUCED, e.g. training metrics)."""
 
-RANK_ZERO = Protocol("RANK_ZERO", broadcast, first, lambda m: [0])
-"""Every rank runs (collectives stay matched); only rank 0's output comes back."""
+ONE_TO_ALL_KEEP_RANK0 = Protocol("ONE_TO_ALL_KEEP_RANK0", broadcast, first, lambda m: [0])
+"""Same input to every rank, and every rank runs (collectives stay matched); only rank 0's
+output comes back. Unlike `@register(..., execute="rank_zero")`, where rank 0 alone runs."""
 
 BUILTIN = {
     p.name: p
-    for p in (ONE_TO_ALL, ALL_TO_ALL, DP_PROTO, DP_REDUCED, THREE_D_PROTO, THREE_D_REDUCED, THREE_D_ALL_MICRO_DP, THREE_D_PP_ONLY, RANK_ZERO)
+    for p in (ONE_TO_ALL, ALL_TO_ALL, DP_PROTO, DP_REDUCED, THREE_D_PROTO, THREE_D_REDUCED, THREE_D_ALL_MICRO_DP,
+              THREE_D_PP_ONLY, ONE_TO_ALL_KEEP_RANK0)
 }
+BUILTIN["RANK_ZERO"] = ONE_TO_ALL_KEEP_RANK0  # its old name, as `register(protocol="RANK_ZERO")` gave it
+
+
+def __getattr__(name: str):
+    if name == "RANK_ZERO":
+        warnings.warn(RANK_ZERO_RENAMED, DeprecationWarning, stacklevel=2)
+        return ONE_TO_ALL_KEEP_RANK0
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+RANK_ZERO_RENAMED = ("RANK_ZERO (every rank runs, rank 0's output kept) is now ONE_TO_ALL_KEEP_RANK0, "
+                     "not to be confused with register(execute='rank_zero'), where rank 0 alone runs")

@@ -79,7 +79,7 @@ class HostSet:
 
     def tag_call(self, number: int, tags: dict, ranks: int) -> dict:
         """Keep the tags of driver call `number`, run on `ranks` ranks; the dict returned can
-        still be added to (the algorithm's stage clock adds iteration and stage) until its spans
+        still be added to (the algorithm's step clock adds iteration and step) until its spans
         are drained. They are dropped once every rank's span of the call has been drained (a
         rank's spans recorded inside the call come before its own), so a long run keeps only
         the tags of calls in flight; MAX_CALL_TAGS bounds those a dead rank never answers."""
@@ -308,7 +308,7 @@ class WorkerGroup:
             CallInfo(self.role, method, ranks, self.hostset), outputs, metas if registration.returns_rows else None,
             collect_ranks, collect, mesh,
         )
-        future.trace_tags = tags  # StageClock.launch adds the iteration and stage
+        future.trace_tags = tags  # StepClock.launch adds the iteration and step
         return future
 
     def _fit(self, method: str, registration: Registration, value: Any) -> Any:

@@ -1,7 +1,7 @@
 """The arithmetic task: `Q: 37+48=? A:` -> ` 85`.
 
-A small task with an exact, cheap rule reward, so every RLHF stage (SFT, reward-model
-training, PPO/GRPO, Safe-RLHF) can be run and checked on CPU in minutes:
+A small task with an exact, cheap rule reward, so every part of RLHF (the SFT and reward-model
+stages, PPO/GRPO, Safe-RLHF) can be run and checked on CPU in minutes:
 
 - `generate(cfg, n, seed)`  problems, deterministic for a seed;
 - `score(response, truth)`  exact-match reward (the rule reward);

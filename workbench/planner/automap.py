@@ -4,11 +4,12 @@
       A_min = least devices per colocated set that fit the set's memory
       for each allocation (integer composition of N with parts >= A_min):
           auto_parallel every model on its set's devices (cached per (model, devices))
-          d_cost = sum over stages of (max over sets of (sum of the set's calls in the stage))
+          d_cost = sum over levels of (max over sets of (sum of the set's calls in the level))
   keep the cheapest.
 
 Auto-parallel picks the fastest (p, t, d) that fits; for the actor, the training layout first,
 then the generation layout (p_g | p, t_g | t) with the fastest generation in the memory left.
+The levels are the dataflow's dependency levels (`Dataflow.levels`), the paper's "stages".
 """
 
 from __future__ import annotations
@@ -60,10 +61,10 @@ def compositions(total: int, minimums: Sequence[int]) -> Iterator[tuple[int, ...
         yield tuple(p + m for p, m in zip(parts, minimums))
 
 
-def d_cost(stage_costs: Sequence[Sequence[float]]) -> float:
-    """Iteration cost from per-set stage costs (HybridFlow Alg. 1): stage_costs[j][s] is the
-    sum of set j's calls in stage s; sets run in parallel (max), stages in sequence (sum)."""
-    return sum(max(col) for col in zip(*stage_costs))
+def d_cost(level_costs: Sequence[Sequence[float]]) -> float:
+    """Iteration cost from per-set level costs (HybridFlow Alg. 1): level_costs[j][s] is the
+    sum of set j's calls in level s; sets run in parallel (max), levels in sequence (sum)."""
+    return sum(max(col) for col in zip(*level_costs))
 
 
 @dataclass(frozen=True)
@@ -112,8 +113,8 @@ class AutoMapper:
             raise ValueError(f"allocation={self.allocation!r}: use 'aligned' (whole machines or "
                              f"power-of-two slices of one) or 'free' (any device count)")
         self.sim = Simulator(cluster, workload)
-        self.stage = dataflow.stages()
-        self.n_stages = dataflow.n_stages
+        self.level = dataflow.levels()
+        self.n_levels = dataflow.n_levels
         self._layouts: dict[tuple[str, int], list[_Layout]] = {}
         self._sets: dict[tuple[tuple[str, ...], int], tuple | None] = {}
 
@@ -178,7 +179,7 @@ class AutoMapper:
 
     # --- colocated sets ------------------------------------------------------------------------
     def set_cost(self, models: tuple[str, ...], n: int):
-        """(stage costs, choices, peak memory) of a colocated set on n devices, or None when
+        """(level costs, choices, peak memory) of a colocated set on n devices, or None when
         no combination of layouts fits. The layouts are searched jointly under the shared
         budget: the set fits iff the static memory of all its models plus the largest call's
         dynamic memory fits; the fastest such combination (sum of the set's call times)
@@ -222,11 +223,11 @@ class AutoMapper:
         result = None
         if best is not None:
             choices = {m: best[1][m] for m in models}
-            stages = [0.0] * self.n_stages
+            levels = [0.0] * self.n_levels
             for c in choices.values():
                 for call, t in c.call_times.items():
-                    stages[self.stage[call]] += t
-            result = (tuple(stages), choices, best[2])
+                    levels[self.level[call]] += t
+            result = (tuple(levels), choices, best[2])
         self._sets[key] = result
         return result
 
@@ -290,7 +291,7 @@ class AutoMapper:
                                   "strategy_cache": len(self._layouts)})
 
     def _table(self, models: tuple[str, ...], lo: int, hi: int) -> dict[int, tuple]:
-        """{device count: (stage costs, devices used)} of a set. Free allocation keeps the best
+        """{device count: (level costs, devices used)} of a set. Free allocation keeps the best
         of every count up to it (a set may leave devices idle); aligned allocation lists the
         mesh sizes it fits on, and idle devices stay outside every set."""
         row, best = {}, None
@@ -345,12 +346,12 @@ class AutoMapper:
             # Larger sets first so they start on a machine boundary (TP groups stay in a node).
             order = sorted(range(len(placement)), key=lambda i: -alloc[i])
             packed = pack_sets([alloc[i] for i in order], u)
-        sets, call_times, stages = [], {}, [0.0] * self.n_stages
+        sets, call_times, levels = [], {}, [0.0] * self.n_levels
         for i, (first, counts, nodes) in zip(order, packed):
             models = placement[i]
             st, choices, peak = self.set_cost(models, alloc[i])
-            for s_i, v in enumerate(st):
-                stages[s_i] = max(stages[s_i], v)
+            for level, v in enumerate(st):
+                levels[level] = max(levels[level], v)
             assigns = {}
             for m in models:
                 c = choices[m]
@@ -361,7 +362,7 @@ class AutoMapper:
                                      assigns, peak))
         sets.sort(key=lambda s: s.first_device)
         stats["idle_devices"] = self.cluster.n_devices - sum(alloc)
-        return Plan(self.flow, self.cluster, self.wl, tuple(sets), call_times, tuple(stages),
+        return Plan(self.flow, self.cluster, self.wl, tuple(sets), call_times, tuple(levels),
                     cost, stats)
 
 

@@ -1,12 +1,14 @@
 """The dataflow of one RLHF iteration: model function calls and their dependencies.
 
 A call (ReaLHF's "model function call") is one method of one model: generate, inference
-(forward only) or train (forward, backward, optimizer step). HybridFlow's three stages
-(generation, preparation, training) are the topological levels of this graph.
+(forward only) or train (forward, backward, optimizer step); derived dataflows name each call
+after its step (`workbench.steps`). The topological levels of this graph are what the HybridFlow
+paper calls its three stages (generation, preparation, training).
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Literal
 
@@ -20,7 +22,7 @@ class Call:
     """One model function call."""
 
     name: str
-    """Unique name in the dataflow, e.g. 'actor_gen'."""
+    """Unique name in the dataflow: the step's name (workbench.steps), e.g. 'gen'."""
     model: str
     """Role that runs it ('actor', 'critic', ...); calls of one role share parameters."""
     kind: CallKind
@@ -75,17 +77,28 @@ class Dataflow:
     def generates(self, model: str) -> bool:
         return any(c.kind == "generate" for c in self.calls_of(model))
 
-    def stages(self) -> dict[str, int]:
-        """Stage of every call = its topological level (longest dependency chain from a
-        source). For PPO: 0 generation, 1 preparation, 2 training (HybridFlow §2)."""
+    def levels(self) -> dict[str, int]:
+        """The topological level of every call (longest dependency chain from a source). For
+        PPO: 0 generation, 1 preparation, 2 training (HybridFlow §2 calls them stages)."""
         level: dict[str, int] = {}
         for c in self.calls:
             level[c.name] = 1 + max((level[d] for d in c.deps), default=-1)
         return level
 
     @property
+    def n_levels(self) -> int:
+        return 1 + max(self.levels().values())
+
+    def stages(self) -> dict[str, int]:
+        """Deprecated: `levels()`."""
+        warnings.warn("Dataflow.stages() is now Dataflow.levels()", DeprecationWarning, stacklevel=2)
+        return self.levels()
+
+    @property
     def n_stages(self) -> int:
-        return 1 + max(self.stages().values())
+        """Deprecated: `n_levels`."""
+        warnings.warn("Dataflow.n_stages is now Dataflow.n_levels", DeprecationWarning, stacklevel=2)
+        return self.n_levels
 
     def model_specs(self, base: ModelSpec | str | dict[str, ModelSpec | str]
                     ) -> dict[str, ModelSpec]:

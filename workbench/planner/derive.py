@@ -1,15 +1,18 @@
 """Dataflows read off the algorithm files, so the planner plans what `step()` really does.
 
 `derive_dataflow(algorithms.PPO)` parses the class's `step()` (its source, not a run) and turns
-every stage call on `self` into a model function call, with dependencies from the variables
-its arguments come from:
+every call on `self` that runs a worker step of `workbench.steps` into a model function call
+named as the step, with dependencies from the variables its arguments come from:
 
-    gen = self.generate(prompts)                     -> actor_gen
-    batch = self.collect(gen, self.values(gen), ...) -> critic_values (deps: actor_gen), ...
-    self.update_actor(batch)                         -> actor_train (deps: all calls in batch)
+    gen = self.generate(prompts)                     -> gen
+    batch = self.collect(gen, self.values(gen), ...) -> values (deps: gen), ...
+    self.update_actor(batch)                         -> update_actor (deps: all calls in batch)
 
-Calls under a condition (GRPO's reference pass when the KL loss is on, Safe-RLHF's ptx step)
-are included: the plan is for the algorithm with its options on.
+A call naming its step (`self.reward(greedy, step="reward_greedy")`) is that step's row; a
+name the table does not have keeps the method's default row's role and kind. Driver-side
+steps (advantages, KL shaping) are not model calls. Calls under a condition (GRPO's reference
+pass when the KL loss is on, Safe-RLHF's ptx step) are included: the plan is for the algorithm
+with its options on.
 """
 
 from __future__ import annotations
@@ -18,21 +21,12 @@ import ast
 import inspect
 import textwrap
 
+from workbench import steps
 from workbench.planner.dataflow import Call, Dataflow
 from workbench.planner.errors import UnknownPresetError
 
-# Stage method -> (role, call kind, call name) in the planner's vocabulary.
-STAGE_CALLS = {
-    "generate": ("actor", "generate", "actor_gen"),
-    "old_log_probs": ("actor", "inference", "actor_logp"),
-    "reference": ("reference", "inference", "ref_logp"),
-    "values": ("critic", "inference", "critic_values"),
-    "reward": ("reward", "inference", "reward"),
-    "cost": ("cost", "inference", "cost"),
-    "cost_values": ("cost_critic", "inference", "cost_critic_values"),
-    "update_critic": ("critic", "train", "critic_train"),
-    "update_actor": ("actor", "train", "actor_train"),
-}
+STEP_METHODS = tuple(dict.fromkeys(s.algorithm_method for s in steps.STEPS if s.kind != "driver"))
+"""The Algorithm methods that run a worker step: each such call in step() is a model call."""
 VALUE_ROLES = ("critic", "reward", "cost", "cost_critic")
 
 
@@ -49,7 +43,7 @@ def derive_dataflow(algorithm: type, name: str | None = None) -> Dataflow:
     reader = _StepReader()
     reader.visit(ast.parse(source))
     if not reader.calls:
-        raise DeriveError(f"{algorithm.__name__}.step makes no stage calls ({sorted(STAGE_CALLS)})")
+        raise DeriveError(f"{algorithm.__name__}.step makes no step calls ({sorted(STEP_METHODS)})")
     roles = {c.model for c in reader.calls}
     return Dataflow(
         name or algorithm.__name__.lower(), tuple(reader.calls), tuple(r for r in VALUE_ROLES if r in roles)
@@ -82,10 +76,10 @@ class _StepReader(ast.NodeVisitor):
             self.visit(statement)
 
     def _sources(self, node: ast.AST) -> tuple[str, ...]:
-        """Record the stage calls inside `node` (innermost first); the calls its value comes from."""
+        """Record the step calls inside `node` (innermost first); the calls its value comes from."""
         if isinstance(node, ast.Name):
             return self.produced_by.get(node.id, ())
-        if isinstance(node, ast.Call) and _is_self_method(node.func) and node.func.attr in STAGE_CALLS:
+        if isinstance(node, ast.Call) and _is_self_method(node.func) and node.func.attr in STEP_METHODS:
             deps = self._arg_sources(node)
             return (self._add(node, deps),)
         out: tuple[str, ...] = ()
@@ -100,13 +94,18 @@ class _StepReader(ast.NodeVisitor):
         return tuple(dict.fromkeys(deps))
 
     def _add(self, node: ast.Call, deps: tuple[str, ...]) -> str:
-        role, kind, call_name = STAGE_CALLS[node.func.attr]
-        role = _role_argument(node) or role
-        stage = next((k.value.value for k in node.keywords if k.arg == "stage" and isinstance(k.value, ast.Constant)), None)
-        if stage:
-            call_name = _call_name(role, stage)
+        assert isinstance(node.func, ast.Attribute)  # a self.<method>(...) call (_is_self_method)
+        method = node.func.attr
+        default = steps.default_step(method)  # a method in STEP_METHODS runs a worker step
+        assert default is not None
+        call_name = _step_keyword(node) or default.name
+        row = steps.BY_NAME.get(call_name, default)
+        role, kind = _role_argument(node) or row.role, row.kind
+        if kind == "driver":
+            raise DeriveError(f"step() names the driver-side step {call_name!r} in a call of {method}; "
+                              f"name a worker step (workbench.steps) or one of your own")
         if any(c.name == call_name for c in self.calls):
-            raise DeriveError(f"step() calls {call_name!r} twice; give one a stage=... name")
+            raise DeriveError(f"step() calls {call_name!r} twice; give one a step=... name (workbench.steps)")
         if kind == "train":  # a model's updates apply in the order they were issued
             previous = [c.name for c in self.calls if c.model == role and c.kind == "train"]
             deps = tuple(dict.fromkeys(deps + tuple(previous[-1:])))
@@ -118,18 +117,18 @@ def _is_self_method(func: ast.AST) -> bool:
     return isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self"
 
 
+def _step_keyword(node: ast.Call) -> str | None:
+    """The step a call names: step="..." (or the deprecated stage="...")."""
+    return next((k.value.value for k in node.keywords if k.arg in ("step", "stage")
+                 and isinstance(k.value, ast.Constant) and isinstance(k.value.value, str)), None)
+
+
 def _role_argument(node: ast.Call) -> str | None:
-    """A stage run on another group, e.g. update_critic(batch, self.groups.cost_critic, ...)."""
+    """A step run on another group, e.g. update_critic(batch, self.groups.cost_critic, ...)."""
     for arg in list(node.args) + [k.value for k in node.keywords]:
         if isinstance(arg, ast.Attribute) and isinstance(arg.value, ast.Attribute) and arg.value.attr == "groups":
             return arg.attr
     return None
-
-
-def _call_name(role: str, stage: str) -> str:
-    if stage.startswith("update_"):
-        return f"{stage.removeprefix('update_')}_train"
-    return stage if stage.startswith(role) else f"{role}_{stage}"
 
 
 def _names(target: ast.AST) -> list[str]:

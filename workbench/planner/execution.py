@@ -167,7 +167,7 @@ class PlanEvaluator:
                 mesh_, s = plan.layouts[c.name]
                 parents = []
                 if c.kind == "train" and gathered:
-                    if driver is None:   # the driver-side stage (advantages), once per iteration
+                    if driver is None:   # the driver-side step (advantages), once per iteration
                         driver = g.add(f"driver@{k}", self.sim.driver_time(
                             [self.flow.call(d) for d in gathered], len(trains)), (),
                             [ids[d, k] for d in gathered], kind="driver", iteration=k)

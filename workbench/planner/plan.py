@@ -8,6 +8,7 @@ hybrid engine gets the generation layout.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 from workbench.planner.dataflow import Dataflow
@@ -30,12 +31,19 @@ class Plan:
     """Colocated sets with their devices and layouts."""
     call_times: dict[str, float]
     """Estimated seconds per call (the actor's generation includes resharding)."""
-    stage_times: tuple[float, ...]
-    """d_cost per stage: max over sets of the sum of their calls in the stage."""
+    level_times: tuple[float, ...]
+    """d_cost per dependency level (Dataflow.levels; HybridFlow's stages): max over sets of
+    the sum of their calls in the level."""
     iteration_time: float
-    """Sum of stage times: the estimated seconds per iteration."""
+    """Sum of level times: the estimated seconds per iteration."""
     stats: dict = field(default_factory=dict)
     """Search statistics: placements, allocations evaluated, seconds."""
+
+    @property
+    def stage_times(self) -> tuple[float, ...]:
+        """Deprecated: `level_times`."""
+        warnings.warn("Plan.stage_times is now Plan.level_times", DeprecationWarning, stacklevel=2)
+        return self.level_times
 
     @property
     def placement(self) -> tuple[tuple[str, ...], ...]:
@@ -99,8 +107,8 @@ class Plan:
 
 
 def plan_table(plan: Plan) -> str:
-    """Placement, allocation, strategy and time per call, stage times and memory per device."""
-    stage = plan.dataflow.stages()
+    """Placement, allocation, strategy and time per call, level times and memory per device."""
+    level = plan.dataflow.levels()
     wl, c = plan.workload, plan.cluster
     head = (f"HybridFlow plan: {plan.dataflow.name} on {c.n_devices} x {c.name} "
             f"({c.n_nodes} node(s) x {c.devices_per_node})"
@@ -115,8 +123,8 @@ def plan_table(plan: Plan) -> str:
                     for m, a in s.assignments.items()),
           f"{s.peak_memory / GB:.1f} / {c.device_memory / GB:.0f}"] for s in plan.sets])
     calls = text_table(
-        ["call", "model", "kind", "stage", "set", "strategy", "est. s"],
-        [[k.name, k.model, k.kind, stage[k.name], plan.set_of(k.model).name,
+        ["call", "model", "kind", "level", "set", "strategy", "est. s"],
+        [[k.name, k.model, k.kind, level[k.name], plan.set_of(k.model).name,
           plan.strategy_of(k.name), f"{plan.call_times[k.name]:.2f}"]
          for k in plan.dataflow.calls])
     switches = [f"{m}: {a.transition.method} switch {a.strategy} -> {a.generation}, "
@@ -125,25 +133,25 @@ def plan_table(plan: Plan) -> str:
                 f"{a.transition.redundant / GB:.2f} GB"
                 for s in plan.sets for m, a in s.assignments.items() if a.transition is not None]
     idle = plan.stats.get("idle_devices", 0)
-    stages = "  ".join(f"stage {i}: {t:.2f}s" for i, t in enumerate(plan.stage_times))
+    levels = "  ".join(f"level {i}: {t:.2f}s" for i, t in enumerate(plan.level_times))
     if switches or idle:
         sets += "\n" + "\n".join(switches + ([f"{idle} device(s) left idle: more would not be "
                                                 f"faster"] if idle else []))
-    tail = (f"{stages}\niteration: {plan.iteration_time:.2f}s   throughput: "
+    tail = (f"{levels}\niteration: {plan.iteration_time:.2f}s   throughput: "
             f"{plan.throughput:,.0f} tokens/s")
     return "\n\n".join([head, sets, calls, tail])
 
 
 def plan_gantt(plan: Plan) -> list[GanttBar]:
-    """Bars of one iteration under HybridFlow's stage model: stages one after another, sets in
-    parallel, the calls of one set within a stage one after another (dataflow order)."""
-    stage = plan.dataflow.stages()
+    """Bars of one iteration under HybridFlow's stage model: dependency levels one after
+    another, sets in parallel, the calls of one set within a level one after another (dataflow order)."""
+    level = plan.dataflow.levels()
     bars, t0 = [], 0.0
-    for s_i, length in enumerate(plan.stage_times):
+    for s_i, length in enumerate(plan.level_times):
         for cs in plan.sets:
             t = t0
             for call in plan.dataflow.calls:
-                if stage[call.name] == s_i and call.model in cs.models:
+                if level[call.name] == s_i and call.model in cs.models:
                     d = plan.call_times[call.name]
                     bars.append(GanttBar(call.name, call.name, "compute",
                                          (cs.devices.start, cs.devices.stop), t, t + d))

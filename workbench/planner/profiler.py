@@ -31,7 +31,7 @@ from workbench.engines.forward import model_outputs, response_log_probs
 from workbench.engines.contract import OptimConfig
 from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig, response_texts
-from workbench.engines.training import make_engine
+from workbench.engines.backends import make_engine
 from workbench.models.load import load
 from workbench.planner.calibrate import Calibration, CollectiveTiming, Timing, fit
 from workbench.planner.specs import ModelSpec

@@ -23,7 +23,7 @@ class Task:
     """One node of a task graph."""
 
     name: str
-    """Label, e.g. 'actor_gen@1' or 'realloc actor train->gen@1'."""
+    """Label, e.g. 'gen@1' or 'realloc actor train->gen@1'."""
     cost: float
     """Seconds."""
     devices: tuple[tuple[int, int], ...]

@@ -115,7 +115,7 @@ class PlanSpace:
         """Change one random call (or, one time in four, two): to any option, or to a new
         strategy on the same mesh, or to the same strategy on another mesh of the same size.
         Each move is symmetric, so the Metropolis ratio needs no proposal correction. Two-call
-        moves let calls of one stage leave disjoint meshes for a shared one together."""
+        moves let calls of one level leave disjoint meshes for a shared one together."""
         out = list(choice)
         calls = rng.sample(range(len(choice)), 2 if len(choice) > 1 and rng.random() < 0.25 else 1)
         for i in calls:

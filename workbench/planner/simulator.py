@@ -264,7 +264,7 @@ class Simulator:
         return 0.0
 
     def driver_time(self, gathered: list["Call"], n_trained: int) -> float:
-        """The driver-side stage: gather the outputs of `gathered` calls (advantages are
+        """The driver-side steps: gather the outputs of `gathered` calls (advantages are
         computed on the driver) and send the assembled batch to each of `n_trained` models."""
         batch = sum(self.output_bytes(c) for c in gathered)
         return (1 + n_trained) * batch / self.cluster.driver_bandwidth

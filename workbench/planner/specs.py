@@ -237,7 +237,7 @@ class ClusterSpec:
     against sub-second calls here (measured by the profiler)."""
     driver_bandwidth: float = float("inf")
     """Bytes/s at which data passes through the driver (single controller), where the
-    algorithm computes on it: the advantage stage gathers the calls' outputs and sends the
+    algorithm computes on it: the advantage step gathers the calls' outputs and sends the
     batch to every trained model. inf (not modelled) on GPU presets, where HybridFlow moves
     data worker to worker; measured by the profiler here (Ray object transfers, pickling)."""
     allocation: Literal["aligned", "free"] = "free"

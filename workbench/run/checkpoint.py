@@ -31,7 +31,7 @@ import torch
 
 from workbench import checks
 from workbench.errors import ConfigError
-from workbench.workers.training import rng_state, set_rng_state
+from workbench.workers.updates import rng_state, set_rng_state
 
 TRAINED_ROLES = ("actor", "critic", "cost_critic")
 """The roles whose weights change during a run (reference, reward and cost models are frozen)."""

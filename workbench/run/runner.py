@@ -238,7 +238,7 @@ class Runner:
         sampling = replace(algo.config.sampling, greedy=True, n=1,
                            max_new_tokens=cfg.evaluation.max_new_tokens or algo.config.sampling.max_new_tokens)
         start = time.monotonic()
-        with tags(stage="eval", iteration=algo.iteration):
+        with tags(step="eval", iteration=algo.iteration):
             gen = algo.groups.actor.generate_sequences(self.eval_batch, sampling)
             reward = algo.groups.reward.compute_reward(gen)
             cost = algo.groups.cost.compute_cost(gen) if algo.groups.cost is not None else None

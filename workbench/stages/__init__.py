@@ -1,9 +1,19 @@
-"""The stages before RL: supervised fine-tuning of the actor, and reward/cost-model training."""
+"""The stages before RL: supervised fine-tuning of the actor, and reward/cost-model training.
 
-from workbench.stages.reward_model import RewardModelConfig, pairwise_accuracy, train_reward_model
-from workbench.stages.sft import SFTConfig, StageConfig, encode_examples, text_batch, train_sft
+Both take a `StageConfig`. ("Stage" means these pre-RL training stages only; an RL
+iteration is made of steps, `workbench.steps`.)
+"""
 
-__all__ = [
-    "RewardModelConfig", "SFTConfig", "StageConfig", "encode_examples", "pairwise_accuracy", "text_batch",
-    "train_reward_model", "train_sft",
-]
+import warnings
+
+from workbench.stages.reward_model import pairwise_accuracy, train_reward_model
+from workbench.stages.sft import StageConfig, encode_examples, text_batch, train_sft
+
+__all__ = ["StageConfig", "encode_examples", "pairwise_accuracy", "text_batch", "train_reward_model", "train_sft"]
+
+
+def __getattr__(name: str):
+    if name in ("SFTConfig", "RewardModelConfig"):  # one config for every stage
+        warnings.warn(f"{name} is now StageConfig", DeprecationWarning, stacklevel=2)
+        return StageConfig
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,7 +11,7 @@ import torch
 
 from workbench.data import arithmetic
 from workbench.models import make_tiny
-from workbench.stages.sft import SFTConfig, train_sft
+from workbench.stages.sft import StageConfig, train_sft
 
 DEFAULT_CACHE = Path.home() / ".cache" / "hybridflow-workbench"
 
@@ -29,7 +29,7 @@ def arithmetic_policy(
         base = make_tiny(size, workdir / f"tiny-{size}-s{seed}", seed=seed)
         problems = arithmetic.generate(arithmetic.ArithmeticConfig(digits=digits), 400, seed=seed)
         staging = Path(tempfile.mkdtemp(prefix=f".{sft_dir.name}.", dir=workdir))
-        result = train_sft(base, arithmetic.demonstrations(problems), staging, SFTConfig(steps=sft_steps, log_every=0))
+        result = train_sft(base, arithmetic.demonstrations(problems), staging, StageConfig(steps=sft_steps, log_every=0))
         staging.chmod(0o755)
         if (sft_dir / "config.json").exists():  # another process finished first
             shutil.rmtree(staging)

@@ -6,6 +6,7 @@ answer is "chosen" to cost more).
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -15,7 +16,11 @@ from workbench.models.value import last_token_index, load_value_model, token_val
 from workbench.stages.sft import StageConfig, encode_examples, fit
 
 
-RewardModelConfig = StageConfig
+def __getattr__(name: str):
+    if name == "RewardModelConfig":  # one config for every stage
+        warnings.warn("RewardModelConfig is now StageConfig", DeprecationWarning, stacklevel=2)
+        return StageConfig
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def sequence_scores(model, tokenizer, prompts: list[str], responses: list[str], max_length: int) -> torch.Tensor:

@@ -7,6 +7,7 @@ minutes on a CPU. The result is saved as a normal Hugging Face checkpoint direct
 from __future__ import annotations
 
 import random
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -20,7 +21,8 @@ from workbench.models.load import load, save
 
 @dataclass(frozen=True)
 class StageConfig:
-    """Settings of a single-process training stage (SFT, reward model)."""
+    """Settings of a single-process pre-RL training stage: SFT (`train_sft`) and reward- or
+    cost-model training (`train_reward_model`) take the same ones."""
 
     steps: int = 300
     batch_size: int = 32
@@ -34,7 +36,11 @@ class StageConfig:
     """Print the loss every this many steps (0 = quiet)."""
 
 
-SFTConfig = StageConfig
+def __getattr__(name: str):
+    if name == "SFTConfig":  # one config for every stage
+        warnings.warn("SFTConfig is now StageConfig", DeprecationWarning, stacklevel=2)
+        return StageConfig
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def fit(model, config: StageConfig, num_examples: int, batch_loss: Callable[[list[int]], torch.Tensor], name: str) -> list[float]:

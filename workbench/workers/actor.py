@@ -32,7 +32,7 @@ from workbench.engines.contract import Forward, LossFn, OptimConfig, check_train
 from workbench.engines.hf_rollout import HFRollout, HFRolloutConfig
 from workbench.engines.rollout import SamplingConfig, response_texts, stream_seed
 from workbench.engines.tensor_parallel import check_tensor_parallel_layout, parallelize
-from workbench.engines.training import BACKENDS, check_data_parallel_only, make_engine
+from workbench.engines.backends import BACKENDS, check_data_parallel_only, make_engine
 from workbench.hybrid.layouts import generation_groups
 from workbench.hybrid.transition import HybridEngine
 from workbench.engines.vllm_rollout import VLLMRolloutConfig
@@ -40,8 +40,8 @@ from workbench import checks
 from workbench.errors import ConfigError
 from workbench.models.load import (LoadConfig, check_compiled_training, check_model_dir, check_positions, compile_forward,
                                    for_worker, load)
-from workbench.workers.training import (check_mini_batch_splits, check_rows_split, load_rank_state, mean_over_ranks,
-                                        run_updates, save_rank_state)
+from workbench.workers.updates import (
+    check_mini_batch_splits, check_rows_split, load_rank_state, mean_over_ranks, run_updates, save_rank_state)
 
 
 ROLLOUTS = ("hf", "vllm", None)

@@ -13,13 +13,13 @@ from workbench.engines.forward import model_outputs, response_values
 from workbench.engines.contract import LossFn, OptimConfig, check_training_fields
 from workbench.engines.kept_forward import KeptForwards
 from workbench.engines.tensor_parallel import check_tensor_parallel_layout
-from workbench.engines.training import BACKENDS, check_data_parallel_only, make_engine
+from workbench.engines.backends import BACKENDS, check_data_parallel_only, make_engine
 from workbench import checks
 from workbench.errors import ConfigError
 from workbench.models.load import LoadConfig, check_compiled_training, check_model_dir, compile_forward, for_worker
 from workbench.models.value import load_value_model
-from workbench.workers.training import (check_mini_batch_splits, check_rows_split, load_rank_state, mean_over_ranks,
-                                        run_updates, save_rank_state)
+from workbench.workers.updates import (
+    check_mini_batch_splits, check_rows_split, load_rank_state, mean_over_ranks, run_updates, save_rank_state)
 
 
 @dataclass

@@ -102,7 +102,7 @@ class RuleReward:
         metas, outputs = [r[0] for r in results], [r[1] for r in results]
         ranks = list(range(len(pieces)))
         future = DataFuture(CallInfo("rule_reward", self.name, ranks), outputs, metas, ranks, concat, Mesh(dp=len(pieces)))
-        future.trace_tags = _tag_call(number, current_tags(), len(pieces))  # the stage clock adds to these
+        future.trace_tags = _tag_call(number, current_tags(), len(pieces))  # the step clock adds to these
         return future
 
     compute_cost = compute_reward  # a rule cost (output_key="costs") is called like a cost model
