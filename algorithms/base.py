@@ -202,10 +202,11 @@ class Algorithm:
             return
         for role in ("actor", "reference"):
             worker_config = getattr(getattr(self.groups, role), "config", None)
-            if hasattr(worker_config, "temperature") and abs(worker_config.temperature - sampling.temperature) > 1e-9:
+            temperature = getattr(worker_config, "temperature", None)
+            if temperature is not None and abs(temperature - sampling.temperature) > 1e-9:
                 raise ValueError(
                     f"{type(self).__name__}: the {role} computes log-probs at ActorConfig.temperature="
-                    f"{worker_config.temperature} but samples are drawn at sampling.temperature={sampling.temperature}; "
+                    f"{temperature} but samples are drawn at sampling.temperature={sampling.temperature}; "
                     f"set both to the same value (rebuild the {role} group, or change the sampling)"
                 )
 

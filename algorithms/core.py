@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from workbench import checks
+from workbench.data.batch import Batch
 
 # ---- registries ------------------------------------------------------------------------------
 
@@ -75,8 +76,8 @@ class MissingInput(KeyError):
         return str(self.args[0])
 
 
-def call(fn: Callable, *sources: Mapping[str, Any], what: str = "") -> Any:
-    """fn(**kwargs), each parameter taken from the first source that has it (a None value
+def call(fn: Callable, *sources: Mapping[str, Any] | Batch, what: str = "") -> Any:
+    """fn(**kwargs), each parameter taken from the first source (a Batch or a mapping) that has it (a None value
     counts as not given), else from the function's default."""
     kwargs = {}
     for param in inspect.signature(fn).parameters.values():

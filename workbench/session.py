@@ -119,7 +119,7 @@ class Session:
         env = {"env_vars": {**WORKER_ENV, **(runtime_env or {}).get("env_vars", {})}}
         runtime_env = {**(runtime_env or {}), **env}
         if ray.is_initialized():
-            if not self.owns_ray:
+            if not self.owns_ray or self._ray_args is None:
                 return  # attached to a Ray someone else started: use it as it is
             old_devices, old_address, old_env = self._ray_args
             same = address == old_address and runtime_env == old_env and num_devices in (None, old_devices)

@@ -229,13 +229,13 @@ class RemoteSlice:
         return whole.pad_to_multiple(self.count).chunk(self.count)[self.index]
 
     def _resolve_rows(self, metas: list[OutputMeta]) -> Batch:
-        total = sum(m.valid for m in metas)
+        total = sum(m.valid or 0 for m in metas)
         if total == 0:
             raise ValueError(f"{self.source.role}.{self.source.method} returned no rows to split")
         per = math.ceil(total / self.count)
         wanted = np.arange(self.index * per, (self.index + 1) * per)
         rows = wanted % total  # rows past the end are padding copies of the first rows
-        starts = np.cumsum([0] + [m.valid for m in metas])
+        starts = np.cumsum([0] + [m.valid or 0 for m in metas])
         chunk_of_row = np.searchsorted(starts, rows, side="right") - 1
         # Runs of consecutive rows inside one source chunk: each becomes a slice (a view).
         runs: list[list[int]] = []  # [chunk, first row, last row + 1]

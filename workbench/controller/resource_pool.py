@@ -108,6 +108,8 @@ class ResourcePool:
 
     def scheduling(self, rank: int) -> dict:
         """ray.remote options placing rank's worker on its device."""
+        if self.placement is None:
+            raise PlacementError(f"pool {self.name!r} was released; create it again before placing workers on it")
         share = 1.0 / self.max_colocate
         options = {
             "scheduling_strategy": PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=rank),
@@ -167,7 +169,7 @@ def _choose_nodes(
                 f"{total_free:g} free ({summary}). Ask for fewer, release a pool, or start the "
                 f"session with more devices (Session(num_devices=...))."
             )
-        chosen = []
+        chosen: list[str] = []
         for n in nodes:
             take = min(int(free[n.node_id]), devices - len(chosen))
             chosen += [n.node_id] * max(0, take)

@@ -173,8 +173,8 @@ class WorkerHost:
         """(pid, node id, node address) of this process, named in errors about it."""
         return os.getpid(), ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
 
-    def add_role(self, role: str, cls: type, config: Any, mesh: Mesh) -> None:
-        worker = cls.__new__(cls)
+    def add_role(self, role: str, cls: type[Any], config: Any, mesh: Mesh) -> None:
+        worker = object.__new__(cls)  # the context is set before __init__ runs
         worker.context = RankContext(
             role, self.rank, self.world_size, mesh, self.pool, self.device, self.backend, self.records,
             self.current,
@@ -211,7 +211,7 @@ class WorkerHost:
                 CallRecord(
                     call_id=sequence, role=role, method=method, rank=self.rank, pool=self.pool,
                     pid=os.getpid(), start=start, fetched=compute_start, end=time.time(),
-                    bytes_in=bytes_in, bytes_out=meta_out.nbytes if ok else 0, ok=ok, extra=dict(tags),
+                    bytes_in=bytes_in, bytes_out=meta_out.nbytes if meta_out else 0, ok=ok, extra=dict(tags),
                 )
             )
             self.current.clear()
@@ -261,7 +261,7 @@ def _entry(role: str, method: str, with_meta: bool):
     return ray.method(num_returns=2)(entry) if with_meta else entry
 
 
-def _attach_metas(values: tuple, metas: tuple) -> None:
+def _attach_metas(values: tuple, metas: list) -> None:
     start = 0
     for value in values:
         if isinstance(value, RemoteSlice) and value.metas is not None:

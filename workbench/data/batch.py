@@ -13,7 +13,7 @@ whatever happened to the rows in between.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -37,22 +37,22 @@ class Batch:
     def __init__(
         self,
         tensors: TensorDict | dict[str, torch.Tensor] | None = None,
-        columns: dict[str, Sequence[Any]] | None = None,
+        columns: Mapping[str, Sequence[Any] | np.ndarray] | None = None,
         info: dict[str, Any] | None = None,
     ):
-        columns = {k: _as_column(v, k) for k, v in (columns or {}).items()}
+        arrays = {k: _as_column(v, k) for k, v in (columns or {}).items()}
         if tensors is None or not isinstance(tensors, TensorDict):
             tensors = dict(tensors or {})
-            lengths = {len(v) for v in tensors.values()} | {len(v) for v in columns.values()}
+            lengths = {len(v) for v in tensors.values()} | {len(v) for v in arrays.values()}
             if len(lengths) > 1:
-                sizes = {k: len(v) for k, v in [*tensors.items(), *columns.items()]}
+                sizes = {k: len(v) for k, v in [*tensors.items(), *arrays.items()]}
                 raise ValueError(f"Batch fields have different row counts: {sizes}")
             rows = lengths.pop() if lengths else 0
             tensors = TensorDict(tensors, batch_size=[rows])
         self.tensors: TensorDict = tensors
-        self.columns: dict[str, np.ndarray] = columns
+        self.columns: dict[str, np.ndarray] = arrays
         self.info: dict[str, Any] = dict(info or {})
-        for name, column in columns.items():
+        for name, column in arrays.items():
             if len(column) != len(self):
                 raise ValueError(
                     f"Batch column {name!r} has {len(column)} rows but the tensors have {len(self)}"
