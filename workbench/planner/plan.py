@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from workbench.controller.mesh import Mesh
 from workbench.planner.dataflow import Dataflow
 from workbench.planner.memory import MemoryBreakdown, Transition
 from workbench.planner.specs import ClusterSpec, ModelSpec, Workload
-from workbench.planner.strategy import ParallelStrategy
 
 
 @dataclass(frozen=True)
@@ -23,9 +23,9 @@ class ModelAssignment:
     """Role name ('actor', 'critic', ...)."""
     spec: ModelSpec
     """Architecture."""
-    strategy: ParallelStrategy
+    strategy: Mesh
     """Layout for training and inference calls (its world = the set's device count)."""
-    generation: ParallelStrategy | None = None
+    generation: Mesh | None = None
     """Actor only: 3D-HybridEngine generation layout (p_g, t_g, d_g·d) on the same devices."""
     memory: MemoryBreakdown = field(default_factory=MemoryBreakdown)
     """Per-device static memory plus the peak dynamic memory of this model's calls."""
@@ -98,7 +98,7 @@ class Plan:
         raise KeyError(f"model {model!r} is not in the plan; models: "
                        f"{[m for s in self.sets for m in s.models]}")
 
-    def strategy_of(self, call: str) -> ParallelStrategy:
+    def strategy_of(self, call: str) -> Mesh:
         c = self.dataflow.call(call)
         a = self.set_of(c.model).assignments[c.model]
         return a.generation if c.kind == "generate" and a.generation else a.strategy

@@ -53,15 +53,16 @@ def plan_table(plan: "Plan") -> str:
     sets = _rows(
         ["colocated set", "devices", "per node", "models (train | gen layout)", "mem/device GB"],
         [[s.name, _devs(s.devices.start, s.devices.stop), list(s.devices_per_node),
-          ", ".join(f"{m}:{a.strategy}" + (f"|{a.generation}" if a.generation else "")
+          ", ".join(f"{m}:{a.strategy.short()}" + (f"|{a.generation.short()}" if a.generation else "")
                     for m, a in s.assignments.items()),
           f"{s.peak_memory / GB:.1f} / {c.device_memory / GB:.0f}"] for s in plan.sets])
     calls = _rows(
         ["call", "model", "kind", "stage", "set", "strategy", "est. s"],
         [[k.name, k.model, k.kind, stage[k.name], plan.set_of(k.model).name,
-          plan.strategy_of(k.name), f"{plan.call_times[k.name]:.2f}"]
+          plan.strategy_of(k.name).short(), f"{plan.call_times[k.name]:.2f}"]
          for k in plan.dataflow.calls])
-    switches = [f"{m}: {a.transition.method} switch {a.strategy} -> {a.generation}, "
+    switches = [f"{m}: {a.transition.method} switch {a.strategy.short()} -> "
+                f"{(a.generation or a.strategy).short()}, "
                 f"{a.transition.comm_bytes / GB:.2f} GB moved/device, peak "
                 f"{a.transition.peak_params / GB:.2f} GB params, redundancy "
                 f"{a.transition.redundant / GB:.2f} GB"
@@ -110,7 +111,7 @@ def execution_gantt(evaluation: "Evaluation", include_data: bool = False) -> lis
 def execution_table(plan: "ExecutionPlan", evaluation: "Evaluation") -> str:
     """Mesh, strategy, start and end per call (all iterations), then time and MaxMem."""
     rows = [[b.label, b.iteration, _devs(*b.devices) if b.devices[1] else "-", b.kind,
-             str(plan.layouts[b.call][1]) if b.kind == "compute" else "",
+             plan.layouts[b.call][1].short() if b.kind == "compute" else "",
              f"{b.start:.2f}", f"{b.end:.2f}"] for b in execution_gantt(evaluation)]
     body = _rows(["task", "iter", "devices", "kind", "strategy", "start s", "end s"], rows)
     return (f"{body}\n\nper iteration: {evaluation.time:.2f}s  (makespan "
