@@ -211,7 +211,7 @@ def _kept_beside(mesh: Mesh, group: tuple[int, ...]) -> bool:
     return True  # deepspeed_chat keeps its ZeRO partition (1/d of its training shard)
 
 
-def transition_bytes(mesh: Mesh, model_bytes: Real) -> list[RankTransfer]:
+def transition_bytes(mesh: Mesh, model_bytes: float) -> list[RankTransfer]:
     """Per rank (list index = rank): the bytes of the switch to generation for a model of
     `model_bytes` (M), derived from `gather_groups` and `contribution`, not from Table 2's
     formulas (tests check they agree). A group of g members each adding c bytes: received
@@ -238,7 +238,7 @@ def transition_bytes(mesh: Mesh, model_bytes: Real) -> list[RankTransfer]:
             for r in range(mesh.world_size)]
 
 
-def rank_transfer(mesh: Mesh, model_bytes: Real, rank: int) -> RankTransfer:
+def rank_transfer(mesh: Mesh, model_bytes: float, rank: int) -> RankTransfer:
     """Row `rank` of `transition_bytes`, derived from that rank's gather group alone (cheap on
     large meshes: the planner reads one rank's bytes per layout, every rank's being alike)."""
     m = _model_bytes(model_bytes)
@@ -248,7 +248,7 @@ def rank_transfer(mesh: Mesh, model_bytes: Real, rank: int) -> RankTransfer:
     return _transfer(mesh, m, rank, group, _union(mesh, group), copies)
 
 
-def _model_bytes(model_bytes: Real) -> Fraction:
+def _model_bytes(model_bytes: float) -> Fraction:
     if not isinstance(model_bytes, Real) or isinstance(model_bytes, bool) or model_bytes < 0:
         raise ValueError(f"model_bytes={model_bytes!r}: give the model's size in bytes (>= 0)")
     return Fraction(model_bytes)
@@ -267,8 +267,8 @@ def _transfer(mesh: Mesh, m: Fraction, rank: int, group: tuple[int, ...], block:
         generation_params=_num(gen_shard(mesh, rank).fraction(mesh) * m))
 
 
-def _num(x: Fraction) -> int | float:
-    return int(x) if x.denominator == 1 else float(x)
+def _num(x: Fraction | int) -> int | float:
+    return int(x) if Fraction(x).denominator == 1 else float(x)
 
 
 RANK_MAP_KEYS = ("rank", "train_pp", "train_tp", "train_dp", "train_shard", "gen_replica",
