@@ -109,7 +109,6 @@ class Transition:
         return self.generation_params + self.redundant
 
 
-@lru_cache(maxsize=4096)
 def transition(spec: ModelSpec, train: Mesh, gen: Mesh, method: str = "hybridflow") -> Transition:
     """The actor's training -> generation switch per device: HybridFlow Table 2's bytes for
     a model of M bf16 bytes, as the hybrid engine counts them from the gather groups the
@@ -120,16 +119,16 @@ def transition(spec: ModelSpec, train: Mesh, gen: Mesh, method: str = "hybridflo
     if not is_generation_layout(train, gen):
         raise ValueError(f"generation layout {gen.short()} is not one the hybrid engine can switch "
                          f"{train.short()} to: it needs the same devices, p_g | p and t_g | t")
-    comm, peak, redundant, gen_params = _switch_bytes(train.with_generation(gen, method),
-                                                      spec.param_count * WEIGHT_BYTES)
-    return Transition(method, comm, peak, redundant, gen_params)
+    return _switch(train.pp, train.tp, train.dp, gen.pp, gen.tp, method, spec.param_count * WEIGHT_BYTES)
 
 
-def _switch_bytes(mesh: Mesh, model_bytes: int) -> tuple[float, float, float, float]:
-    """(received, peak, redundant, generation shard) bytes of rank 0, which moves and holds
-    what every rank does in these layouts (`tests/hybrid/test_layouts.py` checks it)."""
-    row = rank_transfer(mesh, model_bytes, 0)
-    return float(row.received), float(row.peak_params), float(row.redundant), float(row.generation_params)
+@lru_cache(maxsize=4096)  # keyed by plain numbers: the planner asks for the same switch often
+def _switch(pp: int, tp: int, dp: int, gen_pp: int, gen_tp: int, method: str, model_bytes: int) -> Transition:
+    """Rank 0's bytes, which are every rank's in these layouts (`tests/hybrid/test_layouts.py`
+    checks it)."""
+    row = rank_transfer(Mesh(pp, tp, dp, gen_pp, gen_tp, method), model_bytes, 0)
+    return Transition(method, float(row.received), float(row.peak_params), float(row.redundant),
+                      float(row.generation_params))
 
 
 def train_activations(spec: ModelSpec, s: Mesh, wl: Workload) -> float:

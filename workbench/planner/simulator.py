@@ -20,6 +20,7 @@ presets document their defaults.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from workbench.controller.mesh import Mesh
@@ -228,16 +229,10 @@ class Simulator:
             shard = spec.param_count / gen.model_parallel * self.dtype_bytes
             gather = self.allreduce(shard / 2, train.dp, n_ops=spec.n_layers + 1,
                                     members_per_node=train.dp_peers_per_node(self.cluster.devices_per_node))
-        crosses = self._gather_crosses(train.with_generation(gen, method))
+        crosses = _gather_crosses(train.with_generation(gen, method), self.cluster.devices_per_node)
         return gather + self.weight_copy_time(t.generation_params * self._widen) + (
             0.0 if t.comm_bytes <= 0 else
             t.comm_bytes * self._widen / self.link_bandwidth(crosses) + self.cluster.collective_latency)
-
-    def _gather_crosses(self, mesh: Mesh) -> bool:
-        """Whether any of the switch's all-gather groups (the hybrid engine's own, members in
-        rank order) spans machines."""
-        u = self.cluster.devices_per_node
-        return any(g[0] // u != g[-1] // u for g in gather_groups(mesh))
 
     def weight_copy_time(self, nbytes: float) -> float:
         """Writing the generation weights into their separate buffer (HybridFlow keeps one
@@ -285,3 +280,11 @@ class Simulator:
         c = self.cluster
         bw = (c.inter_node_bandwidth * c.comm_efficiency) if crosses_nodes else self._intra()
         return nbytes / bw + c.collective_latency
+
+
+@lru_cache(maxsize=4096)
+def _gather_crosses(mesh: Mesh, devices_per_node: int) -> bool:
+    """Whether any of the switch's all-gather groups (the hybrid engine's own, members in rank
+    order) spans machines."""
+    u = devices_per_node
+    return any(g[0] // u != g[-1] // u for g in gather_groups(mesh))
