@@ -185,6 +185,9 @@ class Simulator:
             step += self.allreduce(b * spec.hidden * self.dtype_bytes * spec.n_layers * 2, s.tp,
                                    n_ops=2 * spec.n_layers)
         if s.pp > 1:
+            # Hops cross machines when a replica (pp*tp consecutive ranks of `s`) spans them.
+            # The hybrid engine's hybridflow grouping strides a generation replica over its
+            # training replica instead; that placement is not modelled here.
             step += (s.pp - 1) * (c.collective_latency + b * spec.hidden * self.dtype_bytes
                                   / self.link_bandwidth(s.replica_spans_nodes(c.devices_per_node)))
         prefill_flops = b * wl.prompt_len * spec.forward_flops_per_token(wl.prompt_len / 2)
