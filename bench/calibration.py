@@ -45,7 +45,6 @@ from workbench.planner.calibrate import load_calibration
 from workbench.planner.execution import DeviceMesh, ExecutionPlan
 from workbench.planner.profiler import Profiler
 from workbench.planner.specs import ModelSpec
-from workbench.planner.strategy import ParallelStrategy
 from workbench.workers import ActorConfig, ActorRolloutRefWorker
 from workbench.workers.critic import CriticConfig, CriticWorker
 from workbench.workers.reward import RewardModelWorker, ScoreModelConfig
@@ -148,8 +147,8 @@ def estimate(sets, devices: int, spec: ModelSpec, workload: Workload, cluster,
 
     def strategy(call):
         if call.model in tp_roles and call.kind != "generate":
-            return ParallelStrategy(1, devices, 1)
-        return ParallelStrategy(1, 1, devices)
+            return Mesh(1, devices, 1)
+        return Mesh(1, 1, devices)
 
     plan = ExecutionPlan({c.name: (home[c.model], strategy(c)) for c in flow.calls})
     evaluator = PlanEvaluator(flow, flow.model_specs(spec), workload, cluster, n_iterations=1)

@@ -54,7 +54,7 @@ def _summary(plan) -> dict:
     return {
         "placement": [s.name for s in plan.sets],
         "allocation": list(plan.allocation),
-        "layouts": {m: str(a.strategy) + (f"|{a.generation}" if a.generation else "")
+        "layouts": {m: a.strategy.short() + (f"|{a.generation.short()}" if a.generation else "")
                     for s in plan.sets for m, a in s.assignments.items()},
         "iteration_s": round(plan.iteration_time, 2),
         "levels_s": levels,

@@ -91,7 +91,8 @@ class PlacementExplorer(View):
             out["memory"].append({"set": cs.name, "used_gib": cs.peak_memory / GIB,
                                   "capacity_gib": plan.cluster.device_memory / GIB})
             for m, a in cs.assignments.items():
-                out["layouts"][m] = {"train": str(a.strategy), "generate": str(a.generation) if a.generation else None,
+                out["layouts"][m] = {"train": a.strategy.short(),
+                                     "generate": a.generation.short() if a.generation else None,
                                      "devices": len(d)}
         for bar in plan.gantt():
             call = plan.dataflow.call(bar.call)

@@ -1,8 +1,9 @@
 """The hybrid engine's layouts as data: shards, groups and switch bytes are pure functions of
-the Mesh, and the bytes derived from the groups equal HybridFlow Table 2 (the planner's model)."""
+the Mesh, and the bytes derived from the groups equal HybridFlow Table 2 (the planner reads them)."""
 
 import itertools
 import json
+from fractions import Fraction
 
 import pytest
 
@@ -11,10 +12,10 @@ from workbench.controller.mesh import TRANSITION_METHODS
 from workbench.errors import ConfigError
 from workbench.hybrid.layouts import (
     RANK_MAP_KEYS, Shard, contains_training_shard, contribution, gather_groups, gathered_shard,
-    gen_shard, gen_sizes, generation_groups, generation_tp_groups, micro_dp_groups, rank_map, slices,
-    train_shard, transition_bytes,
+    gather_group, gen_shard, gen_sizes, generation_groups, generation_tp_groups, micro_dp_groups, rank_map,
+    rank_transfer, slices, train_shard, transition_bytes,
 )
-from workbench.planner import ParallelStrategy, model_preset
+from workbench.planner import model_preset
 from workbench.planner.memory import WEIGHT_BYTES, transition
 
 # The issue's layouts p-t-d -> (p_g-t_g-d_g-d), plus pipeline-parallel ones.
@@ -135,17 +136,52 @@ TABLE2_MESHES = [
 ]
 
 
+def table2(mesh, m):
+    """HybridFlow Table 2 written out, exactly, per rank: (received, peak, redundant,
+    generation shard) for a model of m bytes."""
+    (p, t, d), (pg, tg) = (mesh.pp, mesh.tp, mesh.dp), gen_sizes(mesh)
+    mp, n, gen = p * t, p * t * d, Fraction(m, pg * tg)
+    if mesh.transition == "deepspeed_chat":
+        return Fraction(n - 1, n) * m, m, Fraction(m, n), gen
+    if (pg, tg) == (p, t):
+        return 0, Fraction(m, mp), 0, gen
+    if mesh.transition == "vanilla":
+        return Fraction(mp - 1, mp) * m, m, Fraction(m, mp), gen
+    return Fraction(mp - pg * tg, pg * tg * mp) * m, gen, 0, gen
+
+
+def exact(x):
+    x = Fraction(x)
+    return int(x) if x.denominator == 1 else float(x)
+
+
 def test_bytes_derived_from_the_groups_equal_table_2():
     assert len(TABLE2_MESHES) > 300
     for mesh in TABLE2_MESHES:
-        gen_pp, gen_tp = gen_sizes(mesh)
-        planned = transition(SPEC, ParallelStrategy(mesh.pp, mesh.tp, mesh.dp),
-                             ParallelStrategy(gen_pp, gen_tp, mesh.dp * mesh.micro_dp), mesh.transition)
+        want = tuple(exact(x) for x in table2(mesh, M))
         for counted in transition_bytes(mesh, M):
             got = (counted.received, counted.peak_params, counted.redundant, counted.generation_params)
-            want = (planned.comm_bytes, planned.peak_params, planned.redundant, planned.generation_params)
             assert got == want, (str(mesh), counted)
             assert counted.sent == counted.received  # ring all-gather, equal parts
+
+
+def test_one_rank_alone_counts_what_all_ranks_together_do():
+    for mesh in TABLE2_MESHES[::7]:
+        rows = transition_bytes(mesh, M)
+        for r in {0, mesh.world_size // 2, mesh.world_size - 1}:
+            assert rank_transfer(mesh, M, r) == rows[r], (str(mesh), r)
+            assert gather_group(mesh, r) in gather_groups(mesh)
+
+
+def test_the_planner_reads_these_bytes():
+    # The planner's memory model and simulators take the switch from here (one count of it).
+    for mesh in TABLE2_MESHES[::5]:
+        gen_pp, gen_tp = gen_sizes(mesh)
+        planned = transition(SPEC, Mesh(mesh.pp, mesh.tp, mesh.dp),
+                             Mesh(gen_pp, gen_tp, mesh.dp * mesh.micro_dp), mesh.transition)
+        row = transition_bytes(mesh, M)[0]
+        assert (planned.comm_bytes, planned.peak_params, planned.redundant, planned.generation_params) \
+            == (row.received, row.peak_params, row.redundant, row.generation_params), str(mesh)
 
 
 @pytest.mark.parametrize("name", ISSUE)

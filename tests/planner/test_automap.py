@@ -81,10 +81,10 @@ def test_actor_generation_layout_divides_training_layout():
     a = plan.set_of("actor").assignments["actor"]
     assert a.generation is not None
     assert a.strategy.pp % a.generation.pp == 0 and a.strategy.tp % a.generation.tp == 0
-    assert a.generation.world == a.strategy.world
+    assert a.generation.world_size == a.strategy.world_size
     for s in plan.sets:
         assert sum(s.devices_per_node) == s.n_devices
-        assert all(x.strategy.world == s.n_devices for x in s.assignments.values())
+        assert all(x.strategy.world_size == s.n_devices for x in s.assignments.values())
 
 
 def test_strategy_cache_is_per_model_and_device_count():

@@ -92,12 +92,13 @@ def test_layout_limits_bound_the_plan():
 
 
 def test_model_mesh_carries_the_generation_layout_and_transition_method():
-    from workbench.planner import ParallelStrategy, model_preset
+    from workbench import Mesh
+    from workbench.planner import model_preset
     from workbench.planner.deploy import model_mesh
     from workbench.planner.memory import transition
     from workbench.planner.plan import ModelAssignment
 
-    spec, train, gen = model_preset("llama2-13b"), ParallelStrategy(1, 4, 2), ParallelStrategy(1, 2, 4)
+    spec, train, gen = model_preset("llama2-13b"), Mesh(1, 4, 2), Mesh(1, 2, 4)
     actor = ModelAssignment("actor", spec, train, gen, transition=transition(spec, train, gen, "vanilla"))
     mesh = model_mesh(actor)
     assert (mesh.tp, mesh.dp, mesh.gen_tp, mesh.transition) == (4, 2, 2, "vanilla")

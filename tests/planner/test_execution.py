@@ -1,11 +1,12 @@
 
 import pytest
 
+from workbench import Mesh
 from workbench.planner import (Call, Dataflow, ExecutionPlan, DeviceMesh, NoMeshError,
-                               ParallelStrategy, PlanEvaluator, Workload, cluster_preset,
+                               PlanEvaluator, Workload, cluster_preset,
                                dataflow_preset, mesh, valid_meshes)
 
-S1 = ParallelStrategy(1, 1, 1)
+S1 = Mesh(1, 1, 1)
 
 
 def test_valid_meshes_are_node_divisors_or_whole_nodes():
@@ -41,7 +42,7 @@ def test_consecutive_iterations_overlap_when_dependencies_allow(tiny_workload):
     cluster = cluster_preset("local")
     ev = PlanEvaluator(flow, flow.model_specs("tiny-10m"), tiny_workload, cluster,
                        n_iterations=2)
-    p2 = ParallelStrategy(1, 1, 2)
+    p2 = Mesh(1, 1, 2)
     plan = ExecutionPlan({"gen": (DeviceMesh(0, 2), p2), "train": (DeviceMesh(0, 2), p2),
                           "score": (DeviceMesh(2, 2), p2)})
     r = ev.evaluate(plan)
@@ -67,9 +68,9 @@ def test_parameter_transfer_when_layouts_differ(tiny_workload):
     flow = _two_model_flow()
     ev = PlanEvaluator(flow, flow.model_specs("tiny-10m"), tiny_workload,
                        cluster_preset("local"), n_iterations=2)
-    plan = ExecutionPlan({"gen": (DeviceMesh(0, 4), ParallelStrategy(1, 1, 4)),
-                          "score": (DeviceMesh(0, 4), ParallelStrategy(1, 1, 4)),
-                          "train": (DeviceMesh(0, 2), ParallelStrategy(1, 2, 1))})
+    plan = ExecutionPlan({"gen": (DeviceMesh(0, 4), Mesh(1, 1, 4)),
+                          "score": (DeviceMesh(0, 4), Mesh(1, 1, 4)),
+                          "train": (DeviceMesh(0, 2), Mesh(1, 2, 1))})
     r = ev.evaluate(plan)
     params = [(i, x) for i, x in enumerate(r.graph.tasks) if x.kind == "param"]
     assert [x.name for _, x in params] == ["realloc actor->gen@0", "realloc actor->gen@1"]
@@ -87,7 +88,7 @@ def test_max_mem_and_oom_penalty():
     r = ev.evaluate(one)
     assert r.oom and r.max_mem > cluster.device_memory
     assert r.cost == pytest.approx(r.time * 10 * r.max_mem / cluster.device_memory)
-    spread = ExecutionPlan({c.name: (DeviceMesh(0, 8), ParallelStrategy(1, 8, 1))
+    spread = ExecutionPlan({c.name: (DeviceMesh(0, 8), Mesh(1, 8, 1))
                             for c in flow.calls})
     r2 = ev.evaluate(spread)
     assert not r2.oom and r2.cost == r2.time and r2.max_mem < r.max_mem

@@ -5,7 +5,8 @@ import itertools
 
 import pytest
 
-from workbench.planner import ParallelStrategy, Simulator, Workload, cluster_preset, model_preset
+from workbench import Mesh
+from workbench.planner import Simulator, Workload, cluster_preset, model_preset
 from workbench.planner.memory import (TRANSITION_METHODS, WEIGHT_BYTES, generation_memory,
                                       kv_bytes_per_sequence, static_memory, transition)
 from workbench.planner.strategy import generation_strategies, strategies
@@ -46,7 +47,7 @@ def test_hybridflow_moves_least_and_keeps_no_copy():
 
 
 def test_no_switch_when_generation_keeps_the_training_layout():
-    s = ParallelStrategy(1, 4, 2)
+    s = Mesh(1, 4, 2)
     for method in ("hybridflow", "vanilla"):
         tr = transition(SPEC, s, s, method)
         assert tr.comm_bytes == 0 and tr.redundant == 0 and tr.peak_params == M / 4
@@ -56,7 +57,7 @@ def test_no_switch_when_generation_keeps_the_training_layout():
 def test_switch_time_is_table_2_bytes_over_the_link_plus_the_buffer_copy(method):
     cluster = cluster_preset("a100_80g", 16)
     sim = Simulator(cluster, Workload(transition=method))
-    train, gen = ParallelStrategy(1, 8, 2), ParallelStrategy(1, 2, 8)
+    train, gen = Mesh(1, 8, 2), Mesh(1, 2, 8)
     bytes_ = table2(method, 8, 1, 2, 2, 1)[0]
     crosses = method == "deepspeed_chat"   # its all-gather spans both machines
     copy = 2 * M / gen.model_parallel / (cluster.memory_bandwidth * cluster.bandwidth_efficiency)
@@ -67,7 +68,7 @@ def test_switch_time_is_table_2_bytes_over_the_link_plus_the_buffer_copy(method)
 @pytest.mark.parametrize("method", TRANSITION_METHODS)
 def test_generation_memory_is_redundancy_plus_shard_plus_kv(method):
     wl = Workload(transition=method)
-    train, gen = ParallelStrategy(1, 8, 1), ParallelStrategy(1, 2, 4)
+    train, gen = Mesh(1, 8, 1), Mesh(1, 2, 4)
     static = static_memory(SPEC, train, True)
     free = 80e9 - static.total
     gm = generation_memory(SPEC, train, gen, wl, static.params, free, method)
@@ -82,7 +83,7 @@ def test_generation_memory_is_redundancy_plus_shard_plus_kv(method):
 def test_frozen_models_are_kept_like_the_workers_keep_them():
     # The reference and reward workers hold their model whole on every data-parallel rank,
     # cut only by tensor parallelism (backend "3d"), under either sharding mode.
-    s = ParallelStrategy(1, 2, 4)
+    s = Mesh(1, 2, 4)
     for sharding in ("full", "optimizer"):
         assert static_memory(SPEC, s, False, sharding).params == pytest.approx(M / 2)
     trained = static_memory(SPEC, s, True, "full")

@@ -4,7 +4,8 @@ import dataclasses
 
 import pytest
 
-from workbench.planner import ParallelStrategy, Simulator, Workload, cluster_preset, model_preset
+from workbench import Mesh
+from workbench.planner import Simulator, Workload, cluster_preset, model_preset
 from workbench.planner.memory import GRAD_BYTES, WEIGHT_BYTES
 
 SPEC = model_preset("tiny-10m")
@@ -20,14 +21,14 @@ def sims():
 
 def test_full_sharding_is_free_without_data_parallelism():
     opt, full = sims()
-    one = ParallelStrategy(1, 1, 1)
+    one = Mesh(1, 1, 1)
     assert full.train(SPEC, one) == opt.train(SPEC, one)
     assert full.inference(SPEC, one) == opt.inference(SPEC, one)
 
 
 def test_full_sharding_gathers_every_layer_per_micro_batch():
     opt, full = sims()
-    dp2 = ParallelStrategy(1, 1, 2)
+    dp2 = Mesh(1, 1, 2)
     # 32 sequences over 2 ranks, 4 optimizer steps: one micro-batch of 4 per step and rank;
     # 4 micro-batches per rank in a forward-only pass. 7 FSDP units (6 layers + root).
     # Weights move in the cluster's dtype (fp32 on the local CPU preset), gradients in fp32.
@@ -43,14 +44,14 @@ def test_full_sharding_gathers_every_layer_per_micro_batch():
 
 def test_frozen_models_gather_nothing_they_are_whole_on_every_rank():
     opt, full = sims()
-    dp2 = ParallelStrategy(1, 1, 2)
+    dp2 = Mesh(1, 1, 2)
     assert full.inference(SPEC, dp2, trained=False) == opt.inference(SPEC, dp2)
     assert full.inference(SPEC, dp2, trained=False) < full.inference(SPEC, dp2)
 
 
 def test_generation_after_sharded_training_gathers_the_weights_first():
     opt, full = sims()
-    dp2, one = ParallelStrategy(1, 1, 2), ParallelStrategy(1, 1, 1)
+    dp2, one = Mesh(1, 1, 2), Mesh(1, 1, 1)
     gather = full.allreduce(SPEC.param_count * full.dtype_bytes / 2, 2, n_ops=SPEC.n_layers + 1)
     assert full.reshard_time(SPEC, dp2, dp2) - opt.reshard_time(SPEC, dp2, dp2) == pytest.approx(gather)
     assert full.reshard_time(SPEC, one, one) == opt.reshard_time(SPEC, one, one)
@@ -64,14 +65,12 @@ def test_unknown_sharding_mode_is_refused():
 def test_small_per_device_work_stops_tensor_parallelism_from_always_winning():
     # 7B decoding its whole batch at once on 8 A100s: per-kernel, per-step and per-all-reduce
     # fixed costs make tp=8 lose to a smaller degree: they are a larger share of its time.
-    from workbench.planner.strategy import ParallelStrategy as P
-
     spec, gpu = model_preset("llama2-7b"), cluster_preset("a100_80g", 8)
     ideal = dataclasses.replace(gpu, kernel_latency=0.0, step_overhead=0.0, collective_latency=0.0)
     times = {}
     for name, cluster in (("gpu", gpu), ("ideal", ideal)):
         sim = Simulator(cluster, Workload())
-        times[name] = {tp: sim.generate(spec, P(1, tp, 8 // tp)) for tp in (1, 2, 4, 8)}
+        times[name] = {tp: sim.generate(spec, Mesh(1, tp, 8 // tp)) for tp in (1, 2, 4, 8)}
     assert min(times["gpu"], key=times["gpu"].get) != 8, times
     share = {tp: 1 - times["ideal"][tp] / times["gpu"][tp] for tp in (1, 8)}
     assert share[8] > share[1] > 0
@@ -79,12 +78,33 @@ def test_small_per_device_work_stops_tensor_parallelism_from_always_winning():
 
 def test_fixed_costs_per_decoding_step_are_kernels_all_reduces_and_step_overhead():
     from workbench.planner.simulator import KERNELS_PER_LAYER
-    from workbench.planner.strategy import ParallelStrategy as P
-
     spec, gpu = model_preset("llama2-7b"), cluster_preset("a100_80g", 8)
     bare = dataclasses.replace(gpu, kernel_latency=0.0, step_overhead=0.0)
     wl = Workload(global_batch=8)   # one wave of 8 sequences per replica at tp=1
-    s = P(1, 1, 1)
+    s = Mesh(1, 1, 1)
     extra = Simulator(gpu, wl).generate(spec, s) - Simulator(bare, wl).generate(spec, s)
     per_step = KERNELS_PER_LAYER * spec.n_layers * gpu.kernel_latency + gpu.step_overhead
     assert extra == pytest.approx((wl.response_len + 1) * per_step)
+
+
+def test_collectives_cross_machines_where_the_runtime_puts_the_ranks(monkeypatch):
+    # 2 machines of 8. Mesh(2, 2, 4) as the runtime lays it out: a replica (pp*tp = 4 ranks) is
+    # consecutive, so its pipeline hop stays in a machine, and data-parallel peers are 4 ranks
+    # apart, 2 per machine, so the gradient reduction crosses machines. (Megatron's order,
+    # pipeline outermost, would be the other way round.)
+    spec, cluster = model_preset("llama2-7b"), cluster_preset("a100_80g", 16)
+    sim = Simulator(cluster, Workload())
+    reductions, hops = [], []
+    allreduce, link = sim.allreduce, sim.link_bandwidth
+
+    def spy_allreduce(nbytes, group, n_ops=1, *, members_per_node=None):
+        reductions.append((group, members_per_node))
+        return allreduce(nbytes, group, n_ops, members_per_node=members_per_node)
+
+    monkeypatch.setattr(sim, "allreduce", spy_allreduce)
+    monkeypatch.setattr(sim, "link_bandwidth", lambda crosses: hops.append(crosses) or link(crosses))
+    sim.train(spec, Mesh(2, 2, 4))
+    assert (4, 2) in reductions and hops == [False]
+    hops.clear()
+    sim.train(spec, Mesh(4, 4, 1))   # one replica over both machines: its hops cross
+    assert hops == [True]

@@ -1,9 +1,18 @@
-"""Mesh: the parallel layout of one worker group, and each rank's coordinates in it.
+"""Mesh: a (pp, tp, dp) parallel layout, and each rank's coordinates in it.
 
-Ranks are laid out with tensor parallelism innermost, then pipeline, then data parallelism:
+The workbench's one layout type: worker groups, dispatch protocols and the hybrid engine run
+on it, and the planner proposes and costs it (`workbench.planner.ParallelStrategy` is a
+deprecated name for it).
+
+Rank order (the one the runtime uses everywhere): tensor parallelism innermost, then
+pipeline, then data parallelism outermost:
     rank = (dp * pp_size + pp) * tp_size + tp
 so one data-parallel replica (a model-parallel group of pp*tp ranks) is a block of
-consecutive ranks, and a tensor-parallel group is a run of consecutive ranks inside it.
+consecutive ranks, a tensor-parallel group is a run of tp consecutive ranks inside it, the
+stages of a pipeline are tp ranks apart, and data-parallel peers are pp*tp ranks apart.
+Ranks fill machines in order, so a tensor-parallel group stays in one machine when tp
+divides the machine, and a whole replica does when pp*tp does; data-parallel collectives are
+the ones that cross machines first (`dp_peers_per_node`, `replica_spans_nodes`).
 
 A mesh may also name a *generation* layout (gen_pp, gen_tp) for the hybrid engine
 (HybridFlow §5): each training replica then holds micro_dp = (pp*tp)/(gen_pp*gen_tp)
@@ -20,8 +29,12 @@ mesh's `transition` method (HybridFlow Table 2):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
 import numbers
+import warnings
+from collections import Counter
+from dataclasses import dataclass
+from functools import total_ordering
 from typing import NamedTuple
 
 from workbench.errors import ConfigError
@@ -37,9 +50,12 @@ class Coord(NamedTuple):
     dp: int
 
 
+@total_ordering
 @dataclass(frozen=True)
 class Mesh:
-    """Sizes of the pipeline (pp), tensor (tp) and data (dp) parallel dimensions."""
+    """Sizes of the pipeline (pp), tensor (tp) and data (dp) parallel dimensions, in that
+    order (`Mesh(1, 2, 4)` is pp=1, tp=2, dp=4), ranks laid out as the module says. Meshes
+    sort by (pp, tp, dp), then by their generation layout."""
 
     pp: int = 1
     tp: int = 1
@@ -88,6 +104,37 @@ class Mesh:
     def world_size(self) -> int:
         return self.pp * self.tp * self.dp
 
+    @property
+    def world(self) -> int:
+        """Deprecated: use `world_size` (the name `ParallelStrategy` used)."""
+        warnings.warn("Mesh.world is deprecated: use Mesh.world_size", DeprecationWarning, stacklevel=2)
+        return self.world_size
+
+    @property
+    def model_parallel(self) -> int:
+        """Ranks of one data-parallel replica, pp*tp consecutive ranks that together hold one
+        copy of the weights."""
+        return self.pp * self.tp
+
+    # ---- where ranks sit on machines (ranks fill machines in order) ---------------------
+    def dp_peers_per_node(self, devices_per_node: int) -> int:
+        """How many ranks of a data-parallel group share a machine of `devices_per_node`
+        devices (peers are pp*tp ranks apart): the fewest on any machine a group uses, which
+        bounds a hierarchical collective that reduces inside each machine first."""
+        mp, u = self.model_parallel, devices_per_node
+        fewest = self.dp
+        for first in range(mp):  # one data-parallel group per position in the replica
+            per_machine = Counter((first + k * mp) // u for k in range(self.dp))
+            fewest = min(fewest, *per_machine.values())
+        return fewest
+
+    def replica_spans_nodes(self, devices_per_node: int) -> bool:
+        """Whether some data-parallel replica (pp*tp consecutive ranks) spans machines, so its
+        pipeline hops cross them."""
+        mp = self.model_parallel
+        return any(first // devices_per_node != (first + mp - 1) // devices_per_node
+                   for first in range(0, self.world_size, mp))
+
     def coord(self, rank: int) -> Coord:
         if not 0 <= rank < self.world_size:
             raise IndexError(f"rank {rank} outside a mesh of {self.world_size} ranks")
@@ -125,6 +172,31 @@ class Mesh:
             (m_tp, g_tp), (m_pp, g_pp) = divmod(c.tp, gen_tp), divmod(c.pp, gen_pp)
         micro = m_pp * tp_stride + m_tp
         return Coord(pp=g_pp, tp=g_tp, dp=c.dp * self.micro_dp + micro)
+
+    def with_generation(self, gen: Mesh, transition: str = "hybridflow") -> Mesh:
+        """This training layout generating in `gen`'s (pp, tp) on the same ranks (the planner
+        proposes the generation layout as a mesh of its own, dp = micro_dp * this dp)."""
+        if gen.world_size != self.world_size:
+            raise ValueError(f"generation layout {gen.short()} has {gen.world_size} ranks, the training "
+                             f"layout {self.short()} {self.world_size}: both use the same ranks")
+        return dataclasses.replace(self, gen_pp=gen.pp, gen_tp=gen.tp, transition=transition)
+
+    def _sort_key(self) -> tuple:
+        # No generation layout (None) sorts first; equal keys iff equal meshes.
+        return (self.pp, self.tp, self.dp, self.gen_pp or 0, self.gen_tp or 0, self.transition)
+
+    def __lt__(self, other: object) -> bool:
+        if not isinstance(other, Mesh):
+            return NotImplemented
+        return self._sort_key() < other._sort_key()
+
+    def short(self) -> str:
+        """Compact form, as the planner prints layouts: "p1t2d4", and with a generation
+        layout "p1t4d2|p1t2d4" (generation pp, tp and replicas after the bar)."""
+        text = f"p{self.pp}t{self.tp}d{self.dp}"
+        if self.gen_pp or self.gen_tp:
+            text += f"|p{self.gen_pp or self.pp}t{self.gen_tp or self.tp}d{self.dp * self.micro_dp}"
+        return text
 
     def __str__(self) -> str:
         gen = ""

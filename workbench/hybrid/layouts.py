@@ -115,38 +115,49 @@ def micro_dp_groups(mesh: Mesh) -> list[tuple[int, ...]]:
     """Ranks of one training replica that hold the same generation shard (d_g = micro_dp of
     them: one per generation replica), in rank order. Generated responses are all-gathered
     inside these groups before the update."""
-    groups: dict[tuple[int, int, int], list[int]] = {}
-    for r in range(_checked(mesh).world_size):
+    # Generation coordinates repeat in every training replica (mp consecutive ranks): group
+    # the first replica's ranks and shift the groups to the others.
+    mp = _checked(mesh).pp * mesh.tp
+    first: dict[tuple[int, int], list[int]] = {}
+    for r in range(mp):
         g = mesh.gen_coord(r)
-        groups.setdefault((mesh.coord(r).dp, g.pp, g.tp), []).append(r)
-    return [tuple(group) for group in groups.values()]
+        first.setdefault((g.pp, g.tp), []).append(r)
+    return [tuple(base + r for r in group) for base in range(0, mesh.world_size, mp)
+            for group in first.values()]
 
 
 def gather_groups(mesh: Mesh) -> list[tuple[int, ...]]:
-    """The rank groups that all-gather weights together in the switch to generation; every
-    rank is in exactly one, members in rank order. Gathered in that order, the parts come out
-    as the block's training shards stage-major, tensor pieces in order (for deepspeed_chat:
-    data-parallel copy outermost, each shard split into d consecutive parts, see
-    `contribution`):
-
-    - deepspeed_chat: all N ranks (each full model is gathered everywhere);
-    - vanilla: each training TP·PP group (p·t consecutive ranks; the full model), or each
-      rank alone when the generation layout is the training one (nothing to gather);
-    - hybridflow: each micro-DP group (its members' training shards make up their shared
-      generation shard; consecutive ranks for pure tensor parallelism)."""
-    n, mp = _checked(mesh).world_size, mesh.pp * mesh.tp
-    if mesh.transition == "deepspeed_chat":
-        return [tuple(range(n))]
-    if mesh.transition == "vanilla":
-        size = mp if mesh.micro_dp > 1 else 1
-        return [tuple(range(first, first + size)) for first in range(0, n, size)]
-    return micro_dp_groups(mesh)
+    """The rank groups that all-gather weights together in the switch to generation (each
+    rank's `gather_group`); every rank is in exactly one, members in rank order. Gathered in
+    that order, the parts come out as the block's training shards stage-major, tensor pieces
+    in order (for deepspeed_chat: data-parallel copy outermost, each shard split into d
+    consecutive parts, see `contribution`)."""
+    n = _checked(mesh).world_size
+    if mesh.transition == "hybridflow":
+        return micro_dp_groups(mesh)  # one pass over the ranks
+    size = len(gather_group(mesh, 0))  # the other methods gather in equal runs of consecutive ranks
+    return [tuple(range(first, first + size)) for first in range(0, n, size)]
 
 
 def gather_group(mesh: Mesh, rank: int) -> tuple[int, ...]:
-    """The gather group `rank` belongs to."""
+    """The ranks `rank` all-gathers weights with in the switch to generation, in rank order:
+
+    - deepspeed_chat: all N ranks (each full model is gathered everywhere);
+    - vanilla: its training TP·PP group (p·t consecutive ranks; the full model), or itself
+      alone when the generation layout is the training one (nothing to gather);
+    - hybridflow: its micro-DP group (the members' training shards make up their shared
+      generation shard; consecutive ranks for pure tensor parallelism)."""
     _checked(mesh).coord(rank)  # range check with a clear message
-    return next(g for g in gather_groups(mesh) if rank in g)
+    mp = mesh.pp * mesh.tp
+    if mesh.transition == "deepspeed_chat":
+        return tuple(range(mesh.world_size))
+    if mesh.transition == "vanilla":
+        size = mp if mesh.micro_dp > 1 else 1
+        return tuple(range(rank - rank % size, rank - rank % size + size))
+    # hybridflow: the ranks of its training replica (mp consecutive ranks) at the same
+    # generation coordinates
+    mine, first = mesh.gen_coord(rank)[:2], rank - rank % mp
+    return tuple(r for r in range(first, first + mp) if mesh.gen_coord(r)[:2] == mine)
 
 
 def contribution(mesh: Mesh, rank: int) -> tuple[Shard, int, int]:
@@ -200,34 +211,64 @@ def _kept_beside(mesh: Mesh, group: tuple[int, ...]) -> bool:
     return True  # deepspeed_chat keeps its ZeRO partition (1/d of its training shard)
 
 
-def transition_bytes(mesh: Mesh, model_bytes: Real) -> list[RankTransfer]:
+def transition_bytes(mesh: Mesh, model_bytes: float) -> list[RankTransfer]:
     """Per rank (list index = rank): the bytes of the switch to generation for a model of
     `model_bytes` (M), derived from `gather_groups` and `contribution`, not from Table 2's
-    formulas (a test checks they agree). A group of g members each adding c bytes: received
+    formulas (tests check they agree). A group of g members each adding c bytes: received
     (g-1)·c, sent (g-1)·c (ring convention: every member forwards each other part once),
-    peak g·c. Exact (int) where M divides evenly, else float."""
-    if not isinstance(model_bytes, Real) or isinstance(model_bytes, bool) or model_bytes < 0:
-        raise ValueError(f"model_bytes={model_bytes!r}: give the model's size in bytes (>= 0)")
-    m = Fraction(model_bytes)
-    out = []
+    peak g·c. Exact (int) where M divides evenly, else float.
+
+    This is the workbench's one count of the switch: the planner's memory model and
+    simulators read it (`workbench.planner.memory.transition`). For training layout p-t-d
+    and generation p_g-t_g it comes to HybridFlow Table 2, on every rank:
+
+    | method         | all-gather over | received                    | peak        | redundant |
+    | deepspeed_chat | all N = p·t·d   | (N-1)/N·M                   | M           | M/N       |
+    | vanilla        | the TP·PP group | (p·t-1)/(p·t)·M             | M           | M/(p·t)   |
+    | hybridflow     | micro-DP group  | (p·t-p_g·t_g)/(p_g·t_g·p·t)·M | M/(p_g·t_g) | 0         |
+
+    vanilla and hybridflow move and keep nothing when the generation layout is the training
+    one (peak = the training shard M/(p·t))."""
+    m = _model_bytes(model_bytes)
     group_of = {r: g for g in gather_groups(_checked(mesh)) for r in g}
-    blocks = {g: _union(mesh, g).fraction(mesh) * m for g in set(group_of.values())}
+    blocks = {g: _union(mesh, g) for g in set(group_of.values())}
     shards = [train_shard(mesh, r) for r in range(mesh.world_size)]
     copies = Counter((group_of[r], shards[r]) for r in range(mesh.world_size))
-    for r in range(mesh.world_size):
-        group = group_of[r]
-        part = shards[r].fraction(mesh) / copies[group, shards[r]] * m  # copies split a shard
-        gathered = blocks[group]
-        assert gathered == len(group) * part, "gather group does not tile its block evenly"
-        out.append(RankTransfer(
-            rank=r, received=_num(gathered - part), sent=_num((len(group) - 1) * part),
-            peak_params=_num(gathered), redundant=_num(part if _kept_beside(mesh, group) else 0),
-            generation_params=_num(gen_shard(mesh, r).fraction(mesh) * m)))
-    return out
+    return [_transfer(mesh, m, r, group_of[r], blocks[group_of[r]], copies[group_of[r], shards[r]])
+            for r in range(mesh.world_size)]
 
 
-def _num(x: Fraction) -> int | float:
-    return int(x) if x.denominator == 1 else float(x)
+def rank_transfer(mesh: Mesh, model_bytes: float, rank: int) -> RankTransfer:
+    """Row `rank` of `transition_bytes`, derived from that rank's gather group alone (cheap on
+    large meshes: the planner reads one rank's bytes per layout, every rank's being alike)."""
+    m = _model_bytes(model_bytes)
+    group = gather_group(_checked(mesh), rank)
+    mine = train_shard(mesh, rank)
+    copies = sum(train_shard(mesh, r) == mine for r in group)
+    return _transfer(mesh, m, rank, group, _union(mesh, group), copies)
+
+
+def _model_bytes(model_bytes: float) -> Fraction:
+    if not isinstance(model_bytes, Real) or isinstance(model_bytes, bool) or model_bytes < 0:
+        raise ValueError(f"model_bytes={model_bytes!r}: give the model's size in bytes (>= 0)")
+    return Fraction(model_bytes)
+
+
+def _transfer(mesh: Mesh, m: Fraction, rank: int, group: tuple[int, ...], block: Shard,
+              copies: int) -> RankTransfer:
+    """A rank's bytes when its group gathers `block` and `copies` members (itself included)
+    split its training shard between them."""
+    part = train_shard(mesh, rank).fraction(mesh) / copies * m
+    gathered = block.fraction(mesh) * m
+    assert gathered == len(group) * part, "gather group does not tile its block evenly"
+    return RankTransfer(
+        rank=rank, received=_num(gathered - part), sent=_num((len(group) - 1) * part),
+        peak_params=_num(gathered), redundant=_num(part if _kept_beside(mesh, group) else 0),
+        generation_params=_num(gen_shard(mesh, rank).fraction(mesh) * m))
+
+
+def _num(x: Fraction | int) -> int | float:
+    return int(x) if Fraction(x).denominator == 1 else float(x)
 
 
 RANK_MAP_KEYS = ("rank", "train_pp", "train_tp", "train_dp", "train_shard", "gen_replica",

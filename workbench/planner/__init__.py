@@ -7,8 +7,9 @@
 
 Modules, one job each: `specs` (models, workload, cluster), `clusters` (named clusters, this
 machine's from a calibration), `dataflow` (calls of an algorithm), `derive` (reads those calls
-off `algorithms/<name>.py`: the built-in dataflows), `strategy` (3-D layouts), `memory`
-(per-device bytes, the hybrid engine's Table 2 switch) and `simulator` (call times) for the
+off `algorithms/<name>.py`: the built-in dataflows), `strategy` (the 3-D layouts,
+`workbench.Mesh`, a model admits), `memory` (per-device bytes, the hybrid engine's Table 2
+switch as `workbench.hybrid.layouts` counts it) and `simulator` (call times) for the
 cost model, `automap` (HybridFlow Alg. 1/2: joint layouts per colocated set, aligned
 allocations), `placement` (colocated sets and their layouts), `plan` (automap's result, with
 its table and Gantt bars), `deploy` (a plan onto a live Session), `schedule` (TimeCost list
@@ -34,14 +35,21 @@ from workbench.planner.search import (Convergence, PlanSpace, SearchResult, exha
                                       multi_chain, search)
 from workbench.planner.simulator import Simulator
 from workbench.planner.specs import MODEL_PRESETS, ClusterSpec, ModelSpec, Workload, model_preset
-from workbench.planner.strategy import ParallelStrategy, strategies
+from workbench.planner.strategy import deprecated_parallel_strategy, strategies
 
 __all__ = [
     "AutoMapper", "Call", "Convergence", "ClusterSpec", "ColocatedSet", "Dataflow", "DeriveError", "Evaluation",
     "ExecutionPlan", "GanttBar", "MODEL_PRESETS", "MemoryBreakdown", "DeviceMesh", "ModelAssignment",
     "ModelDoesNotFitError", "ModelSpec", "NoFeasiblePlanError", "NoMeshError",
-    "ParallelStrategy", "Plan", "PlanEvaluator", "PlanSpace", "PlannerError", "Schedule",
+    "Plan", "PlanEvaluator", "PlanSpace", "PlannerError", "Schedule",
     "SearchResult", "Simulator", "TaskGraph", "UnknownPresetError", "Workload", "automap",
     "cluster_preset", "cluster_presets", "compositions", "d_cost", "dataflow_preset", "derive_dataflow",
     "execution_gantt", "execution_table", "exhaustive", "mcmc", "mesh", "multi_chain", "model_preset", "search", "set_partitions", "static_memory", "strategies", "time_cost", "valid_meshes",
 ]
+
+
+def __getattr__(name: str):
+    # Deprecated: the planner's layouts are `workbench.Mesh` (one (pp, tp, dp) type).
+    if name == "ParallelStrategy":
+        return deprecated_parallel_strategy(__name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
+from workbench.controller.mesh import Mesh
 from workbench.planner.dataflow import Dataflow
 from workbench.planner.errors import ModelDoesNotFitError, NoFeasiblePlanError, PlannerError
 from workbench.planner.memory import (MemoryBreakdown, Transition, generation_memory,
@@ -29,7 +30,7 @@ from workbench.planner.placement import ColocatedSet, ModelAssignment, pack_sets
 from workbench.planner.plan import Plan
 from workbench.planner.simulator import INF, Simulator
 from workbench.planner.specs import ClusterSpec, ModelSpec, Workload
-from workbench.planner.strategy import ParallelStrategy, generation_strategies, strategies
+from workbench.planner.strategy import generation_strategies, strategies
 
 
 def set_partitions(items: Sequence[str]) -> Iterator[tuple[tuple[str, ...], ...]]:
@@ -71,8 +72,8 @@ def d_cost(level_costs: Sequence[Sequence[float]]) -> float:
 class ModelChoice:
     """One model's layout inside a colocated set, with its call times and memory."""
 
-    strategy: ParallelStrategy
-    generation: ParallelStrategy | None
+    strategy: Mesh
+    generation: Mesh | None
     call_times: dict[str, float]
     static: MemoryBreakdown
     dynamic: MemoryBreakdown
@@ -89,8 +90,8 @@ class ModelChoice:
 class _Layout:
     """A candidate layout of one model on n devices, before its colocated set is known."""
 
-    strategy: ParallelStrategy
-    generation: ParallelStrategy | None
+    strategy: Mesh
+    generation: Mesh | None
     static: MemoryBreakdown
     activations: float
     """Peak activations of its train / inference calls."""

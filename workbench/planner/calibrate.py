@@ -32,11 +32,11 @@ from typing import Callable, Literal
 import numpy as np
 
 from workbench import config_loader
+from workbench.controller.mesh import Mesh
 from workbench.planner.simulator import Simulator
 from workbench.planner.specs import GIB, ClusterSpec, ModelSpec, Workload
-from workbench.planner.strategy import ParallelStrategy
 
-ONE = ParallelStrategy(1, 1, 1)
+ONE = Mesh(1, 1, 1)
 # Largest achieved fraction of the measured single-thread figures a fit may claim: matmuls in
 # a model do not beat the peak GEMM they are measured against (1.25 leaves room for noise in
 # that one measurement); decoding reads weights and KV cache from caches as well as memory,

@@ -30,8 +30,7 @@ def model_mesh(assignment: ModelAssignment) -> Mesh:
     """The controller Mesh of a planned model, with the actor's generation layout (and the
     transition method the plan costed) if any."""
     s, g, t = assignment.strategy, assignment.generation, assignment.transition
-    return Mesh(pp=s.pp, tp=s.tp, dp=s.dp, gen_pp=g.pp if g else None, gen_tp=g.tp if g else None,
-                transition=t.method if t else "hybridflow")
+    return s.with_generation(g, t.method if t else "hybridflow") if g else s
 
 
 def reserve_pools(sets: Sequence[ColocatedSet], session: Session) -> dict[str, Layout]:

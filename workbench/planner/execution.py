@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from workbench.controller.mesh import Mesh
 from workbench.planner.dataflow import Dataflow
 from workbench.planner.errors import NoMeshError
 from workbench.planner.memory import (generation_concurrency, generation_weights,
@@ -22,7 +23,7 @@ from workbench.planner.memory import (generation_concurrency, generation_weights
 from workbench.planner.schedule import Schedule, TaskGraph, time_cost
 from workbench.planner.simulator import Simulator
 from workbench.planner.specs import ClusterSpec, ModelSpec, Workload
-from workbench.planner.strategy import ParallelStrategy
+from workbench.planner.strategy import is_generation_layout
 
 import math
 
@@ -66,12 +67,13 @@ def mesh(cluster: ClusterSpec, size: int, first: int = 0) -> DeviceMesh:
 
 @dataclass
 class ExecutionPlan:
-    """DeviceMesh and strategy for every call (by call name)."""
+    """DeviceMesh (which devices) and Mesh (their (pp, tp, dp) layout) for every call, by
+    call name."""
 
-    layouts: dict[str, tuple[DeviceMesh, ParallelStrategy]]
+    layouts: dict[str, tuple[DeviceMesh, Mesh]]
 
     def describe(self) -> str:
-        return ", ".join(f"{c}@{m}:{s}" for c, (m, s) in self.layouts.items())
+        return ", ".join(f"{c}@{m}:{s.short()}" for c, (m, s) in self.layouts.items())
 
 
 @dataclass
@@ -106,7 +108,7 @@ class PlanEvaluator:
                                      f"supports one per iteration")
                 self.train_call[c.model] = c.name
 
-    def home(self, model: str, plan: ExecutionPlan) -> tuple[DeviceMesh, ParallelStrategy]:
+    def home(self, model: str, plan: ExecutionPlan) -> tuple[DeviceMesh, Mesh]:
         call = self.train_call.get(model) or self.flow.calls_of(model)[0].name
         return plan.layouts[call]
 
@@ -126,9 +128,10 @@ class PlanEvaluator:
             home_mesh, home_s = self.home(c.model, plan)
             if (mesh_, s) == (home_mesh, home_s):
                 extra = 0.0
-            elif c.kind == "generate" and mesh_ == home_mesh:
+            elif c.kind == "generate" and mesh_ == home_mesh and is_generation_layout(home_s, s):
                 # The 3D-HybridEngine on the model's own devices: Table 2's resident weights
-                # (shard + redundancy) replace the static training weights.
+                # (shard + redundancy) replace the static training weights. Other layouts
+                # are reallocated into a copy of their own (below), as on other devices.
                 home_params = static_memory(spec, home_s, True, self.wl.param_sharding).params
                 extra = max(0.0, transition(spec, home_s, s, self.wl.transition).resident_params
                             - home_params)
@@ -151,7 +154,7 @@ class PlanEvaluator:
                     dyn[d] = need
         return static, dyn, kv_budget
 
-    def call_cost(self, call_name: str, mesh_: DeviceMesh, s: ParallelStrategy,
+    def call_cost(self, call_name: str, mesh_: DeviceMesh, s: Mesh,
                   kv_budget: float = float("inf")) -> float:
         c = self.flow.call(call_name)
         return self.sim.call_time(c, self.specs[c.model], s, kv_budget, c.model in self.train_call)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
-from workbench.controller.mesh import TRANSITION_METHODS
+from workbench.controller.mesh import TRANSITION_METHODS, Mesh
+from workbench.hybrid.layouts import rank_transfer
 from workbench.planner.specs import ModelSpec, Workload
-from workbench.planner.strategy import ParallelStrategy
+from workbench.planner.strategy import is_generation_layout
 
 WEIGHT_BYTES = 2          # bf16 parameters
 GRAD_BYTES = 4            # fp32 gradients
@@ -66,7 +68,7 @@ class MemoryBreakdown:
                 self.extra_params)
 
 
-def static_memory(spec: ModelSpec, s: ParallelStrategy, trained: bool,
+def static_memory(spec: ModelSpec, s: Mesh, trained: bool,
                   sharding: str = "optimizer") -> MemoryBreakdown:
     """Weights (and, if trained, gradients and optimizer states) kept on each device.
 
@@ -107,32 +109,29 @@ class Transition:
         return self.generation_params + self.redundant
 
 
-def transition(spec: ModelSpec, train: ParallelStrategy, gen: ParallelStrategy,
-               method: str = "hybridflow") -> Transition:
-    """Table 2 of HybridFlow for model size M, training layout (p, t, d), generation (p_g, t_g):
-
-    | method         | all-gather over | comm per device          | peak          | redundancy |
-    | deepspeed_chat | all N_a = tpd   | (tpd-1)/(tpd)·M          | M             | M/(tpd)    |
-    | vanilla        | the TP·PP group | (tp-1)/(tp)·M            | M             | M/(tp)     |
-    | hybridflow     | micro-DP group  | (tp-t_g·p_g)/(t_g·p_g·tp)·M | M/(t_g·p_g) | 0          |
-
-    vanilla and hybridflow need no switch when the generation layout is the training one."""
+def transition(spec: ModelSpec, train: Mesh, gen: Mesh, method: str = "hybridflow") -> Transition:
+    """The actor's training -> generation switch per device: HybridFlow Table 2's bytes for
+    a model of M bf16 bytes, as the hybrid engine counts them from the gather groups the
+    runtime forms (`workbench.hybrid.layouts.transition_bytes`, where the table is written
+    out; the planner keeps no formula of its own)."""
     if method not in TRANSITION_METHODS:
         raise ValueError(f"transition method {method!r}: use one of {', '.join(TRANSITION_METHODS)}")
-    m = spec.param_count * WEIGHT_BYTES
-    tp, gen_mp = train.model_parallel, gen.model_parallel
-    gen_params = m / gen_mp
-    if method == "deepspeed_chat":
-        n = train.world
-        return Transition(method, (n - 1) / n * m, m, m / n, gen_params)
-    if (gen.tp, gen.pp) == (train.tp, train.pp):
-        return Transition(method, 0.0, m / tp, 0.0, gen_params)
-    if method == "vanilla":
-        return Transition(method, (tp - 1) / tp * m, m, m / tp, gen_params)
-    return Transition(method, (tp - gen_mp) / (gen_mp * tp) * m, gen_params, 0.0, gen_params)
+    if not is_generation_layout(train, gen):
+        raise ValueError(f"generation layout {gen.short()} is not one the hybrid engine can switch "
+                         f"{train.short()} to: it needs the same devices, p_g | p and t_g | t")
+    return _switch(train.pp, train.tp, train.dp, gen.pp, gen.tp, method, spec.param_count * WEIGHT_BYTES)
 
 
-def train_activations(spec: ModelSpec, s: ParallelStrategy, wl: Workload) -> float:
+@lru_cache(maxsize=4096)  # keyed by plain numbers: the planner asks for the same switch often
+def _switch(pp: int, tp: int, dp: int, gen_pp: int, gen_tp: int, method: str, model_bytes: int) -> Transition:
+    """Rank 0's bytes, which are every rank's in these layouts (`tests/hybrid/test_layouts.py`
+    checks it)."""
+    row = rank_transfer(Mesh(pp, tp, dp, gen_pp, gen_tp, method), model_bytes, 0)
+    return Transition(method, float(row.received), float(row.peak_params), float(row.redundant),
+                      float(row.generation_params))
+
+
+def train_activations(spec: ModelSpec, s: Mesh, wl: Workload) -> float:
     """Peak activations of 1F1B training on the first stage, which holds `pp` micro-batches
     of its L/pp layers (so L layers' worth), sequence-parallel over TP, plus the last stage's
     fp32 logits. With recomputation only each layer's bf16 input (2·b·s·h) is kept, plus one
@@ -146,19 +145,19 @@ def train_activations(spec: ModelSpec, s: ParallelStrategy, wl: Workload) -> flo
     return (layers + logits) / s.tp
 
 
-def inference_activations(spec: ModelSpec, s: ParallelStrategy, wl: Workload) -> float:
+def inference_activations(spec: ModelSpec, s: Mesh, wl: Workload) -> float:
     """One layer's forward working set plus fp32 logits of a micro-batch."""
     bsh = wl.micro_batch_size * wl.seq_len * spec.hidden
     logits = 4 * wl.micro_batch_size * wl.seq_len * (1 if spec.value_head else spec.vocab)
     return (FWD_BYTES_PER_TOKEN_H * bsh + logits) / s.tp
 
 
-def kv_bytes_per_sequence(spec: ModelSpec, s: ParallelStrategy, wl: Workload) -> float:
+def kv_bytes_per_sequence(spec: ModelSpec, s: Mesh, wl: Workload) -> float:
     """KV cache of one full-length sequence on one device of a generation replica."""
     return spec.kv_bytes_per_token * wl.seq_len / s.model_parallel
 
 
-def generation_weights(spec: ModelSpec, s: ParallelStrategy) -> float:
+def generation_weights(spec: ModelSpec, s: Mesh) -> float:
     """bf16 weights of one generation shard (HybridFlow keeps a separate buffer)."""
     return spec.param_count * WEIGHT_BYTES / s.model_parallel
 
@@ -166,10 +165,10 @@ def generation_weights(spec: ModelSpec, s: ParallelStrategy) -> float:
 def min_static_memory(spec: ModelSpec, n_devices: int, trained: bool) -> float:
     """Static bytes per device with every weight sharded over all n devices (the floor any
     strategy can reach); used to reserve room for colocated models."""
-    return static_memory(spec, ParallelStrategy(1, n_devices, 1), trained).static
+    return static_memory(spec, Mesh(1, n_devices, 1), trained).static
 
 
-def generation_concurrency(spec: ModelSpec, s: ParallelStrategy, wl: Workload,
+def generation_concurrency(spec: ModelSpec, s: Mesh, wl: Workload,
                            kv_budget: float) -> int:
     """Sequences a generation replica can decode at once within `kv_budget` bytes/device."""
     per_seq = kv_bytes_per_sequence(spec, s, wl)
@@ -199,7 +198,7 @@ class GenerationMemory:
         return max(self.peak_extra, self.extra_params + self.kv_cache)
 
 
-def generation_memory(spec: ModelSpec, train: ParallelStrategy, gen: ParallelStrategy,
+def generation_memory(spec: ModelSpec, train: Mesh, gen: Mesh,
                       wl: Workload, static_params: float, free: float, method: str = "hybridflow",
                       batch_factor: float = 1.0) -> GenerationMemory | None:
     """Generation memory when `free` bytes per device are left after every colocated model's

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from workbench.planner.memory import MemoryBreakdown, Transition
 from workbench.planner.specs import ModelSpec
-from workbench.planner.strategy import ParallelStrategy
+from workbench.controller.mesh import Mesh
 
 
 @dataclass(frozen=True)
@@ -21,9 +21,9 @@ class ModelAssignment:
     """Role name ('actor', 'critic', ...)."""
     spec: ModelSpec
     """Architecture."""
-    strategy: ParallelStrategy
+    strategy: Mesh
     """Layout for training and inference calls (its world = the set's device count)."""
-    generation: ParallelStrategy | None = None
+    generation: Mesh | None = None
     """Actor only: 3D-HybridEngine generation layout (p_g, t_g, d_g·d) on the same devices."""
     memory: MemoryBreakdown = field(default_factory=MemoryBreakdown)
     """Per-device static memory plus the peak dynamic memory of this model's calls."""

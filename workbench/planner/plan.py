@@ -11,13 +11,13 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 
+from workbench.controller.mesh import Mesh
 from workbench.planner.dataflow import Dataflow
 from workbench.planner.deploy import deploy_sets, reserve_pools
 from workbench.planner.execution import DeviceMesh, ExecutionPlan
 from workbench.planner.placement import ColocatedSet, ModelAssignment  # noqa: F401  (ModelAssignment: older imports)
 from workbench.planner.report import GB, GanttBar, device_range, text_table
 from workbench.planner.specs import ClusterSpec, Workload
-from workbench.planner.strategy import ParallelStrategy
 
 
 @dataclass
@@ -66,7 +66,7 @@ class Plan:
         raise KeyError(f"model {model!r} is not in the plan; models: "
                        f"{[m for s in self.sets for m in s.models]}")
 
-    def strategy_of(self, call: str) -> ParallelStrategy:
+    def strategy_of(self, call: str) -> Mesh:
         c = self.dataflow.call(call)
         a = self.set_of(c.model).assignments[c.model]
         return a.generation if c.kind == "generate" and a.generation else a.strategy
@@ -119,15 +119,16 @@ def plan_table(plan: Plan) -> str:
     sets = text_table(
         ["colocated set", "devices", "per node", "models (train | gen layout)", "mem/device GB"],
         [[s.name, device_range(s.devices.start, s.devices.stop), list(s.devices_per_node),
-          ", ".join(f"{m}:{a.strategy}" + (f"|{a.generation}" if a.generation else "")
+          ", ".join(f"{m}:{a.strategy.short()}" + (f"|{a.generation.short()}" if a.generation else "")
                     for m, a in s.assignments.items()),
           f"{s.peak_memory / GB:.1f} / {c.device_memory / GB:.0f}"] for s in plan.sets])
     calls = text_table(
         ["call", "model", "kind", "level", "set", "strategy", "est. s"],
         [[k.name, k.model, k.kind, level[k.name], plan.set_of(k.model).name,
-          plan.strategy_of(k.name), f"{plan.call_times[k.name]:.2f}"]
+          plan.strategy_of(k.name).short(), f"{plan.call_times[k.name]:.2f}"]
          for k in plan.dataflow.calls])
-    switches = [f"{m}: {a.transition.method} switch {a.strategy} -> {a.generation}, "
+    switches = [f"{m}: {a.transition.method} switch {a.strategy.short()} -> "
+                f"{(a.generation or a.strategy).short()}, "
                 f"{a.transition.comm_bytes / GB:.2f} GB moved/device, peak "
                 f"{a.transition.peak_params / GB:.2f} GB params, redundancy "
                 f"{a.transition.redundant / GB:.2f} GB"

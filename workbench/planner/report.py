@@ -60,7 +60,7 @@ def execution_gantt(evaluation: "Evaluation", include_data: bool = False) -> lis
 def execution_table(plan: "ExecutionPlan", evaluation: "Evaluation") -> str:
     """Mesh, strategy, start and end per call (all iterations), then time and MaxMem."""
     rows = [[b.label, b.iteration, device_range(*b.devices) if b.devices[1] else "-", b.kind,
-             str(plan.layouts[b.call][1]) if b.kind == "compute" else "",
+             plan.layouts[b.call][1].short() if b.kind == "compute" else "",
              f"{b.start:.2f}", f"{b.end:.2f}"] for b in execution_gantt(evaluation)]
     body = text_table(["task", "iter", "devices", "kind", "strategy", "start s", "end s"], rows)
     return (f"{body}\n\nper iteration: {evaluation.time:.2f}s  (makespan "

@@ -18,13 +18,14 @@ import random
 import time
 from dataclasses import dataclass, field
 
+from workbench.controller.mesh import Mesh
 from workbench.planner.dataflow import Dataflow
 from workbench.planner.execution import (Evaluation, ExecutionPlan, DeviceMesh, PlanEvaluator,
                                          valid_meshes)
 from workbench.planner.memory import (generation_weights, inference_activations,
                                       kv_bytes_per_sequence, static_memory, train_activations)
 from workbench.planner.specs import ClusterSpec, ModelSpec, Workload
-from workbench.planner.strategy import ParallelStrategy, strategies
+from workbench.planner.strategy import strategies
 
 
 class PlanSpace:
@@ -38,7 +39,7 @@ class PlanSpace:
                                        oom_penalty)
         self.calls = [c.name for c in dataflow.calls]
         meshes = meshes if meshes is not None else valid_meshes(cluster)
-        self.options: list[list[tuple[DeviceMesh, ParallelStrategy]]] = []
+        self.options: list[list[tuple[DeviceMesh, Mesh]]] = []
         for c in dataflow.calls:
             spec = specs[c.model]
             opts = [(m, s) for m in meshes

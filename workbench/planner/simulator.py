@@ -20,12 +20,14 @@ presets document their defaults.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from workbench.controller.mesh import Mesh
+from workbench.hybrid.layouts import gather_groups
 from workbench.planner.memory import (ADAM_BYTES, GRAD_BYTES, WEIGHT_BYTES,
                                       generation_concurrency, transition)
 from workbench.planner.specs import ClusterSpec, ModelSpec, Workload
-from workbench.planner.strategy import ParallelStrategy, dp_members_per_node
 
 if TYPE_CHECKING:
     from workbench.planner.dataflow import Call
@@ -74,13 +76,13 @@ class Simulator:
         return self._inter_per_device() if crosses_nodes else self._intra()
 
     # --- the three call kinds --------------------------------------------------------------
-    def train(self, spec: ModelSpec, s: ParallelStrategy, batch_factor: float = 1.0) -> float:
+    def train(self, spec: ModelSpec, s: Mesh, batch_factor: float = 1.0) -> float:
         key = ("train", spec, s, batch_factor)
         if key not in self._memo:
             self._memo[key] = self._pass(spec, s, batch_factor, train=True)
         return self._memo[key]
 
-    def inference(self, spec: ModelSpec, s: ParallelStrategy, batch_factor: float = 1.0,
+    def inference(self, spec: ModelSpec, s: Mesh, batch_factor: float = 1.0,
                   trained: bool = True) -> float:
         """A forward-only call; `trained=False` for a frozen model, which the workers keep
         whole on every data-parallel rank, so its forward gathers nothing."""
@@ -89,7 +91,7 @@ class Simulator:
             self._memo[key] = self._pass(spec, s, batch_factor, train=False, trained=trained)
         return self._memo[key]
 
-    def _pass(self, spec: ModelSpec, s: ParallelStrategy, bf: float, *, train: bool,
+    def _pass(self, spec: ModelSpec, s: Mesh, bf: float, *, train: bool,
               trained: bool = True) -> float:
         c, wl = self.cluster, self.wl
         seqs = wl.sequences * bf
@@ -100,7 +102,7 @@ class Simulator:
         passes = (4 if wl.recompute else 3) if train else 1
         eff = c.train_efficiency if train else c.inference_efficiency
         flops = tokens * spec.forward_flops_per_token(wl.seq_len / 2) * passes
-        compute = flops / (s.world * c.peak_flops * eff)
+        compute = flops / (s.world_size * c.peak_flops * eff)
 
         # Micro-batches per optimizer step per replica: m in the 1F1B bubble (p-1)/m.
         per_step = seqs * epochs / steps / s.dp
@@ -120,12 +122,12 @@ class Simulator:
         total = (compute + tp + overhead) * bubble
         if s.pp > 1:  # activations forward (and their gradients backward) between stages
             hops = 2 if train else 1
-            total += hops * act_bytes / self.link_bandwidth(s.world > c.devices_per_node) \
+            total += hops * act_bytes / self.link_bandwidth(s.replica_spans_nodes(c.devices_per_node)) \
                 + hops * n_micro * c.collective_latency
         if train:
             # Adam is memory-bound: every optimizer step reads this device's gradients, reads
             # and writes its master weights and both moments, and writes the weights.
-            params = spec.param_count / s.world
+            params = spec.param_count / s.world_size
             total += steps * params * OPTIMIZER_STEP_BYTES \
                 / (c.memory_bandwidth * c.bandwidth_efficiency)
         if s.dp > 1 and wl.param_sharding == "full" and trained:
@@ -138,21 +140,21 @@ class Simulator:
             units = spec.n_layers / s.pp + 1   # one FSDP unit per decoder layer, plus the root
             total += self.allreduce(volume * n_micro, s.dp,
                                     n_ops=(gathers + train) * units * n_micro,
-                                    members_per_node=dp_members_per_node(s, c))
+                                    members_per_node=s.dp_peers_per_node(c.devices_per_node))
         elif train and s.dp > 1:
             # Distributed optimizer: reduce-scatter fp32 grads + all-gather the params,
             # the volume of half an all-reduce each.
             shard = spec.param_count / s.model_parallel * (GRAD_BYTES + self.dtype_bytes) / 2
             total += self.allreduce(shard * steps, s.dp, n_ops=2 * steps,
-                                    members_per_node=dp_members_per_node(s, c))
+                                    members_per_node=s.dp_peers_per_node(c.devices_per_node))
         return total
 
-    def kernel_time(self, spec: ModelSpec, s: ParallelStrategy) -> float:
+    def kernel_time(self, spec: ModelSpec, s: Mesh) -> float:
         """Fixed kernel costs of one forward pass or decoding step on one pipeline stage's
         layers (the stages run one after another for one micro-batch)."""
         return KERNELS_PER_LAYER * spec.n_layers * self.cluster.kernel_latency
 
-    def generate(self, spec: ModelSpec, s: ParallelStrategy, kv_budget: float = INF,
+    def generate(self, spec: ModelSpec, s: Mesh, kv_budget: float = INF,
                  batch_factor: float = 1.0) -> float:
         """Prefill + response_len decoding steps per wave; INF if not one sequence fits."""
         wl = self.wl
@@ -160,7 +162,7 @@ class Simulator:
         conc = generation_concurrency(spec, s, wl, kv_budget) if kv_budget < INF else batch
         return self.generate_waves(spec, s, batch, min(batch, conc))
 
-    def generate_waves(self, spec: ModelSpec, s: ParallelStrategy, batch: int, conc: int) -> float:
+    def generate_waves(self, spec: ModelSpec, s: Mesh, batch: int, conc: int) -> float:
         """Seconds to generate `batch` sequences per replica, `conc` at a time."""
         if conc < 1:
             return INF
@@ -183,8 +185,11 @@ class Simulator:
             step += self.allreduce(b * spec.hidden * self.dtype_bytes * spec.n_layers * 2, s.tp,
                                    n_ops=2 * spec.n_layers)
         if s.pp > 1:
+            # Hops cross machines when a replica (pp*tp consecutive ranks of `s`) spans them.
+            # The hybrid engine's hybridflow grouping strides a generation replica over its
+            # training replica instead; that placement is not modelled here.
             step += (s.pp - 1) * (c.collective_latency + b * spec.hidden * self.dtype_bytes
-                                  / self.link_bandwidth(s.world > c.devices_per_node))
+                                  / self.link_bandwidth(s.replica_spans_nodes(c.devices_per_node)))
         prefill_flops = b * wl.prompt_len * spec.forward_flops_per_token(wl.prompt_len / 2)
         prefill = prefill_flops / (mp * c.peak_flops * c.inference_efficiency) + fixed
         if s.tp > 1:
@@ -194,7 +199,7 @@ class Simulator:
         self._memo[key] = t
         return t
 
-    def call_time(self, call: "Call", spec: ModelSpec, s: ParallelStrategy,
+    def call_time(self, call: "Call", spec: ModelSpec, s: Mesh,
                   kv_budget: float = INF, trained: bool = True) -> float:
         """Seconds of one call as the driver sees it: its work plus `call_overhead`
         (`trained`: whether the call's model is trained, see `inference`)."""
@@ -207,11 +212,18 @@ class Simulator:
         return work + self.cluster.call_overhead
 
     # --- moving parameters and data ---------------------------------------------------------
-    def reshard_time(self, spec: ModelSpec, train: ParallelStrategy, gen: ParallelStrategy,
+    def reshard_time(self, spec: ModelSpec, train: Mesh, gen: Mesh,
                      method: str | None = None) -> float:
         """3D-HybridEngine train->generation switch: each device receives Table 2's bytes
         (`memory.transition`) over the links its all-gather group spans."""
-        t = transition(spec, train, gen, method or self.wl.transition)
+        method = method or self.wl.transition
+        key = ("reshard", spec, train, gen, method)
+        if key not in self._memo:
+            self._memo[key] = self._reshard(spec, train, gen, method)
+        return self._memo[key]
+
+    def _reshard(self, spec: ModelSpec, train: Mesh, gen: Mesh, method: str) -> float:
+        t = transition(spec, train, gen, method)
         gather = 0.0
         if self.wl.param_sharding == "full" and train.dp > 1:
             # Table 2 assumes data-parallel replicas hold whole training shards; FSDP / ZeRO-3
@@ -219,15 +231,11 @@ class Simulator:
             # gather per layer, half an all-reduce's volume each).
             shard = spec.param_count / gen.model_parallel * self.dtype_bytes
             gather = self.allreduce(shard / 2, train.dp, n_ops=spec.n_layers + 1,
-                                    members_per_node=dp_members_per_node(train, self.cluster))
+                                    members_per_node=train.dp_peers_per_node(self.cluster.devices_per_node))
+        crosses = _gather_crosses(train.with_generation(gen, method), self.cluster.devices_per_node)
         return gather + self.weight_copy_time(t.generation_params * self._widen) + (
             0.0 if t.comm_bytes <= 0 else
-            t.comm_bytes * self._widen / self.link_bandwidth(self._gather_crosses(t, train))
-            + self.cluster.collective_latency)
-
-    def _gather_crosses(self, t, train: ParallelStrategy) -> bool:
-        group = train.world if t.method == "deepspeed_chat" else train.model_parallel
-        return group > self.cluster.devices_per_node
+            t.comm_bytes * self._widen / self.link_bandwidth(crosses) + self.cluster.collective_latency)
 
     def weight_copy_time(self, nbytes: float) -> float:
         """Writing the generation weights into their separate buffer (HybridFlow keeps one
@@ -235,8 +243,8 @@ class Simulator:
         c = self.cluster
         return 2 * nbytes / (c.memory_bandwidth * c.bandwidth_efficiency)
 
-    def realloc_time(self, spec: ModelSpec, src: ParallelStrategy, src_devs: tuple[int, int],
-                     dst: ParallelStrategy, dst_devs: tuple[int, int]) -> float:
+    def realloc_time(self, spec: ModelSpec, src: Mesh, src_devs: tuple[int, int],
+                     dst: Mesh, dst_devs: tuple[int, int]) -> float:
         """ReaLHF parameter reallocation between two layouts: each destination device
         receives its shard M/mp_dst, minus what it already holds when it is also a source
         device of a finer-or-equal layout (then it equals the HybridFlow formula)."""
@@ -275,3 +283,11 @@ class Simulator:
         c = self.cluster
         bw = (c.inter_node_bandwidth * c.comm_efficiency) if crosses_nodes else self._intra()
         return nbytes / bw + c.collective_latency
+
+
+@lru_cache(maxsize=4096)
+def _gather_crosses(mesh: Mesh, devices_per_node: int) -> bool:
+    """Whether any of the switch's all-gather groups (the hybrid engine's own, members in rank
+    order) spans machines."""
+    u = devices_per_node
+    return any(g[0] // u != g[-1] // u for g in gather_groups(mesh))

@@ -1,41 +1,35 @@
-"""3-D parallel strategies (pipeline, tensor, data) and which ones a model admits.
+"""Which 3-D layouts (pipeline, tensor, data) a model admits on n devices.
 
-Rank layout assumed everywhere (Megatron order): tensor-parallel ranks innermost, then data
-parallel, pipeline stages outermost. So a TP group is `tp` consecutive devices (inside one
-machine), a DP group spans `tp·dp` consecutive devices, and each pipeline stage owns a
-contiguous block of `tp·dp` devices.
+A layout is a `workbench.controller.mesh.Mesh`, the type the runtime runs, with the runtime's
+rank order (tensor innermost, then pipeline, data parallelism outermost): a TP group is `tp`
+consecutive devices (kept inside one machine), one data-parallel replica `pp·tp` consecutive
+devices, and data-parallel peers are `pp·tp` devices apart. The simulator asks the mesh where
+its groups sit (`Mesh.dp_peers_per_node`, `Mesh.replica_spans_nodes`).
+
+`ParallelStrategy`, the planner's former name for the same (pp, tp, dp), is a deprecated
+alias of `Mesh`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import warnings
 from functools import lru_cache
 
-from workbench.planner.specs import ClusterSpec, ModelSpec
+from workbench.controller.mesh import Mesh
+from workbench.planner.specs import ModelSpec
 
 
-@dataclass(frozen=True, order=True)
-class ParallelStrategy:
-    """How one model (or one call) is split over its devices."""
+def __getattr__(name: str):
+    if name == "ParallelStrategy":
+        return deprecated_parallel_strategy(__name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-    pp: int
-    """Pipeline stages (layers split into `pp` contiguous blocks)."""
-    tp: int
-    """Tensor-parallel degree (heads and MLP columns split; needs fast intra-node links)."""
-    dp: int
-    """Data-parallel replicas."""
 
-    @property
-    def world(self) -> int:
-        return self.pp * self.tp * self.dp
-
-    @property
-    def model_parallel(self) -> int:
-        """Devices holding one copy of the weights."""
-        return self.pp * self.tp
-
-    def __str__(self) -> str:
-        return f"p{self.pp}t{self.tp}d{self.dp}"
+def deprecated_parallel_strategy(module: str) -> type[Mesh]:
+    warnings.warn(f"{module}.ParallelStrategy is deprecated: use workbench.Mesh (the same "
+                  f"(pp, tp, dp) fields and positional order; print a layout with Mesh.short() for "
+                  f"the 'p1t2d4' form)", DeprecationWarning, stacklevel=3)
+    return Mesh
 
 
 def _divisors(n: int) -> list[int]:
@@ -43,7 +37,7 @@ def _divisors(n: int) -> list[int]:
 
 
 @lru_cache(maxsize=None)
-def strategies(spec: ModelSpec, n_devices: int, devices_per_node: int) -> tuple[ParallelStrategy, ...]:
+def strategies(spec: ModelSpec, n_devices: int, devices_per_node: int) -> tuple[Mesh, ...]:
     """All (pp, tp, dp) with pp·tp·dp = n_devices that the model admits: tp divides the query
     and KV heads and a machine (TP stays in one node), pp divides the layers."""
     out = []
@@ -54,22 +48,17 @@ def strategies(spec: ModelSpec, n_devices: int, devices_per_node: int) -> tuple[
         for pp in _divisors(n_devices // tp):
             if spec.n_layers % pp:
                 continue
-            out.append(ParallelStrategy(pp, tp, n_devices // (pp * tp)))
+            out.append(Mesh(pp, tp, n_devices // (pp * tp)))
     return tuple(out)
 
 
-def generation_strategies(train: ParallelStrategy) -> list[ParallelStrategy]:
+def generation_strategies(train: Mesh) -> list[Mesh]:
     """3D-HybridEngine generation layouts for a training layout (HybridFlow §5):
     p_g | p and t_g | t, with d_g·d replicas so the device count is unchanged."""
-    return [ParallelStrategy(pg, tg, train.world // (pg * tg))
+    return [Mesh(pg, tg, train.world_size // (pg * tg))
             for pg in _divisors(train.pp) for tg in _divisors(train.tp)]
 
 
-def dp_members_per_node(s: ParallelStrategy, cluster: ClusterSpec) -> int:
-    """How many members of one DP group share a machine (hierarchical collectives reduce
-    inside the machine first)."""
-    return max(1, min(s.dp, cluster.devices_per_node // s.tp))
-
-
-def crosses_nodes(n_consecutive: int, cluster: ClusterSpec) -> bool:
-    return n_consecutive > cluster.devices_per_node
+def is_generation_layout(train: Mesh, gen: Mesh) -> bool:
+    """Whether the hybrid engine can switch `train` to `gen` on the same devices."""
+    return gen.world_size == train.world_size and train.pp % gen.pp == 0 and train.tp % gen.tp == 0

@@ -1,0 +1,25 @@
+"""The planner's layouts are the runtime's Mesh; ParallelStrategy is a deprecated alias of it."""
+
+import importlib
+
+import pytest
+
+from workbench import Mesh
+from workbench.planner import model_preset
+from workbench.planner.strategy import generation_strategies, is_generation_layout, strategies
+
+
+@pytest.mark.parametrize("module", ["workbench.planner", "workbench.planner.strategy"])
+def test_parallel_strategy_is_a_deprecated_alias_of_mesh(module):
+    with pytest.warns(DeprecationWarning, match=r"ParallelStrategy is deprecated: use workbench.Mesh"):
+        alias = getattr(importlib.import_module(module), "ParallelStrategy")
+    assert alias is Mesh and alias(1, 2, 4) == Mesh(pp=1, tp=2, dp=4)
+
+
+def test_strategies_are_meshes_and_sort_as_before():
+    layouts = strategies(model_preset("llama2-7b"), 16, 8)
+    assert all(type(s) is Mesh and s.world_size == 16 for s in layouts)
+    assert sorted(layouts) == sorted(layouts, key=lambda s: (s.pp, s.tp, s.dp))
+    gens = generation_strategies(Mesh(2, 4, 2))
+    assert Mesh(1, 2, 8) in gens and all(is_generation_layout(Mesh(2, 4, 2), g) for g in gens)
+    assert not is_generation_layout(Mesh(1, 2, 4), Mesh(1, 4, 2))
