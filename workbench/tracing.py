@@ -17,9 +17,13 @@ import itertools
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from types import MappingProxyType
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
-_TAGS: contextvars.ContextVar[dict] = contextvars.ContextVar("workbench_trace_tags", default={})
+# Read-only default: tags() sets a fresh dict, so nothing can change the empty one in place.
+_TAGS: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
+    "workbench_trace_tags", default=MappingProxyType({})
+)
 _CALL_NUMBERS = itertools.count()
 
 
