@@ -48,9 +48,10 @@ def span_sources() -> list[Callable[[float], list]]:
 @contextlib.contextmanager
 def tags(**values) -> Iterator[dict]:
     """Tag the spans of every call issued inside the block, e.g. `with tags(step="probe"):`."""
-    token = _TAGS.set({**_TAGS.get(), **values})
+    block = {**_TAGS.get(), **values}
+    token = _TAGS.set(block)
     try:
-        yield _TAGS.get()
+        yield block
     finally:
         _TAGS.reset(token)
 
