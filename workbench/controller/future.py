@@ -71,6 +71,9 @@ class DataFuture(Generic[T]):
     """The pending result of one call on a worker group; `.get()` gives a T (typed handles,
     workbench.workers.handles, say which)."""
 
+    trace_tags: dict
+    """The call's trace tags, set by whoever made the call (the stage clock adds to them)."""
+
     def __init__(
         self,
         info: CallInfo,

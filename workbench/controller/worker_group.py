@@ -190,6 +190,7 @@ class MethodPlan:
     @classmethod
     def build(cls, role: str, method: str, registration: Registration, hostset: HostSet) -> MethodPlan:
         mesh, protocol = hostset.mesh, registration.protocol
+        collect: Callable
         if registration.execute == "rank_zero":
             ranks, collect_ranks, collect = [0], [0], first
         else:
@@ -205,6 +206,8 @@ class WorkerGroup:
     `session.recover`), calls on an old handle go to the new group; when the group is removed
     and not re-created, they raise GroupRemovedError naming the role and the cell to re-run.
     workbench.workers.handles types the handles of the shipped worker classes."""
+
+    role: str
 
     def __init__(self, role: str, hostset: HostSet, cls: type):
         self.role, self._hostset, self._cls = role, hostset, cls
