@@ -102,16 +102,27 @@ class Worker:
         return self._device_mesh
 
 
-# Reserved keyword arguments of host entry points: refs of earlier calls to wait for, the
-# metas of RemoteSlice inputs (top-level, so Ray ships their values with the task), and the
-# trace tags of the call (its driver call number, and any tracing.tags()).
+# Reserved keyword arguments of host entry points: refs of earlier calls to wait for, and the
+# metas of RemoteSlice inputs (top-level, so Ray ships their values with the task).
 AFTER = "_wb_after"
 META = "_wb_meta_"
-TAGS = "_wb_tags"
 # drain_records runs in its own thread (Ray concurrency group), so spans reach the driver while
 # a long call holds the host's main thread.
 TRACE_GROUP = "trace"
 MAX_RECORDS = 100_000  # trace spans kept per worker between two session.trace() calls
+
+
+def task_name(role: str, method: str, number: int) -> str:
+    """The Ray task name of driver call `number` on one rank. It carries the call's number to
+    the rank (see call_number): an argument would be serialized on both sides, which costs a
+    no-argument call about a tenth of its round trip. Ray's own tools show it too."""
+    return f"{role}.{method}#{number}"
+
+
+def call_number() -> int | None:
+    """The driver call number of the task this thread is running (None outside a driver call)."""
+    _, mark, number = (ray.get_runtime_context().get_task_name() or "").rpartition("#")
+    return int(number) if mark and number.isdigit() else None
 
 
 def loopback_env() -> dict[str, str]:
@@ -185,7 +196,8 @@ class WorkerHost:
     def run(self, role: str, method: str, with_meta: bool, args: tuple, kwargs: dict):
         """Run one call of role.method; returns output, or (OutputMeta, output) with_meta."""
         after = kwargs.pop(AFTER, None)
-        tags = kwargs.pop(TAGS, None) or {}
+        number = call_number()
+        tags = {} if number is None else {"call": number}
         slice_metas = [kwargs.pop(k) for k in sorted(k for k in kwargs if k.startswith(META))]
         _attach_metas((*args, *kwargs.values()), slice_metas)
         if after:  # time-sharing: earlier calls on this pool, issued by other groups, go first

@@ -24,7 +24,7 @@ from workbench.controller.mesh import Mesh
 from workbench.controller.protocols import Protocol, first
 from workbench.controller.register import Registration, registered_methods
 from workbench.controller.resource_pool import ResourcePool
-from workbench.controller.worker import AFTER, META, TAGS, TRACE_GROUP, host_class
+from workbench.controller.worker import AFTER, META, TRACE_GROUP, host_class, task_name
 from workbench.data.batch import Batch
 from workbench.errors import DispatchError, GroupRemovedError, WorkerCallError, WorkerDiedError
 from workbench.tracing import CallRecord, current_tags, new_call_number
@@ -344,8 +344,13 @@ class WorkerGroup:
     def _other_groups_pending(self) -> list:
         """Another group's last call on this pool, while unfinished: this call's ranks wait for it.
         (Calls of one host set already run in issue order, Ray's actor FIFO.)"""
-        last_hosts, last_refs = self._hostset.pool.last_call
-        return _unfinished(last_refs) if last_hosts is not self._hostset else []
+        pool = self._hostset.pool
+        last_hosts, last_refs = pool.last_call
+        if last_hosts is self._hostset or not last_refs:
+            return []
+        pending = _unfinished(last_refs)
+        pool.last_call = (last_hosts, pending)  # what finished need not be asked about again
+        return pending
 
     def _tag(self, plan: MethodPlan) -> tuple[int, dict]:
         """The call's number and its trace tags (kept until its spans are drained)."""
@@ -353,17 +358,19 @@ class WorkerGroup:
         return number, self._hostset.tag_call(number, current_tags(), len(plan.ranks))
 
     def _submit(self, plan: MethodPlan, per_rank: list | None, after: list, number: int) -> tuple[list, list]:
-        """One task per rank: its inputs, the metas of its RemoteSlices (top-level arguments, so
-        Ray ships their values), what it waits for and its call number. The pool keeps the
-        refs: another group's next call on it waits for them."""
-        reserved: dict[str, Any] = {AFTER: after, TAGS: {"call": number}} if after else {TAGS: {"call": number}}
+        """One task per rank, named after the call (its number travels in the name): its inputs,
+        the metas of its RemoteSlices (top-level arguments, so Ray ships their values) and what
+        it waits for. The pool keeps the refs: another group's next call on it waits for them."""
+        name = task_name(self.role, plan.method, number)
+        reserved = {AFTER: after} if after else {}
         metas, outputs = [], []
         for i, entry in enumerate(plan.entries):
             if per_rank is None:
-                result = entry.remote(**reserved)
+                result = entry.options(name=name).remote(**reserved)
             else:
                 rank_args, rank_kwargs = per_rank[i]
-                result = entry.remote(*rank_args, **rank_kwargs, **_slice_metas(rank_args, rank_kwargs), **reserved)
+                result = entry.options(name=name).remote(
+                    *rank_args, **rank_kwargs, **_slice_metas(rank_args, rank_kwargs), **reserved)
             if plan.registration.returns_rows:
                 metas.append(result[0])
                 result = result[1]
