@@ -323,9 +323,11 @@ class WorkerGroup:
             return None
         if plan.registration.execute == "rank_zero":
             return [(tuple(_whole(a) for a in args), {k: _whole(v) for k, v in kwargs.items()})]
+        args = tuple(self._fit(plan, a) for a in args)  # every input fits before anything is stored
+        kwargs = {k: self._fit(plan, v) for k, v in kwargs.items()}
         mesh, distribute = self._hostset.mesh, plan.registration.protocol.distribute
-        spread_args = [_put_once(distribute(mesh, self._fit(plan, a))) for a in args]
-        spread_kwargs = {k: _put_once(distribute(mesh, self._fit(plan, v))) for k, v in kwargs.items()}
+        spread_args = [_put_once(distribute(mesh, a)) for a in args]
+        spread_kwargs = {k: _put_once(distribute(mesh, v)) for k, v in kwargs.items()}
         return [(tuple(a[r] for a in spread_args), {k: v[r] for k, v in spread_kwargs.items()}) for r in plan.ranks]
 
     def _fit(self, plan: MethodPlan, value: Any) -> Any:
