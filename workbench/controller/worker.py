@@ -44,7 +44,7 @@ class RankContext:
     records: deque
     """The host's trace buffer (Worker.record_span appends to it)."""
     current: dict | None = None
-    """Tags of the call this rank is running (its driver call number), for record_span."""
+    """Tags of the call this rank is running (its Ray task, see TASK), for record_span."""
 
 
 class Worker:
@@ -106,23 +106,16 @@ class Worker:
 # metas of RemoteSlice inputs (top-level, so Ray ships their values with the task).
 AFTER = "_wb_after"
 META = "_wb_meta_"
+# A span's tag naming the Ray task it was recorded in; the driver, which knows the task of each
+# rank of each call it made, turns it into the call's number when it drains the span. Sending
+# the number with the call would cost every call an argument, serialized on both sides: about
+# a tenth of a no-argument call's round trip. (A unique task name per call would do it too,
+# but Ray keeps per-name state: memory grew ~2 KB per call.)
+TASK = "_wb_task"
 # drain_records runs in its own thread (Ray concurrency group), so spans reach the driver while
 # a long call holds the host's main thread.
 TRACE_GROUP = "trace"
 MAX_RECORDS = 100_000  # trace spans kept per worker between two session.trace() calls
-
-
-def task_name(role: str, method: str, number: int) -> str:
-    """The Ray task name of driver call `number` on one rank. It carries the call's number to
-    the rank (see call_number): an argument would be serialized on both sides, which costs a
-    no-argument call about a tenth of its round trip. Ray's own tools show it too."""
-    return f"{role}.{method}#{number}"
-
-
-def call_number() -> int | None:
-    """The driver call number of the task this thread is running (None outside a driver call)."""
-    _, mark, number = (ray.get_runtime_context().get_task_name() or "").rpartition("#")
-    return int(number) if mark and number.isdigit() else None
 
 
 def loopback_env() -> dict[str, str]:
@@ -196,8 +189,7 @@ class WorkerHost:
     def run(self, role: str, method: str, with_meta: bool, args: tuple, kwargs: dict):
         """Run one call of role.method; returns output, or (OutputMeta, output) with_meta."""
         after = kwargs.pop(AFTER, None)
-        number = call_number()
-        tags = {} if number is None else {"call": number}
+        tags = {TASK: ray.get_runtime_context().get_task_id()}
         slice_metas = [kwargs.pop(k) for k in sorted(k for k in kwargs if k.startswith(META))]
         _attach_metas((*args, *kwargs.values()), slice_metas)
         if after:  # time-sharing: earlier calls on this pool, issued by other groups, go first

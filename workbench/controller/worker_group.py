@@ -24,7 +24,7 @@ from workbench.controller.mesh import Mesh
 from workbench.controller.protocols import Protocol, first
 from workbench.controller.register import Registration, registered_methods
 from workbench.controller.resource_pool import ResourcePool
-from workbench.controller.worker import AFTER, META, TRACE_GROUP, host_class, task_name
+from workbench.controller.worker import AFTER, META, TASK, TRACE_GROUP, host_class
 from workbench.data.batch import Batch
 from workbench.errors import DispatchError, GroupRemovedError, WorkerCallError, WorkerDiedError
 from workbench.tracing import CallRecord, current_tags, new_call_number
@@ -60,6 +60,8 @@ class HostSet:
         self.call_tags: OrderedDict[int, dict] = OrderedDict()
         """Tags of driver calls whose spans have not all been drained yet (see tag_call)."""
         self._spans_due: dict[int, int] = {}  # call number -> ranks whose span has not arrived
+        self.task_calls: OrderedDict[bytes, int] = OrderedDict()
+        """Ray task id -> driver call number, for rank tasks whose own span is not drained yet (see note_task)."""
         self._drains: list = []  # drain_records calls that had not answered yet
         self.hosts = [
             remote_host.options(**pool.scheduling(rank)).remote(pool.name, rank, mesh.world_size, threads, backend, local)
@@ -89,6 +91,14 @@ class HostSet:
         while len(self.call_tags) > MAX_CALL_TAGS:
             self._spans_due.pop(self.call_tags.popitem(last=False)[0], None)
         return tags
+
+    def note_task(self, ref: ray.ObjectRef, number: int) -> None:
+        """Rank task of call `number` (by one of its refs): its spans name the task, and
+        drain_records turns that into the number. Kept until the task's own span is drained,
+        within MAX_CALL_TAGS calls' worth of tasks."""
+        self.task_calls[ref.task_id().binary()] = number
+        if len(self.task_calls) > MAX_CALL_TAGS * len(self.hosts):
+            self.task_calls.popitem(last=False)
 
     def request_records(self) -> None:
         """Ask every rank for its spans (answered from the hosts' trace thread, beside any call
@@ -141,16 +151,31 @@ class HostSet:
         if request:
             self.request_records()
         records, self._drains = collect_spans(self._drains, timeout)
+        tasks = [self._number_span(r) for r in records]
         for r in records:
             r.extra.update(self.call_tags.get(r.extra.get("call"), {}))
-        for r in records:  # after tagging them all: a call's spans may share this drain
+        for r, task in zip(records, tasks):  # after tagging them all: a call's spans may share this drain
+            if r.call_id < 0:  # an inner span (record_span), not the call's own
+                continue
+            self.task_calls.pop(task, None)
             number = r.extra.get("call")
-            if r.call_id >= 0 and number in self._spans_due:  # the call's own span (not an inner one)
+            if number in self._spans_due:
                 self._spans_due[number] -= 1
                 if self._spans_due[number] <= 0:
                     del self._spans_due[number]
                     self.call_tags.pop(number, None)
         return records
+
+    def _number_span(self, record: CallRecord) -> bytes | None:
+        """Put the driver call number first in a span's tags, in place of its Ray task (TASK)."""
+        task_hex = record.extra.pop(TASK, None)
+        task = bytes.fromhex(task_hex) if task_hex else None
+        number = self.task_calls.get(task) if task is not None else None
+        if number is not None:
+            rest = dict(record.extra)
+            record.extra.clear()
+            record.extra.update({"call": number, **rest})
+        return task
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the processes and wait until Ray reports them dead (their share of the pool is free)."""
@@ -360,22 +385,21 @@ class WorkerGroup:
         return number, self._hostset.tag_call(number, current_tags(), len(plan.ranks))
 
     def _submit(self, plan: MethodPlan, per_rank: list | None, after: list, number: int) -> tuple[list, list]:
-        """One task per rank, named after the call (its number travels in the name): its inputs,
-        the metas of its RemoteSlices (top-level arguments, so Ray ships their values) and what
-        it waits for. The pool keeps the refs: another group's next call on it waits for them."""
-        name = task_name(self.role, plan.method, number)
-        reserved = {AFTER: after} if after else {}
+        """One task per rank: its inputs, the metas of its RemoteSlices (top-level arguments, so
+        Ray ships their values) and what it waits for; each task is noted as part of call
+        `number` (see TASK). The pool keeps the refs: another group's next call on it waits."""
+        hostset, reserved = self._hostset, {AFTER: after} if after else {}
         metas, outputs = [], []
         for i, entry in enumerate(plan.entries):
             if per_rank is None:
-                result = entry.options(name=name).remote(**reserved)
+                result = entry.remote(**reserved)
             else:
                 rank_args, rank_kwargs = per_rank[i]
-                result = entry.options(name=name).remote(
-                    *rank_args, **rank_kwargs, **_slice_metas(rank_args, rank_kwargs), **reserved)
+                result = entry.remote(*rank_args, **rank_kwargs, **_slice_metas(rank_args, rank_kwargs), **reserved)
             if plan.registration.returns_rows:
                 metas.append(result[0])
                 result = result[1]
+            hostset.note_task(result, number)
             outputs.append(result)
         self._hostset.pool.last_call = (self._hostset, metas or outputs)
         return metas, outputs
