@@ -157,7 +157,8 @@ class HostSet:
         for r, task in zip(records, tasks):  # after tagging them all: a call's spans may share this drain
             if r.call_id < 0:  # an inner span (record_span), not the call's own
                 continue
-            self.task_calls.pop(task, None)
+            if task is not None:
+                self.task_calls.pop(task, None)
             number = r.extra.get("call")
             if number in self._spans_due:
                 self._spans_due[number] -= 1
