@@ -189,23 +189,29 @@ class Session:
     # The shipped worker classes give typed handles (workbench.workers.handles), other classes a
     # WorkerGroup. A typed handle is a WorkerGroup at run time, so the overloads do overlap.
     @overload
-    def group(self, role: str, worker_cls: type[ActorRolloutRefWorker], pool: ResourcePool | str,  # type: ignore[overload-overlap]
-              config: Any = None, mesh: Mesh | None = None) -> ActorHandle: ...
+    def group(  # type: ignore[overload-overlap]
+        self, role: str, worker_cls: type[ActorRolloutRefWorker], pool: ResourcePool | str, config: Any = None,
+        mesh: Mesh | None = None) -> ActorHandle: ...
     @overload
-    def group(self, role: str, worker_cls: type[CriticWorker], pool: ResourcePool | str,  # type: ignore[overload-overlap]
-              config: Any = None, mesh: Mesh | None = None) -> CriticHandle: ...
+    def group(  # type: ignore[overload-overlap]
+        self, role: str, worker_cls: type[CriticWorker], pool: ResourcePool | str, config: Any = None,
+        mesh: Mesh | None = None) -> CriticHandle: ...
     @overload
-    def group(self, role: str, worker_cls: type[CostModelWorker], pool: ResourcePool | str,  # type: ignore[overload-overlap]
-              config: Any = None, mesh: Mesh | None = None) -> CostModelHandle: ...
+    def group(  # type: ignore[overload-overlap]
+        self, role: str, worker_cls: type[CostModelWorker], pool: ResourcePool | str, config: Any = None,
+        mesh: Mesh | None = None) -> CostModelHandle: ...
     @overload
-    def group(self, role: str, worker_cls: type[RewardModelWorker], pool: ResourcePool | str,  # type: ignore[overload-overlap]
-              config: Any = None, mesh: Mesh | None = None) -> RewardModelHandle: ...
+    def group(  # type: ignore[overload-overlap]
+        self, role: str, worker_cls: type[RewardModelWorker], pool: ResourcePool | str, config: Any = None,
+        mesh: Mesh | None = None) -> RewardModelHandle: ...
     @overload
-    def group(self, role: str, worker_cls: type[Worker], pool: ResourcePool | str,
-              config: Any = None, mesh: Mesh | None = None) -> WorkerGroup: ...
+    def group(
+        self, role: str, worker_cls: type[Worker], pool: ResourcePool | str, config: Any = None,
+        mesh: Mesh | None = None) -> WorkerGroup: ...
 
     def group(
-        self, role: str, worker_cls: type[Worker], pool: ResourcePool | str, config: Any = None, mesh: Mesh | None = None
+        self, role: str, worker_cls: type[Worker], pool: ResourcePool | str, config: Any = None,
+        mesh: Mesh | None = None,
     ) -> WorkerGroup:
         """One worker of `worker_cls` per device of `pool`, called as `role`.
 

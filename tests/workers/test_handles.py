@@ -6,8 +6,11 @@ import typing
 
 import pytest
 
+from algorithms.groups import Groups
+from workbench import Batch, DataFuture, Session, Worker, register
 from workbench.controller.register import registered_methods
 from workbench.controller.worker_group import WorkerGroup
+from workbench.engines.rollout import SamplingConfig
 from workbench.workers import handles
 from workbench.workers.actor import ActorRolloutRefWorker
 from workbench.workers.critic import CriticWorker
@@ -63,3 +66,26 @@ def test_save_checkpoint_is_registered_to_be_remembered_for_recover():
     for cls in (ActorRolloutRefWorker, CriticWorker):
         remembered = {name for name, r in registered_methods(cls).items() if r.remembers_path}
         assert remembered == {"save_checkpoint"}, cls.__name__
+
+
+def handles_as_a_type_checker_sees_them(session: Session, prompts: Batch) -> None:
+    """Never run: the type checker (mypy) checks these types, as an editor shows them."""
+
+    class Mine(Worker):
+        @register()
+        def noop(self) -> None: ...
+
+    actor = session.group("actor", ActorRolloutRefWorker, "actor_pool")
+    typing.assert_type(actor, handles.ActorHandle)
+    generated = actor.generate_sequences(prompts, SamplingConfig())
+    typing.assert_type(generated, DataFuture[Batch])
+    typing.assert_type(actor.update_actor(generated, lambda outputs, batch: (outputs["log_probs"].sum(), {})).get(),
+                       dict[str, float])
+    typing.assert_type(session.group("critic", CriticWorker, "critic_pool"), handles.CriticHandle)
+    typing.assert_type(session.group("reward", RewardModelWorker, "reward_pool"), handles.RewardModelHandle)
+    typing.assert_type(session.group("cost", CostModelWorker, "reward_pool"), handles.CostModelHandle)
+    typing.assert_type(session.group("mine", Mine, "mine_pool"), WorkerGroup)
+    groups = Groups(actor=actor, reference=session.fused("actor_pool", actor=ActorRolloutRefWorker)["actor"],
+                    reward=RuleReward(lambda text, truth: float(text == truth)))
+    typing.assert_type(groups.actor.compute_log_prob(generated), DataFuture[Batch])
+    typing.assert_type(groups.reward.compute_reward(generated), DataFuture[Batch])

@@ -331,7 +331,8 @@ class WorkerGroup:
         if plan is None:
             registration = self._methods.get(method)
             if registration is None:
-                raise DispatchError(f"{self.role} has no registered method {method!r}; registered: {sorted(self._methods)}")
+                raise DispatchError(
+                    f"{self.role} has no registered method {method!r}; registered: {sorted(self._methods)}")
             plan = self._plans[method] = MethodPlan.build(self.role, method, registration, self._hostset)
         return plan
 

@@ -10,7 +10,8 @@ every call returns a DataFuture at once; `.get()` gives what the method's protoc
 `session.group(role, ActorRolloutRefWorker, ...)` is typed as an ActorHandle (likewise the
 other worker classes here), and `algorithms.Groups` annotates each role with its handle.
 tests/workers/test_handles.py checks that each Protocol lists exactly the registered methods
-of its class with the same parameters, so the two cannot drift apart.
+of its class with the same parameters, so the two cannot drift apart, and holds the types a
+type checker must see (`typing.assert_type`, checked by mypy).
 """
 
 from __future__ import annotations
