@@ -3,25 +3,34 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the handle types only: importing workbench.workers would load the model stack
+    from workbench.workers.handles import (ActorHandle, CostModelHandle, CriticHandle, RewardModelHandle,
+                                           RuleRewardHandle)
+
+NOT_GIVEN: Any = None
+"""A role not given is None. Typed Any so that each field below carries its handle type alone
+(not `| None`): every algorithm checks its roles with `Groups.require` before calling them."""
 
 
 @dataclass
 class Groups:
-    """Live handles, one per role. Any object with the role's methods will do: a WorkerGroup,
-    a fused group's role, or a RuleReward for `reward`/`cost`."""
+    """Live handles, one per role, typed by what the role offers (workbench.workers.handles).
+    Any object with the role's methods will do: a WorkerGroup, a fused group's role, or a
+    RuleReward for `reward`/`cost`."""
 
-    actor: Any = None
+    actor: ActorHandle = NOT_GIVEN
     """generate_sequences, compute_log_prob, update_actor (workbench.workers.ActorRolloutRefWorker)."""
-    reference: Any = None
+    reference: ActorHandle = NOT_GIVEN
     """compute_ref_log_prob: the actor group itself when it holds the reference copy."""
-    critic: Any = None
+    critic: CriticHandle = NOT_GIVEN
     """compute_values, update_critic (workbench.workers.critic.CriticWorker)."""
-    reward: Any = None
+    reward: RewardModelHandle | RuleRewardHandle = NOT_GIVEN
     """compute_reward -> scores: a RewardModelWorker group or a RuleReward."""
-    cost: Any = None
+    cost: CostModelHandle | RuleRewardHandle = NOT_GIVEN
     """compute_cost -> costs (Safe-RLHF): a CostModelWorker group or a RuleReward(output_key="costs")."""
-    cost_critic: Any = None
+    cost_critic: CriticHandle = NOT_GIVEN
     """A second critic for the cost's values (Safe-RLHF)."""
 
     def require(self, algorithm: str, *roles: str) -> None:

@@ -31,7 +31,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, overload
 
 import ray
 
@@ -42,6 +42,12 @@ from workbench.controller.worker import Worker
 from workbench.controller.worker_group import HostSet, WorkerGroup
 from workbench.errors import ConfigError, DispatchError, GroupRemovedError, SessionClosedError
 from workbench.tracing import CallRecord, save_chrome_trace, span_sources
+
+if TYPE_CHECKING:  # for the typed handles of Session.group (importing workers loads the model stack)
+    from workbench.workers.actor import ActorRolloutRefWorker
+    from workbench.workers.critic import CriticWorker
+    from workbench.workers.handles import ActorHandle, CostModelHandle, CriticHandle, RewardModelHandle
+    from workbench.workers.reward import CostModelWorker, RewardModelWorker
 
 # Worker processes get these unless the caller's runtime_env says otherwise: one BLAS thread
 # each (torch threads are set per worker), and quiet tokenizers.
@@ -185,8 +191,32 @@ class Session:
         self.pools.pop(name).release()
 
     # ---- groups ----------------------------------------------------------------------------
+    # The shipped worker classes give typed handles (workbench.workers.handles), other classes a
+    # WorkerGroup. A typed handle is a WorkerGroup at run time, so the overloads do overlap.
+    @overload
+    def group(  # type: ignore[overload-overlap]
+        self, role: str, worker_cls: type[ActorRolloutRefWorker], pool: ResourcePool | str, config: Any = None,
+        mesh: Mesh | None = None) -> ActorHandle: ...
+    @overload
+    def group(  # type: ignore[overload-overlap]
+        self, role: str, worker_cls: type[CriticWorker], pool: ResourcePool | str, config: Any = None,
+        mesh: Mesh | None = None) -> CriticHandle: ...
+    @overload
+    def group(  # type: ignore[overload-overlap]
+        self, role: str, worker_cls: type[CostModelWorker], pool: ResourcePool | str, config: Any = None,
+        mesh: Mesh | None = None) -> CostModelHandle: ...
+    @overload
+    def group(  # type: ignore[overload-overlap]
+        self, role: str, worker_cls: type[RewardModelWorker], pool: ResourcePool | str, config: Any = None,
+        mesh: Mesh | None = None) -> RewardModelHandle: ...
+    @overload
     def group(
-        self, role: str, worker_cls: type, pool: ResourcePool | str, config: Any = None, mesh: Mesh | None = None
+        self, role: str, worker_cls: type[Worker], pool: ResourcePool | str, config: Any = None,
+        mesh: Mesh | None = None) -> WorkerGroup: ...
+
+    def group(
+        self, role: str, worker_cls: type[Worker], pool: ResourcePool | str, config: Any = None,
+        mesh: Mesh | None = None,
     ) -> WorkerGroup:
         """One worker of `worker_cls` per device of `pool`, called as `role`.
 

@@ -116,6 +116,7 @@ def test_call_tags_are_kept_only_until_every_rank_span_is_drained(session):
     assert not long_call.done(), "trace() waited for the long call"
     assert len(spans) == 10 and all(r.extra["step"] == "probe" for r in spans)  # inner spans too
     assert len(hostset.call_tags) == 1  # only the call still in flight
+    assert len(hostset.task_calls) == 2  # its two rank tasks, whose spans will name them
     long_call.get()
     session.trace()
-    assert not hostset.call_tags
+    assert not hostset.call_tags and not hostset.task_calls

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar
 
 import numpy as np
 import ray
@@ -25,6 +25,8 @@ from workbench.errors import WorkerCallError, WorkerDiedError
 
 if TYPE_CHECKING:
     from workbench.controller.mesh import Mesh
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -65,8 +67,12 @@ class CallInfo:
         return {**self.__dict__, "hostset": None}
 
 
-class DataFuture:
-    """The pending result of one call on a worker group."""
+class DataFuture(Generic[T]):
+    """The pending result of one call on a worker group; `.get()` gives a T (typed handles,
+    workbench.workers.handles, say which)."""
+
+    trace_tags: dict
+    """The call's trace tags, set by whoever made the call (the step clock adds to them)."""
 
     def __init__(
         self,
@@ -98,7 +104,7 @@ class DataFuture:
         """Block until every rank has finished; raise the first failing rank's error."""
         self._fetch(self.metas or self.outputs, self.info.ranks, timeout)
 
-    def get(self, timeout: float | None = None) -> Any:
+    def get(self, timeout: float | None = None) -> T:
         """The call's result on the driver (collected per the method's protocol)."""
         if self._value is _UNSET:
             picks = self._picks()

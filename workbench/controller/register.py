@@ -27,6 +27,9 @@ class Registration:
     pad: bool = True
     """Pad a Batch whose rows do not divide by the data-parallel size (the padding is removed
     on collect); False refuses such a batch with an error instead."""
+    remembers_path: bool = False
+    """The method saves the role's state at its `path` argument (the first): the group keeps
+    the last path issued, and `session.recover` reloads the role from it."""
 
     @property
     def returns_rows(self) -> bool:
@@ -36,7 +39,7 @@ class Registration:
 
 
 def register(
-    protocol: Protocol | str = DP_PROTO, execute: Execute = "all", pad: bool = True
+    protocol: Protocol | str = DP_PROTO, execute: Execute = "all", pad: bool = True, remembers_path: bool = False
 ) -> Callable:
     if isinstance(protocol, str):
         if protocol not in BUILTIN:
@@ -46,7 +49,7 @@ def register(
         raise ValueError(f"execute must be 'all' or 'rank_zero', got {execute!r}")
 
     def mark(method: Callable) -> Callable:
-        setattr(method, ATTRIBUTE, Registration(protocol, execute, pad))
+        setattr(method, ATTRIBUTE, Registration(protocol, execute, pad, remembers_path))
         return method
 
     return mark

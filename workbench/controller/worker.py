@@ -44,7 +44,7 @@ class RankContext:
     records: deque
     """The host's trace buffer (Worker.record_span appends to it)."""
     current: dict | None = None
-    """Tags of the call this rank is running (its driver call number), for record_span."""
+    """Tags of the call this rank is running (its Ray task, see TASK), for record_span."""
 
 
 class Worker:
@@ -102,12 +102,16 @@ class Worker:
         return self._device_mesh
 
 
-# Reserved keyword arguments of host entry points: refs of earlier calls to wait for, the
-# metas of RemoteSlice inputs (top-level, so Ray ships their values with the task), and the
-# trace tags of the call (its driver call number, and any tracing.tags()).
+# Reserved keyword arguments of host entry points: refs of earlier calls to wait for, and the
+# metas of RemoteSlice inputs (top-level, so Ray ships their values with the task).
 AFTER = "_wb_after"
 META = "_wb_meta_"
-TAGS = "_wb_tags"
+# A span's tag naming the Ray task it was recorded in; the driver, which knows the task of each
+# rank of each call it made, turns it into the call's number when it drains the span. Sending
+# the number with the call would cost every call an argument, serialized on both sides: about
+# a tenth of a no-argument call's round trip. (A unique task name per call would do it too,
+# but Ray keeps per-name state: memory grew ~2 KB per call.)
+TASK = "_wb_task"
 # drain_records runs in its own thread (Ray concurrency group), so spans reach the driver while
 # a long call holds the host's main thread.
 TRACE_GROUP = "trace"
@@ -185,7 +189,7 @@ class WorkerHost:
     def run(self, role: str, method: str, with_meta: bool, args: tuple, kwargs: dict):
         """Run one call of role.method; returns output, or (OutputMeta, output) with_meta."""
         after = kwargs.pop(AFTER, None)
-        tags = kwargs.pop(TAGS, None) or {}
+        tags = {TASK: ray.get_runtime_context().get_task_id()}
         slice_metas = [kwargs.pop(k) for k in sorted(k for k in kwargs if k.startswith(META))]
         _attach_metas((*args, *kwargs.values()), slice_metas)
         if after:  # time-sharing: earlier calls on this pool, issued by other groups, go first

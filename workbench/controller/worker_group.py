@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter, OrderedDict
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import ray
 
@@ -23,7 +24,7 @@ from workbench.controller.mesh import Mesh
 from workbench.controller.protocols import Protocol, first
 from workbench.controller.register import Registration, registered_methods
 from workbench.controller.resource_pool import ResourcePool
-from workbench.controller.worker import AFTER, META, TAGS, TRACE_GROUP, host_class
+from workbench.controller.worker import AFTER, META, TASK, TRACE_GROUP, host_class
 from workbench.data.batch import Batch
 from workbench.errors import DispatchError, GroupRemovedError, WorkerCallError, WorkerDiedError
 from workbench.tracing import CallRecord, current_tags, new_call_number
@@ -54,11 +55,13 @@ class HostSet:
         """role -> path of the last save_checkpoint(path) issued on it (session.recover reloads it)."""
         backend = "nccl" if pool.resource == "GPU" else "gloo"
         local = len(set(pool.node_ids)) == 1  # one machine: every socket on loopback
-        remote_host = ray.remote(concurrency_groups={TRACE_GROUP: 1})(
+        remote_host = ray.remote(concurrency_groups={TRACE_GROUP: 1})(  # type: ignore[call-overload]  # not in Ray's stubs
             host_class({role: cls for role, (cls, _) in roles.items()}))
         self.call_tags: OrderedDict[int, dict] = OrderedDict()
         """Tags of driver calls whose spans have not all been drained yet (see tag_call)."""
         self._spans_due: dict[int, int] = {}  # call number -> ranks whose span has not arrived
+        self.task_calls: OrderedDict[bytes, int] = OrderedDict()
+        """Ray task id -> driver call number, for rank tasks whose own span is not drained yet (see note_task)."""
         self._drains: list = []  # drain_records calls that had not answered yet
         self.hosts = [
             remote_host.options(**pool.scheduling(rank)).remote(pool.name, rank, mesh.world_size, threads, backend, local)
@@ -88,6 +91,14 @@ class HostSet:
         while len(self.call_tags) > MAX_CALL_TAGS:
             self._spans_due.pop(self.call_tags.popitem(last=False)[0], None)
         return tags
+
+    def note_task(self, ref: ray.ObjectRef, number: int) -> None:
+        """Rank task of call `number` (by one of its refs): its spans name the task, and
+        drain_records turns that into the number. Kept until the task's own span is drained,
+        within MAX_CALL_TAGS calls' worth of tasks."""
+        self.task_calls[ref.task_id().binary()] = number
+        if len(self.task_calls) > MAX_CALL_TAGS * len(self.hosts):
+            self.task_calls.popitem(last=False)
 
     def request_records(self) -> None:
         """Ask every rank for its spans (answered from the hosts' trace thread, beside any call
@@ -130,6 +141,7 @@ class HostSet:
         return [rank for rank, ref in enumerate(pings) if ref not in ready]
 
     def died_error(self, role: str, method: str) -> WorkerDiedError:
+        assert self.dead is not None, "died_error is asked only once a rank is known dead"
         rank, detail = self.dead
         pid, node = self.where(rank)
         return WorkerDiedError(role, rank, method, detail, pid=pid, node=node, fused=self.roles)
@@ -140,16 +152,32 @@ class HostSet:
         if request:
             self.request_records()
         records, self._drains = collect_spans(self._drains, timeout)
+        tasks = [self._number_span(r) for r in records]
         for r in records:
-            r.extra.update(self.call_tags.get(r.extra.get("call"), {}))
-        for r in records:  # after tagging them all: a call's spans may share this drain
+            r.extra.update(self.call_tags.get(r.extra.get("call", -1), {}))
+        for r, task in zip(records, tasks):  # after tagging them all: a call's spans may share this drain
+            if r.call_id < 0:  # an inner span (record_span), not the call's own
+                continue
+            if task is not None:
+                self.task_calls.pop(task, None)
             number = r.extra.get("call")
-            if r.call_id >= 0 and number in self._spans_due:  # the call's own span (not an inner one)
+            if number in self._spans_due:
                 self._spans_due[number] -= 1
                 if self._spans_due[number] <= 0:
                     del self._spans_due[number]
                     self.call_tags.pop(number, None)
         return records
+
+    def _number_span(self, record: CallRecord) -> bytes | None:
+        """Put the driver call number first in a span's tags, in place of its Ray task (TASK)."""
+        task_hex = record.extra.pop(TASK, None)
+        task = bytes.fromhex(task_hex) if task_hex else None
+        number = self.task_calls.get(task) if task is not None else None
+        if number is not None:
+            rest = dict(record.extra)
+            record.extra.clear()
+            record.extra.update({"call": number, **rest})
+        return task
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the processes and wait until Ray reports them dead (their share of the pool is free)."""
@@ -171,16 +199,49 @@ def _actor_state(actor_id: str) -> str | None:
     return info.get("State") if info else None
 
 
+@dataclass(frozen=True)
+class MethodPlan:
+    """What every call of one registered method does alike on one group, worked out on its
+    first call: which ranks run it, through which entry points, and how outputs come back."""
+
+    method: str
+    registration: Registration
+    ranks: list[int]
+    entries: list
+    """Each rank's entry point (its host's role__method, bound), in `ranks` order."""
+    collect_ranks: list[int]
+    collect: Callable
+    chunks: int | None
+    """Data-parallel chunks a Batch input is split into (None: the protocol does not split)."""
+
+    @classmethod
+    def build(cls, role: str, method: str, registration: Registration, hostset: HostSet) -> MethodPlan:
+        mesh, protocol = hostset.mesh, registration.protocol
+        collect: Callable
+        if registration.execute == "rank_zero":
+            ranks, collect_ranks, collect = [0], [0], first
+        else:
+            ranks, collect_ranks, collect = list(range(mesh.world_size)), protocol.collect_ranks(mesh), protocol.collect
+        entries = [getattr(hostset.hosts[rank], f"{role}__{method}") for rank in ranks]
+        return cls(method, registration, ranks, entries, collect_ranks, collect, protocol.num_chunks(mesh))
+
+
 class WorkerGroup:
     """Driver-side handle: registered methods of `cls`, called on every rank of a HostSet.
 
     A handle follows its role: when the session re-creates the group (re-running its cell,
     `session.recover`), calls on an old handle go to the new group; when the group is removed
-    and not re-created, they raise GroupRemovedError naming the role and the cell to re-run."""
+    and not re-created, they raise GroupRemovedError naming the role and the cell to re-run.
+    workbench.workers.handles types the handles of the shipped worker classes."""
+
+    role: str
 
     def __init__(self, role: str, hostset: HostSet, cls: type):
         self.role, self._hostset, self._cls = role, hostset, cls
         self._methods: dict[str, Registration] = registered_methods(cls)
+        self._plans: dict[str, MethodPlan] = {}
+        check = getattr(hostset.configs.get(role), "check_call", None)
+        self._check_call: Callable | None = check if callable(check) else None
         self._successor: WorkerGroup | None = None
         self._removed: str | None = None
 
@@ -246,83 +307,119 @@ class WorkerGroup:
     def __dir__(self):
         return [*super().__dir__(), *self.methods]
 
+    # ---- one call, step by step (each step runs on the live group) ----------------------------
     def call(self, method: str, *args, **kwargs) -> DataFuture:
         """Run registered `method` on the group; returns a DataFuture immediately."""
+        group = self._callable(method)
+        plan = group._plan(method)
+        group._check_inputs(method, args, kwargs)
+        per_rank = group._distribute(plan, args, kwargs)
+        after = group._other_groups_pending()
+        number, tags = group._tag(plan)
+        metas, outputs = group._submit(plan, per_rank, after, number)
+        group._remember_path(plan, args, kwargs)
+        return group._future(plan, outputs, metas, tags)
+
+    def _callable(self, method: str) -> WorkerGroup:
+        """The live group, refused at once when one of its processes is known to be dead."""
         group = self.live()
-        if group is not self:
-            return group.call(method, *args, **kwargs)
-        if self._hostset.dead is not None:  # known dead: refuse before any remote work
-            raise self._hostset.died_error(self.role, method)
-        registration = self.methods.get(method)
-        if registration is None:
-            raise DispatchError(f"{self.role} has no registered method {method!r}; registered: {sorted(self.methods)}")
-        check = getattr(self._hostset.configs.get(self.role), "check_call", None)
-        if callable(check):  # the config's own driver-side checks of these inputs
-            check(self.role, method, args, kwargs)
+        if group._hostset.dead is not None:  # before any remote work
+            raise group._hostset.died_error(group.role, method)
+        return group
+
+    def _plan(self, method: str) -> MethodPlan:
+        plan = self._plans.get(method)
+        if plan is None:
+            registration = self._methods.get(method)
+            if registration is None:
+                raise DispatchError(
+                    f"{self.role} has no registered method {method!r}; registered: {sorted(self._methods)}")
+            plan = self._plans[method] = MethodPlan.build(self.role, method, registration, self._hostset)
+        return plan
+
+    def _check_inputs(self, method: str, args: tuple, kwargs: dict) -> None:
+        """The config's own driver-side checks of these inputs; no reserved keyword names."""
+        if self._check_call is not None:
+            self._check_call(self.role, method, args, kwargs)
         reserved = [k for k in kwargs if k.startswith("_wb_")]
         if reserved:
             raise DispatchError(f"{self.role}.{method}: keyword names starting with _wb_ are reserved: {reserved}")
-        protocol, mesh = registration.protocol, self.mesh
-        ranks = [0] if registration.execute == "rank_zero" else list(range(mesh.world_size))
-        if registration.execute == "rank_zero":
-            per_rank_args = [[_whole(a) for a in args]]
-            per_rank_kwargs = [{k: _whole(v) for k, v in kwargs.items()}]
-        else:
-            args = [self._fit(method, registration, a) for a in args]
-            kwargs = {k: self._fit(method, registration, v) for k, v in kwargs.items()}
-            per_rank_args = list(zip(*[_put_once(protocol.distribute(mesh, a)) for a in args])) or [()] * len(ranks)
-            spread = {k: _put_once(protocol.distribute(mesh, v)) for k, v in kwargs.items()}
-            per_rank_kwargs = [{k: v[r] for k, v in spread.items()} for r in ranks]
 
-        # Calls of one host set already run in issue order (Ray actor FIFO); only a call
-        # following another group's call on the same pool must wait for it.
-        last_hosts, last_refs = self.pool.last_call
-        after = _unfinished(last_refs) if last_hosts is not self.hostset else []
-        if registration.execute == "rank_zero":
-            collect_ranks, collect = [0], first
-        else:
-            collect_ranks, collect = protocol.collect_ranks(mesh), protocol.collect
-        entry = f"{self.role}__{method}"
-        number = new_call_number()
-        tags = self.hostset.tag_call(number, current_tags(), len(ranks))
-        metas, outputs = [], []
-        for i, rank in enumerate(ranks):
-            rank_args, rank_kwargs = per_rank_args[i], dict(per_rank_kwargs[i])
-            slice_metas = [
-                m for v in (*rank_args, *rank_kwargs.values())
-                if isinstance(v, RemoteSlice) and v.metas is not None for m in v.metas
-            ]
-            rank_kwargs.update({f"{META}{k:04d}": m for k, m in enumerate(slice_metas)})
-            if after:
-                rank_kwargs[AFTER] = after
-            rank_kwargs[TAGS] = {"call": number}
-            result = getattr(self.hostset.hosts[rank], entry).remote(*rank_args, **rank_kwargs)
-            if registration.returns_rows:
-                metas.append(result[0])
-                result = result[1]
-            outputs.append(result)
-        self.pool.last_call = (self.hostset, metas or outputs)
-        if method == "save_checkpoint" and (args or "path" in kwargs):
-            self._hostset.checkpoints[self.role] = str(kwargs.get("path", args[0] if args else None))
-        future = DataFuture(
-            CallInfo(self.role, method, ranks, self.hostset), outputs, metas if registration.returns_rows else None,
-            collect_ranks, collect, mesh,
-        )
-        future.trace_tags = tags  # StepClock.launch adds the iteration and step
-        return future
+    def _distribute(self, plan: MethodPlan, args: tuple, kwargs: dict) -> list[tuple[tuple, dict]] | None:
+        """Each rank's (args, kwargs), split per the method's protocol; None when there are none."""
+        if not args and not kwargs:
+            return None
+        if plan.registration.execute == "rank_zero":
+            return [(tuple(_whole(a) for a in args), {k: _whole(v) for k, v in kwargs.items()})]
+        args = tuple(self._fit(plan, a) for a in args)  # every input fits before anything is stored
+        kwargs = {k: self._fit(plan, v) for k, v in kwargs.items()}
+        mesh, distribute = self._hostset.mesh, plan.registration.protocol.distribute
+        spread_args = [_put_once(distribute(mesh, a)) for a in args]
+        spread_kwargs = {k: _put_once(distribute(mesh, v)) for k, v in kwargs.items()}
+        return [(tuple(a[r] for a in spread_args), {k: v[r] for k, v in spread_kwargs.items()}) for r in plan.ranks]
 
-    def _fit(self, method: str, registration: Registration, value: Any) -> Any:
+    def _fit(self, plan: MethodPlan, value: Any) -> Any:
         """Pad (or refuse) a Batch whose rows do not divide into the protocol's chunks."""
-        chunks = registration.protocol.num_chunks(self.mesh)
+        chunks = plan.chunks
         if not isinstance(value, Batch) or chunks is None or len(value) % chunks == 0:
             return value
-        if not registration.pad:
+        if not plan.registration.pad:
             raise DispatchError(
-                f"{self.role}.{method}: a Batch of {len(value)} rows does not split into "
-                f"{chunks} equal data-parallel chunks ({self.mesh}); pass a multiple of {chunks} "
+                f"{self.role}.{plan.method}: a Batch of {len(value)} rows does not split into "
+                f"{chunks} equal data-parallel chunks ({self._hostset.mesh}); pass a multiple of {chunks} "
                 f"rows, or register the method with pad=True"
             )
         return value.pad_to_multiple(chunks)
+
+    def _other_groups_pending(self) -> list:
+        """Another group's last call on this pool, while unfinished: this call's ranks wait for it.
+        (Calls of one host set already run in issue order, Ray's actor FIFO.)"""
+        pool = self._hostset.pool
+        last_hosts, last_refs = pool.last_call
+        if last_hosts is self._hostset or not last_refs:
+            return []
+        pending = _unfinished(last_refs)
+        pool.last_call = (last_hosts, pending)  # what finished need not be asked about again
+        return pending
+
+    def _tag(self, plan: MethodPlan) -> tuple[int, dict]:
+        """The call's number and its trace tags (kept until its spans are drained)."""
+        number = new_call_number()
+        return number, self._hostset.tag_call(number, current_tags(), len(plan.ranks))
+
+    def _submit(self, plan: MethodPlan, per_rank: list | None, after: list, number: int) -> tuple[list, list]:
+        """One task per rank: its inputs, the metas of its RemoteSlices (top-level arguments, so
+        Ray ships their values) and what it waits for; each task is noted as part of call
+        `number` (see TASK). The pool keeps the refs: another group's next call on it waits."""
+        hostset, reserved = self._hostset, {AFTER: after} if after else {}
+        metas, outputs = [], []
+        for i, entry in enumerate(plan.entries):
+            if per_rank is None:
+                result = entry.remote(**reserved)
+            else:
+                rank_args, rank_kwargs = per_rank[i]
+                result = entry.remote(*rank_args, **rank_kwargs, **_slice_metas(rank_args, rank_kwargs), **reserved)
+            if plan.registration.returns_rows:
+                metas.append(result[0])
+                result = result[1]
+            hostset.note_task(result, number)
+            outputs.append(result)
+        self._hostset.pool.last_call = (self._hostset, metas or outputs)
+        return metas, outputs
+
+    def _remember_path(self, plan: MethodPlan, args: tuple, kwargs: dict) -> None:
+        """A method registered with remembers_path saves the role's state: keep where, for
+        session.recover."""
+        if plan.registration.remembers_path and (args or "path" in kwargs):
+            self._hostset.checkpoints[self.role] = str(kwargs.get("path", args[0] if args else None))
+
+    def _future(self, plan: MethodPlan, outputs: list, metas: list, tags: dict) -> DataFuture:
+        future: DataFuture = DataFuture(
+            CallInfo(self.role, plan.method, plan.ranks, self._hostset), outputs,
+            metas if plan.registration.returns_rows else None, plan.collect_ranks, plan.collect, self._hostset.mesh,
+        )
+        future.trace_tags = tags  # StepClock.launch adds the iteration and step
+        return future
 
     def __repr__(self) -> str:
         group = self._latest()
@@ -330,6 +427,15 @@ class WorkerGroup:
             return f"WorkerGroup({self.role!r}, removed: {group._removed})"
         state = ", DEAD" if group._hostset.dead is not None else ""
         return f"WorkerGroup({self.role!r}, {group._cls.__name__}, pool={group.pool.name!r}, {group.mesh}{state})"
+
+
+def _slice_metas(args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The metas of a rank's RemoteSlice inputs, as numbered reserved keyword arguments."""
+    metas = [
+        m for v in (*args, *kwargs.values())
+        if isinstance(v, RemoteSlice) and v.metas is not None for m in v.metas
+    ]
+    return {f"{META}{k:04d}": m for k, m in enumerate(metas)}
 
 
 def _whole(value: Any) -> Any:

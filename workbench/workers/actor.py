@@ -303,7 +303,7 @@ class ActorRolloutRefWorker(Worker):
         return max(1, self.config.mini_batch_size // self.mesh.dp)
 
     # ---- checkpoints -------------------------------------------------------------------------
-    @register(ONE_TO_ALL)
+    @register(ONE_TO_ALL, remembers_path=True)  # session.recover reloads the last path saved
     def save_checkpoint(self, path: str) -> str:
         """Sharded model + optimizer state under `path` (every rank writes its shard), with each
         rank's random generators and update count."""

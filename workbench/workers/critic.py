@@ -144,7 +144,7 @@ class CriticWorker(Worker):
         return mean_over_ranks({k if "/" in k else f"critic/{k}": v for k, v in metrics.items()})
 
     # ---- checkpoints -------------------------------------------------------------------------
-    @register(ONE_TO_ALL)
+    @register(ONE_TO_ALL, remembers_path=True)  # session.recover reloads the last path saved
     def save_checkpoint(self, path: str) -> str:
         """Sharded value model + optimizer state under `path`, and each rank's random generators."""
         self.engine.save(path)
