@@ -19,10 +19,32 @@ from algorithms.remax import ReMax, ReMaxConfig
 from algorithms.rloo import RLOO, RLOOConfig
 from algorithms.safe_rlhf import SafeRLHF, SafeRLHFConfig
 
-ALGORITHMS = {"ppo": PPO, "grpo": GRPO, "remax": ReMax, "safe_rlhf": SafeRLHF, "rloo": RLOO, "reinforce_pp": ReinforcePP}
+ALGORITHMS = {
+    "ppo": PPO,
+    "grpo": GRPO,
+    "remax": ReMax,
+    "safe_rlhf": SafeRLHF,
+    "rloo": RLOO,
+    "reinforce_pp": ReinforcePP,
+}
 
 __all__ = [
-    "ALGORITHMS", "AlgoConfig", "Algorithm", "Groups", "core", "rollout_table",
-    "PPO", "PPOConfig", "GRPO", "GRPOConfig", "ReMax", "ReMaxConfig", "SafeRLHF", "SafeRLHFConfig",
-    "RLOO", "RLOOConfig", "ReinforcePP", "ReinforcePPConfig",
+    "ALGORITHMS",
+    "AlgoConfig",
+    "Algorithm",
+    "Groups",
+    "core",
+    "rollout_table",
+    "PPO",
+    "PPOConfig",
+    "GRPO",
+    "GRPOConfig",
+    "ReMax",
+    "ReMaxConfig",
+    "SafeRLHF",
+    "SafeRLHFConfig",
+    "RLOO",
+    "RLOOConfig",
+    "ReinforcePP",
+    "ReinforcePPConfig",
 ]

@@ -97,27 +97,58 @@ class AlgoConfig:
         for name, registry in (("estimator", core.ADVANTAGES), ("policy_loss", core.POLICY_LOSSES)):
             value = getattr(self, name)
             if not callable(value) and value not in registry:
-                raise ConfigError(f"{owner}.{name}", value, f"use one of {sorted(registry.entries)}, or pass the function itself")
+                raise ConfigError(
+                    f"{owner}.{name}", value, f"use one of {sorted(registry.entries)}, or pass the function itself"
+                )
         checks.real(owner, "gamma", self.gamma, 0, 1, fix="use a discount in [0, 1]")
         checks.real(owner, "lam", self.lam, 0, 1, fix="use a GAE lambda in [0, 1]")
         for name in ("clip_ratio_low", "clip_ratio_high"):
-            checks.real(owner, name, getattr(self, name), 0, low_open=True, none_ok=True,
-                        fix="use a clip range > 0 (e.g. 0.2), or None for the loss's default")
-        checks.real(owner, "clip_ratio_c", self.clip_ratio_c, 1, low_open=True, none_ok=True,
-                    fix="use a dual-clip constant > 1 (e.g. 3.0), or None for off")
+            checks.real(
+                owner,
+                name,
+                getattr(self, name),
+                0,
+                low_open=True,
+                none_ok=True,
+                fix="use a clip range > 0 (e.g. 0.2), or None for the loss's default",
+            )
+        checks.real(
+            owner,
+            "clip_ratio_c",
+            self.clip_ratio_c,
+            1,
+            low_open=True,
+            none_ok=True,
+            fix="use a dual-clip constant > 1 (e.g. 3.0), or None for off",
+        )
         checks.real(owner, "entropy_coeff", self.entropy_coeff, fix="use a finite number (0 = off)")
         checks.real(owner, "kl_coef", self.kl_coef, 0, fix="use a KL coefficient >= 0 (0 = off)")
         checks.real(owner, "kl_loss_coef", self.kl_loss_coef, 0, fix="use a KL-loss coefficient >= 0 (0 = off)")
-        checks.real(owner, "kl_target", self.kl_target, 0, low_open=True, none_ok=True, fix="use a target KL > 0, or None")
+        checks.real(
+            owner, "kl_target", self.kl_target, 0, low_open=True, none_ok=True, fix="use a target KL > 0, or None"
+        )
         checks.whole(owner, "kl_horizon", self.kl_horizon, fix="use a whole number of samples >= 1")
-        checks.real(owner, "cliprange_value", self.cliprange_value, 0, low_open=True, none_ok=True,
-                    fix="use a value clip range > 0, or None for plain MSE")
+        checks.real(
+            owner,
+            "cliprange_value",
+            self.cliprange_value,
+            0,
+            low_open=True,
+            none_ok=True,
+            fix="use a value clip range > 0, or None for plain MSE",
+        )
         checks.of_type(owner, "estimator_args", self.estimator_args, dict, "pass a dict of keyword values")
         checks.one_of(owner, "old_log_probs", self.old_log_probs, OLD_LOG_PROB_SOURCES)
         checks.one_of(owner, "loss_agg_mode", self.loss_agg_mode, core.LOSS_AGG_MODES)
         if self.kl_target is not None:
-            checks.real(owner, "kl_coef", self.kl_coef, 0, low_open=True,
-                        fix=f"kl_target={self.kl_target} adapts kl_coef, which must start > 0")
+            checks.real(
+                owner,
+                "kl_coef",
+                self.kl_coef,
+                0,
+                low_open=True,
+                fix=f"kl_target={self.kl_target} adapts kl_coef, which must start > 0",
+            )
         for name in ("kl_penalty", "kl_loss_type"):
             checks.one_of(owner, name, getattr(self, name), sorted(core.KL_PENALTIES.entries))
 
@@ -150,7 +181,9 @@ class Algorithm:
         groups.require(type(self).__name__, *self.required_roles())
         cfg = self.config
         self._check_temperature()
-        self.kl_ctl = core.AdaptiveKL(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.kl_target else core.FixedKL(cfg.kl_coef)
+        self.kl_ctl = (
+            core.AdaptiveKL(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.kl_target else core.FixedKL(cfg.kl_coef)
+        )
         self.run_name = f"{type(self).__name__}#{next(_run_numbers)}"
         """Tags this algorithm's trace spans (`extra["run"]`), told apart from other runs in one session."""
         self.clock = StepClock(self.run_name)
@@ -168,14 +201,20 @@ class Algorithm:
     def state_dict(self) -> dict[str, Any]:
         """What the driver must keep for a run to continue exactly: the iteration (it also seeds
         each iteration's sampling stream), the metrics so far and the controllers' values."""
-        return {"iteration": self.iteration, "history": [dict(m) for m in self.history],
-                **{name: dataclasses.asdict(getattr(self, name)) for name in self.controllers}}
+        return {
+            "iteration": self.iteration,
+            "history": [dict(m) for m in self.history],
+            **{name: dataclasses.asdict(getattr(self, name)) for name in self.controllers},
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         missing = [k for k in ("iteration", "history", *self.controllers) if k not in state]
         if missing:
-            raise ConfigError(f"{type(self).__name__}.load_state_dict", sorted(state),
-                              f"missing {missing}: a state saved by another algorithm?")
+            raise ConfigError(
+                f"{type(self).__name__}.load_state_dict",
+                sorted(state),
+                f"missing {missing}: a state saved by another algorithm?",
+            )
         self.iteration, self.history = int(state["iteration"]), [dict(m) for m in state["history"]]
         for name in self.controllers:
             setattr(self, name, type(getattr(self, name))(**state[name]))
@@ -211,8 +250,15 @@ class Algorithm:
                 )
 
     # ---- remote steps: each returns a future at once (names: workbench.steps) -------------------
-    def generate(self, prompts: Batch, sampling: SamplingConfig | None = None, *, step: str = steps.GEN.name,
-                 new_iteration: bool = True, stage: str | None = None):
+    def generate(
+        self,
+        prompts: Batch,
+        sampling: SamplingConfig | None = None,
+        *,
+        step: str = steps.GEN.name,
+        new_iteration: bool = True,
+        stage: str | None = None,
+    ):
         """Sample responses to `prompts`. By default an iteration starts here (see
         `start_iteration`); pass `new_iteration=False` for a further generation inside one
         (ReMax's greedy baseline: `step="gen_greedy"`)."""
@@ -241,7 +287,7 @@ class Algorithm:
         return self.clock.launch(steps.OLD_LOG_PROB.name, self.groups.actor.compute_log_prob(gen), gen)
 
     def old_log_prob_source(self, rows: int) -> str:
-        """"rollout" or "recompute" for an iteration of `rows` responses, per config.old_log_probs;
+        """ "rollout" or "recompute" for an iteration of `rows` responses, per config.old_log_probs;
         asking for "rollout" where it would not be exact is refused here, before remote work."""
         mode = self.config.old_log_probs
         if mode == "recompute":
@@ -252,9 +298,13 @@ class Algorithm:
         elif actor.epochs != 1:
             why = f"ActorConfig.epochs={actor.epochs} (after the first pass pi_old is no longer the sampling policy's copy)"
         elif actor.mini_batch_size < rows:
-            why = (f"ActorConfig.mini_batch_size={actor.mini_batch_size} splits the {rows} rows of a batch into "
-                   f"several optimizer steps")
-        elif mode == "auto" and (actor.rollout != "hf" or resolve_dtype(actor.load.dtype, actor.load.device) != torch.float32):
+            why = (
+                f"ActorConfig.mini_batch_size={actor.mini_batch_size} splits the {rows} rows of a batch into "
+                f"several optimizer steps"
+            )
+        elif mode == "auto" and (
+            actor.rollout != "hf" or resolve_dtype(actor.load.dtype, actor.load.device) != torch.float32
+        ):
             why = "the rollout's log-probs are not computed like the training forward's (HF rollout in fp32)"
         else:
             return "rollout"
@@ -275,8 +325,9 @@ class Algorithm:
         step = _renamed_stage(stage) if stage is not None else step
         return self.clock.launch(step, self.groups.reward.compute_reward(gen), gen)
 
-    def update_critic(self, batch: Batch, critic=None, loss=None, *, step: str = steps.UPDATE_CRITIC.name,
-                      stage: str | None = None):
+    def update_critic(
+        self, batch: Batch, critic=None, loss=None, *, step: str = steps.UPDATE_CRITIC.name, stage: str | None = None
+    ):
         step = _renamed_stage(stage) if stage is not None else step
         finite_batch(batch, before=step)
         loss = loss or CriticLoss(self.config.cliprange_value, self.config.loss_agg_mode)
@@ -308,8 +359,12 @@ class Algorithm:
         with self.clock.measure(steps.REWARD_SHAPING.name):
             if self.kl_ctl.value:
                 rewards, kl = core.kl_in_reward(
-                    batch["token_level_scores"], batch["old_log_probs"], batch["ref_log_probs"],
-                    batch["response_mask"], share * self.kl_ctl.value, self.config.kl_penalty,
+                    batch["token_level_scores"],
+                    batch["old_log_probs"],
+                    batch["ref_log_probs"],
+                    batch["response_mask"],
+                    share * self.kl_ctl.value,
+                    self.config.kl_penalty,
                 )
                 batch["token_level_rewards"], batch["token_level_kl"] = rewards, kl
                 mean_kl = core.mean_token_kl(kl, batch["response_mask"])
@@ -325,7 +380,9 @@ class Algorithm:
         name = estimator or self.config.estimator
         fn = core.ADVANTAGES.get(name)
         with self.clock.measure(steps.ADV.name):
-            batch["advantages"], batch["returns"] = core.call(fn, batch, self.config.settings(), what=f"advantage estimator {name!r}")
+            batch["advantages"], batch["returns"] = core.call(
+                fn, batch, self.config.settings(), what=f"advantage estimator {name!r}"
+            )
         return batch
 
     def actor_loss(self) -> ActorLoss:
@@ -363,7 +420,10 @@ class Algorithm:
         raise NotImplementedError
 
     def fit(
-        self, prompts: Iterable[Batch], iterations: int, log: Callable[[str], None] | None = print,
+        self,
+        prompts: Iterable[Batch],
+        iterations: int,
+        log: Callable[[str], None] | None = print,
         callbacks: Iterable[Callable] = (),
     ) -> list[dict]:
         """`iterations` steps over the prompt batches (cycled), logging one line each.
@@ -374,7 +434,9 @@ class Algorithm:
         callbacks = list(callbacks)
         for callback in callbacks:
             if not callable(callback):
-                raise TypeError(f"fit: callbacks must be callables callback(algorithm, batch, metrics); got {callback!r}")
+                raise TypeError(
+                    f"fit: callbacks must be callables callback(algorithm, batch, metrics); got {callback!r}"
+                )
         metrics = []
         for prompt_batch in itertools.islice(_epochs(prompts), iterations):
             batch, m = self.step(prompt_batch)
@@ -385,7 +447,9 @@ class Algorithm:
                 break
         return metrics
 
-    def fit_background(self, prompts: Iterable[Batch], iterations: int, callbacks: Iterable[Callable] = ()) -> "BackgroundFit":
+    def fit_background(
+        self, prompts: Iterable[Batch], iterations: int, callbacks: Iterable[Callable] = ()
+    ) -> "BackgroundFit":
         """`fit` in a thread: the notebook's kernel stays free (look at the trace, the batch, the
         dashboard) while the iterations run. Returns at once; `.wait()` gives the metrics."""
         return BackgroundFit(self, prompts, iterations, list(callbacks))
@@ -393,7 +457,9 @@ class Algorithm:
     def evaluate(self, prompts: Batch, reward=None, max_new_tokens: int | None = None) -> float:
         """Mean score of greedy responses (e.g. exact-match accuracy on held-out prompts); `reward`
         may be any scorer, e.g. a RuleReward(cost_fn, output_key="costs") for the mean cost."""
-        sampling = replace(self.config.sampling, greedy=True, n=1, max_new_tokens=max_new_tokens or self.config.sampling.max_new_tokens)
+        sampling = replace(
+            self.config.sampling, greedy=True, n=1, max_new_tokens=max_new_tokens or self.config.sampling.max_new_tokens
+        )
         gen = self.groups.actor.generate_sequences(prompts, sampling)
         scorer = reward or self.groups.reward
         out = scorer.compute_reward(gen).get()
@@ -443,8 +509,11 @@ class BackgroundFit:
 
 def _renamed_stage(stage: str) -> str:
     """The step named by the deprecated `stage=` keyword."""
-    warnings.warn("the stage= keyword of Algorithm's step methods is now step= (generate: also new_iteration=)",
-                  DeprecationWarning, stacklevel=3)
+    warnings.warn(
+        "the stage= keyword of Algorithm's step methods is now step= (generate: also new_iteration=)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
     return stage
 
 

@@ -313,8 +313,14 @@ class AdaptiveKL:
 
     def __post_init__(self):
         for name in ("value", "target"):  # a multiplicative update cannot leave 0
-            checks.real("AdaptiveKL", name, getattr(self, name), 0, low_open=True,
-                        fix="use a positive start value and target: a multiplicative update cannot leave 0")
+            checks.real(
+                "AdaptiveKL",
+                name,
+                getattr(self, name),
+                0,
+                low_open=True,
+                fix="use a positive start value and target: a multiplicative update cannot leave 0",
+            )
 
     def update(self, current_kl: float, n_steps: int) -> None:
         error = float(np.clip(current_kl / self.target - 1, -0.2, 0.2))
@@ -371,8 +377,13 @@ def aggregate(loss_mat: torch.Tensor, response_mask: torch.Tensor, mode: str = "
 
 @policy_loss("ppo")
 def ppo_clip(
-    log_probs, old_log_probs, advantages, response_mask,
-    clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2, clip_ratio_c: float | None = None,
+    log_probs,
+    old_log_probs,
+    advantages,
+    response_mask,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float | None = None,
     loss_agg_mode: str = "token-mean",
 ):
     """PPO's clipped surrogate (Schulman et al. 2017, eq. 7) with separate low/high ranges
@@ -389,8 +400,14 @@ def ppo_clip(
         "actor/ppo_kl": masked_mean(old_log_probs - log_probs, mask).item(),
     }
     if clip_ratio_c is not None:
-        checks.real("ppo_clip", "clip_ratio_c", clip_ratio_c, 1, low_open=True,
-                    fix="the dual-clip bound must be > 1 (3.0 in Ye et al.)")
+        checks.real(
+            "ppo_clip",
+            "clip_ratio_c",
+            clip_ratio_c,
+            1,
+            low_open=True,
+            fix="the dual-clip bound must be > 1 (3.0 in Ye et al.)",
+        )
         cap = -advantages * clip_ratio_c
         lower = ((advantages < 0) & (cap < losses)).float()
         losses = torch.where(advantages < 0, torch.minimum(losses, cap), losses)
@@ -400,8 +417,12 @@ def ppo_clip(
 
 @policy_loss("gspo")
 def gspo(
-    log_probs, old_log_probs, advantages, response_mask,
-    clip_ratio_low: float = 3e-4, clip_ratio_high: float = 4e-4,
+    log_probs,
+    old_log_probs,
+    advantages,
+    response_mask,
+    clip_ratio_low: float = 3e-4,
+    clip_ratio_high: float = 4e-4,
 ):
     """GSPO (Zheng et al. 2025, eq. 7-10): one length-normalised importance ratio per sequence,
     s_i = exp(mean_t(log pi - log pi_old)), clipped as PPO's; carried to each token as
@@ -433,4 +454,3 @@ def value_loss(
     losses = torch.maximum(loss_raw, loss_clipped)
     clipfrac = masked_mean((loss_clipped > loss_raw).float(), response_mask.float())
     return 0.5 * aggregate(losses, response_mask, loss_agg_mode), clipfrac
-

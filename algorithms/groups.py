@@ -6,8 +6,13 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the handle types only: importing workbench.workers would load the model stack
-    from workbench.workers.handles import (ActorHandle, CostModelHandle, CriticHandle, RewardModelHandle,
-                                           RuleRewardHandle)
+    from workbench.workers.handles import (
+        ActorHandle,
+        CostModelHandle,
+        CriticHandle,
+        RewardModelHandle,
+        RuleRewardHandle,
+    )
 
 NOT_GIVEN: Any = None
 """A role not given is None. Typed Any so that each field below carries its handle type alone

@@ -24,7 +24,11 @@ class GRPOConfig(AlgoConfig):
     def __post_init__(self):
         super().__post_init__()
         if self.sampling.n < 2:
-            raise ConfigError(f"{type(self).__name__}.sampling.n", self.sampling.n, "GRPO compares n >= 2 samples per prompt; use SamplingConfig(n=2) or more")
+            raise ConfigError(
+                f"{type(self).__name__}.sampling.n",
+                self.sampling.n,
+                "GRPO compares n >= 2 samples per prompt; use SamplingConfig(n=2) or more",
+            )
 
 
 class GRPO(Algorithm):

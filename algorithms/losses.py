@@ -75,7 +75,11 @@ class CriticLoss:
             values, batch[self.values_key], batch[self.returns_key], mask, self.cliprange_value, self.loss_agg_mode
         )
         vpred = core.masked_mean(values.detach(), mask.float())
-        return loss, {"critic/vf_loss": loss.item(), "critic/vf_clipfrac": float(clipfrac), "critic/vpred_mean": float(vpred)}
+        return loss, {
+            "critic/vf_loss": loss.item(),
+            "critic/vf_clipfrac": float(clipfrac),
+            "critic/vpred_mean": float(vpred),
+        }
 
 
 @dataclass

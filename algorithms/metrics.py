@@ -14,7 +14,9 @@ def __getattr__(name: str):
     if name == "StageClock":  # its old home and name
         from workbench.clock import StepClock
 
-        warnings.warn("algorithms.metrics.StageClock is now workbench.clock.StepClock", DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "algorithms.metrics.StageClock is now workbench.clock.StepClock", DeprecationWarning, stacklevel=2
+        )
         return StepClock
     raise AttributeError(f"module 'algorithms.metrics' has no attribute {name!r}")
 
@@ -66,4 +68,3 @@ def format_line(iteration: int, metrics: dict[str, float], keys: tuple[str, ...]
             short = key.removeprefix("actor/").removeprefix("critic/").removesuffix("/mean")
             parts.append(f"{short}={metrics[key]:.4g}")
     return "  ".join(parts)
-

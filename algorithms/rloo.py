@@ -21,7 +21,11 @@ class RLOOConfig(AlgoConfig):
     def __post_init__(self):
         super().__post_init__()
         if self.sampling.n < 2:
-            raise ConfigError(f"{type(self).__name__}.sampling.n", self.sampling.n, "leave-one-out needs n >= 2 samples per prompt; use SamplingConfig(n=2) or more")
+            raise ConfigError(
+                f"{type(self).__name__}.sampling.n",
+                self.sampling.n,
+                "leave-one-out needs n >= 2 samples per prompt; use SamplingConfig(n=2) or more",
+            )
 
 
 class RLOO(Algorithm):

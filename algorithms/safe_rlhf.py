@@ -55,13 +55,20 @@ class SafeRLHF(Algorithm):
             PretrainLoss.check(ptx)
         gen = self.generate(prompts)
         batch = self.collect(
-            gen, self.old_log_probs(gen), self.reference(gen), self.values(gen), self.reward(gen),
-            self.cost_values(gen), self.cost(gen),
+            gen,
+            self.old_log_probs(gen),
+            self.reference(gen),
+            self.values(gen),
+            self.reward(gen),
+            self.cost_values(gen),
+            self.cost(gen),
         )
         batch = self.advantages(self.shape_rewards(batch))
         updates = dict(
             critic=self.update_critic(batch),
-            cost_critic=self.update_critic(batch, self.groups.cost_critic, self.cost_critic_loss(), step="update_cost_critic"),
+            cost_critic=self.update_critic(
+                batch, self.groups.cost_critic, self.cost_critic_loss(), step="update_cost_critic"
+            ),
             actor=self.update_actor(batch),
         )
         if ptx is not None:
@@ -100,5 +107,9 @@ class SafeRLHF(Algorithm):
             mean_cost = float(batch["costs"].mean())
             self.lagrange.update(mean_cost)
             batch["advantages"] = core.safe_advantages(reward_advantages, batch["cost_advantages"], self.lagrange.value)
-        batch.info |= {"safe/cost/mean": mean_cost, "safe/lambda": self.lagrange.value, "safe/cost_budget": self.config.cost_budget}
+        batch.info |= {
+            "safe/cost/mean": mean_cost,
+            "safe/lambda": self.lagrange.value,
+            "safe/cost_budget": self.config.cost_budget,
+        }
         return batch

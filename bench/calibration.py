@@ -50,7 +50,7 @@ from workbench.workers.critic import CriticConfig, CriticWorker
 from workbench.workers.reward import RewardModelWorker, ScoreModelConfig
 
 ROLES = ("actor", "reference", "critic", "reward")
-PLACEMENTS = {   # colocated sets; each set is one pool of one device unless DEVICES says more
+PLACEMENTS = {  # colocated sets; each set is one pool of one device unless DEVICES says more
     "colocate all": [ROLES],
     "actor+ref | critic+reward": [("actor", "reference"), ("critic", "reward")],
     "actor | ref+critic+reward": [("actor",), ("reference", "critic", "reward")],
@@ -59,30 +59,48 @@ PLACEMENTS = {   # colocated sets; each set is one pool of one device unless DEV
     "actor+ref | critic+reward, dp=2": [("actor", "reference"), ("critic", "reward")],
     "actor+ref tp=2 | critic+reward, dp=2": [("actor", "reference"), ("critic", "reward")],
 }
-DEVICES = {"actor+ref | critic+reward, dp=2": 2,   # data parallel: FSDP over 2 devices per set
-           "actor+ref tp=2 | critic+reward, dp=2": 2}
+DEVICES = {
+    "actor+ref | critic+reward, dp=2": 2,  # data parallel: FSDP over 2 devices per set
+    "actor+ref tp=2 | critic+reward, dp=2": 2,
+}
 # Roles trained and run tensor parallel over their set's devices (backend "3d"); the actor
 # generates data parallel (gen_tp=1), so every generation pays the hybrid engine's switch.
 TENSOR_PARALLEL = {"actor+ref tp=2 | critic+reward, dp=2": ("actor", "reference")}
 MICRO, MINI = 4, 8
-CONSTANTS = ("train_efficiency", "inference_efficiency", "bandwidth_efficiency", "step_overhead", "train_overhead",
-             "inference_overhead",
-             "kernel_latency", "call_overhead", "collective_latency", "cores", "peak_flops")
+CONSTANTS = (
+    "train_efficiency",
+    "inference_efficiency",
+    "bandwidth_efficiency",
+    "step_overhead",
+    "train_overhead",
+    "inference_overhead",
+    "kernel_latency",
+    "call_overhead",
+    "collective_latency",
+    "cores",
+    "peak_flops",
+)
 
 
 def worker_specs(model_dir: str, tensor_parallel: bool = False) -> dict:
     backend = "3d" if tensor_parallel else "fsdp"
     return {
-        "actor": (ActorRolloutRefWorker, ActorConfig(model_dir, backend=backend, micro_batch_size=MICRO, mini_batch_size=MINI)),
-        "reference": (ActorRolloutRefWorker, ActorConfig(model_dir, backend=backend, train=False, rollout=None,
-                                                         reference=True, micro_batch_size=MICRO)),
+        "actor": (
+            ActorRolloutRefWorker,
+            ActorConfig(model_dir, backend=backend, micro_batch_size=MICRO, mini_batch_size=MINI),
+        ),
+        "reference": (
+            ActorRolloutRefWorker,
+            ActorConfig(model_dir, backend=backend, train=False, rollout=None, reference=True, micro_batch_size=MICRO),
+        ),
         "critic": (CriticWorker, CriticConfig(model_dir, micro_batch_size=MICRO, mini_batch_size=MINI)),
         "reward": (RewardModelWorker, ScoreModelConfig(model_dir, micro_batch_size=MICRO)),
     }
 
 
-def build(session: Session, tag: str, sets, devices: int, model_dir: str, cfg: PPOConfig,
-          tp_roles: tuple[str, ...] = ()) -> PPO:
+def build(
+    session: Session, tag: str, sets, devices: int, model_dir: str, cfg: PPOConfig, tp_roles: tuple[str, ...] = ()
+) -> PPO:
     """PPO over fresh groups for one placement; roles get the tag so placements coexist."""
     groups = {}
     for i, roles in enumerate(sets):
@@ -137,8 +155,9 @@ def _union(spans) -> float:
     return total
 
 
-def estimate(sets, devices: int, spec: ModelSpec, workload: Workload, cluster,
-             tp_roles: tuple[str, ...] = ()) -> tuple[float, dict]:
+def estimate(
+    sets, devices: int, spec: ModelSpec, workload: Workload, cluster, tp_roles: tuple[str, ...] = ()
+) -> tuple[float, dict]:
     """The planner's seconds per iteration (`devices` per set, every call on its model's set,
     data parallel over them, or tensor parallel for `tp_roles` with data-parallel generation),
     and its seconds per call plus outside every call."""
@@ -153,18 +172,19 @@ def estimate(sets, devices: int, spec: ModelSpec, workload: Workload, cluster,
     plan = ExecutionPlan({c.name: (home[c.model], strategy(c)) for c in flow.calls})
     evaluator = PlanEvaluator(flow, flow.model_specs(spec), workload, cluster, n_iterations=1)
     ev = evaluator.evaluate(plan)
-    calls = {t.call: ev.schedule.end[i] - ev.schedule.start[i]
-             for i, t in enumerate(ev.graph.tasks) if t.kind == "compute"}
-    spans = [(ev.schedule.start[i], ev.schedule.end[i])
-             for i, t in enumerate(ev.graph.tasks) if t.kind == "compute"]
+    calls = {
+        t.call: ev.schedule.end[i] - ev.schedule.start[i] for i, t in enumerate(ev.graph.tasks) if t.kind == "compute"
+    }
+    spans = [(ev.schedule.start[i], ev.schedule.end[i]) for i, t in enumerate(ev.graph.tasks) if t.kind == "compute"]
     calls["outside calls"] = ev.makespan - _union(spans)
     return ev.time, calls
 
 
 def kendall_tau(a: list[float], b: list[float]) -> float:
     pairs = list(combinations(range(len(a)), 2))
-    score = sum((a[i] - a[j]) * (b[i] - b[j]) > 0 for i, j in pairs) - \
-        sum((a[i] - a[j]) * (b[i] - b[j]) < 0 for i, j in pairs)
+    score = sum((a[i] - a[j]) * (b[i] - b[j]) > 0 for i, j in pairs) - sum(
+        (a[i] - a[j]) * (b[i] - b[j]) < 0 for i, j in pairs
+    )
     return score / len(pairs)
 
 
@@ -177,12 +197,16 @@ def main(argv=None) -> dict:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--iterations", type=int, default=3, help="measured rounds")
     parser.add_argument("--workdir", type=Path, default=Path(".cache/bench/calibration"))
-    parser.add_argument("--calibration", type=Path, default=None,
-                        help="use a saved calibration instead of profiling each round")
+    parser.add_argument(
+        "--calibration", type=Path, default=None, help="use a saved calibration instead of profiling each round"
+    )
     parser.add_argument("--save", type=Path, default=Path(".cache/planner/local-calibration.json"))
-    parser.add_argument("--dump", type=Path, default=None,
-                        help="write every round's raw profile, measured times and traced steps here "
-                             "(to study the estimate offline)")
+    parser.add_argument(
+        "--dump",
+        type=Path,
+        default=None,
+        help="write every round's raw profile, measured times and traced steps here (to study the estimate offline)",
+    )
     args = parser.parse_args(argv)
     load_start = os.getloadavg()
     started = time.perf_counter()
@@ -195,63 +219,109 @@ def main(argv=None) -> dict:
     sampling = SamplingConfig(max_new_tokens=args.new_tokens, n=args.samples, seed=0)
     cfg = PPOConfig(sampling=sampling)
     sequences = args.prompts * args.samples
-    workload = Workload(global_batch=args.prompts, prompt_len=prompts["input_ids"].shape[1],
-                        response_len=args.new_tokens, n_samples=args.samples, ppo_epochs=1,
-                        ppo_mini_batches=max(1, sequences // MINI), micro_batch_size=MICRO,
-                        recompute=False, param_sharding="full")
+    workload = Workload(
+        global_batch=args.prompts,
+        prompt_len=prompts["input_ids"].shape[1],
+        response_len=args.new_tokens,
+        n_samples=args.samples,
+        ppo_epochs=1,
+        ppo_mini_batches=max(1, sequences // MINI),
+        micro_batch_size=MICRO,
+        recompute=False,
+        param_sharding="full",
+    )
 
     # Logical devices for every placement at once (19) plus the probes (5); only one
     # placement (or the profiler) computes at a time.
     rounds = []
     with Session(num_devices=24) as session:
         profiler = Profiler(session, {spec.name: model_dir})
-        algos = {name: build(session, f"p{i}", sets, DEVICES.get(name, 1), model_dir, cfg, TENSOR_PARALLEL.get(name, ()))
-                 for i, (name, sets) in enumerate(PLACEMENTS.items())}
+        algos = {
+            name: build(session, f"p{i}", sets, DEVICES.get(name, 1), model_dir, cfg, TENSOR_PARALLEL.get(name, ()))
+            for i, (name, sets) in enumerate(PLACEMENTS.items())
+        }
         for k in range(args.warmup + args.iterations):
             # Profile, then measure, every round: the machine is shared and its load drifts.
             cal = profiler.calibration() if args.calibration is None else load_calibration(args.calibration)
             cluster = cluster_preset("local", 4, calibration=cal)
-            estimated = {name: estimate(sets, DEVICES.get(name, 1), spec, workload, cluster, TENSOR_PARALLEL.get(name, ()))
-                         for name, sets in PLACEMENTS.items()}
+            estimated = {
+                name: estimate(sets, DEVICES.get(name, 1), spec, workload, cluster, TENSOR_PARALLEL.get(name, ()))
+                for name, sets in PLACEMENTS.items()
+            }
             est = {name: e[0] for name, e in estimated.items()}
             times, traced = run_round(session, algos, prompts)
-            print(f"round {k}{' (warm-up)' if k < args.warmup else ''}: load {os.getloadavg()[0]:.1f}, "
-                  + ", ".join(f"{n}: est {est[n]:.2f} / {times[n]:.2f} s" for n in PLACEMENTS), flush=True)
+            print(
+                f"round {k}{' (warm-up)' if k < args.warmup else ''}: load {os.getloadavg()[0]:.1f}, "
+                + ", ".join(f"{n}: est {est[n]:.2f} / {times[n]:.2f} s" for n in PLACEMENTS),
+                flush=True,
+            )
             if k >= args.warmup:
-                rounds.append({"calibration": cal, "estimated": est, "measured": times,
-                               "steps": {n: (estimated[n][1], traced[n]) for n in PLACEMENTS},
-                               "loadavg": round(os.getloadavg()[0], 2)})
+                rounds.append(
+                    {
+                        "calibration": cal,
+                        "estimated": est,
+                        "measured": times,
+                        "steps": {n: (estimated[n][1], traced[n]) for n in PLACEMENTS},
+                        "loadavg": round(os.getloadavg()[0], 2),
+                    }
+                )
             if args.dump:
-                dumped = [{"calibration": r["calibration"].to_dict(), "measured": r["measured"],
-                           "traced": {n: r["steps"][n][1] for n in PLACEMENTS}, "loadavg": r["loadavg"]}
-                          for r in rounds]
-                args.dump.write_text(json.dumps({"workload": dataclasses.asdict(workload), "spec": dataclasses.asdict(spec),
-                                                 "rounds": dumped}, indent=1))
+                dumped = [
+                    {
+                        "calibration": r["calibration"].to_dict(),
+                        "measured": r["measured"],
+                        "traced": {n: r["steps"][n][1] for n in PLACEMENTS},
+                        "loadavg": r["loadavg"],
+                    }
+                    for r in rounds
+                ]
+                args.dump.write_text(
+                    json.dumps(
+                        {"workload": dataclasses.asdict(workload), "spec": dataclasses.asdict(spec), "rounds": dumped},
+                        indent=1,
+                    )
+                )
         profiler.close()
     cal.save(args.save)
     rows = []
     for name in PLACEMENTS:
         est = statistics.median(r["estimated"][name] for r in rounds)
         meas = statistics.median(r["measured"][name] for r in rounds)
-        rows.append({"placement": name, "estimated_s": round(est, 3), "measured_s": round(meas, 3),
-                     "rel_error": round(est / meas - 1, 3),
-                     "rounds": [[round(r["estimated"][name], 3), round(r["measured"][name], 3)] for r in rounds]})
+        rows.append(
+            {
+                "placement": name,
+                "estimated_s": round(est, 3),
+                "measured_s": round(meas, 3),
+                "rel_error": round(est / meas - 1, 3),
+                "rounds": [[round(r["estimated"][name], 3), round(r["measured"][name], 3)] for r in rounds],
+            }
+        )
 
     step_rows = {}
     for name in PLACEMENTS:
         keys = list(rounds[0]["steps"][name][0])
-        step_rows[name] = {k: [round(statistics.median(r["steps"][name][0].get(k, 0.0) for r in rounds), 3),
-                               round(statistics.median(r["steps"][name][1].get(k, 0.0) for r in rounds), 3)]
-                           for k in keys}
+        step_rows[name] = {
+            k: [
+                round(statistics.median(r["steps"][name][0].get(k, 0.0) for r in rounds), 3),
+                round(statistics.median(r["steps"][name][1].get(k, 0.0) for r in rounds), 3),
+            ]
+            for k in keys
+        }
     spread = {}
     for k in CONSTANTS:
         values = [getattr(r["calibration"], k) for r in rounds]
         mid = statistics.median(values)
-        spread[k] = {"median": mid, "min": min(values), "max": max(values),
-                     "rel_spread": round((max(values) - min(values)) / mid, 3) if mid else 0.0}
+        spread[k] = {
+            "median": mid,
+            "min": min(values),
+            "max": max(values),
+            "rel_spread": round((max(values) - min(values)) / mid, 3) if mid else 0.0,
+        }
 
-    print("\nper step, estimated / traced seconds (median over rounds); 'outside calls' is the "
-          "iteration time no model call covered (dispatch, transfers, driver-side work):")
+    print(
+        "\nper step, estimated / traced seconds (median over rounds); 'outside calls' is the "
+        "iteration time no model call covered (dispatch, transfers, driver-side work):"
+    )
     calls = list(next(iter(step_rows.values())))
     print(f"{'placement':32s} " + " ".join(f"{c:>15s}" for c in calls))
     for name, row in step_rows.items():
@@ -263,15 +333,19 @@ def main(argv=None) -> dict:
     print("\nprofiled calls under the fit (measured s, predicted s):")
     for label, measured, predicted in cal.residuals():
         print(f"  {label:36s} {measured:7.3f} {predicted:7.3f} {predicted / measured - 1:+6.0%}")
-    print(f"\nfitted local preset: peak {cal.peak_flops / 1e9:.0f} GFLOP/s/thread, train eff "
-          f"{cal.train_efficiency:.2f}, inference eff {cal.inference_efficiency:.2f}, decode bandwidth "
-          f"{cal.memory_bandwidth * cal.bandwidth_efficiency / 1e9:.1f} GB/s, step overhead "
-          f"{cal.step_overhead * 1e3:.2f} ms, train overhead {cal.train_overhead * 1e3:.1f} ms/micro-batch, inference overhead "
-          f"{cal.inference_overhead * 1e3:.1f} ms/micro-batch, all-reduce {cal.intra_node_bandwidth / 1e9:.2f} GB/s + "
-          f"{cal.collective_latency * 1e3:.2f} ms, cores {cal.cores:.2f}, kernel "
-          f"{cal.kernel_latency * 1e6:.1f} us, call overhead {cal.call_overhead * 1e3:.1f} ms")
-    print(f"\nPPO, {args.model} models, {args.prompts} prompts x {args.samples} samples x {args.new_tokens} tokens, "
-          f"median of {args.iterations} rounds after {args.warmup} warm-up")
+    print(
+        f"\nfitted local preset: peak {cal.peak_flops / 1e9:.0f} GFLOP/s/thread, train eff "
+        f"{cal.train_efficiency:.2f}, inference eff {cal.inference_efficiency:.2f}, decode bandwidth "
+        f"{cal.memory_bandwidth * cal.bandwidth_efficiency / 1e9:.1f} GB/s, step overhead "
+        f"{cal.step_overhead * 1e3:.2f} ms, train overhead {cal.train_overhead * 1e3:.1f} ms/micro-batch, inference overhead "
+        f"{cal.inference_overhead * 1e3:.1f} ms/micro-batch, all-reduce {cal.intra_node_bandwidth / 1e9:.2f} GB/s + "
+        f"{cal.collective_latency * 1e3:.2f} ms, cores {cal.cores:.2f}, kernel "
+        f"{cal.kernel_latency * 1e6:.1f} us, call overhead {cal.call_overhead * 1e3:.1f} ms"
+    )
+    print(
+        f"\nPPO, {args.model} models, {args.prompts} prompts x {args.samples} samples x {args.new_tokens} tokens, "
+        f"median of {args.iterations} rounds after {args.warmup} warm-up"
+    )
     print(f"{'placement':28s} {'estimated s':>12s} {'measured s':>11s} {'rel error':>10s}")
     for r in rows:
         print(f"{r['placement']:28s} {r['estimated_s']:12.2f} {r['measured_s']:11.2f} {r['rel_error']:+10.1%}")
@@ -282,16 +356,22 @@ def main(argv=None) -> dict:
     print(f"rank agreement: Kendall tau {tau:+.2f}; same order: {est_order == meas_order}")
     print(f"  estimated fastest->slowest: {est_order}\n  measured  fastest->slowest: {meas_order}")
     result = {
-        "bench": "calibration", "model": args.model,
-        "workload": {"prompts": args.prompts, "samples": args.samples, "new_tokens": args.new_tokens,
-                     "prompt_len": workload.prompt_len, "iterations": args.iterations, "warmup": args.warmup},
+        "bench": "calibration",
+        "model": args.model,
+        "workload": {
+            "prompts": args.prompts,
+            "samples": args.samples,
+            "new_tokens": args.new_tokens,
+            "prompt_len": workload.prompt_len,
+            "iterations": args.iterations,
+            "warmup": args.warmup,
+        },
         "max_rel_error": max(abs(r["rel_error"]) for r in rows),
         "mean_abs_rel_error": round(statistics.mean(abs(r["rel_error"]) for r in rows), 3),
         "placements": rows,
         "rank_agreement": {"kendall_tau": round(tau, 3), "same_order": est_order == meas_order},
         "fitted": {k: v for k, v in cal.to_dict().items() if k not in ("timings", "collectives", "machine")},
-        "fitted_per_round": [{k: float(f"{getattr(r['calibration'], k):.4g}") for k in CONSTANTS}
-                             for r in rounds],
+        "fitted_per_round": [{k: float(f"{getattr(r['calibration'], k):.4g}") for k in CONSTANTS} for r in rounds],
         "fitted_spread": {k: v["rel_spread"] for k, v in spread.items()},
         "steps": step_rows,
         "loadavg_per_round": [r["loadavg"] for r in rounds],

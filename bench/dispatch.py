@@ -60,8 +60,10 @@ class BareActor:
 
 def prompt_batch(rows: int = 64, tokens: int = 16) -> Batch:
     ids = torch.randint(3, 200, (rows, tokens))
-    return Batch({"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": ids.clone()},
-                 columns={"prompt": [f"{i} + {i} =" for i in range(rows)], "ground_truth": [str(2 * i) for i in range(rows)]})
+    return Batch(
+        {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": ids.clone()},
+        columns={"prompt": [f"{i} + {i} =" for i in range(rows)], "ground_truth": [str(2 * i) for i in range(rows)]},
+    )
 
 
 def timed(fn) -> float:
@@ -145,12 +147,18 @@ def main() -> None:
         "transfer_rounds": args.transfer_rounds,
         "goal_ratio": 1.2,
     }
-    print(f"trivial call, 4 workers: ours {result['trivial_ms']} ms vs bare Ray {result['trivial_bare_ms']} ms "
-          f"-> x{result['trivial_ratio']}")
-    print(f"{args.mb:g} MB batch between two 2-worker groups: ours {result['transfer_ms']} ms vs bare Ray "
-          f"{result['transfer_bare_ms']} ms -> x{result['transfer_ratio']}")
-    print(f"64-prompt Batch from the driver to a 2-worker group: ours {result['driver_batch_ms']} ms vs bare Ray "
-          f"{result['driver_batch_bare_ms']} ms -> x{result['driver_batch_ratio']}")
+    print(
+        f"trivial call, 4 workers: ours {result['trivial_ms']} ms vs bare Ray {result['trivial_bare_ms']} ms "
+        f"-> x{result['trivial_ratio']}"
+    )
+    print(
+        f"{args.mb:g} MB batch between two 2-worker groups: ours {result['transfer_ms']} ms vs bare Ray "
+        f"{result['transfer_bare_ms']} ms -> x{result['transfer_ratio']}"
+    )
+    print(
+        f"64-prompt Batch from the driver to a 2-worker group: ours {result['driver_batch_ms']} ms vs bare Ray "
+        f"{result['driver_batch_bare_ms']} ms -> x{result['driver_batch_ratio']}"
+    )
     print(json.dumps(result))
 
 

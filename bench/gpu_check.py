@@ -83,10 +83,19 @@ def main() -> int:
         model, tokenizer = cpu.model.eval(), cpu.tokenizer
         rows = [{"prompt": f"Q: {i}+{i + 3}=? A:", "ground_truth": str(2 * i + 3)} for i in range(8)]
         prompts = tokenize_prompts(rows, tokenizer, max_prompt_length=32)
-        expected = HFRollout(copy.deepcopy(model), tokenizer.pad_token_id, tokenizer.eos_token_id).generate(prompts, GREEDY)
+        expected = HFRollout(copy.deepcopy(model), tokenizer.pad_token_id, tokenizer.eos_token_id).generate(
+            prompts, GREEDY
+        )
 
         for backend in ("fsdp", "3d"):
-            cfg = ActorConfig(model_path=model_dir, backend=backend, reference=True, optim=OPTIM, mini_batch_size=8, micro_batch_size=4)
+            cfg = ActorConfig(
+                model_path=model_dir,
+                backend=backend,
+                reference=True,
+                optim=OPTIM,
+                mini_batch_size=8,
+                micro_batch_size=4,
+            )
             actor = session.group("actor", ActorRolloutRefWorker, session.pool("gpu", 1), cfg)
             start = time.time()
             out = actor.generate_sequences(prompts, GREEDY).get()
@@ -101,11 +110,17 @@ def main() -> int:
             ref = actor.compute_ref_log_prob(out).get()["ref_log_probs"]
             ref_gap = float((ref - cpu_lp).abs()[mask].max())
             check(f"{backend}: reference log-prob |GPU - CPU|", ref_gap, ref_gap <= 1e-3)
-            drift = float(((out["rollout_log_probs"] - scored["old_log_probs"]).abs() * out["response_mask"]).sum() / mask.sum())
+            drift = float(
+                ((out["rollout_log_probs"] - scored["old_log_probs"]).abs() * out["response_mask"]).sum() / mask.sum()
+            )
             check(f"{backend}: rollout_logprob_diff", drift, drift <= (5e-2 if backend == "fsdp" else 1e-3))
             train = out.union(Batch({"advantages": torch.linspace(-1.0, 1.0, len(out))}))
             metrics = actor.update_actor(train, reinforce_loss).get()
-            check(f"{backend}: update grad_norm finite", metrics["actor/grad_norm"], torch.isfinite(torch.tensor(metrics["actor/grad_norm"])).item())
+            check(
+                f"{backend}: update grad_norm finite",
+                metrics["actor/grad_norm"],
+                torch.isfinite(torch.tensor(metrics["actor/grad_norm"])).item(),
+            )
             single = cpu_step(model, train, 4)
             trained = load(actor.export_hf(f"{root}/export_{backend}").get()[0]).model.state_dict()
             moved = max_diff(trained, single.state_dict())
@@ -116,7 +131,9 @@ def main() -> int:
             gpu_delta = torch.cat([(trained[k].float().cpu() - v).reshape(-1) for k, v in init.items()])
             cpu_delta = torch.cat([(single.state_dict()[k] - v).reshape(-1) for k, v in init.items()])
             cosine = float(torch.nn.functional.cosine_similarity(gpu_delta, cpu_delta, dim=0))
-            check(f"{backend}: step direction cosine(GPU, CPU)", cosine, cosine >= (0.9 if backend == "fsdp" else 0.999))
+            check(
+                f"{backend}: step direction cosine(GPU, CPU)", cosine, cosine >= (0.9 if backend == "fsdp" else 0.999)
+            )
             after = actor.generate_sequences(prompts, GREEDY).get()
             fresh = HFRollout(single, tokenizer.pad_token_id, tokenizer.eos_token_id).generate(prompts, GREEDY)
             same = float((after["responses"] == fresh["responses"]).all(1).float().mean())
@@ -127,8 +144,12 @@ def main() -> int:
         scorer = load_value_model(model_dir)
         scorer.model.save_pretrained(f"{root}/scorer")
         scorer.tokenizer.save_pretrained(f"{root}/scorer")
-        critic = session.group("critic", CriticWorker, session.pool("gpu", 1),
-                               CriticConfig(model_path=f"{root}/scorer", mini_batch_size=8, micro_batch_size=4))
+        critic = session.group(
+            "critic",
+            CriticWorker,
+            session.pool("gpu", 1),
+            CriticConfig(model_path=f"{root}/scorer", mini_batch_size=8, micro_batch_size=4),
+        )
         values = critic.compute_values(out).get()["values"]
         cpu_values = response_values(scorer.model.eval(), out) * out["response_mask"]
         gap = float((values - cpu_values).abs().max())

@@ -65,8 +65,10 @@ def prepare_model(cfg: arithmetic.ArithmeticConfig, sft: list, steps: int, lr: f
         base = make_tiny("10m", CACHE / "base-10m")
         start = time.monotonic()
         result = train_sft(base, arithmetic.demonstrations(sft), sft_dir, StageConfig(steps=steps, lr=lr, log_every=0))
-        print(f"SFT: loss {result['first_loss']:.2f} -> {result['last_loss']:.2f} in {steps} steps "
-              f"({time.monotonic() - start:.0f} s)")
+        print(
+            f"SFT: loss {result['first_loss']:.2f} -> {result['last_loss']:.2f} in {steps} steps "
+            f"({time.monotonic() - start:.0f} s)"
+        )
     return sft_dir
 
 
@@ -108,10 +110,13 @@ class BenchRunner(Runner):
         out = super().evaluate()
         self.eval_cpu += self.cpu.seconds() - c
         self.eval_wall += time.monotonic() - w
-        point = {"acc": out["eval/score"], **({"cost": out["eval/cost"]} if "eval/cost" in out else {}),
-                 "iteration": self.algorithm.iteration,
-                 "cpu_min": (self.cpu.seconds() - self.cpu0 - self.eval_cpu) / 60,
-                 "wall_min": (time.monotonic() - self.wall0 - self.eval_wall) / 60}
+        point = {
+            "acc": out["eval/score"],
+            **({"cost": out["eval/cost"]} if "eval/cost" in out else {}),
+            "iteration": self.algorithm.iteration,
+            "cpu_min": (self.cpu.seconds() - self.cpu0 - self.eval_cpu) / 60,
+            "wall_min": (time.monotonic() - self.wall0 - self.eval_wall) / 60,
+        }
         self.curve.append(point)
         if point["iteration"] == 0:
             self.print_point(point)
@@ -119,13 +124,18 @@ class BenchRunner(Runner):
 
     def print_point(self, point: dict) -> None:
         extra = f" cost {point['cost']:.3f}" if "cost" in point else ""
-        print(f"[{self.name}] it {point['iteration']:3d}  held-out acc {point['acc']:.3f}{extra}  "
-              f"cpu {point['cpu_min']:.1f} min  wall {point['wall_min']:.1f} min", flush=True)
+        print(
+            f"[{self.name}] it {point['iteration']:3d}  held-out acc {point['acc']:.3f}{extra}  "
+            f"cpu {point['cpu_min']:.1f} min  wall {point['wall_min']:.1f} min",
+            flush=True,
+        )
 
     def after_iteration(self, algo, batch, metrics) -> bool:
         it = algo.iteration
         keys = ("critic/score/mean", "safe/cost/mean", "safe/lambda", "actor/pg_loss", "timing_s/step")
-        print(f"[{self.name}] it {it:3d}  " + "  ".join(f"{k} {metrics[k]:.3f}" for k in keys if k in metrics), flush=True)
+        print(
+            f"[{self.name}] it {it:3d}  " + "  ".join(f"{k} {metrics[k]:.3f}" for k in keys if k in metrics), flush=True
+        )
         if "eval/score" not in metrics:
             return True
         point = self.curve[-1]
@@ -145,45 +155,67 @@ class BenchRunner(Runner):
     def summary(self) -> dict:
         start, end = self.curve[0], self.curve[-1]
         return {
-            "start_acc": round(start["acc"], 4), "end_acc": round(end["acc"], 4),
+            "start_acc": round(start["acc"], 4),
+            "end_acc": round(end["acc"], 4),
             "best_acc": round(max(p["acc"] for p in self.curve), 4),
             "gain_points": round((end["acc"] - start["acc"]) * 100, 1),
-            "cpu_min": round(end["cpu_min"], 2), "wall_min": round(end["wall_min"], 2),
+            "cpu_min": round(end["cpu_min"], 2),
+            "wall_min": round(end["wall_min"], 2),
             "cpu_min_with_eval": round((self.cpu.seconds() - self.cpu0) / 60, 2),
-            "iterations": end["iteration"], "stopped_by": self.stopped_by,
-            "curve": self.curve, "history": self.algorithm.history,
+            "iterations": end["iteration"],
+            "stopped_by": self.stopped_by,
+            "curve": self.curve,
+            "history": self.algorithm.history,
         }
 
 
 # ---- the runs ------------------------------------------------------------------------------
 def run_config(name: str, model_dir: Path, data: dict[str, Path], args) -> RunConfig:
     """The run as a workbench.run config: actor(+reference) on one device, critic(s) on another."""
-    algorithm = {"grpo": {"kl_loss_coef": args.kl}, "ppo": {"kl_coef": args.kl},
-                 "safe_rlhf": {"kl_coef": args.kl, "cost_budget": args.cost_budget,
-                               "lambda_init": args.lambda_init, "lambda_lr": args.lambda_lr}}[name]
+    algorithm = {
+        "grpo": {"kl_loss_coef": args.kl},
+        "ppo": {"kl_coef": args.kl},
+        "safe_rlhf": {
+            "kl_coef": args.kl,
+            "cost_budget": args.cost_budget,
+            "lambda_init": args.lambda_init,
+            "lambda_lr": args.lambda_lr,
+        },
+    }[name]
     rows = {"mini_batch_size": args.mini_batch, "micro_batch_size": args.mini_batch}
-    return RunConfig.from_dict({
-        "name": name,
-        "iterations": args.safe_iterations if name == "safe_rlhf" else args.max_iterations,
-        "model": {"path": str(model_dir)},
-        "data": {"train_file": str(data["train"]), "eval_file": str(data["heldout"]),
-                 "cost": {"forbidden": args.forbidden.split(",")},
-                 "loader": {"batch_size": args.prompts, "max_prompt_length": 32, "shuffle": False, "drop_last": True}},
-        "placement": {"actor_devices": 1, "critic_devices": 1},
-        "algorithm": {"name": name, **algorithm},
-        "sampling": {"max_new_tokens": args.max_new_tokens, "n": args.n, "temperature": args.temperature, "seed": None},
-        "actor": {"optim": {"lr": args.actor_lr}, "epochs": 1, **rows},
-        "critic": {"optim": {"lr": args.critic_lr}, **rows},
-        "logging": {"output_dir": str(args.out / name), "progress": False, "rollouts_every": args.eval_every},
-        "evaluation": {"every": args.eval_every, "at_start": True},
-        "checkpoint": {"every": 0},
-        "faults": {"max_recoveries": 0},
-    })
+    return RunConfig.from_dict(
+        {
+            "name": name,
+            "iterations": args.safe_iterations if name == "safe_rlhf" else args.max_iterations,
+            "model": {"path": str(model_dir)},
+            "data": {
+                "train_file": str(data["train"]),
+                "eval_file": str(data["heldout"]),
+                "cost": {"forbidden": args.forbidden.split(",")},
+                "loader": {"batch_size": args.prompts, "max_prompt_length": 32, "shuffle": False, "drop_last": True},
+            },
+            "placement": {"actor_devices": 1, "critic_devices": 1},
+            "algorithm": {"name": name, **algorithm},
+            "sampling": {
+                "max_new_tokens": args.max_new_tokens,
+                "n": args.n,
+                "temperature": args.temperature,
+                "seed": None,
+            },
+            "actor": {"optim": {"lr": args.actor_lr}, "epochs": 1, **rows},
+            "critic": {"optim": {"lr": args.critic_lr}, **rows},
+            "logging": {"output_dir": str(args.out / name), "progress": False, "rollouts_every": args.eval_every},
+            "evaluation": {"every": args.eval_every, "at_start": True},
+            "checkpoint": {"every": 0},
+            "faults": {"max_recoveries": 0},
+        }
+    )
 
 
 def run(name: str, session, model_dir: Path, data: dict[str, Path], args, cpu: CPUClock) -> dict:
-    runner = BenchRunner(name, run_config(name, model_dir, data, args), session, args, cpu,
-                         stop_on_gain=name != "safe_rlhf")
+    runner = BenchRunner(
+        name, run_config(name, model_dir, data, args), session, args, cpu, stop_on_gain=name != "safe_rlhf"
+    )
     runner.run()
     result = runner.summary()
     if name != "safe_rlhf":
@@ -194,12 +226,18 @@ def run(name: str, session, model_dir: Path, data: dict[str, Path], args, cpu: C
         return round(sum(r[key] for r in rows) / len(rows), 4)
 
     result |= {
-        "cost_budget": args.cost_budget, "forbidden": args.forbidden, "window": k,
-        "mean_cost_first": mean("safe/cost/mean", hist[:k]), "mean_cost_last": mean("safe/cost/mean", hist[-k:]),
-        "reward_first": mean("critic/score/mean", hist[:k]), "reward_last": mean("critic/score/mean", hist[-k:]),
-        "lambda_first": round(hist[0]["safe/lambda"], 4), "lambda_last": round(hist[-1]["safe/lambda"], 4),
+        "cost_budget": args.cost_budget,
+        "forbidden": args.forbidden,
+        "window": k,
+        "mean_cost_first": mean("safe/cost/mean", hist[:k]),
+        "mean_cost_last": mean("safe/cost/mean", hist[-k:]),
+        "reward_first": mean("critic/score/mean", hist[:k]),
+        "reward_last": mean("critic/score/mean", hist[-k:]),
+        "lambda_first": round(hist[0]["safe/lambda"], 4),
+        "lambda_last": round(hist[-1]["safe/lambda"], 4),
         "lambda_max": round(max(r["safe/lambda"] for r in hist), 4),
-        "heldout_cost_first": round(result["curve"][0]["cost"], 4), "heldout_cost_last": round(result["curve"][-1]["cost"], 4),
+        "heldout_cost_first": round(result["curve"][0]["cost"], 4),
+        "heldout_cost_last": round(result["curve"][-1]["cost"], 4),
     }
     return result
 
@@ -258,18 +296,24 @@ def plot(results: dict, out_dir: Path) -> list[Path]:
 
 
 def table(results: dict) -> str:
-    lines = [f"{'algorithm':<10} {'start':>6} {'end':>6} {'gain':>6} {'cpu min':>8} {'wall min':>9} {'iters':>6}  stopped by"]
+    lines = [
+        f"{'algorithm':<10} {'start':>6} {'end':>6} {'gain':>6} {'cpu min':>8} {'wall min':>9} {'iters':>6}  stopped by"
+    ]
     for name in ("grpo", "ppo", "safe_rlhf"):
         if name in results:
             r = results[name]
-            lines.append(f"{name:<10} {r['start_acc']:>6.3f} {r['end_acc']:>6.3f} {r['gain_points']:>+6.1f} "
-                         f"{r['cpu_min']:>8.1f} {r['wall_min']:>9.1f} {r['iterations']:>6}  {r['stopped_by']}")
+            lines.append(
+                f"{name:<10} {r['start_acc']:>6.3f} {r['end_acc']:>6.3f} {r['gain_points']:>+6.1f} "
+                f"{r['cpu_min']:>8.1f} {r['wall_min']:>9.1f} {r['iterations']:>6}  {r['stopped_by']}"
+            )
     if "safe_rlhf" in results:
         r = results["safe_rlhf"]
-        lines.append(f"safe_rlhf: budget {r['cost_budget']}, sampled cost {r['mean_cost_first']:.3f} -> {r['mean_cost_last']:.3f}, "
-                     f"reward {r['reward_first']:.3f} -> {r['reward_last']:.3f} (means of first/last {r['window']} iterations), "
-                     f"lambda {r['lambda_first']:.3f} -> {r['lambda_last']:.3f} (max {r['lambda_max']:.3f}); "
-                     f"held-out greedy cost {r['heldout_cost_first']:.3f} -> {r['heldout_cost_last']:.3f}")
+        lines.append(
+            f"safe_rlhf: budget {r['cost_budget']}, sampled cost {r['mean_cost_first']:.3f} -> {r['mean_cost_last']:.3f}, "
+            f"reward {r['reward_first']:.3f} -> {r['reward_last']:.3f} (means of first/last {r['window']} iterations), "
+            f"lambda {r['lambda_first']:.3f} -> {r['lambda_last']:.3f} (max {r['lambda_max']:.3f}); "
+            f"held-out greedy cost {r['heldout_cost_first']:.3f} -> {r['heldout_cost_last']:.3f}"
+        )
     return "\n".join(lines)
 
 
@@ -303,7 +347,12 @@ def main() -> None:
     budget.add_argument("--eval-every", type=int, default=5)
     safe = parser.add_argument_group("Safe-RLHF")
     safe.add_argument("--forbidden", default="7", help="comma-separated regexes; a matching answer costs 1")
-    safe.add_argument("--cost-budget", type=float, default=0.03, help="below the SFT policy's cost (about 0.1), so the constraint binds")
+    safe.add_argument(
+        "--cost-budget",
+        type=float,
+        default=0.03,
+        help="below the SFT policy's cost (about 0.1), so the constraint binds",
+    )
     safe.add_argument("--lambda-init", type=float, default=1.0)
     safe.add_argument("--lambda-lr", type=float, default=2.0)
     safe.add_argument("--safe-iterations", type=int, default=30)
@@ -317,12 +366,19 @@ def main() -> None:
     model_dir = args.model or prepare_model(cfg, sft_problems, args.sft_steps, args.sft_lr)
     # The runner reads prompts from files: RL problems in order (batch i of the run is rows
     # i*prompts.., cycled), and the held-out set.
-    data = {"train": write_jsonl(({"prompt": p.prompt, "ground_truth": p.ground_truth} for p in rl_problems),
-                                 args.out / "data" / "rl.jsonl"),
-            "heldout": write_jsonl(({"prompt": p.prompt, "ground_truth": p.ground_truth} for p in heldout_problems),
-                                   args.out / "data" / "heldout.jsonl")}
-    print(f"task: {cfg.digits}-digit (min {cfg.min_digits}) {cfg.operations}; {len(heldout_problems)} held-out, "
-          f"{len(sft_problems)} SFT and {len(rl_problems)} RL problems (none shares a held-out expression)")
+    data = {
+        "train": write_jsonl(
+            ({"prompt": p.prompt, "ground_truth": p.ground_truth} for p in rl_problems), args.out / "data" / "rl.jsonl"
+        ),
+        "heldout": write_jsonl(
+            ({"prompt": p.prompt, "ground_truth": p.ground_truth} for p in heldout_problems),
+            args.out / "data" / "heldout.jsonl",
+        ),
+    }
+    print(
+        f"task: {cfg.digits}-digit (min {cfg.min_digits}) {cfg.operations}; {len(heldout_problems)} held-out, "
+        f"{len(sft_problems)} SFT and {len(rl_problems)} RL problems (none shares a held-out expression)"
+    )
 
     load0 = os.getloadavg()
     cpu = CPUClock()
@@ -331,7 +387,9 @@ def main() -> None:
         for name in args.algorithms.split(","):
             results[name] = run(name, session, model_dir, data, args, cpu)
             paths = plot(results, args.out)  # after each algorithm, so a cut-short run keeps its curves
-            (args.out / "results.json").write_text(json.dumps({"results": results, "settings": vars(args)}, default=str, indent=1))
+            (args.out / "results.json").write_text(
+                json.dumps({"results": results, "settings": vars(args)}, default=str, indent=1)
+            )
     load1 = os.getloadavg()
 
     print(table(results))
@@ -343,17 +401,22 @@ def main() -> None:
     if "safe_rlhf" in summary:
         s = summary["safe_rlhf"]
         s["goal_met"] = s["mean_cost_last"] <= s["cost_budget"] and s["reward_last"] > s["reward_first"]
-    print(json.dumps({
-        "bench": "learning",
-        "model": "10m",
-        **summary,
-        "cpu_time": "user+system of the driver and every descendant process (Ray GCS, raylet, workers), evaluation excluded",
-        "loadavg_start": [round(x, 2) for x in load0],
-        "loadavg_end": [round(x, 2) for x in load1],
-        "cores": os.cpu_count(),
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "goal_gain_points": 15, "goal_cpu_min": 30,
-    }))
+    print(
+        json.dumps(
+            {
+                "bench": "learning",
+                "model": "10m",
+                **summary,
+                "cpu_time": "user+system of the driver and every descendant process (Ray GCS, raylet, workers), evaluation excluded",
+                "loadavg_start": [round(x, 2) for x in load0],
+                "loadavg_end": [round(x, 2) for x in load1],
+                "cores": os.cpu_count(),
+                "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                "goal_gain_points": 15,
+                "goal_cpu_min": 30,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -24,8 +24,15 @@ import json
 import math
 import time
 
-from workbench.planner import (ModelDoesNotFitError, NoFeasiblePlanError, PlanSpace, Workload,
-                               cluster_preset, dataflow_preset, multi_chain)
+from workbench.planner import (
+    ModelDoesNotFitError,
+    NoFeasiblePlanError,
+    PlanSpace,
+    Workload,
+    cluster_preset,
+    dataflow_preset,
+    multi_chain,
+)
 from workbench.planner.automap import AutoMapper
 
 MODELS = ["llama2-7b", "llama2-13b", "llama2-34b", "llama2-70b"]
@@ -54,8 +61,11 @@ def _summary(plan) -> dict:
     return {
         "placement": [s.name for s in plan.sets],
         "allocation": list(plan.allocation),
-        "layouts": {m: a.strategy.short() + (f"|{a.generation.short()}" if a.generation else "")
-                    for s in plan.sets for m, a in s.assignments.items()},
+        "layouts": {
+            m: a.strategy.short() + (f"|{a.generation.short()}" if a.generation else "")
+            for s in plan.sets
+            for m, a in s.assignments.items()
+        },
         "iteration_s": round(plan.iteration_time, 2),
         "levels_s": levels,
         "dominant": LEVELS[max(range(len(levels)), key=levels.__getitem__)],
@@ -67,8 +77,16 @@ def _summary(plan) -> dict:
 def run_case(model: str, n: int, mcmc_steps: int, chains: int) -> dict:
     flow, wl = dataflow_preset("ppo"), Workload()
     cluster = cluster_preset("a100_80g", n)
-    case = {"model": model, "n_devices": n, "automap_s": None, "best": None, "pick": None,
-            "fixed": {}, "error": None, "mcmc": None}
+    case = {
+        "model": model,
+        "n_devices": n,
+        "automap_s": None,
+        "best": None,
+        "pick": None,
+        "fixed": {},
+        "error": None,
+        "mcmc": None,
+    }
     mapper = AutoMapper(flow, flow.model_specs(model), wl, cluster)
     t0 = time.perf_counter()
     try:
@@ -88,12 +106,15 @@ def run_case(model: str, n: int, mcmc_steps: int, chains: int) -> dict:
         space = PlanSpace(flow, flow.model_specs(model), wl, cluster, n_iterations=2)
         automap_timecost = space.evaluator.evaluate(plan.to_execution_plan()).time
         r = multi_chain(space, tuple(range(chains)), max_steps=mcmc_steps, tolerance=0.05)
-        case["mcmc"] = {"iter_s": round(r.evaluation.time, 2), "fits": not r.evaluation.oom,
-                        "automap_timecost_s": round(automap_timecost, 2),
-                        "vs_automap": round(r.evaluation.time / automap_timecost, 3),
-                        "chain_best": [round(c, 2) for c in r.convergence.best_costs],
-                        "chains_agree": r.convergence.agree,
-                        "spread": round(r.convergence.spread, 3)}
+        case["mcmc"] = {
+            "iter_s": round(r.evaluation.time, 2),
+            "fits": not r.evaluation.oom,
+            "automap_timecost_s": round(automap_timecost, 2),
+            "vs_automap": round(r.evaluation.time / automap_timecost, 3),
+            "chain_best": [round(c, 2) for c in r.convergence.best_costs],
+            "chains_agree": r.convergence.agree,
+            "spread": round(r.convergence.spread, 3),
+        }
     return case
 
 
@@ -103,20 +124,23 @@ def _row(label: str, s: dict | None) -> str:
     place = " | ".join(f"{p}:{a}" for p, a in zip(s["placement"], s["allocation"]))
     levels = " | ".join(f"{t:6.1f}" for t in s["levels_s"])
     idle = f"  ({s['idle_devices']} idle)" if s["idle_devices"] else ""
-    return (f"  {label:<10} {s['iteration_s']:8.1f} s  [{levels}]  {s['dominant']:<11} "
-            f"{s['peak_memory_gb']:5.1f} GB  {place}{idle}")
+    return (
+        f"  {label:<10} {s['iteration_s']:8.1f} s  [{levels}]  {s['dominant']:<11} "
+        f"{s['peak_memory_gb']:5.1f} GB  {place}{idle}"
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mcmc-steps", type=int, default=4000,
-                    help="MCMC proposals per chain (0: skip the search)")
+    ap.add_argument("--mcmc-steps", type=int, default=4000, help="MCMC proposals per chain (0: skip the search)")
     ap.add_argument("--chains", type=int, default=3)
     args = ap.parse_args()
 
     cases = []
-    print("per case: estimated s/iteration, [generation | preparation | training] s, dominant "
-          "level, peak GB/device, placement:devices")
+    print(
+        "per case: estimated s/iteration, [generation | preparation | training] s, dominant "
+        "level, peak GB/device, placement:devices"
+    )
     for model in MODELS:
         for n in DEVICES:
             c = run_case(model, n, args.mcmc_steps, args.chains)
@@ -131,29 +155,36 @@ def main() -> None:
                 print(_row(name, c["fixed"][name]))
             if c["mcmc"]:
                 m = c["mcmc"]
-                print(f"  MCMC       {m['iter_s']:8.1f} s TimeCost vs auto-mapped {m['automap_timecost_s']:.1f} s "
-                      f"(x{m['vs_automap']:.2f}); chains {m['chain_best']} "
-                      f"{'agree' if m['chains_agree'] else 'DISAGREE'}", flush=True)
+                print(
+                    f"  MCMC       {m['iter_s']:8.1f} s TimeCost vs auto-mapped {m['automap_timecost_s']:.1f} s "
+                    f"(x{m['vs_automap']:.2f}); chains {m['chain_best']} "
+                    f"{'agree' if m['chains_agree'] else 'DISAGREE'}",
+                    flush=True,
+                )
 
     solved = [c for c in cases if c["best"]]
     ratios = [c["mcmc"]["vs_automap"] for c in solved if c["mcmc"] and c["mcmc"]["fits"]]
     max_s = max(c["automap_s"] for c in cases)
-    picks = {k: sum(c["pick"] == k for c in solved)
-             for k in (*FIXED, "split, reward with the actor", "other")}
-    print(f"\nmax auto-mapping time {max_s:.2f}s (goal < 10 s); picks {picks}; "
-          f"monotone in devices: {_monotone(cases)}")
-    print(json.dumps({
-        "bench": "planner",
-        "max_automap_s": max_s,
-        "automap_under_10s": max_s < 10,
-        "picks": picks,
-        "monotone": _monotone(cases),
-        "mcmc_steps": args.mcmc_steps, "chains": args.chains,
-        "geomean_mcmc_vs_automap": round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3)
-        if ratios else None,
-        "mcmc_chains_agree": sum(bool(c["mcmc"] and c["mcmc"]["chains_agree"]) for c in solved),
-        "cases": cases,
-    }))
+    picks = {k: sum(c["pick"] == k for c in solved) for k in (*FIXED, "split, reward with the actor", "other")}
+    print(f"\nmax auto-mapping time {max_s:.2f}s (goal < 10 s); picks {picks}; monotone in devices: {_monotone(cases)}")
+    print(
+        json.dumps(
+            {
+                "bench": "planner",
+                "max_automap_s": max_s,
+                "automap_under_10s": max_s < 10,
+                "picks": picks,
+                "monotone": _monotone(cases),
+                "mcmc_steps": args.mcmc_steps,
+                "chains": args.chains,
+                "geomean_mcmc_vs_automap": round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3)
+                if ratios
+                else None,
+                "mcmc_chains_agree": sum(bool(c["mcmc"] and c["mcmc"]["chains_agree"]) for c in solved),
+                "cases": cases,
+            }
+        )
+    )
 
 
 def _monotone(cases) -> bool:

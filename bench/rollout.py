@@ -64,8 +64,14 @@ def bare_engine(backend: str, model_dir, loaded):
 
 
 def measure(session, backend: str, model_dir, loaded, prompts, sampling, repeats: int) -> dict:
-    config = ActorConfig(model_path=str(model_dir), rollout=backend, reference=True, optim=OptimConfig(lr=1e-5),
-                         mini_batch_size=len(prompts), micro_batch_size=16)
+    config = ActorConfig(
+        model_path=str(model_dir),
+        rollout=backend,
+        reference=True,
+        optim=OptimConfig(lr=1e-5),
+        mini_batch_size=len(prompts),
+        micro_batch_size=16,
+    )
     actor = session.group(f"actor_{backend}", ActorRolloutRefWorker, session.pool(f"pool_{backend}", 1), config)
     bare = bare_engine(backend, model_dir, loaded)
     actor.generate_sequences(prompts[:2], sampling).get()  # warm-up both paths
@@ -97,9 +103,11 @@ def measure(session, backend: str, model_dir, loaded, prompts, sampling, repeats
         "iteration_s": round(iteration, 3),
         "sync_fraction": round(sync / iteration, 4),
     }
-    print(f"[{backend}] generate_sequences (1 rank): {result['tokens_per_s']} tok/s vs bare engine "
-          f"{result['bare_tokens_per_s']} tok/s -> x{result['ratio']}; weight sync {result['sync_s']} s "
-          f"of a {result['iteration_s']} s iteration ({result['sync_fraction']:.2%})")
+    print(
+        f"[{backend}] generate_sequences (1 rank): {result['tokens_per_s']} tok/s vs bare engine "
+        f"{result['bare_tokens_per_s']} tok/s -> x{result['ratio']}; weight sync {result['sync_s']} s "
+        f"of a {result['iteration_s']} s iteration ({result['sync_fraction']:.2%})"
+    )
     return result
 
 
@@ -121,18 +129,22 @@ def main() -> None:
     backends = args.backends.split(",")
     with Session(num_devices=2) as session:
         results = {b: measure(session, b, model_dir, loaded, prompts, sampling, args.repeats) for b in backends}
-    print(json.dumps({
-        "bench": "rollout",
-        "model": args.size,
-        "params": sum(p.numel() for p in loaded.model.parameters()),
-        "prompts": args.prompts,
-        "new_tokens": args.new_tokens,
-        **results,
-        "ratio_min": min(r["ratio"] for r in results.values()),
-        "sync_fraction_max": max(r["sync_fraction"] for r in results.values()),
-        "goal_ratio": 0.9,
-        "goal_sync_fraction": 0.05,
-    }))
+    print(
+        json.dumps(
+            {
+                "bench": "rollout",
+                "model": args.size,
+                "params": sum(p.numel() for p in loaded.model.parameters()),
+                "prompts": args.prompts,
+                "new_tokens": args.new_tokens,
+                **results,
+                "ratio_min": min(r["ratio"] for r in results.values()),
+                "sync_fraction_max": max(r["sync_fraction"] for r in results.values()),
+                "goal_ratio": 0.9,
+                "goal_sync_fraction": 0.05,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -145,13 +145,16 @@ def run(args, work: Path) -> None:
         "load_weights_ms": round(med(loads) * 1e3, 2),
         "goal_ratio": 0.9,
     }
-    print(f"tokens/s: ours {result['ours_tok_s']}, bare llm.generate {result['bare_tok_s']} "
-          f"(with logprobs {result['bare_logprobs_tok_s']}), "
-          f"stock engine {result['plain_engine_bare_tok_s']}")
-    print(f"ratio ours/bare {result['ratio_vs_bare']} (paired rounds {result['ratio_vs_bare_paired']}); "
-          f"VLLMRollout's own share of generate time {result['wrapper_share_of_generate']:.2%}")
-    print(f"engine start {result['engine_start_s']} s; "
-          f"load_weights {result['load_weights_ms']} ms")
+    print(
+        f"tokens/s: ours {result['ours_tok_s']}, bare llm.generate {result['bare_tok_s']} "
+        f"(with logprobs {result['bare_logprobs_tok_s']}), "
+        f"stock engine {result['plain_engine_bare_tok_s']}"
+    )
+    print(
+        f"ratio ours/bare {result['ratio_vs_bare']} (paired rounds {result['ratio_vs_bare_paired']}); "
+        f"VLLMRollout's own share of generate time {result['wrapper_share_of_generate']:.2%}"
+    )
+    print(f"engine start {result['engine_start_s']} s; load_weights {result['load_weights_ms']} ms")
     print(json.dumps(result))
 
 
@@ -178,11 +181,17 @@ for _ in range(args["rounds"] + 1):
     rates.append(sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - start))
 print(json.dumps(rates[1:]))
 """
-    payload = {"model": str(model_dir), "prompts": token_lists, "seeds": seeds,
-               "new_tokens": args.new_tokens, "rounds": args.rounds}
+    payload = {
+        "model": str(model_dir),
+        "prompts": token_lists,
+        "seeds": seeds,
+        "new_tokens": args.new_tokens,
+        "rounds": args.rounds,
+    }
     out = subprocess.run(
         [sys.executable, "-c", script, json.dumps(asdict(cfg)), json.dumps(payload)],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     if out.returncode:
         raise RuntimeError(f"the stock-engine subprocess failed ({out.returncode}):\n{out.stderr[-3000:]}")

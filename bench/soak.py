@@ -150,7 +150,9 @@ def row_bytes(rows: list[dict]) -> float:
     sample = rows[-50:]
     if not sample:
         return 0.0
-    return sum(sys.getsizeof(r) + sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in r.items()) for r in sample) / len(sample)
+    return sum(sys.getsizeof(r) + sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in r.items()) for r in sample) / len(
+        sample
+    )
 
 
 def trend(series: list[float], start: int, floor: float = 0.0) -> dict[str, float]:
@@ -167,11 +169,17 @@ def trend(series: list[float], start: int, floor: float = 0.0) -> dict[str, floa
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
     resid = [y - (my + slope * (x - mx)) for x, y in zip(xs, ys)]
     resid_std = (sum(r * r for r in resid) / (n - 2)) ** 0.5
-    stderr = resid_std / sxx ** 0.5
+    stderr = resid_std / sxx**0.5
     fitted_growth = slope * (n - 1)
     grows = slope > 3 * stderr and fitted_growth > 2 * resid_std and slope * 100 > floor
-    return {"slope": slope * 100, "stderr": stderr * 100, "resid_std": resid_std, "grows": bool(grows),
-            "first": ys[0], "last": ys[-1]}
+    return {
+        "slope": slope * 100,
+        "stderr": stderr * 100,
+        "resid_std": resid_std,
+        "grows": bool(grows),
+        "first": ys[0],
+        "last": ys[-1],
+    }
 
 
 # ---- the run ---------------------------------------------------------------------------------
@@ -182,14 +190,25 @@ def build(session: Session, workdir: Path, args) -> tuple[PPO, object]:
     prompts = tokenize_prompts([p.__dict__ for p in problems], tokenizer, max_prompt_length=32)
     rows = args.prompts * args.n  # one optimizer step per update
     optim = OptimConfig(lr=1e-5)
-    actor = session.group("actor", ActorRolloutRefWorker, session.pool("actor_pool", 1),
-                          ActorConfig(model_path=str(model_dir), reference=True, optim=optim,
-                                      mini_batch_size=rows, micro_batch_size=rows))
-    critic = session.group("critic", CriticWorker, session.pool("critic_pool", 1),
-                           CriticConfig(model_path=str(model_dir), optim=optim, mini_batch_size=rows, micro_batch_size=rows))
+    actor = session.group(
+        "actor",
+        ActorRolloutRefWorker,
+        session.pool("actor_pool", 1),
+        ActorConfig(
+            model_path=str(model_dir), reference=True, optim=optim, mini_batch_size=rows, micro_batch_size=rows
+        ),
+    )
+    critic = session.group(
+        "critic",
+        CriticWorker,
+        session.pool("critic_pool", 1),
+        CriticConfig(model_path=str(model_dir), optim=optim, mini_batch_size=rows, micro_batch_size=rows),
+    )
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, n=args.n, seed=0)
-    ppo = PPO(Groups(actor=actor, reference=actor, critic=critic, reward=RuleReward(arithmetic.score)),
-              PPOConfig(sampling=sampling))
+    ppo = PPO(
+        Groups(actor=actor, reference=actor, critic=critic, reward=RuleReward(arithmetic.score)),
+        PPOConfig(sampling=sampling),
+    )
     return ppo, prompts
 
 
@@ -211,13 +230,23 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=2, help="samples per prompt")
     parser.add_argument("--max-new-tokens", type=int, default=4)
     parser.add_argument("--trace-every", type=int, default=1, help="drain the trace every k iterations (0: never)")
-    parser.add_argument("--max-trace-records", type=int, default=None,
-                        help="Session(max_trace_records=...): spans the driver keeps (default: the Session's)")
+    parser.add_argument(
+        "--max-trace-records",
+        type=int,
+        default=None,
+        help="Session(max_trace_records=...): spans the driver keeps (default: the Session's)",
+    )
     parser.add_argument("--store-every", type=int, default=10, help="read the object store's stats every k iterations")
     parser.add_argument("--print-every", type=int, default=20)
-    parser.add_argument("--floor", type=float, default=0.5,
-                        help="MB per 100 iterations a slope must pass to count as growth (RSS moves in allocator pages)")
-    parser.add_argument("--series", type=Path, help="also write the per-iteration series (RSS, USS, store, bookkeeping) here as JSON")
+    parser.add_argument(
+        "--floor",
+        type=float,
+        default=0.5,
+        help="MB per 100 iterations a slope must pass to count as growth (RSS moves in allocator pages)",
+    )
+    parser.add_argument(
+        "--series", type=Path, help="also write the per-iteration series (RSS, USS, store, bookkeeping) here as JSON"
+    )
     args = parser.parse_args()
     if not 0 <= args.warmup < args.iterations - 2:
         parser.error(f"--warmup={args.warmup} must leave at least 3 of the {args.iterations} iterations to fit")
@@ -238,8 +267,11 @@ def main() -> None:
     store_series: list[tuple[int, dict]] = []
     books: list[dict] = []
     step_seconds: list[float] = []
-    header = f"{'iter':>5} {'s/it':>6} " + " ".join(f"{procs.label(p)[:12]:>12}" for p in procs.procs) + \
-             f" {'store obj':>9} {'store MB':>8} {'spans':>6} {'refs':>5}"
+    header = (
+        f"{'iter':>5} {'s/it':>6} "
+        + " ".join(f"{procs.label(p)[:12]:>12}" for p in procs.procs)
+        + f" {'store obj':>9} {'store MB':>8} {'spans':>6} {'refs':>5}"
+    )
     print("RSS in MB\n" + header, flush=True)
     start = time.monotonic()
     for it in range(1, args.iterations + 1):
@@ -254,10 +286,12 @@ def main() -> None:
             store_series.append((it, object_store()))
         if it % args.print_every == 0 or it == 1:
             s = store_series[-1][1]
-            print(f"{it:>5} {statistics.fmean(step_seconds[-args.print_every:]):>6.2f} "
-                  + " ".join(f"{procs.rss[p][-1]:>12.1f}" for p in procs.procs)
-                  + f" {s['objects']:>9} {s['bytes'] / MB:>8.2f} {books[-1]['session_records']:>6} {books[-1]['driver_refs']:>5}",
-                  flush=True)
+            print(
+                f"{it:>5} {statistics.fmean(step_seconds[-args.print_every :]):>6.2f} "
+                + " ".join(f"{procs.rss[p][-1]:>12.1f}" for p in procs.procs)
+                + f" {s['objects']:>9} {s['bytes'] / MB:>8.2f} {books[-1]['session_records']:>6} {books[-1]['driver_refs']:>5}",
+                flush=True,
+            )
     run_seconds = time.monotonic() - start
 
     bytes_per_span, bytes_per_row = span_bytes(session.records), row_bytes(ppo.history)
@@ -276,93 +310,130 @@ def main() -> None:
     store["after_shutdown"] = object_store()
     refs["after_shutdown"] = driver_refs()
     ray_system = {pid for kind in ("driver", "raylet", "gcs_server") for pid in procs.kinds[kind]}
-    lingering = [procs.label(pid) for pid, p in tracked.items()
-                 if pid not in ray_system and p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    lingering = [
+        procs.label(pid)
+        for pid, p in tracked.items()
+        if pid not in ray_system and p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    ]
     ray.shutdown()
 
     # ---- report ----
     w = args.warmup
-    fits = {pid: {"rss": trend(procs.rss[pid], w, args.floor), "uss": trend(procs.uss[pid], w, args.floor)}
-            for pid in procs.procs}
-    print(f"\nmemory after the {w}-iteration warm-up, iterations {w + 1}..{args.iterations} "
-          f"(slopes in MB per 100 iterations; 'grows' = slope > 3 stderr, fitted growth > 2 x residual spread "
-          f"and slope > {args.floor} MB)")
-    print(f"{'process':<16} {'pid':>8} {'RSS first':>9} {'RSS last':>9} {'slope':>8} {'stderr':>7} {'resid sd':>8} "
-          f"{'USS slope':>9}  verdict")
+    fits = {
+        pid: {"rss": trend(procs.rss[pid], w, args.floor), "uss": trend(procs.uss[pid], w, args.floor)}
+        for pid in procs.procs
+    }
+    print(
+        f"\nmemory after the {w}-iteration warm-up, iterations {w + 1}..{args.iterations} "
+        f"(slopes in MB per 100 iterations; 'grows' = slope > 3 stderr, fitted growth > 2 x residual spread "
+        f"and slope > {args.floor} MB)"
+    )
+    print(
+        f"{'process':<16} {'pid':>8} {'RSS first':>9} {'RSS last':>9} {'slope':>8} {'stderr':>7} {'resid sd':>8} "
+        f"{'USS slope':>9}  verdict"
+    )
     for pid in procs.procs:
         r, u = fits[pid]["rss"], fits[pid]["uss"]
         verdict = "GROWS" if r["grows"] else "flat"
-        print(f"{procs.label(pid):<16} {pid:>8} {r.get('first', float('nan')):>9.1f} {r.get('last', float('nan')):>9.1f} "
-              f"{r['slope']:>+8.2f} {r['stderr']:>7.2f} {r['resid_std']:>8.2f} {u['slope']:>+9.2f}  {verdict}")
+        print(
+            f"{procs.label(pid):<16} {pid:>8} {r.get('first', float('nan')):>9.1f} {r.get('last', float('nan')):>9.1f} "
+            f"{r['slope']:>+8.2f} {r['stderr']:>7.2f} {r['resid_std']:>8.2f} {u['slope']:>+9.2f}  {verdict}"
+        )
 
     after_warmup = next(s for i, s in store_series if i >= w)
     end_store = store_series[-1][1]
     book_fit = {k: trend([float(b[k]) for b in books], w) for k in books[0]}
-    print(f"\nobject store: {store['before']['objects']} objects before; {after_warmup['objects']} after warm-up, "
-          f"{end_store['objects']} at the end ({(end_store['bytes'] - after_warmup['bytes']) / MB:+.3f} MB); "
-          f"{store['after_clear']['objects']} after clear, {store['after_shutdown']['objects']} after shutdown")
-    print("driver bookkeeping at the end (slope per 100 iterations after warm-up): " + ", ".join(
-        f"{k} {books[-1][k]} ({book_fit[k]['slope']:+.1f})" for k in books[0])
-        + f"; on the driver a span takes ~{bytes_per_span:.0f} B, a history row ~{bytes_per_row:.0f} B")
-    print("Ray counts: " + "; ".join(f"{when}: " + ", ".join(f"{k} {v}" for k, v in c.items()) for when, c in counts.items()))
+    print(
+        f"\nobject store: {store['before']['objects']} objects before; {after_warmup['objects']} after warm-up, "
+        f"{end_store['objects']} at the end ({(end_store['bytes'] - after_warmup['bytes']) / MB:+.3f} MB); "
+        f"{store['after_clear']['objects']} after clear, {store['after_shutdown']['objects']} after shutdown"
+    )
+    print(
+        "driver bookkeeping at the end (slope per 100 iterations after warm-up): "
+        + ", ".join(f"{k} {books[-1][k]} ({book_fit[k]['slope']:+.1f})" for k in books[0])
+        + f"; on the driver a span takes ~{bytes_per_span:.0f} B, a history row ~{bytes_per_row:.0f} B"
+    )
+    print(
+        "Ray counts: "
+        + "; ".join(f"{when}: " + ", ".join(f"{k} {v}" for k, v in c.items()) for when, c in counts.items())
+    )
     print(f"processes still running after shutdown: {lingering or 'none'}")
 
     if args.series:
-        args.series.write_text(json.dumps({
-            "rss_mb": {procs.label(p): [round(v, 3) for v in procs.rss[p]] for p in procs.procs},
-            "uss_mb": {procs.label(p): [round(v, 3) for v in procs.uss[p]] for p in procs.procs},
-            "object_store": [[i, s] for i, s in store_series], "bookkeeping": books,
-        }))
+        args.series.write_text(
+            json.dumps(
+                {
+                    "rss_mb": {procs.label(p): [round(v, 3) for v in procs.rss[p]] for p in procs.procs},
+                    "uss_mb": {procs.label(p): [round(v, 3) for v in procs.uss[p]] for p in procs.procs},
+                    "object_store": [[i, s] for i, s in store_series],
+                    "bookkeeping": books,
+                }
+            )
+        )
 
     def by_kind(key: str, field: str) -> dict[str, float]:
         """Per kind: the worst (largest) value over its processes."""
-        return {kind: round(max(fits[pid][key][field] for pid in pids), 3)
-                for kind, pids in procs.kinds.items() if pids}
+        return {
+            kind: round(max(fits[pid][key][field] for pid in pids), 3) for kind, pids in procs.kinds.items() if pids
+        }
 
     # What the driver keeps on purpose: a metrics row per iteration (algo.history) and the trace
     # spans (session.records, up to max_trace_records). Growth beyond that is unexplained.
-    kept_mb = (book_fit["history_rows"]["slope"] * bytes_per_row + book_fit["session_records"]["slope"] * bytes_per_span) / MB
-    print(f"driver: {fits[procs.kinds['driver'][0]]['rss']['slope']:+.2f} MB per 100 iterations, of which "
-          f"{kept_mb:.2f} MB is what it keeps on purpose (metrics rows and trace spans)")
+    kept_mb = (
+        book_fit["history_rows"]["slope"] * bytes_per_row + book_fit["session_records"]["slope"] * bytes_per_span
+    ) / MB
+    print(
+        f"driver: {fits[procs.kinds['driver'][0]]['rss']['slope']:+.2f} MB per 100 iterations, of which "
+        f"{kept_mb:.2f} MB is what it keeps on purpose (metrics rows and trace spans)"
+    )
     leaked = {k: counts["after_shutdown"][k] - counts["before"][k] for k in counts["before"]}
     grows = sorted({procs.label(pid) for pid in procs.procs if fits[pid]["rss"]["grows"]})
-    print(json.dumps({
-        "bench": "soak",
-        "iterations": args.iterations,
-        "warmup": w,
-        "seconds_per_iteration": round(statistics.fmean(step_seconds[w:]), 3),
-        "run_seconds": round(run_seconds, 1),
-        "rss_slope_mb_per_100it": by_kind("rss", "slope"),
-        "rss_slope_stderr_mb_per_100it": by_kind("rss", "stderr"),
-        "rss_resid_std_mb": by_kind("rss", "resid_std"),
-        "uss_slope_mb_per_100it": by_kind("uss", "slope"),
-        "rss_first_mb": by_kind("rss", "first"),
-        "rss_last_mb": by_kind("rss", "last"),
-        "grows": grows,
-        "object_store_growth_bytes": end_store["bytes"] - after_warmup["bytes"],
-        "object_store_growth_objects": end_store["objects"] - after_warmup["objects"],
-        "object_store": {"before": store["before"], "after_warmup": after_warmup, "end": end_store,
-                         "after_clear": store["after_clear"], "after_shutdown": store["after_shutdown"]},
-        "driver_refs": refs | {"after_warmup": books[w - 1]["driver_refs"] if w else refs["before"]},
-        "bookkeeping_end": books[-1],
-        "driver_kept_mb_per_100it": round(kept_mb, 3),
-        "span_bytes": round(bytes_per_span),
-        "history_row_bytes": round(bytes_per_row),
-        "max_trace_records": getattr(session, "max_trace_records", None),
-        "dropped_records": getattr(session, "dropped_records", None),
-        "bookkeeping_slope_per_100it": {k: round(v["slope"], 2) for k, v in book_fit.items()},
-        "ray_counts": counts,
-        "actors_during_run": expected_groups,
-        "leaked_actors": leaked["actors"],
-        "leaked_placement_groups": leaked["placement_groups"],
-        "leaked_worker_processes": leaked["worker_processes"],
-        "lingering_processes": lingering,
-        "processes": {procs.label(pid): pid for pid in procs.procs},
-        "cores": os.cpu_count(),
-        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-        | {"model": "1m", "python": sys.version.split()[0]},
-    }))
+    print(
+        json.dumps(
+            {
+                "bench": "soak",
+                "iterations": args.iterations,
+                "warmup": w,
+                "seconds_per_iteration": round(statistics.fmean(step_seconds[w:]), 3),
+                "run_seconds": round(run_seconds, 1),
+                "rss_slope_mb_per_100it": by_kind("rss", "slope"),
+                "rss_slope_stderr_mb_per_100it": by_kind("rss", "stderr"),
+                "rss_resid_std_mb": by_kind("rss", "resid_std"),
+                "uss_slope_mb_per_100it": by_kind("uss", "slope"),
+                "rss_first_mb": by_kind("rss", "first"),
+                "rss_last_mb": by_kind("rss", "last"),
+                "grows": grows,
+                "object_store_growth_bytes": end_store["bytes"] - after_warmup["bytes"],
+                "object_store_growth_objects": end_store["objects"] - after_warmup["objects"],
+                "object_store": {
+                    "before": store["before"],
+                    "after_warmup": after_warmup,
+                    "end": end_store,
+                    "after_clear": store["after_clear"],
+                    "after_shutdown": store["after_shutdown"],
+                },
+                "driver_refs": refs | {"after_warmup": books[w - 1]["driver_refs"] if w else refs["before"]},
+                "bookkeeping_end": books[-1],
+                "driver_kept_mb_per_100it": round(kept_mb, 3),
+                "span_bytes": round(bytes_per_span),
+                "history_row_bytes": round(bytes_per_row),
+                "max_trace_records": getattr(session, "max_trace_records", None),
+                "dropped_records": getattr(session, "dropped_records", None),
+                "bookkeeping_slope_per_100it": {k: round(v["slope"], 2) for k, v in book_fit.items()},
+                "ray_counts": counts,
+                "actors_during_run": expected_groups,
+                "leaked_actors": leaked["actors"],
+                "leaked_placement_groups": leaked["placement_groups"],
+                "leaked_worker_processes": leaked["worker_processes"],
+                "lingering_processes": lingering,
+                "processes": {procs.label(pid): pid for pid in procs.procs},
+                "cores": os.cpu_count(),
+                "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+                "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+                | {"model": "1m", "python": sys.version.split()[0]},
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

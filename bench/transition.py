@@ -114,15 +114,16 @@ class TransitionBenchWorker(ActorRolloutRefWorker):
         for pieces, send, recv, outputs in self._buckets:
             offset = 0
             for piece, _ in pieces:
-                send[offset:offset + piece.numel()].copy_(piece.reshape(-1))
+                send[offset : offset + piece.numel()].copy_(piece.reshape(-1))
                 offset += piece.numel()
             dist.all_gather_single(recv, send, group=group)
             parts = recv.view(len(members), -1)
             offset = 0
             for (piece, dim), out in zip(pieces, outputs):
                 n = piece.numel()
-                torch.cat([parts[m, offset:offset + n].view(piece.shape) for m in range(len(members))],
-                          dim=dim, out=out)
+                torch.cat(
+                    [parts[m, offset : offset + n].view(piece.shape) for m in range(len(members))], dim=dim, out=out
+                )
                 offset += n
         elapsed = time.perf_counter() - start
         at = members.index(self.rank)  # the prototype rebuilt what it should: its own piece in place
@@ -151,8 +152,14 @@ def _layer_buckets(pairs, members: int) -> list:
             shape = list(piece.shape)
             shape[dim] *= members
             outputs.append(torch.zeros(shape, dtype=piece.dtype))
-        buckets.append((pieces, torch.zeros(numel, dtype=pieces[0][0].dtype),
-                        torch.zeros(members * numel, dtype=pieces[0][0].dtype), outputs))
+        buckets.append(
+            (
+                pieces,
+                torch.zeros(numel, dtype=pieces[0][0].dtype),
+                torch.zeros(members * numel, dtype=pieces[0][0].dtype),
+                outputs,
+            )
+        )
     return buckets
 
 
@@ -161,8 +168,9 @@ def prompts(tokenizer, n: int):
     return tokenize_prompts(rows, tokenizer, max_prompt_length=32)
 
 
-def bench_layout(session: Session, model_dir: str, tokenizer, name: str, repeats: int, sampling: SamplingConfig,
-                 max_workers: int) -> dict:
+def bench_layout(
+    session: Session, model_dir: str, tokenizer, name: str, repeats: int, sampling: SamplingConfig, max_workers: int
+) -> dict:
     """Medians over `repeats` of one layout's three methods. When the three groups fit in
     `max_workers` processes they live together and alternate; otherwise one method's group at
     a time (each ~0.7 GB per process on this machine)."""
@@ -183,14 +191,19 @@ def bench_layout(session: Session, model_dir: str, tokenizer, name: str, repeats
         pool = session.pool(f"pool{world}", world)
         groups = {m: session.group(m, TransitionBenchWorker, pool, config, mesh=meshes[m]) for m in methods}
         for r in range(-1, repeats):  # repeat -1 warms up (first allocations, first collectives)
-            for method in methods[r % len(methods):] + methods[:r % len(methods)]:
+            for method in methods[r % len(methods) :] + methods[: r % len(methods)]:
                 since = time.time()
                 groups[method].generate_sequences(batch, sampling).get()
-                spans = [s for s in session.trace()
-                         if s.role == method and s.method == "hybrid.transition" and s.start >= since]
+                spans = [
+                    s
+                    for s in session.trace()
+                    if s.role == method and s.method == "hybrid.transition" and s.start >= since
+                ]
                 if sorted(s.rank for s in spans) != list(range(world)):
-                    raise RuntimeError(f"{name} {method}: expected one hybrid.transition span per rank, "
-                                       f"got ranks {[s.rank for s in spans]}")
+                    raise RuntimeError(
+                        f"{name} {method}: expected one hybrid.transition span per rank, "
+                        f"got ranks {[s.rank for s in spans]}"
+                    )
                 spans.sort(key=lambda s: s.rank)
                 received[method] = [s.extra["bytes_received"] for s in spans]
                 model_bytes = spans[0].extra["model_bytes"]
@@ -207,20 +220,32 @@ def bench_layout(session: Session, model_dir: str, tokenizer, name: str, repeats
     for method in METHODS:
         expected = [t.received for t in layouts.transition_bytes(meshes[method], model_bytes)]
         if received[method] != expected:
-            raise RuntimeError(f"{name} {method}: counted bytes {received[method]} differ from "
-                               f"layouts.transition_bytes {expected}")
+            raise RuntimeError(
+                f"{name} {method}: counted bytes {received[method]} differ from layouts.transition_bytes {expected}"
+            )
         sec, base = statistics.median(seconds[method]), statistics.median(raw[method])
         figures[method] = {
             "bytes_received_per_rank": max(received[method]),
             "gather_group_size": len(layouts.gather_group(meshes[method], 0)),
-            "seconds": sec, "raw_all_gather_seconds": base, "ratio": sec / base if base else None,
+            "seconds": sec,
+            "raw_all_gather_seconds": base,
+            "ratio": sec / base if base else None,
             "per_tensor_all_gathers_seconds": statistics.median(per_tensor[method]),
             "bucketed_switch_seconds": statistics.median(bucketed[method]) or None,
-            "seconds_all": seconds[method], "raw_all": raw[method], "per_tensor_all": per_tensor[method],
+            "seconds_all": seconds[method],
+            "raw_all": raw[method],
+            "per_tensor_all": per_tensor[method],
             "bucketed_all": bucketed[method],
         }
-    return {"processes": world, "tp": tp, "dp": dp, "gen_tp": gen_tp, "model_bytes": model_bytes,
-            "methods_alternated": alternate, "methods": figures}
+    return {
+        "processes": world,
+        "tp": tp,
+        "dp": dp,
+        "gen_tp": gen_tp,
+        "model_bytes": model_bytes,
+        "methods_alternated": alternate,
+        "methods": figures,
+    }
 
 
 def _num(x: float | None, width: int, digits: int = 4) -> str:
@@ -229,17 +254,21 @@ def _num(x: float | None, width: int, digits: int = 4) -> str:
 
 def table(name: str, result: dict) -> str:
     order = "methods alternated in each repeat" if result["methods_alternated"] else "one method's group at a time"
-    lines = [f"== {name}: {result['processes']} processes, M = {result['model_bytes'] / 2**20:.1f} MiB of "
-             f"tensor-parallel weights, {order}",
-             f"{'method':<16}{'group':>6}{'MiB recv/rank':>15}{'switch s':>11}{'raw gather s':>14}"
-             f"{'per-tensor gathers s':>22}{'bucketed s':>12}{'switch/raw':>12}{'bucketed/raw':>14}"]
+    lines = [
+        f"== {name}: {result['processes']} processes, M = {result['model_bytes'] / 2**20:.1f} MiB of "
+        f"tensor-parallel weights, {order}",
+        f"{'method':<16}{'group':>6}{'MiB recv/rank':>15}{'switch s':>11}{'raw gather s':>14}"
+        f"{'per-tensor gathers s':>22}{'bucketed s':>12}{'switch/raw':>12}{'bucketed/raw':>14}",
+    ]
     for method, f in result["methods"].items():
         ratio = f"{f['ratio']:.2f}" if f["ratio"] is not None else "-"
         bucketed = f["bucketed_switch_seconds"]
-        lines.append(f"{method:<16}{f['gather_group_size']:>6}{f['bytes_received_per_rank'] / 2**20:>15.2f}"
-                     f"{f['seconds']:>11.4f}{f['raw_all_gather_seconds']:>14.4f}"
-                     f"{f['per_tensor_all_gathers_seconds']:>22.4f}{_num(bucketed, 12)}{ratio:>12}"
-                     f"{_num(bucketed and bucketed / f['raw_all_gather_seconds'], 14, 2)}")
+        lines.append(
+            f"{method:<16}{f['gather_group_size']:>6}{f['bytes_received_per_rank'] / 2**20:>15.2f}"
+            f"{f['seconds']:>11.4f}{f['raw_all_gather_seconds']:>14.4f}"
+            f"{f['per_tensor_all_gathers_seconds']:>22.4f}{_num(bucketed, 12)}{ratio:>12}"
+            f"{_num(bucketed and bucketed / f['raw_all_gather_seconds'], 14, 2)}"
+        )
     return "\n".join(lines)
 
 
@@ -249,9 +278,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7, help="measured switches per method and layout")
     parser.add_argument("--model", default="30m", help="workbench.models.make_tiny size")
     parser.add_argument("--max-new-tokens", type=int, default=2)
-    parser.add_argument("--max-workers", type=int, default=12,
-                        help="run a layout's three method groups together (alternating) when they fit in this "
-                             "many processes")
+    parser.add_argument(
+        "--max-workers",
+        type=int,
+        default=12,
+        help="run a layout's three method groups together (alternating) when they fit in this many processes",
+    )
     parser.add_argument("--out", default=None, help="also write the JSON here")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -263,23 +295,35 @@ def main() -> None:
         tokenizer = load(model_dir).tokenizer
         with Session(num_devices=8, threads_per_worker=1) as session:
             for name in args.layouts:
-                results[name] = bench_layout(session, model_dir, tokenizer, name, args.repeats, sampling,
-                                             args.max_workers)
+                results[name] = bench_layout(
+                    session, model_dir, tokenizer, name, args.repeats, sampling, args.max_workers
+                )
                 print(table(name, results[name]), flush=True)
     ratios = {name: r["methods"]["hybridflow"]["ratio"] for name, r in results.items()}
     print(f"hybridflow switch / raw all-gather: {', '.join(f'{k} {v:.2f}' for k, v in ratios.items())} (goal <= 1.5)")
     summary = {
         "bench": "transition",
         "ratio": max(ratios.values()),
-        "ratio_is": ("max over layouts of hybridflow switch seconds / raw all-gather seconds "
-                     "(medians over repeats of the max over ranks)"),
+        "ratio_is": (
+            "max over layouts of hybridflow switch seconds / raw all-gather seconds "
+            "(medians over repeats of the max over ranks)"
+        ),
         "ratio_by_layout": ratios,
         "layouts": results,
-        "settings": {"model": args.model, "threads_per_worker": 1, "session_devices": 8, "repeats": args.repeats,
-                     "max_workers": args.max_workers,
-                     "max_new_tokens": args.max_new_tokens, "greedy": True, "backend": "gloo (CPU)",
-                     "check_weight_sync": False, "train": False, "methods": list(METHODS),
-                     "wall_seconds": round(time.time() - start, 1)},
+        "settings": {
+            "model": args.model,
+            "threads_per_worker": 1,
+            "session_devices": 8,
+            "repeats": args.repeats,
+            "max_workers": args.max_workers,
+            "max_new_tokens": args.max_new_tokens,
+            "greedy": True,
+            "backend": "gloo (CPU)",
+            "check_weight_sync": False,
+            "train": False,
+            "methods": list(METHODS),
+            "wall_seconds": round(time.time() - start, 1),
+        },
     }
     line = json.dumps(summary)
     if args.out:

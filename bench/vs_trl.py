@@ -74,11 +74,21 @@ def peer_python(requirement: str) -> Path:
 def run_peer(algo: str, settings: dict) -> dict:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(settings, f)
-    env = {**os.environ, "OMP_NUM_THREADS": str(settings["threads"]), "TOKENIZERS_PARALLELISM": "false",
-           "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT / "bench" / "peers")}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(settings["threads"]),
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": str(ROOT / "bench" / "peers"),
+    }
     script = ROOT / "bench" / "peers" / f"trl_{algo}.py"
-    out = subprocess.run([str(peer_python(PEER_REQUIREMENTS[algo])), str(script), f.name],
-                         capture_output=True, text=True, env=env, cwd=tempfile.gettempdir())
+    out = subprocess.run(
+        [str(peer_python(PEER_REQUIREMENTS[algo])), str(script), f.name],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tempfile.gettempdir(),
+    )
     os.unlink(f.name)
     if out.returncode != 0:
         raise RuntimeError(f"TRL {algo} peer failed:\n{out.stderr[-4000:]}")
@@ -118,10 +128,20 @@ def build_workbench(session, algo: str, model_dir: Path, reward_dir: Path, args,
     train = dict(backend=backend, zero_stage=zero_stage, mini_batch_size=rows, micro_batch_size=rows // devices)
     # vLLM engines are pinned one core per rank; one rank gets every core.
     engine = VLLMRolloutConfig(cpu_threads_bind="per-rank" if devices > 1 else f"0-{args.threads - 1}")
-    actor_cfg = ActorConfig(model_path=str(model_dir), rollout=args.rollout, reference=(algo == "ppo"),
-                            optim=OptimConfig(lr=args.lr), vllm=engine, hf=HFRolloutConfig(compile=args.compile), load=load, **train)
+    actor_cfg = ActorConfig(
+        model_path=str(model_dir),
+        rollout=args.rollout,
+        reference=(algo == "ppo"),
+        optim=OptimConfig(lr=args.lr),
+        vllm=engine,
+        hf=HFRolloutConfig(compile=args.compile),
+        load=load,
+        **train,
+    )
     pool = session.pool(f"bench_{algo}_{placement}", devices)
-    sampling = SamplingConfig(max_new_tokens=args.new_tokens, temperature=args.temperature, n=args.n if algo == "grpo" else 1)
+    sampling = SamplingConfig(
+        max_new_tokens=args.new_tokens, temperature=args.temperature, n=args.n if algo == "grpo" else 1
+    )
     if algo == "grpo":
         actor = session.group("actor", ActorRolloutRefWorker, pool, actor_cfg)
         config = GRPOConfig(sampling=sampling, kl_loss_coef=0.0, old_log_probs=args.old_log_probs)
@@ -129,12 +149,23 @@ def build_workbench(session, algo: str, model_dir: Path, reward_dir: Path, args,
     groups = session.fused(
         pool,
         actor=(ActorRolloutRefWorker, actor_cfg),
-        critic=(CriticWorker, CriticConfig(model_path=str(reward_dir), optim=OptimConfig(lr=args.lr), load=load,
-                                           reuse_values_forward=args.reuse_values, **train)),
+        critic=(
+            CriticWorker,
+            CriticConfig(
+                model_path=str(reward_dir),
+                optim=OptimConfig(lr=args.lr),
+                load=load,
+                reuse_values_forward=args.reuse_values,
+                **train,
+            ),
+        ),
         reward=(RewardModelWorker, ScoreModelConfig(model_path=str(reward_dir), micro_batch_size=rows, load=load)),
     )
     config = PPOConfig(sampling=sampling, kl_coef=args.kl_coef, old_log_probs=args.old_log_probs)
-    return PPO(Groups(actor=groups["actor"], reference=groups["actor"], critic=groups["critic"], reward=groups["reward"]), config)
+    return PPO(
+        Groups(actor=groups["actor"], reference=groups["actor"], critic=groups["critic"], reward=groups["reward"]),
+        config,
+    )
 
 
 def compute_seconds(records, since: float) -> float:
@@ -218,11 +249,17 @@ def run_case(session, algo: str, size: str, args) -> dict:
     tokenizer = load(model_dir).tokenizer
     prompts_per_step = args.rows // (args.n if algo == "grpo" else 1)
     steps = args.warmup + args.iterations
-    problems = arithmetic.generate(arithmetic.ArithmeticConfig(digits=2), prompts_per_step * steps * args.rounds, seed=0)
+    problems = arithmetic.generate(
+        arithmetic.ArithmeticConfig(digits=2), prompts_per_step * steps * args.rounds, seed=0
+    )
     rows = [{"prompt": p.prompt, "ground_truth": p.ground_truth} for p in problems]
-    batches = [tokenize_prompts(rows[i : i + prompts_per_step], tokenizer, max_prompt_length=32)
-               for i in range(0, len(rows), prompts_per_step)]
-    sampling = SamplingConfig(max_new_tokens=new_tokens, temperature=args.temperature, n=args.n if algo == "grpo" else 1)
+    batches = [
+        tokenize_prompts(rows[i : i + prompts_per_step], tokenizer, max_prompt_length=32)
+        for i in range(0, len(rows), prompts_per_step)
+    ]
+    sampling = SamplingConfig(
+        max_new_tokens=new_tokens, temperature=args.temperature, n=args.n if algo == "grpo" else 1
+    )
 
     torch.set_num_threads(args.threads)
     algorithm = build_workbench(session, algo, model_dir, reward_dir, args, args.placement)
@@ -235,9 +272,18 @@ def run_case(session, algo: str, size: str, args) -> dict:
     step_times: dict[str, list[float]] = {}
     for round_ in range(args.rounds):
         settings = {
-            "repo": str(ROOT), "model": str(model_dir), "reward_model": str(reward_dir), "threads": args.threads,
-            "seed": round_, "rows": args.rows, "n": args.n, "new_tokens": new_tokens, "temperature": args.temperature,
-            "lr": args.lr, "kl_coef": args.kl_coef, "steps": steps,
+            "repo": str(ROOT),
+            "model": str(model_dir),
+            "reward_model": str(reward_dir),
+            "threads": args.threads,
+            "seed": round_,
+            "rows": args.rows,
+            "n": args.n,
+            "new_tokens": new_tokens,
+            "temperature": args.temperature,
+            "lr": args.lr,
+            "kl_coef": args.kl_coef,
+            "steps": steps,
             "prompts": rows[round_ * prompts_per_step * steps : (round_ + 1) * prompts_per_step * steps],
         }
         result = run_peer(algo, settings)
@@ -269,10 +315,13 @@ def run_case(session, algo: str, size: str, args) -> dict:
         "overhead": round(statistics.median(overhead), 4),
         "steps_s": {k.removeprefix("timing_s/"): round(statistics.median(v), 3) for k, v in step_times.items()},
     }
-    print(f"[{algo} {size}, {new_tokens} new tokens] workbench {result['workbench_s']} s/it "
-          f"({result['workbench_tokens_per_s']} tok/s) | TRL {result['trl_s']} s/it ({result['trl_tokens_per_s']} tok/s) "
-          f"-> x{result['ratio']} | compute limit {result['limit_s']} s (workbench x{result['vs_limit']} of it), "
-          f"framework overhead {result['overhead']:.1%} | steps {result['steps_s']}", flush=True)
+    print(
+        f"[{algo} {size}, {new_tokens} new tokens] workbench {result['workbench_s']} s/it "
+        f"({result['workbench_tokens_per_s']} tok/s) | TRL {result['trl_s']} s/it ({result['trl_tokens_per_s']} tok/s) "
+        f"-> x{result['ratio']} | compute limit {result['limit_s']} s (workbench x{result['vs_limit']} of it), "
+        f"framework overhead {result['overhead']:.1%} | steps {result['steps_s']}",
+        flush=True,
+    )
     session.clear()
     return result
 
@@ -291,20 +340,38 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--kl-coef", type=float, default=0.05, help="PPO's KL-in-reward coefficient (both sides)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each side's one process")
-    parser.add_argument("--warmup", type=int, default=2, help="unmeasured iterations per side (the workbench compiles in them)")
+    parser.add_argument(
+        "--warmup", type=int, default=2, help="unmeasured iterations per side (the workbench compiles in them)"
+    )
     parser.add_argument("--iterations", type=int, default=3, help="measured iterations per side per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--old-log-probs", default="auto", help="the workbench's AlgoConfig.old_log_probs")
-    parser.add_argument("--placement", default="dp2-zero2", choices=sorted(PLACEMENTS),
-                        help="the workbench's placement: devices x threads each, and the training backend")
-    parser.add_argument("--rollout", default="hf", choices=("hf", "vllm"),
-                        help="the workbench's rollout backend (vLLM engines: one core per rank, all cores for one rank)")
-    parser.add_argument("--compile", default=True, action=argparse.BooleanOptionalAction,
-                        help="the workbench compiles its forwards: decoding (HFRolloutConfig.compile) and every "
-                             "training and scoring forward (LoadConfig.compile); compilation falls in the warm-up")
-    parser.add_argument("--reuse-values", default=True, action=argparse.BooleanOptionalAction,
-                        help="PPO: the critic's values come from its update's training forward, which is kept "
-                             "(CriticConfig.reuse_values_forward; exact for the one-step update here)")
+    parser.add_argument(
+        "--placement",
+        default="dp2-zero2",
+        choices=sorted(PLACEMENTS),
+        help="the workbench's placement: devices x threads each, and the training backend",
+    )
+    parser.add_argument(
+        "--rollout",
+        default="hf",
+        choices=("hf", "vllm"),
+        help="the workbench's rollout backend (vLLM engines: one core per rank, all cores for one rank)",
+    )
+    parser.add_argument(
+        "--compile",
+        default=True,
+        action=argparse.BooleanOptionalAction,
+        help="the workbench compiles its forwards: decoding (HFRolloutConfig.compile) and every "
+        "training and scoring forward (LoadConfig.compile); compilation falls in the warm-up",
+    )
+    parser.add_argument(
+        "--reuse-values",
+        default=True,
+        action=argparse.BooleanOptionalAction,
+        help="PPO: the critic's values come from its update's training forward, which is kept "
+        "(CriticConfig.reuse_values_forward; exact for the one-step update here)",
+    )
     args = parser.parse_args()
 
     from workbench import Session
@@ -318,17 +385,37 @@ def main() -> None:
             for size in args.sizes.split(","):
                 results[f"{algo}_{size}"] = run_case(session, algo, size, args)
     ratios = {f"ratio_{k}": v["ratio"] for k, v in results.items()}
-    print(json.dumps({
-        "bench": "vs_trl", **ratios, "ratio_min": min(ratios.values()),
-        "vs_limit_max": max(v["vs_limit"] for v in results.values()),
-        "overhead_max": max(v["overhead"] for v in results.values()),
-        "cases": results,
-        "settings": {"rows": args.rows, "n": args.n, "temperature": args.temperature, "lr": args.lr,
-                     "kl_coef": args.kl_coef, "threads": args.threads, "warmup": args.warmup,
-                     "iterations": args.iterations, "rounds": args.rounds, "old_log_probs": args.old_log_probs,
-                     "workbench_placement": args.placement, "placements": PLACEMENTS, "rollout": args.rollout,
-                     "compile": args.compile, "reuse_values": args.reuse_values, "peers": PEER_REQUIREMENTS, "new_tokens": CASES},
-    }))
+    print(
+        json.dumps(
+            {
+                "bench": "vs_trl",
+                **ratios,
+                "ratio_min": min(ratios.values()),
+                "vs_limit_max": max(v["vs_limit"] for v in results.values()),
+                "overhead_max": max(v["overhead"] for v in results.values()),
+                "cases": results,
+                "settings": {
+                    "rows": args.rows,
+                    "n": args.n,
+                    "temperature": args.temperature,
+                    "lr": args.lr,
+                    "kl_coef": args.kl_coef,
+                    "threads": args.threads,
+                    "warmup": args.warmup,
+                    "iterations": args.iterations,
+                    "rounds": args.rounds,
+                    "old_log_probs": args.old_log_probs,
+                    "workbench_placement": args.placement,
+                    "placements": PLACEMENTS,
+                    "rollout": args.rollout,
+                    "compile": args.compile,
+                    "reuse_values": args.reuse_values,
+                    "peers": PEER_REQUIREMENTS,
+                    "new_tokens": CASES,
+                },
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -31,13 +31,25 @@ sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).re
 from algorithms import GRPO, GRPOConfig, Groups
 from widgets import LiveTimeline, PlacementExplorer
 from widgets.planning import cluster_for, dataflow_for, estimate, model_specs
-from workbench import (ActorConfig, ActorRolloutRefWorker, OptimConfig, RuleReward, SamplingConfig, Session,
-                       arithmetic, tokenize_prompts)
+from workbench import (
+    ActorConfig,
+    ActorRolloutRefWorker,
+    OptimConfig,
+    RuleReward,
+    SamplingConfig,
+    Session,
+    arithmetic,
+    tokenize_prompts,
+)
 from workbench.models import load, make_tiny
 from workbench.planner import AutoMapper, Workload
 
-MOVES = [("response_len", v) for v in (16, 64, 128, 256, 32)] + [("global_batch", v) for v in (8, 32, 64, 16)] + \
-        [("n_samples", v) for v in (1, 4, 8, 2)] + [("placement", v) for v in ("split", "standalone", "colocate", "auto")]
+MOVES = (
+    [("response_len", v) for v in (16, 64, 128, 256, 32)]
+    + [("global_batch", v) for v in (8, 32, 64, 16)]
+    + [("n_samples", v) for v in (1, 4, 8, 2)]
+    + [("placement", v) for v in ("split", "standalone", "colocate", "auto")]
+)
 
 
 def slider_latency(rounds: int) -> dict:
@@ -53,9 +65,14 @@ def slider_latency(rounds: int) -> dict:
             # The bare planner on the same scenario: auto-mapping from scratch.
             s = explorer.scenario
             flow = dataflow_for(s.algorithm)
-            wl = Workload(global_batch=s.global_batch, n_samples=s.n_samples, prompt_len=s.prompt_len,
-                          response_len=s.response_len, ppo_mini_batches=min(8, s.global_batch),
-                          micro_batch_size=min(8, s.global_batch * s.n_samples))
+            wl = Workload(
+                global_batch=s.global_batch,
+                n_samples=s.n_samples,
+                prompt_len=s.prompt_len,
+                response_len=s.response_len,
+                ppo_mini_batches=min(8, s.global_batch),
+                micro_batch_size=min(8, s.global_batch * s.n_samples),
+            )
             t0 = time.perf_counter()
             AutoMapper(flow, flow.model_specs(model_specs(s, flow.models)), wl, cluster_for(s)).run()
             bare.append(time.perf_counter() - t0)
@@ -63,9 +80,13 @@ def slider_latency(rounds: int) -> dict:
             explorer.png()
             render.append(time.perf_counter() - t0)
     med = statistics.median
-    return {"slider_ms": round(med(ours) * 1e3, 2), "planner_ms": round(med(bare) * 1e3, 2),
-            "slider_vs_planner": round(med(ours) / med(bare), 3),
-            "slider_render_ms": round((med(ours) + med(render)) * 1e3, 1), "slider_moves": len(ours)}
+    return {
+        "slider_ms": round(med(ours) * 1e3, 2),
+        "planner_ms": round(med(bare) * 1e3, 2),
+        "slider_vs_planner": round(med(ours) / med(bare), 3),
+        "slider_render_ms": round((med(ours) + med(render)) * 1e3, 1),
+        "slider_moves": len(ours),
+    }
 
 
 def timeline_overhead(pairs: int, block: int, workdir: Path) -> dict:
@@ -74,10 +95,16 @@ def timeline_overhead(pairs: int, block: int, workdir: Path) -> dict:
     problems = arithmetic.generate(arithmetic.ArithmeticConfig(digits=1), 8, seed=1)
     prompts = tokenize_prompts([p.__dict__ for p in problems], tokenizer, max_prompt_length=32)
     with Session(num_devices=2) as session:
-        actor = session.group("actor", ActorRolloutRefWorker, session.pool("actor_pool", 2),
-                              ActorConfig(model_path=str(model_dir), reference=True, optim=OptimConfig(lr=1e-5)))
-        grpo = GRPO(Groups(actor=actor, reference=actor, reward=RuleReward(arithmetic.score)),
-                    GRPOConfig(sampling=SamplingConfig(max_new_tokens=16, n=4, seed=0)))
+        actor = session.group(
+            "actor",
+            ActorRolloutRefWorker,
+            session.pool("actor_pool", 2),
+            ActorConfig(model_path=str(model_dir), reference=True, optim=OptimConfig(lr=1e-5)),
+        )
+        grpo = GRPO(
+            Groups(actor=actor, reference=actor, reward=RuleReward(arithmetic.score)),
+            GRPOConfig(sampling=SamplingConfig(max_new_tokens=16, n=4, seed=0)),
+        )
         grpo.fit([prompts], iterations=1, log=None)  # warm-up: first calls load and compile
         timeline = LiveTimeline(session, since=time.time())
         timeline.widget()  # displayed, as in a notebook: refreshes redraw the figure
@@ -101,14 +128,20 @@ def timeline_overhead(pairs: int, block: int, workdir: Path) -> dict:
             bare_wall += time.perf_counter() - t0
         timeline.wait_drawn()
     med, iterations = statistics.median, pairs * block
-    return {"timeline_overhead": round(spent / continuous, 4),
-            "timeline_ab_slowdown": round(watched_wall / bare_wall - 1, 4),
-            "timeline_hold": round(sum(held) / continuous, 5),
-            "timeline_refresh_ms": round(med(held) * 1e3, 2),
-            "timeline_redraw_ms": round(med(redraws) * 1e3, 1) if redraws else 0.0,
-            "timeline_redraws": len(redraws), "watched_run_s": round(continuous, 2),
-            "iteration_s": round(bare_wall / iterations, 3), "iteration_watched_s": round(watched_wall / iterations, 3),
-            "timeline_spans": timeline.data()["spans"], "pairs": pairs, "block": block}
+    return {
+        "timeline_overhead": round(spent / continuous, 4),
+        "timeline_ab_slowdown": round(watched_wall / bare_wall - 1, 4),
+        "timeline_hold": round(sum(held) / continuous, 5),
+        "timeline_refresh_ms": round(med(held) * 1e3, 2),
+        "timeline_redraw_ms": round(med(redraws) * 1e3, 1) if redraws else 0.0,
+        "timeline_redraws": len(redraws),
+        "watched_run_s": round(continuous, 2),
+        "iteration_s": round(bare_wall / iterations, 3),
+        "iteration_watched_s": round(watched_wall / iterations, 3),
+        "timeline_spans": timeline.data()["spans"],
+        "pairs": pairs,
+        "block": block,
+    }
 
 
 def main() -> None:
@@ -118,15 +151,19 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=8, help="iterations per block")
     args = parser.parse_args()
     result = {"bench": "widgets", **slider_latency(args.rounds)}
-    print(f"explorer: slider change -> figure data {result['slider_ms']} ms (bare planner {result['planner_ms']} ms, "
-          f"x{result['slider_vs_planner']}); with the figure drawn {result['slider_render_ms']} ms; goal <= 200 ms")
+    print(
+        f"explorer: slider change -> figure data {result['slider_ms']} ms (bare planner {result['planner_ms']} ms, "
+        f"x{result['slider_vs_planner']}); with the figure drawn {result['slider_render_ms']} ms; goal <= 200 ms"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         result |= timeline_overhead(args.pairs, args.block, Path(tmp))
-    print(f"live timeline: callback and redraws took {result['timeline_overhead']:.2%} of a {result['watched_run_s']} s watched run "
-          f"(goal <= 2%): the callback holds the loop {result['timeline_refresh_ms']} ms per iteration "
-          f"({result['timeline_hold']:.2%}), {result['timeline_redraws']} redraws of {result['timeline_redraw_ms']} ms ran on "
-          f"the view's thread. Measured A/B: {result['iteration_watched_s']} s per iteration watched, "
-          f"{result['iteration_s']} s not ({result['timeline_ab_slowdown']:+.1%}; noisy on a shared machine)")
+    print(
+        f"live timeline: callback and redraws took {result['timeline_overhead']:.2%} of a {result['watched_run_s']} s watched run "
+        f"(goal <= 2%): the callback holds the loop {result['timeline_refresh_ms']} ms per iteration "
+        f"({result['timeline_hold']:.2%}), {result['timeline_redraws']} redraws of {result['timeline_redraw_ms']} ms ran on "
+        f"the view's thread. Measured A/B: {result['iteration_watched_s']} s per iteration watched, "
+        f"{result['iteration_s']} s not ({result['timeline_ab_slowdown']:+.1%}; noisy on a shared machine)"
+    )
     result |= {"goal_slider_ms": 200, "goal_timeline_overhead": 0.02}
     print(json.dumps(result))
 

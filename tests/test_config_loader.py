@@ -38,26 +38,39 @@ class Outer:
 
 
 def test_a_mapping_builds_nested_typed_fields():
-    config = build(Outer, {"name": "x", "inner": {"mode": "slow", "limit": None}, "pair": [1, "3e-5"],
-                           "tags": ["a", "b"], "sizes": [1, 2], "weights": {"a": 1}, "flag": True})
+    config = build(
+        Outer,
+        {
+            "name": "x",
+            "inner": {"mode": "slow", "limit": None},
+            "pair": [1, "3e-5"],
+            "tags": ["a", "b"],
+            "sizes": [1, 2],
+            "weights": {"a": 1},
+            "flag": True,
+        },
+    )
     assert config.inner == Inner(rate=0.5, mode="slow")  # untouched nested fields keep the field's default
     assert config.pair == (1.0, 3e-5) and isinstance(config.pair[0], float)  # ints widen, YAML 1.1 text is read
     assert config.tags == ("a", "b") and config.sizes == [1, 2] and config.weights == {"a": 1.0}
     assert build(Outer, to_plain(config)) == config
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"name": "x", "inner": {"rte": 1}}, r"^inner\.rte=1: no such field in 'inner'; did you mean 'inner\.rate'\?"),
-    ({"name": "x", "inner": {"mode": "medium"}}, r"^inner\.mode='medium': use one of \['fast', 'slow'\]"),
-    ({"name": "x", "inner": {"limit": 2.5}}, r"^inner\.limit=2\.5: expected int \| None"),
-    ({"name": "x", "inner": {"rate": -1}}, r"^inner\.rate=-1\.0: use a rate > 0"),  # the class's own check, placed
-    ({"name": "x", "pair": [1]}, r"^pair=\[1\]: expected 2 values"),
-    ({"name": "x", "sizes": [1, "two"]}, r"^sizes\[1\]='two': expected a whole number"),
-    ({"name": "x", "weights": {"a": "heavy"}}, r"^weights\.a='heavy': expected a number"),
-    ({"name": "x", "flag": "yes"}, r"^flag='yes': expected true or false"),
-    ({"name": "x", "inner": 3}, r"^inner=3: expected a mapping of Inner's fields"),
-    ({"inner": {}}, r"required field\(s\) missing: set name"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"name": "x", "inner": {"rte": 1}}, r"^inner\.rte=1: no such field in 'inner'; did you mean 'inner\.rate'\?"),
+        ({"name": "x", "inner": {"mode": "medium"}}, r"^inner\.mode='medium': use one of \['fast', 'slow'\]"),
+        ({"name": "x", "inner": {"limit": 2.5}}, r"^inner\.limit=2\.5: expected int \| None"),
+        ({"name": "x", "inner": {"rate": -1}}, r"^inner\.rate=-1\.0: use a rate > 0"),  # the class's own check, placed
+        ({"name": "x", "pair": [1]}, r"^pair=\[1\]: expected 2 values"),
+        ({"name": "x", "sizes": [1, "two"]}, r"^sizes\[1\]='two': expected a whole number"),
+        ({"name": "x", "weights": {"a": "heavy"}}, r"^weights\.a='heavy': expected a number"),
+        ({"name": "x", "flag": "yes"}, r"^flag='yes': expected true or false"),
+        ({"name": "x", "inner": 3}, r"^inner=3: expected a mapping of Inner's fields"),
+        ({"inner": {}}, r"required field\(s\) missing: set name"),
+    ],
+)
 def test_every_error_names_the_dotted_field(values, message):
     with pytest.raises(ConfigError, match=message):
         build(Outer, values)
@@ -95,10 +108,18 @@ def test_algorithm_configs_load_like_the_run_config(tmp_path):
     """The same nested section, wrong type or unknown key gives the same error shape in a
     notebook (PPOConfig.from_dict / from_yaml) as in a headless run (algorithm.*, sampling.*)."""
     cases = [  # (notebook dict, its field, nearest), (run override, its field, nearest)
-        (({"sampling": {"max_new_token": 4}}, "PPOConfig.sampling.max_new_token", "PPOConfig.sampling.max_new_tokens"),
-         ("sampling.max_new_token=4", "sampling.max_new_token", "sampling.max_new_tokens")),
-        (({"kl_coeff": 0.1}, "PPOConfig.kl_coeff", "PPOConfig.kl_coef"),
-         ("algorithm.kl_coeff=0.1", "algorithm.kl_coeff", "algorithm.kl_coef")),
+        (
+            (
+                {"sampling": {"max_new_token": 4}},
+                "PPOConfig.sampling.max_new_token",
+                "PPOConfig.sampling.max_new_tokens",
+            ),
+            ("sampling.max_new_token=4", "sampling.max_new_token", "sampling.max_new_tokens"),
+        ),
+        (
+            ({"kl_coeff": 0.1}, "PPOConfig.kl_coeff", "PPOConfig.kl_coef"),
+            ("algorithm.kl_coeff=0.1", "algorithm.kl_coeff", "algorithm.kl_coef"),
+        ),
     ]
     for (values, where, nearest), (override, run_where, run_nearest) in cases:
         with pytest.raises(ConfigError) as notebook:

@@ -12,16 +12,19 @@ from workbench.planner import Workload, automap, cluster_preset, dataflow_preset
 from workbench.stages import StageConfig
 
 
-@pytest.mark.parametrize("module, old, new", [
-    ("workbench", "RANK_ZERO", ONE_TO_ALL_KEEP_RANK0),
-    ("workbench.controller", "RANK_ZERO", ONE_TO_ALL_KEEP_RANK0),
-    ("workbench.controller.protocols", "RANK_ZERO", ONE_TO_ALL_KEEP_RANK0),
-    ("algorithms.metrics", "StageClock", StepClock),
-    ("workbench.stages", "SFTConfig", StageConfig),
-    ("workbench.stages", "RewardModelConfig", StageConfig),
-    ("workbench.stages.sft", "SFTConfig", StageConfig),
-    ("workbench.stages.reward_model", "RewardModelConfig", StageConfig),
-])
+@pytest.mark.parametrize(
+    "module, old, new",
+    [
+        ("workbench", "RANK_ZERO", ONE_TO_ALL_KEEP_RANK0),
+        ("workbench.controller", "RANK_ZERO", ONE_TO_ALL_KEEP_RANK0),
+        ("workbench.controller.protocols", "RANK_ZERO", ONE_TO_ALL_KEEP_RANK0),
+        ("algorithms.metrics", "StageClock", StepClock),
+        ("workbench.stages", "SFTConfig", StageConfig),
+        ("workbench.stages", "RewardModelConfig", StageConfig),
+        ("workbench.stages.sft", "SFTConfig", StageConfig),
+        ("workbench.stages.reward_model", "RewardModelConfig", StageConfig),
+    ],
+)
 def test_old_module_names(module, old, new):
     with pytest.warns(DeprecationWarning, match=old):
         assert getattr(importlib.import_module(module), old) is new

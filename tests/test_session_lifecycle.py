@@ -22,14 +22,20 @@ def prompts(n):
 
 
 def alive_hosts() -> list[str]:
-    return [a["ActorID"] for a in ray._private.state.actors().values()
-            if a["State"] == "ALIVE" and a["ActorClassName"].startswith("WorkerHost")]
+    return [
+        a["ActorID"]
+        for a in ray._private.state.actors().values()
+        if a["State"] == "ALIVE" and a["ActorClassName"].startswith("WorkerHost")
+    ]
 
 
 def live_placement_groups() -> list[str]:
     # Sorted: Ray's table is keyed by group id, so its order is not creation order.
-    return sorted(pg["name"] for pg in ray.util.placement_group_table().values()
-                  if pg["state"] != "REMOVED" and pg["name"].startswith("workbench:"))
+    return sorted(
+        pg["name"]
+        for pg in ray.util.placement_group_table().values()
+        if pg["state"] != "REMOVED" and pg["name"].startswith("workbench:")
+    )
 
 
 @pytest.fixture
@@ -51,15 +57,23 @@ def test_rerunning_the_session_cell_three_times_gives_one_clean_session(clean):
         group = session.group("actor", EchoWorker, session.pool("actor_pool", 1))  # no name clash
         assert group.all_reduce().get() == [1.0]
     assert first.where().get()[0]["pid"] == group.where().get()[0]["pid"]  # an old handle follows its role
-    with pytest.raises(GroupRemovedError, match=r"'side' no longer exists: the Session\(\.\.\.\) cell was re-run.*session.group\('side'"):
+    with pytest.raises(
+        GroupRemovedError,
+        match=r"'side' no longer exists: the Session\(\.\.\.\) cell was re-run.*session.group\('side'",
+    ):
         side.where()
     assert len(live_placement_groups()) == 1
 
 
 def test_bad_session_arguments_are_refused_and_change_nothing(clean):
     group = clean.group("keep", EchoWorker, clean.pool("one", 1))
-    for kwargs in ({"num_devices": 0}, {"num_devices": 2.5}, {"threads_per_worker": 0}, {"max_colocate": -1},
-                   {"max_trace_records": 0}):
+    for kwargs in (
+        {"num_devices": 0},
+        {"num_devices": 2.5},
+        {"threads_per_worker": 0},
+        {"max_colocate": -1},
+        {"max_trace_records": 0},
+    ):
         with pytest.raises(ConfigError, match=f"Session.{next(iter(kwargs))}="):
             Session(**kwargs)
     assert group.where().get()[0]["rank"] == 0 and "keep" in clean.groups
@@ -93,7 +107,9 @@ def test_handles_follow_their_role_and_fused_partners_say_what_happened(clean):
     actor, reference = groups["actor"], groups["reference"]
     clean.group("actor", EchoWorker, pool, {"scale": 3})  # re-run only the actor cell
     assert actor.double(prompts(2)).get()["x"].tolist() == [0.0, 3.0]  # the old handle, the new group
-    with pytest.raises(GroupRemovedError, match=r"'reference' no longer exists: .*'reference' shared its processes with 'actor'"):
+    with pytest.raises(
+        GroupRemovedError, match=r"'reference' no longer exists: .*'reference' shared its processes with 'actor'"
+    ):
         reference.negate(prompts(2))
     clean.fused(pool, actor=EchoWorker, reference=ReferenceLike)  # re-run the fused cell
     assert reference.negate(prompts(2)).get()["x"].tolist() == [0.0, -1.0]
@@ -104,7 +120,9 @@ def test_killed_worker_is_named_and_recover_restarts_the_group(clean):
     where = critic.where().get()
     os.kill(where[1]["pid"], signal.SIGKILL)
     # rank 0's collective fails with "connection closed"; the error names the dead rank 1.
-    with pytest.raises(WorkerDiedError, match=rf"rank 1 of role 'critic' \(pid {where[1]['pid']} on node .*\) died") as err:
+    with pytest.raises(
+        WorkerDiedError, match=rf"rank 1 of role 'critic' \(pid {where[1]['pid']} on node .*\) died"
+    ) as err:
         critic.all_reduce().get(timeout=60)
     assert "still usable" not in str(err.value) and "session.recover('critic')" in str(err.value)
     start = time.monotonic()
@@ -138,7 +156,9 @@ def test_a_failed_start_does_not_claim_a_usable_group(clean):
 
 def test_a_worker_exception_with_live_peers_keeps_the_group(clean):
     group = clean.group("g", EchoWorker, clean.pool("two", 2))
-    with pytest.raises(WorkerCallError, match=r"failed on rank 1\. Every rank of the group answers, so it is still usable"):
+    with pytest.raises(
+        WorkerCallError, match=r"failed on rank 1\. Every rank of the group answers, so it is still usable"
+    ):
         group.fail_on(1).get()
     assert group.fail_on(7).get() == [0, 1]
 
@@ -176,8 +196,9 @@ def test_shutdown_releases_everything_even_on_a_ray_it_did_not_start():
 
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(root), "RAY_TMPDIR": tempfile.mkdtemp(prefix="wb-ray-")}
-    run = subprocess.run([sys.executable, "-c", SHUTDOWN_SCRIPT], cwd=root, env=env,
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-c", SHUTDOWN_SCRIPT], cwd=root, env=env, capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result == {"same": True, "alive": 0, "pgs": 0, "ray_up": True, "closed": True, "fresh": True}

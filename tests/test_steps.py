@@ -17,8 +17,14 @@ from workbench.workers.actor import ActorRolloutRefWorker
 from workbench.workers.critic import CriticWorker
 from workbench.workers.reward import CostModelWorker, RewardModelWorker
 
-WORKER_OF_ROLE = {"actor": ActorRolloutRefWorker, "reference": ActorRolloutRefWorker, "critic": CriticWorker,
-                  "cost_critic": CriticWorker, "reward": RewardModelWorker, "cost": CostModelWorker}
+WORKER_OF_ROLE = {
+    "actor": ActorRolloutRefWorker,
+    "reference": ActorRolloutRefWorker,
+    "critic": CriticWorker,
+    "cost_critic": CriticWorker,
+    "reward": RewardModelWorker,
+    "cost": CostModelWorker,
+}
 
 
 def test_each_row_names_a_real_algorithm_method_and_worker_method():
@@ -44,14 +50,21 @@ def test_the_planner_calls_are_the_table_s_steps(name):
 
 
 def test_verl_metric_names_stay():
-    assert {"gen", "old_log_prob", "ref", "values", "reward", "adv", "update_critic", "update_actor"} <= set(steps.BY_NAME)
+    assert {"gen", "old_log_prob", "ref", "values", "reward", "adv", "update_critic", "update_actor"} <= set(
+        steps.BY_NAME
+    )
 
 
 def test_the_guard_names_the_step_that_made_a_bad_field():
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
-    batch = Batch({"response_mask": mask, "scores": torch.tensor([1.0, 2.0]),
-                   "advantages": torch.tensor([[0.1, 0.2, math.nan], [0.3, math.inf, math.nan]])},
-                  {"uid": ["a", "b"]})
+    batch = Batch(
+        {
+            "response_mask": mask,
+            "scores": torch.tensor([1.0, 2.0]),
+            "advantages": torch.tensor([[0.1, 0.2, math.nan], [0.3, math.inf, math.nan]]),
+        },
+        {"uid": ["a", "b"]},
+    )
     finite_batch(batch, before="update_actor")  # NaN/inf only in padding: nothing read is bad
     batch["values"] = torch.tensor([[0.0, math.nan, 0.0], [0.0, 0.0, 0.0]])
     batch["scores"] = torch.tensor([1.0, math.inf])
@@ -59,11 +72,23 @@ def test_the_guard_names_the_step_that_made_a_bad_field():
         finite_batch(batch, before="update_critic")  # values are made before the scores
     assert info.value.step == "values"
     # Every field the old guard checked, named with the same step.
-    old = {"scores": "reward", "token_level_scores": "reward", "costs": "cost", "token_level_costs": "cost",
-           "token_level_rewards": "reward_shaping", "token_level_kl": "reward_shaping", "values": "values",
-           "cost_values": "cost_values", "old_log_probs": "old_log_prob", "rollout_log_probs": "gen",
-           "ref_log_probs": "ref", "advantages": "adv", "returns": "adv", "cost_advantages": "adv",
-           "cost_returns": "adv"}
+    old = {
+        "scores": "reward",
+        "token_level_scores": "reward",
+        "costs": "cost",
+        "token_level_costs": "cost",
+        "token_level_rewards": "reward_shaping",
+        "token_level_kl": "reward_shaping",
+        "values": "values",
+        "cost_values": "cost_values",
+        "old_log_probs": "old_log_prob",
+        "rollout_log_probs": "gen",
+        "ref_log_probs": "ref",
+        "advantages": "adv",
+        "returns": "adv",
+        "cost_advantages": "adv",
+        "cost_returns": "adv",
+    }
     assert {field: steps.producer_of(field) for field in old} == old
 
 

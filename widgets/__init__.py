@@ -15,5 +15,14 @@ from widgets.planning import Estimate, Scenario, estimate
 from widgets.recorder import RunRecorder
 from widgets.timeline import LiveTimeline
 
-__all__ = ["BatchInspector", "ClusterView", "Estimate", "LiveTimeline", "MetricsDashboard", "PlacementExplorer",
-           "RunRecorder", "Scenario", "estimate"]
+__all__ = [
+    "BatchInspector",
+    "ClusterView",
+    "Estimate",
+    "LiveTimeline",
+    "MetricsDashboard",
+    "PlacementExplorer",
+    "RunRecorder",
+    "Scenario",
+    "estimate",
+]

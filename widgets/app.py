@@ -31,8 +31,10 @@ class RunFiles:
         self._stamps = self._mtimes()
 
     def _mtimes(self) -> tuple:
-        return tuple(p.stat().st_mtime_ns if p.exists() else 0
-                     for p in (self.run_dir / "trace.jsonl", self.run_dir / "metrics.jsonl"))
+        return tuple(
+            p.stat().st_mtime_ns if p.exists() else 0
+            for p in (self.run_dir / "trace.jsonl", self.run_dir / "metrics.jsonl")
+        )
 
     def poll(self) -> bool:
         """Reload whichever file changed; True when something did."""
@@ -58,19 +60,30 @@ def build(run_dir: str | Path | None = None, refresh_ms: int = 1000) -> pn.Tabs:
     return pn.Tabs(*tabs, dynamic=False)
 
 
-def serve(run_dir: str | Path | None = None, address: str = "127.0.0.1", port: int = 5006,
-          refresh_ms: int = 1000) -> None:
+def serve(
+    run_dir: str | Path | None = None, address: str = "127.0.0.1", port: int = 5006, refresh_ms: int = 1000
+) -> None:
     """Serve the app until interrupted."""
-    print(f"HybridFlow Workbench app at http://{address}:{port}" + (f" following {run_dir}" if run_dir else ""),
-          flush=True)
-    pn.serve(lambda: build(run_dir, refresh_ms), address=address, port=port, show=False,
-             allow_websocket_origin=[f"{address}:{port}"], title="HybridFlow Workbench")
+    print(
+        f"HybridFlow Workbench app at http://{address}:{port}" + (f" following {run_dir}" if run_dir else ""),
+        flush=True,
+    )
+    pn.serve(
+        lambda: build(run_dir, refresh_ms),
+        address=address,
+        port=port,
+        show=False,
+        allow_websocket_origin=[f"{address}:{port}"],
+        title="HybridFlow Workbench",
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m workbench app", description=__doc__.splitlines()[0])
     parser.add_argument("--run", type=Path, default=None, help="a run directory written by widgets.RunRecorder")
-    parser.add_argument("--address", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
+    parser.add_argument(
+        "--address", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)"
+    )
     parser.add_argument("--port", type=int, default=5006)
     parser.add_argument("--refresh-ms", type=int, default=1000, help="how often to look for new spans and metrics")
     args = parser.parse_args(argv)

@@ -45,11 +45,24 @@ class ClusterView(View):
     def data(self) -> dict:
         """nodes, pools (devices per node), and one row per worker process: pool, roles, rank,
         (pp, tp, dp) coordinate, node, pid, resident memory."""
-        nodes = [{"node": n["NodeID"], "address": n.get("NodeManagerAddress"), "alive": n.get("Alive", False),
-                  "cpus": n.get("Resources", {}).get("CPU", 0), "gpus": n.get("Resources", {}).get("GPU", 0)}
-                 for n in ray.nodes()] if ray.is_initialized() else []
-        pools = [{"pool": p.name, "devices_per_node": list(p.devices_per_node), "resource": p.resource}
-                 for p in self.session.pools.values()]
+        nodes = (
+            [
+                {
+                    "node": n["NodeID"],
+                    "address": n.get("NodeManagerAddress"),
+                    "alive": n.get("Alive", False),
+                    "cpus": n.get("Resources", {}).get("CPU", 0),
+                    "gpus": n.get("Resources", {}).get("GPU", 0),
+                }
+                for n in ray.nodes()
+            ]
+            if ray.is_initialized()
+            else []
+        )
+        pools = [
+            {"pool": p.name, "devices_per_node": list(p.devices_per_node), "resource": p.resource}
+            for p in self.session.pools.values()
+        ]
         workers, seen = [], set()
         for group in self.session.groups.values():
             hostset = group.hostset
@@ -68,10 +81,19 @@ class ClusterView(View):
                     except (psutil.NoSuchProcess, psutil.AccessDenied):
                         rss = None
                 coord = mesh.coord(rank)
-                workers.append({"pool": hostset.pool.name, "roles": list(hostset.roles), "rank": rank,
-                                "layout": f"pp{mesh.pp} tp{mesh.tp} dp{mesh.dp}", "coord": tuple(coord),
-                                "node": node, "pid": pid, "state": info.get("State"),
-                                "memory_mib": rss / MIB if rss is not None else None})
+                workers.append(
+                    {
+                        "pool": hostset.pool.name,
+                        "roles": list(hostset.roles),
+                        "rank": rank,
+                        "layout": f"pp{mesh.pp} tp{mesh.tp} dp{mesh.dp}",
+                        "coord": tuple(coord),
+                        "node": node,
+                        "pid": pid,
+                        "state": info.get("State"),
+                        "memory_mib": rss / MIB if rss is not None else None,
+                    }
+                )
         return {"nodes": nodes, "pools": pools, "workers": workers}
 
     def summary(self) -> str:
@@ -81,10 +103,14 @@ class ClusterView(View):
         rows = []
         for w in d["workers"]:
             memory = "" if w["memory_mib"] is None else f"{w['memory_mib']:.0f} MiB"
-            rows.append(f"<tr><td>{escape(w['pool'])}</td><td>{escape('+'.join(w['roles']))}</td><td>{w['rank']}</td>"
-                        f"<td>{escape(w['layout'])} at {escape(w['coord'])}</td><td>{escape((w['node'] or '?')[:8])}</td>"
-                        f"<td>{w['pid']}</td><td>{memory}</td></tr>")
+            rows.append(
+                f"<tr><td>{escape(w['pool'])}</td><td>{escape('+'.join(w['roles']))}</td><td>{w['rank']}</td>"
+                f"<td>{escape(w['layout'])} at {escape(w['coord'])}</td><td>{escape((w['node'] or '?')[:8])}</td>"
+                f"<td>{w['pid']}</td><td>{memory}</td></tr>"
+            )
         rows = "".join(rows)
-        return (f"<div><b>nodes</b>: {escape(nodes)}<br><b>pools</b>: {escape(pools)}</div>"
-                "<table><tr><th>pool</th><th>roles</th><th>rank</th><th>layout (pp, tp, dp)</th><th>node</th>"
-                f"<th>pid</th><th>memory</th></tr>{rows}</table>")
+        return (
+            f"<div><b>nodes</b>: {escape(nodes)}<br><b>pools</b>: {escape(pools)}</div>"
+            "<table><tr><th>pool</th><th>roles</th><th>rank</th><th>layout (pp, tp, dp)</th><th>node</th>"
+            f"<th>pid</th><th>memory</th></tr>{rows}</table>"
+        )

@@ -70,21 +70,31 @@ class MetricsDashboard(View):
         its = [m.get("iteration", i + 1) for i, m in enumerate(self.history)]
         out = {}
         for chart, keys in CHARTS.items():
-            series = {k: ([it for it, m in zip(its, self.history) if k in m], [m[k] for m in self.history if k in m])
-                      for k in keys}
+            series = {
+                k: ([it for it, m in zip(its, self.history) if k in m], [m[k] for m in self.history if k in m])
+                for k in keys
+            }
             out[chart] = {k: v for k, v in series.items() if v[0]}
         timings = sorted({k for m in self.history for k in m if k.startswith("timing_s/")})
-        out["step times (s)"] = {k: ([it for it, m in zip(its, self.history) if k in m],
-                                     [m[k] for m in self.history if k in m]) for k in timings}
+        out["step times (s)"] = {
+            k: ([it for it, m in zip(its, self.history) if k in m], [m[k] for m in self.history if k in m])
+            for k in timings
+        }
         return out
 
     def summary(self) -> str:
         if not self.history:
             return "no iterations yet"
         last = self.history[-1]
-        shown = [k for k in ("critic/score/mean", "actor/pg_loss", "response_length/mean", "perf/throughput", "timing_s/step") if k in last]
-        return escape(f"iteration {last.get('iteration', len(self.history)):g}: " +
-                      "  ".join(f"{k.split('/')[-2] if k.endswith('/mean') else k.split('/')[-1]}={last[k]:.4g}" for k in shown))
+        shown = [
+            k
+            for k in ("critic/score/mean", "actor/pg_loss", "response_length/mean", "perf/throughput", "timing_s/step")
+            if k in last
+        ]
+        return escape(
+            f"iteration {last.get('iteration', len(self.history)):g}: "
+            + "  ".join(f"{k.split('/')[-2] if k.endswith('/mean') else k.split('/')[-1]}={last[k]:.4g}" for k in shown)
+        )
 
     def draw(self, fig: Figure) -> None:
         d = self.data()
@@ -96,6 +106,6 @@ class MetricsDashboard(View):
             ax.tick_params(labelsize=6)
             if len(series) > 1:
                 ax.legend(fontsize=5)
-        for ax in axes[len(d):]:
+        for ax in axes[len(d) :]:
             ax.set_axis_off()
         fig.subplots_adjust(**self.margins)

@@ -56,7 +56,9 @@ class PlacementExplorer(View):
             Control("response_len", "response tokens", "steps", TOKENS, s.response_len),
         ]
         for model in ("actor", "reference", "critic", "reward", "cost", "cost_critic"):
-            controls.append(Control(f"set_{model}", f"custom set: {model}", "int", (0, 5, 1), self.custom.get(model, 0)))
+            controls.append(
+                Control(f"set_{model}", f"custom set: {model}", "int", (0, 5, 1), self.custom.get(model, 0))
+            )
         return controls
 
     def set(self, **values) -> None:
@@ -78,8 +80,16 @@ class PlacementExplorer(View):
     def data(self) -> dict:
         """bars (lane, call, role, start, end, reshard), lanes, memory per set, layouts, totals."""
         e, s = self.estimate, self.scenario
-        out = {"scenario": dataclasses.asdict(s), "error": e.error, "bars": [], "lanes": [], "memory": [],
-               "layouts": {}, "iteration_s": None, "throughput": None}
+        out = {
+            "scenario": dataclasses.asdict(s),
+            "error": e.error,
+            "bars": [],
+            "lanes": [],
+            "memory": [],
+            "layouts": {},
+            "iteration_s": None,
+            "throughput": None,
+        }
         if e.plan is None:
             return out
         plan = e.plan
@@ -88,16 +98,27 @@ class PlacementExplorer(View):
             d = cs.devices
             lane_of[(d.start, d.stop)] = len(out["lanes"])
             out["lanes"].append(f"{cs.name} (d{d.start}-{d.stop - 1})" if len(d) > 1 else f"{cs.name} (d{d.start})")
-            out["memory"].append({"set": cs.name, "used_gib": cs.peak_memory / GIB,
-                                  "capacity_gib": plan.cluster.device_memory / GIB})
+            out["memory"].append(
+                {"set": cs.name, "used_gib": cs.peak_memory / GIB, "capacity_gib": plan.cluster.device_memory / GIB}
+            )
             for m, a in cs.assignments.items():
-                out["layouts"][m] = {"train": a.strategy.short(),
-                                     "generate": a.generation.short() if a.generation else None,
-                                     "devices": len(d)}
+                out["layouts"][m] = {
+                    "train": a.strategy.short(),
+                    "generate": a.generation.short() if a.generation else None,
+                    "devices": len(d),
+                }
         for bar in plan.gantt():
             call = plan.dataflow.call(bar.call)
-            out["bars"].append({"lane": lane_of[bar.devices], "call": bar.call, "role": call.model,
-                                "start": bar.start, "end": bar.end, "reshard": e.reshard.get(bar.call, 0.0)})
+            out["bars"].append(
+                {
+                    "lane": lane_of[bar.devices],
+                    "call": bar.call,
+                    "role": call.model,
+                    "start": bar.start,
+                    "end": bar.end,
+                    "reshard": e.reshard.get(bar.call, 0.0),
+                }
+            )
         out["iteration_s"] = plan.iteration_time
         out["throughput"] = plan.throughput
         return out
@@ -109,12 +130,15 @@ class PlacementExplorer(View):
             where += " (uncalibrated figures: run bench/calibration.py)"
         if d["error"]:
             return f"<b>{escape(where)}: does not fit.</b> {escape(d['error'])}"
-        layouts = ", ".join(f"{m} {v['train']}" + (f" (gen {v['generate']})" if v["generate"] else "")
-                            for m, v in d["layouts"].items())
+        layouts = ", ".join(
+            f"{m} {v['train']}" + (f" (gen {v['generate']})" if v["generate"] else "") for m, v in d["layouts"].items()
+        )
         peak = max(m["used_gib"] / m["capacity_gib"] for m in d["memory"])
-        return (f"<b>{escape(where)}</b>: estimated iteration <b>{d['iteration_s']:.3g} s</b>, "
-                f"throughput <b>{d['throughput']:,.0f} tokens/s</b>, peak memory {peak:.0%} of a device"
-                f"<br>layouts (pipeline/tensor/data): {escape(layouts)}")
+        return (
+            f"<b>{escape(where)}</b>: estimated iteration <b>{d['iteration_s']:.3g} s</b>, "
+            f"throughput <b>{d['throughput']:,.0f} tokens/s</b>, peak memory {peak:.0%} of a device"
+            f"<br>layouts (pipeline/tensor/data): {escape(layouts)}"
+        )
 
     def draw(self, fig: Figure) -> None:
         d = self.data()
@@ -130,7 +154,9 @@ class PlacementExplorer(View):
             if b["reshard"] > 0:  # the hybrid engine's switch to its generation layout
                 gantt.barh(y, b["reshard"], left=b["start"], color="none", edgecolor="black", hatch="///")
             if b["end"] - b["start"] > 0.1 * (d["iteration_s"] or 1):
-                gantt.text((b["start"] + b["end"]) / 2, y, b["call"], ha="center", va="center", fontsize=7, color="white")
+                gantt.text(
+                    (b["start"] + b["end"]) / 2, y, b["call"], ha="center", va="center", fontsize=7, color="white"
+                )
         gantt.set_yticks(range(len(d["lanes"])), [lane.replace("+", "+\n") for lane in d["lanes"]], fontsize=6)
         gantt.invert_yaxis()
         gantt.set_xlabel("seconds (estimated)")

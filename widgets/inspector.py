@@ -13,8 +13,14 @@ from __future__ import annotations
 from widgets.ui import Control, View, escape
 from workbench import checks
 
-TOKEN_FIELDS = {"advantage": "advantages", "log-prob": "old_log_probs", "reference log-prob": "ref_log_probs",
-                "KL (old - ref)": None, "value": "values", "return": "returns"}
+TOKEN_FIELDS = {
+    "advantage": "advantages",
+    "log-prob": "old_log_probs",
+    "reference log-prob": "ref_log_probs",
+    "KL (old - ref)": None,
+    "value": "values",
+    "return": "returns",
+}
 SORTS = ("none", "advantage (high first)", "advantage (low first)", "score (high first)")
 
 
@@ -30,8 +36,15 @@ class BatchInspector(View):
 
     has_figure = False
 
-    def __init__(self, batch, tokenizer=None, field: str = "advantage", sort: str = "advantage (high first)",
-                 min_score: float | None = None, max_rows: int = 8):
+    def __init__(
+        self,
+        batch,
+        tokenizer=None,
+        field: str = "advantage",
+        sort: str = "advantage (high first)",
+        min_score: float | None = None,
+        max_rows: int = 8,
+    ):
         super().__init__()
         self.batch, self.tokenizer = batch, tokenizer
         self.field, self.sort, self.min_score, self.max_rows = field, sort, min_score, max_rows
@@ -57,8 +70,13 @@ class BatchInspector(View):
         return [
             Control("field", "colour by", "choice", self.fields(), self.field),
             Control("sort", "sort", "choice", SORTS, self.sort),
-            Control("min_score", "min score", "choice", ["any", *scores],
-                    "any" if self.min_score is None else self.min_score),
+            Control(
+                "min_score",
+                "min score",
+                "choice",
+                ["any", *scores],
+                "any" if self.min_score is None else self.min_score,
+            ),
         ]
 
     def set(self, **values) -> None:
@@ -84,16 +102,25 @@ class BatchInspector(View):
         """Rows after filtering and sorting: index, prompt, response, score, cost, mean advantage."""
         b, scores = self.batch, self._scores()
         mask = b["response_mask"].float()
-        advantage = ((b["advantages"] * mask).sum(-1) / mask.sum(-1).clamp(min=1)).tolist() \
-            if "advantages" in b.keys() else [0.0] * len(b)
+        advantage = (
+            ((b["advantages"] * mask).sum(-1) / mask.sum(-1).clamp(min=1)).tolist()
+            if "advantages" in b.keys()
+            else [0.0] * len(b)
+        )
         rows = []
         for i in range(len(b)):
             if self.min_score is not None and scores[i] < self.min_score:
                 continue
-            rows.append({"index": i, "prompt": str(b["prompt"][i]) if "prompt" in b.keys() else "",
-                         "response": str(b["response_text"][i]) if "response_text" in b.keys() else "",
-                         "score": scores[i], "cost": float(b["costs"][i]) if "costs" in b.keys() else None,
-                         "advantage": advantage[i]})
+            rows.append(
+                {
+                    "index": i,
+                    "prompt": str(b["prompt"][i]) if "prompt" in b.keys() else "",
+                    "response": str(b["response_text"][i]) if "response_text" in b.keys() else "",
+                    "score": scores[i],
+                    "cost": float(b["costs"][i]) if "costs" in b.keys() else None,
+                    "advantage": advantage[i],
+                }
+            )
         if self.sort.startswith("advantage"):
             rows.sort(key=lambda r: r["advantage"], reverse="high" in self.sort)
         elif self.sort.startswith("score"):
@@ -119,20 +146,35 @@ class BatchInspector(View):
 
     def data(self) -> dict:
         rows = self.rows()[: self.max_rows]
-        return {"field": self.field, "scale": self.scale(), "rows": [{**r, "tokens": self.tokens(r["index"])} for r in rows],
-                "matching": len(self.rows()), "total": len(self.batch)}
+        return {
+            "field": self.field,
+            "scale": self.scale(),
+            "rows": [{**r, "tokens": self.tokens(r["index"])} for r in rows],
+            "matching": len(self.rows()),
+            "total": len(self.batch),
+        }
 
     def summary(self) -> str:
         d = self.data()
-        head = (f"<div>{d['matching']} of {d['total']} rows; colour: {escape(d['field'])} "
-                f"(<span style='background:{shade(d['scale'], d['scale'])}'>&nbsp;+{d['scale']:.3g}&nbsp;</span> "
-                f"<span style='background:{shade(-d['scale'], d['scale'])}'>&nbsp;-{d['scale']:.3g}&nbsp;</span>)</div>")
+        head = (
+            f"<div>{d['matching']} of {d['total']} rows; colour: {escape(d['field'])} "
+            f"(<span style='background:{shade(d['scale'], d['scale'])}'>&nbsp;+{d['scale']:.3g}&nbsp;</span> "
+            f"<span style='background:{shade(-d['scale'], d['scale'])}'>&nbsp;-{d['scale']:.3g}&nbsp;</span>)</div>"
+        )
         lines = []
         for r in d["rows"]:
-            tokens = "".join(f"<span title='{t['value']:.4g}' style='background:{t['colour']}'>{escape(t['text'])}</span>"
-                             for t in r["tokens"])
+            tokens = "".join(
+                f"<span title='{t['value']:.4g}' style='background:{t['colour']}'>{escape(t['text'])}</span>"
+                for t in r["tokens"]
+            )
             cost = f" cost {r['cost']:.3g}" if r["cost"] is not None else ""
-            lines.append(f"<tr><td>{r['index']}</td><td><code>{escape(r['prompt'])}</code></td>"
-                         f"<td><code>{tokens}</code></td><td>{r['score']:.3g}{cost}</td><td>{r['advantage']:+.3f}</td></tr>")
-        return (head + "<table><tr><th>row</th><th>prompt</th><th>response</th><th>score</th><th>mean adv.</th></tr>"
-                + "".join(lines) + "</table>")
+            lines.append(
+                f"<tr><td>{r['index']}</td><td><code>{escape(r['prompt'])}</code></td>"
+                f"<td><code>{tokens}</code></td><td>{r['score']:.3g}{cost}</td><td>{r['advantage']:+.3f}</td></tr>"
+            )
+        return (
+            head
+            + "<table><tr><th>row</th><th>prompt</th><th>response</th><th>score</th><th>mean adv.</th></tr>"
+            + "".join(lines)
+            + "</table>"
+        )

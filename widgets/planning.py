@@ -16,8 +16,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workbench import checks
-from workbench.planner import (AutoMapper, ModelDoesNotFitError, Plan, PlannerError, Workload,
-                               cluster_preset, compositions, d_cost, dataflow_preset, model_preset)
+from workbench.planner import (
+    AutoMapper,
+    ModelDoesNotFitError,
+    Plan,
+    PlannerError,
+    Workload,
+    cluster_preset,
+    compositions,
+    d_cost,
+    dataflow_preset,
+    model_preset,
+)
 from workbench.planner.memory import min_static_memory
 
 GIB = 1024**3
@@ -122,18 +132,27 @@ def estimate(s: Scenario) -> Estimate:
     checks.one_of("Scenario", "placement", s.placement, PLACEMENTS)
     flow = dataflow_for(s.algorithm)
     cluster = cluster_for(s)
-    workload = Workload(global_batch=s.global_batch, n_samples=s.n_samples, prompt_len=s.prompt_len,
-                        response_len=s.response_len, ppo_mini_batches=min(8, s.global_batch),
-                        micro_batch_size=min(8, s.global_batch * s.n_samples))
+    workload = Workload(
+        global_batch=s.global_batch,
+        n_samples=s.n_samples,
+        prompt_len=s.prompt_len,
+        response_len=s.response_len,
+        ppo_mini_batches=min(8, s.global_batch),
+        micro_batch_size=min(8, s.global_batch * s.n_samples),
+    )
     mapper = AutoMapper(flow, flow.model_specs(model_specs(s, flow.models)), workload, cluster)
     try:
         mapper.check_each_model_fits()
         plan = mapper.run() if s.placement == "auto" else _fixed(mapper, placement_sets(s, flow.models))
     except ModelDoesNotFitError as e:
-        return Estimate(s, None, f"{e.model} does not fit: it needs {e.need_bytes / GIB:.1f} GiB per device "
-                                 f"even sharded over all {e.n_devices} devices; a device has "
-                                 f"{e.device_bytes / GIB:.1f} GiB (short by {e.short_bytes / GIB:.1f} GiB)",
-                        seconds=time.perf_counter() - t0)
+        return Estimate(
+            s,
+            None,
+            f"{e.model} does not fit: it needs {e.need_bytes / GIB:.1f} GiB per device "
+            f"even sharded over all {e.n_devices} devices; a device has "
+            f"{e.device_bytes / GIB:.1f} GiB (short by {e.short_bytes / GIB:.1f} GiB)",
+            seconds=time.perf_counter() - t0,
+        )
     except PlannerError as e:
         return Estimate(s, None, str(e), seconds=time.perf_counter() - t0)
     reshard = {}
@@ -158,9 +177,14 @@ def _fixed(mapper: AutoMapper, sets: tuple[tuple[str, ...], ...]) -> Plan:
             raise PlannerError(
                 f"set {'+'.join(models)} does not fit on the {n - len(sets) + 1} devices it can get: its weights, "
                 f"gradients and optimizer state alone need {floor / GIB:.1f} GiB per device sharded over all "
-                f"{n}, a device has {q / GIB:.1f} GiB" + (f" (short by {(floor - q) / GIB:.1f} GiB)" if floor > q else
-                                                         "; activations and KV cache take the rest") +
-                "; split the set, add devices or shrink the models")
+                f"{n}, a device has {q / GIB:.1f} GiB"
+                + (
+                    f" (short by {(floor - q) / GIB:.1f} GiB)"
+                    if floor > q
+                    else "; activations and KV cache take the rest"
+                )
+                + "; split the set, add devices or shrink the models"
+            )
         mins.append(least)
     best = None
     for alloc in compositions(n, mins):

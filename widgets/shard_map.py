@@ -21,9 +21,12 @@ from workbench.hybrid import layouts
 
 TRAIN, GENERATE, GATHERED, EMPTY = "#1f4e79", "#6fa8dc", "#dde7f0", "white"
 COLOURS = {"train": TRAIN, "kept": TRAIN, "generate": GENERATE, "gathered": GATHERED, "": EMPTY}
-LEGEND = {"train": "trains; generates with it in place",
-          "kept": "trains; kept beside the generation weights (redundant)",
-          "generate": "rest of the shard it generates with", "gathered": "gathered in the switch, then dropped"}
+LEGEND = {
+    "train": "trains; generates with it in place",
+    "kept": "trains; kept beside the generation weights (redundant)",
+    "generate": "rest of the shard it generates with",
+    "gathered": "gathered in the switch, then dropped",
+}
 GROUP_COLOURS = ("#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d55e00", "#f0e442", "#0072b2", "#999999")
 
 
@@ -50,8 +53,10 @@ def cell_kinds(mesh: Mesh) -> list[list[str]]:
 
 def _label(mesh: Mesh) -> str:
     gen_pp, gen_tp = layouts.gen_sizes(mesh)
-    return (f"{mesh.transition}: train {mesh.pp}-{mesh.tp}-{mesh.dp} -> generate "
-            f"{gen_pp}-{gen_tp}-{mesh.micro_dp}-{mesh.dp}")
+    return (
+        f"{mesh.transition}: train {mesh.pp}-{mesh.tp}-{mesh.dp} -> generate "
+        f"{gen_pp}-{gen_tp}-{mesh.micro_dp}-{mesh.dp}"
+    )
 
 
 def draw_shard_map(meshes: Mesh | dict[str, Mesh], fig: Figure | None = None) -> Figure:
@@ -70,9 +75,17 @@ def draw_shard_map(meshes: Mesh | dict[str, Mesh], fig: Figure | None = None) ->
         for rank, kinds in enumerate(cell_kinds(mesh)):
             x = rank * 1.25
             for k, kind in enumerate(kinds):
-                ax.add_patch(Rectangle((x, 1 - (k + 1) * cell), 1, cell, facecolor=COLOURS[kind],
-                                       edgecolor="white" if kind == "kept" else "#444", lw=0.6,
-                                       hatch="xxx" if kind == "kept" else None))
+                ax.add_patch(
+                    Rectangle(
+                        (x, 1 - (k + 1) * cell),
+                        1,
+                        cell,
+                        facecolor=COLOURS[kind],
+                        edgecolor="white" if kind == "kept" else "#444",
+                        lw=0.6,
+                        hatch="xxx" if kind == "kept" else None,
+                    )
+                )
             group_colour = GROUP_COLOURS[group_index[rank] % len(GROUP_COLOURS)]
             ax.add_patch(Rectangle((x, -0.16), 1, 0.1, facecolor=group_colour, lw=0))
             ax.text(x + 0.5, -0.22, f"r{rank}", ha="center", va="top", fontsize=8)
@@ -81,8 +94,17 @@ def draw_shard_map(meshes: Mesh | dict[str, Mesh], fig: Figure | None = None) ->
         ax.axis("off")
         title = _label(mesh) if name == mesh.transition else f"{name} — {_label(mesh)}"
         ax.set_title(title, fontsize=9, loc="left")
-    handles = [Rectangle((0, 0), 1, 1, facecolor=COLOURS[k], edgecolor="white" if k == "kept" else "#444",
-                         hatch="xxx" if k == "kept" else None) for k in LEGEND]
+    handles = [
+        Rectangle(
+            (0, 0),
+            1,
+            1,
+            facecolor=COLOURS[k],
+            edgecolor="white" if k == "kept" else "#444",
+            hatch="xxx" if k == "kept" else None,
+        )
+        for k in LEGEND
+    ]
     fig.legend(handles=handles, labels=list(LEGEND.values()), loc="lower center", ncol=2, fontsize=8, frameon=False)
     fig.subplots_adjust(left=0.02, right=0.98, top=0.93, bottom=0.16, hspace=0.5)
     return fig

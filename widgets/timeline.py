@@ -82,8 +82,15 @@ class LiveTimeline(View):
         ((iteration, start), with "marks" naming them by run when several runs are in view), and
         the estimate's bars."""
         records = self.shown()
-        out = {"lanes": [], "bars": [], "iterations": [], "marks": [], "estimate": [], "estimate_lanes": [],
-               "spans": len(records)}
+        out = {
+            "lanes": [],
+            "bars": [],
+            "iterations": [],
+            "marks": [],
+            "estimate": [],
+            "estimate_lanes": [],
+            "spans": len(records),
+        }
         if records:
             t0 = records[0].start
             lanes = sorted({(r.pool, r.rank) for r in records})
@@ -91,12 +98,21 @@ class LiveTimeline(View):
             out["lanes"] = [f"{pool} rank {rank}" for pool, rank in lanes]
             for r in records:
                 kind = "transition" if r.method.startswith("hybrid.") else "call"
-                out["bars"].append({
-                    "lane": lane_of[(r.pool, r.rank)], "role": r.role, "method": r.method, "kind": kind,
-                    "start": r.start - t0, "fetched": r.fetched - t0, "end": r.end - t0,
-                    "run": r.extra.get("run"), "iteration": r.extra.get("iteration"), "step": _step(r),
-                    "call": r.extra.get("call"),
-                })
+                out["bars"].append(
+                    {
+                        "lane": lane_of[(r.pool, r.rank)],
+                        "role": r.role,
+                        "method": r.method,
+                        "kind": kind,
+                        "start": r.start - t0,
+                        "fetched": r.fetched - t0,
+                        "end": r.end - t0,
+                        "run": r.extra.get("run"),
+                        "iteration": r.extra.get("iteration"),
+                        "step": _step(r),
+                        "call": r.extra.get("call"),
+                    }
+                )
             starts = sorted(_iteration_starts(records).items(), key=lambda item: item[1])
             several = len({run for (run, _), _ in starts}) > 1
             out["iterations"] = [(it, start - t0) for (_, it), start in starts]
@@ -106,8 +122,15 @@ class LiveTimeline(View):
             sets = {(s.devices.start, s.devices.stop): i for i, s in enumerate(plan.sets)}
             out["estimate_lanes"] = [s.name for s in plan.sets]
             for bar in plan.gantt():
-                out["estimate"].append({"lane": sets[bar.devices], "call": bar.call,
-                                        "role": plan.dataflow.call(bar.call).model, "start": bar.start, "end": bar.end})
+                out["estimate"].append(
+                    {
+                        "lane": sets[bar.devices],
+                        "call": bar.call,
+                        "role": plan.dataflow.call(bar.call).model,
+                        "start": bar.start,
+                        "end": bar.end,
+                    }
+                )
         return out
 
     def summary(self) -> str:
@@ -138,7 +161,9 @@ class LiveTimeline(View):
             if b["fetched"] > b["start"]:  # waiting for inputs: pale
                 groups.setdefault((b["lane"], colour, 0.3, 0.8), []).append((b["start"], b["fetched"] - b["start"]))
             height = 0.8 if b["kind"] == "call" else 0.4
-            groups.setdefault((b["lane"], colour, 1.0, height), []).append((b["fetched"], max(b["end"] - b["fetched"], 1e-4)))
+            groups.setdefault((b["lane"], colour, 1.0, height), []).append(
+                (b["fetched"], max(b["end"] - b["fetched"], 1e-4))
+            )
         for (lane, colour, alpha, height), spans in groups.items():
             ax.broken_barh(spans, (lane - height / 2, height), facecolors=colour, alpha=alpha)
         ax.set_xlim(0, max([b["end"] for b in d["bars"]], default=1.0) * 1.01)

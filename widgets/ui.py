@@ -20,8 +20,12 @@ from typing import Any, Callable
 from matplotlib.figure import Figure
 
 ROLE_COLOURS = {
-    "actor": "#4c72b0", "reference": "#8c8c8c", "critic": "#dd8452", "reward": "#55a868",
-    "cost": "#c44e52", "cost_critic": "#937860",
+    "actor": "#4c72b0",
+    "reference": "#8c8c8c",
+    "critic": "#dd8452",
+    "reward": "#55a868",
+    "cost": "#c44e52",
+    "cost_critic": "#937860",
 }
 PALETTE = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c"]
 
@@ -96,8 +100,9 @@ class View:
         with self._asked:
             self._redraws_asked += 1
             if self._drawer is None:
-                self._drawer = threading.Thread(target=self._draw_when_asked, name=f"{type(self).__name__} redraw",
-                                                daemon=True)
+                self._drawer = threading.Thread(
+                    target=self._draw_when_asked, name=f"{type(self).__name__} redraw", daemon=True
+                )
                 self._drawer.start()
             self._asked.notify_all()
 
@@ -145,11 +150,13 @@ class View:
         for c in self.controls():
             if c.kind == "int":
                 low, high, step = c.options
-                box = w.IntSlider(value=c.value, min=low, max=high, step=step, description=c.label,
-                                  continuous_update=False)
+                box = w.IntSlider(
+                    value=c.value, min=low, max=high, step=step, description=c.label, continuous_update=False
+                )
             elif c.kind == "steps":
-                box = w.SelectionSlider(options=_with(c.options, c.value), value=c.value, description=c.label,
-                                        continuous_update=False)
+                box = w.SelectionSlider(
+                    options=_with(c.options, c.value), value=c.value, description=c.label, continuous_update=False
+                )
             else:
                 box = w.Dropdown(options=list(c.options), value=c.value, description=c.label)
             box.style.description_width = "initial"

@@ -35,8 +35,17 @@ def whole(owner: str, field: str, value: Any, low: int = 1, fix: str = "", none_
         raise ConfigError(where(owner, field), value, fix or f"use a whole number >= {low}")
 
 
-def real(owner: str, field: str, value: Any, low: float | None = None, high: float | None = None,
-         low_open: bool = False, high_open: bool = False, fix: str = "", none_ok: bool = False) -> None:
+def real(
+    owner: str,
+    field: str,
+    value: Any,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+    fix: str = "",
+    none_ok: bool = False,
+) -> None:
     """A finite number in [low, high] (bounds open where asked); None when none_ok."""
     if value is None and none_ok:
         return
@@ -65,5 +74,3 @@ def of_type(owner: str, field: str, value: Any, kind: type | tuple, fix: str) ->
 
 def _types(kind) -> tuple:
     return kind if isinstance(kind, tuple) else (kind,)
-
-

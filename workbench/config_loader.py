@@ -71,8 +71,11 @@ class Loader:
         if base is None:
             missing = [name for name, f in fields.items() if name not in changes and _required(f)]
             if missing:
-                raise ConfigError(path or cls.__name__, values, "required field(s) missing: set "
-                                  + ", ".join(join(path, name) for name in missing))
+                raise ConfigError(
+                    path or cls.__name__,
+                    values,
+                    "required field(s) missing: set " + ", ".join(join(path, name) for name in missing),
+                )
         try:
             return dataclasses.replace(base, **changes) if base is not None else cls(**changes)
         except ConfigError as error:  # the class's own check: name the field by its dotted path
@@ -106,8 +109,10 @@ class Loader:
                 raise ConfigError(where, value, "expected a mapping")
             if len(args) != 2:
                 return dict(value)
-            return {self.convert(k, args[0], f"{where} key {k!r}"): self.convert(v, args[1], join(where, str(k)))
-                    for k, v in value.items()}
+            return {
+                self.convert(k, args[0], f"{where} key {k!r}"): self.convert(v, args[1], join(where, str(k)))
+                for k, v in value.items()
+            }
         if origin is collections.abc.Callable or hint is collections.abc.Callable:
             if callable(value):
                 return value
@@ -142,15 +147,21 @@ def convert(value: Any, hint: Any, where: str, current: Any = None) -> Any:
     return LOADER.convert(value, hint, where, current)
 
 
-def load(cls: type, path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
-         root: str = "", loader: Loader = LOADER) -> Any:
+def load(
+    cls: type,
+    path: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    root: str = "",
+    loader: Loader = LOADER,
+) -> Any:
     """An instance of `cls` from a YAML file (or its defaults) with `dotted.name=value`
     overrides applied; errors name fields under `root` (e.g. the class name, or "" for none)."""
     return loader.build(cls, read(path, overrides), root)
 
 
-def read(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
-         what: str = "fields") -> dict[str, Any]:
+def read(
+    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), what: str = "fields"
+) -> dict[str, Any]:
     """The mapping in a YAML file (empty without one) with the overrides applied, unchecked."""
     values = read_yaml(path, what) if path is not None else {}
     for override in overrides:

@@ -40,17 +40,25 @@ def run(num_prompts: int, workdir: Path, trace_path: Path, sft_steps: int = 200,
     rows = num_prompts * sampling.n  # one optimizer step per iteration, whatever the prompt count
     with Session(num_devices=4) as session:
         actor = session.group(
-            "actor", ActorRolloutRefWorker, session.pool("actor_pool", 2),
+            "actor",
+            ActorRolloutRefWorker,
+            session.pool("actor_pool", 2),
             ActorConfig(model_path=str(model_dir), reference=True, optim=OptimConfig(lr=2e-5), mini_batch_size=rows),
         )
-        critic = session.group("critic", CriticWorker, session.pool("critic_pool", 2),
-                               CriticConfig(model_path=str(model_dir), mini_batch_size=rows))
+        critic = session.group(
+            "critic",
+            CriticWorker,
+            session.pool("critic_pool", 2),
+            CriticConfig(model_path=str(model_dir), mini_batch_size=rows),
+        )
         ppo = PPO(
             Groups(actor=actor, reference=actor, critic=critic, reward=RuleReward(arithmetic.score)),
             PPOConfig(sampling=sampling),
         )
-        print(f"placement: actor+reference on {actor.pool}, critic on {critic.pool}, "
-              f"rule reward in long-lived scoring processes")
+        print(
+            f"placement: actor+reference on {actor.pool}, critic on {critic.pool}, "
+            f"rule reward in long-lived scoring processes"
+        )
 
         before = ppo.evaluate(held_out)
         print(f"held-out exact-match accuracy (greedy) before PPO: {before:.2f}")

@@ -22,16 +22,27 @@ class WorkerCallError(WorkbenchError):
     busy: other ranks that did not answer afterwards (e.g. still waiting in a collective for
     the failed rank), so the message does not promise a usable group it cannot vouch for."""
 
-    def __init__(self, role: str, rank: int, method: str, remote_traceback: str, usable: bool = True,
-                 busy: list[int] | tuple = ()):
+    def __init__(
+        self,
+        role: str,
+        rank: int,
+        method: str,
+        remote_traceback: str,
+        usable: bool = True,
+        busy: list[int] | tuple = (),
+    ):
         self.role, self.rank, self.method, self.usable, self.busy = role, rank, method, usable, list(busy)
         self.remote_traceback = remote_traceback
         if not usable:
-            remedy = (f"The group {role!r} was not created (its processes were stopped); fix the cause "
-                      f"and re-run the cell that creates it.")
+            remedy = (
+                f"The group {role!r} was not created (its processes were stopped); fix the cause "
+                f"and re-run the cell that creates it."
+            )
         elif busy:
-            remedy = (f"Rank(s) {list(busy)} still have not finished (they may be waiting in a collective "
-                      f"for rank {rank}); if they do not, call session.recover({role!r}) to restart the group.")
+            remedy = (
+                f"Rank(s) {list(busy)} still have not finished (they may be waiting in a collective "
+                f"for rank {rank}); if they do not, call session.recover({role!r}) to restart the group."
+            )
         else:
             remedy = "Every rank of the group answers, so it is still usable; fix the cause and call again."
         super().__init__(
@@ -44,8 +55,14 @@ class WorkerDiedError(WorkbenchError):
     """A worker process is gone (killed, out of memory, crashed); its group is unusable."""
 
     def __init__(
-        self, role: str, rank: int, method: str, detail: str = "", pid: int | None = None,
-        node: str | None = None, fused: list[str] | tuple = (),
+        self,
+        role: str,
+        rank: int,
+        method: str,
+        detail: str = "",
+        pid: int | None = None,
+        node: str | None = None,
+        fused: list[str] | tuple = (),
     ):
         self.role, self.rank, self.method, self.pid, self.node = role, rank, method, pid, node
         where = f" (pid {pid} on node {node})" if pid is not None else ""

@@ -87,18 +87,35 @@ class Session:
             bounded (a span is about 1.2 KB). None keeps every span. Also settable later as
             `session.max_trace_records`.
         """
-        checks.whole("Session", "num_devices", num_devices, none_ok=True,
-                     fix="use a whole number of devices >= 1, or None for the CPU count")
-        checks.whole("Session", "threads_per_worker", threads_per_worker,
-                     fix="use a whole number >= 1 (torch threads per worker)")
-        checks.whole("Session", "max_colocate", max_colocate,
-                     fix="use a whole number >= 1 (worker processes per device)")
-        checks.whole("Session", "max_trace_records", max_trace_records, none_ok=True,
-                     fix="use a whole number of spans >= 1, or None to keep every span")
+        checks.whole(
+            "Session",
+            "num_devices",
+            num_devices,
+            none_ok=True,
+            fix="use a whole number of devices >= 1, or None for the CPU count",
+        )
+        checks.whole(
+            "Session",
+            "threads_per_worker",
+            threads_per_worker,
+            fix="use a whole number >= 1 (torch threads per worker)",
+        )
+        checks.whole(
+            "Session", "max_colocate", max_colocate, fix="use a whole number >= 1 (worker processes per device)"
+        )
+        checks.whole(
+            "Session",
+            "max_trace_records",
+            max_trace_records,
+            none_ok=True,
+            fix="use a whole number of spans >= 1, or None to keep every span",
+        )
         if address is not None and not isinstance(address, str):
             raise ConfigError("Session.address", address, 'pass "auto", "host:port", or None for an embedded Ray')
         if runtime_env is not None and not isinstance(runtime_env, dict):
-            raise ConfigError("Session.runtime_env", runtime_env, "pass a Ray runtime_env dict, e.g. {'env_vars': {...}}")
+            raise ConfigError(
+                "Session.runtime_env", runtime_env, "pass a Ray runtime_env dict, e.g. {'env_vars': {...}}"
+            )
         if getattr(self, "_started", False):  # a re-run of the Session cell
             self.clear(reason="the Session(...) cell was re-run")
         else:
@@ -159,8 +176,9 @@ class Session:
             raise ConfigError("pool name", name, "give the pool a non-empty string name")
         devices = check_devices(name, devices)
         max_colocate = self.max_colocate if max_colocate is None else max_colocate
-        checks.whole(f"pool {name!r}", "max_colocate", max_colocate,
-                     fix="use a whole number >= 1 (worker processes per device)")
+        checks.whole(
+            f"pool {name!r}", "max_colocate", max_colocate, fix="use a whole number >= 1 (worker processes per device)"
+        )
         old = self.pools.get(name)
         if old is not None:
             shape = [devices] if isinstance(devices, int) else devices
@@ -195,27 +213,56 @@ class Session:
     # WorkerGroup. A typed handle is a WorkerGroup at run time, so the overloads do overlap.
     @overload
     def group(  # type: ignore[overload-overlap]
-        self, role: str, worker_cls: type[ActorRolloutRefWorker], pool: ResourcePool | str, config: Any = None,
-        mesh: Mesh | None = None) -> ActorHandle: ...
+        self,
+        role: str,
+        worker_cls: type[ActorRolloutRefWorker],
+        pool: ResourcePool | str,
+        config: Any = None,
+        mesh: Mesh | None = None,
+    ) -> ActorHandle: ...
     @overload
     def group(  # type: ignore[overload-overlap]
-        self, role: str, worker_cls: type[CriticWorker], pool: ResourcePool | str, config: Any = None,
-        mesh: Mesh | None = None) -> CriticHandle: ...
+        self,
+        role: str,
+        worker_cls: type[CriticWorker],
+        pool: ResourcePool | str,
+        config: Any = None,
+        mesh: Mesh | None = None,
+    ) -> CriticHandle: ...
     @overload
     def group(  # type: ignore[overload-overlap]
-        self, role: str, worker_cls: type[CostModelWorker], pool: ResourcePool | str, config: Any = None,
-        mesh: Mesh | None = None) -> CostModelHandle: ...
+        self,
+        role: str,
+        worker_cls: type[CostModelWorker],
+        pool: ResourcePool | str,
+        config: Any = None,
+        mesh: Mesh | None = None,
+    ) -> CostModelHandle: ...
     @overload
     def group(  # type: ignore[overload-overlap]
-        self, role: str, worker_cls: type[RewardModelWorker], pool: ResourcePool | str, config: Any = None,
-        mesh: Mesh | None = None) -> RewardModelHandle: ...
+        self,
+        role: str,
+        worker_cls: type[RewardModelWorker],
+        pool: ResourcePool | str,
+        config: Any = None,
+        mesh: Mesh | None = None,
+    ) -> RewardModelHandle: ...
     @overload
     def group(
-        self, role: str, worker_cls: type[Worker], pool: ResourcePool | str, config: Any = None,
-        mesh: Mesh | None = None) -> WorkerGroup: ...
+        self,
+        role: str,
+        worker_cls: type[Worker],
+        pool: ResourcePool | str,
+        config: Any = None,
+        mesh: Mesh | None = None,
+    ) -> WorkerGroup: ...
 
     def group(
-        self, role: str, worker_cls: type[Worker], pool: ResourcePool | str, config: Any = None,
+        self,
+        role: str,
+        worker_cls: type[Worker],
+        pool: ResourcePool | str,
+        config: Any = None,
         mesh: Mesh | None = None,
     ) -> WorkerGroup:
         """One worker of `worker_cls` per device of `pool`, called as `role`.
@@ -295,7 +342,9 @@ class Session:
         hostset.shutdown()
         for name in hostset.roles:
             self.groups.pop(name, None)
-            self._mark_removed(name, reason if name == role else f"{reason}, and {name!r} shared its processes with {role!r}")
+            self._mark_removed(
+                name, reason if name == role else f"{reason}, and {name!r} shared its processes with {role!r}"
+            )
 
     def _mark_removed(self, role: str, reason: str) -> None:
         latest = self._handles.get(role)
@@ -311,8 +360,9 @@ class Session:
         self._check_open()
         latest = self._handles.get(role)
         if latest is None:
-            raise DispatchError(f"session.recover({role!r}): this session never had a group {role!r}; "
-                                f"roles: {sorted(self._handles)}")
+            raise DispatchError(
+                f"session.recover({role!r}): this session never had a group {role!r}; roles: {sorted(self._handles)}"
+            )
         old = latest._hostset
         if old.pool.name not in self.pools or self.pools[old.pool.name].placement is None:
             raise GroupRemovedError(role, f"its pool {old.pool.name!r} is gone, so it cannot be recovered in place")

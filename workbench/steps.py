@@ -43,8 +43,15 @@ class Step:
     about: str = ""
 
 
-_GENERATED = ("responses", "input_ids", "attention_mask", "position_ids", "response_mask", "rollout_log_probs",
-              "response_text")
+_GENERATED = (
+    "responses",
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "response_mask",
+    "rollout_log_probs",
+    "response_text",
+)
 
 STEPS: tuple[Step, ...] = (
     #    name                  Algorithm method  role           kind         worker method
@@ -108,8 +115,10 @@ def producer_of(field: str) -> str | None:
 def table() -> str:
     """The table as text, one row per step."""
     head = ("name", "Algorithm method", "role", "kind", "worker method", "produces")
-    rows = [head] + [(s.name, s.algorithm_method, s.role, s.kind, s.worker_method or "-", ", ".join(s.produces) or "-")
-                     for s in STEPS]
+    rows = [head] + [
+        (s.name, s.algorithm_method, s.role, s.kind, s.worker_method or "-", ", ".join(s.produces) or "-")
+        for s in STEPS
+    ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head) - 1)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows)
 

@@ -101,17 +101,31 @@ def to_chrome_trace(records: Iterable[CallRecord]) -> dict:
     for r in records:
         common = {"pid": pools[r.pool], "tid": r.rank}
         if r.fetched - r.start > 1e-6:
-            events.append({
-                **common, "name": f"fetch inputs ({r.role}.{r.method})", "ph": "X", "cat": "transfer",
-                "ts": (r.start - t0) * 1e6, "dur": (r.fetched - r.start) * 1e6,
-                "args": {"bytes_in": r.bytes_in},
-            })
-        events.append({
-            **common, "name": f"{r.role}.{r.method}", "ph": "X", "cat": r.role,
-            "ts": (r.fetched - t0) * 1e6, "dur": (r.end - r.fetched) * 1e6,
-            "args": {**{k: v for k, v in asdict(r).items() if k in ("call_id", "rank", "bytes_in", "bytes_out", "ok")},
-                     **r.extra},
-        })
+            events.append(
+                {
+                    **common,
+                    "name": f"fetch inputs ({r.role}.{r.method})",
+                    "ph": "X",
+                    "cat": "transfer",
+                    "ts": (r.start - t0) * 1e6,
+                    "dur": (r.fetched - r.start) * 1e6,
+                    "args": {"bytes_in": r.bytes_in},
+                }
+            )
+        events.append(
+            {
+                **common,
+                "name": f"{r.role}.{r.method}",
+                "ph": "X",
+                "cat": r.role,
+                "ts": (r.fetched - t0) * 1e6,
+                "dur": (r.end - r.fetched) * 1e6,
+                "args": {
+                    **{k: v for k, v in asdict(r).items() if k in ("call_id", "rank", "bytes_in", "bytes_out", "ok")},
+                    **r.extra,
+                },
+            }
+        )
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 

@@ -31,14 +31,36 @@ class TokenCounter(StepTimer):
 
 timer = TokenCounter()
 args = GRPOConfig(
-    output_dir=tempfile.mkdtemp(), use_cpu=True, bf16=False, fp16=False, seed=cfg["seed"],
-    per_device_train_batch_size=cfg["rows"], num_generations=cfg["n"], gradient_accumulation_steps=1,
-    steps_per_generation=1, num_iterations=1, max_completion_length=cfg["new_tokens"],
-    temperature=cfg["temperature"], top_p=1.0, learning_rate=cfg["lr"], beta=0.0,
-    max_steps=cfg["steps"], logging_steps=1, report_to=[], save_strategy="no", disable_tqdm=True,
-    dataloader_num_workers=0, log_completions=False,
+    output_dir=tempfile.mkdtemp(),
+    use_cpu=True,
+    bf16=False,
+    fp16=False,
+    seed=cfg["seed"],
+    per_device_train_batch_size=cfg["rows"],
+    num_generations=cfg["n"],
+    gradient_accumulation_steps=1,
+    steps_per_generation=1,
+    num_iterations=1,
+    max_completion_length=cfg["new_tokens"],
+    temperature=cfg["temperature"],
+    top_p=1.0,
+    learning_rate=cfg["lr"],
+    beta=0.0,
+    max_steps=cfg["steps"],
+    logging_steps=1,
+    report_to=[],
+    save_strategy="no",
+    disable_tqdm=True,
+    dataloader_num_workers=0,
+    log_completions=False,
 )
-trainer = GRPOTrainer(model=model, reward_funcs=exact_match, args=args, train_dataset=dataset,
-                      processing_class=tokenizer, callbacks=[timer])
+trainer = GRPOTrainer(
+    model=model,
+    reward_funcs=exact_match,
+    args=args,
+    train_dataset=dataset,
+    processing_class=tokenizer,
+    callbacks=[timer],
+)
 trainer.train()
 report(timer, {"peer": "trl.GRPOTrainer"})

@@ -29,16 +29,39 @@ class TokenCounter(StepTimer):
 
 timer = TokenCounter()
 args = PPOConfig(
-    output_dir=tempfile.mkdtemp(), use_cpu=True, bf16=False, fp16=False, seed=cfg["seed"],
-    per_device_train_batch_size=cfg["rows"], gradient_accumulation_steps=1, num_mini_batches=1,
-    num_ppo_epochs=1, local_rollout_forward_batch_size=cfg["rows"], response_length=cfg["new_tokens"],
-    stop_token="eos", temperature=cfg["temperature"], learning_rate=cfg["lr"], kl_coef=cfg["kl_coef"],
-    total_episodes=cfg["rows"] * cfg["steps"], num_sample_generations=0, logging_steps=1, report_to=[],
-    save_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
+    output_dir=tempfile.mkdtemp(),
+    use_cpu=True,
+    bf16=False,
+    fp16=False,
+    seed=cfg["seed"],
+    per_device_train_batch_size=cfg["rows"],
+    gradient_accumulation_steps=1,
+    num_mini_batches=1,
+    num_ppo_epochs=1,
+    local_rollout_forward_batch_size=cfg["rows"],
+    response_length=cfg["new_tokens"],
+    stop_token="eos",
+    temperature=cfg["temperature"],
+    learning_rate=cfg["lr"],
+    kl_coef=cfg["kl_coef"],
+    total_episodes=cfg["rows"] * cfg["steps"],
+    num_sample_generations=0,
+    logging_steps=1,
+    report_to=[],
+    save_strategy="no",
+    disable_tqdm=True,
+    dataloader_num_workers=0,
 )
-trainer = PPOTrainer(args=args, processing_class=tokenizer, model=policy, ref_model=ref_policy,
-                     reward_model=reward_model, value_model=value_model, train_dataset=dataset,
-                     callbacks=[timer])
+trainer = PPOTrainer(
+    args=args,
+    processing_class=tokenizer,
+    model=policy,
+    ref_model=ref_policy,
+    reward_model=reward_model,
+    value_model=value_model,
+    train_dataset=dataset,
+    callbacks=[timer],
+)
 
 # Generated tokens per step, counted like the workbench (up to and including the first EOS):
 # wrap the module-level generation helper the trainer calls once per step.
@@ -49,7 +72,7 @@ original = ppo_module.batch_generation
 
 def counted(model, queries, *rest, **kwargs):
     query_responses, logits = original(model, queries, *rest, **kwargs)
-    responses = query_responses[:, queries.shape[1]:]
+    responses = query_responses[:, queries.shape[1] :]
     is_eos = responses == tokenizer.eos_token_id
     after = (is_eos.cumsum(1) - is_eos.long()) > 0
     timer.tokens.append(float((~after).sum()))

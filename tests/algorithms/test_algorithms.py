@@ -54,14 +54,24 @@ def kit(tmp_path_factory):
 def groups(shared_session, kit):
     s = shared_session
     optim = OptimConfig(lr=1e-4)
-    actor = s.group("actor", ActorRolloutRefWorker, s.pool("actor_pool", 2),
-                    ActorConfig(model_path=kit["model"], reference=True, optim=optim, mini_batch_size=4, micro_batch_size=2))
-    critic = s.group("critic", CriticWorker, s.pool("critic_pool", 1), CriticConfig(model_path=kit["model"], optim=optim))
-    cost_critic = s.group("cost_critic", CriticWorker, s.pool("cost_critic_pool", 1), CriticConfig(model_path=kit["model"], optim=optim))
+    actor = s.group(
+        "actor",
+        ActorRolloutRefWorker,
+        s.pool("actor_pool", 2),
+        ActorConfig(model_path=kit["model"], reference=True, optim=optim, mini_batch_size=4, micro_batch_size=2),
+    )
+    critic = s.group(
+        "critic", CriticWorker, s.pool("critic_pool", 1), CriticConfig(model_path=kit["model"], optim=optim)
+    )
+    cost_critic = s.group(
+        "cost_critic", CriticWorker, s.pool("cost_critic_pool", 1), CriticConfig(model_path=kit["model"], optim=optim)
+    )
     reward_model = s.group("reward_model", RewardModelWorker, s.pool("rm_pool", 1), ScoreModelConfig(kit["scorer"]))
     cost_model = s.group("cost_model", CostModelWorker, s.pool("cm_pool", 1), ScoreModelConfig(kit["scorer"]))
     yield {
-        "actor": actor, "critic": critic, "cost_critic": cost_critic,
+        "actor": actor,
+        "critic": critic,
+        "cost_critic": cost_critic,
         "rule": (RuleReward(arithmetic.score), RuleReward(rule_cost, output_key="costs")),
         "model": (reward_model, cost_model),
     }
@@ -70,16 +80,37 @@ def groups(shared_session, kit):
 
 def make_groups(groups, scoring: str) -> Groups:
     reward, cost = groups[scoring]
-    return Groups(actor=groups["actor"], reference=groups["actor"], critic=groups["critic"], reward=reward,
-                  cost=cost, cost_critic=groups["cost_critic"])
+    return Groups(
+        actor=groups["actor"],
+        reference=groups["actor"],
+        critic=groups["critic"],
+        reward=reward,
+        cost=cost,
+        cost_critic=groups["cost_critic"],
+    )
 
 
-EXPECTED = {"actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/grad_norm",
-            "critic/score/mean", "critic/advantages/mean", "response_length/mean", "timing_s/gen",
-            "timing_s/update_actor", "timing_s/step", "perf/throughput", "actor/rollout_logprob_diff"}
-EXTRA = {"ppo": {"critic/vf_loss", "critic/vf_clipfrac", "actor/reward_kl_penalty"},
-         "safe_rlhf": {"critic/vf_loss", "cost_critic/vf_loss", "safe/cost/mean", "safe/lambda", "ptx/ptx_loss"},
-         "grpo": {"actor/kl_loss"}, "remax": {"timing_s/gen_greedy"}}
+EXPECTED = {
+    "actor/pg_loss",
+    "actor/pg_clipfrac",
+    "actor/ppo_kl",
+    "actor/entropy",
+    "actor/grad_norm",
+    "critic/score/mean",
+    "critic/advantages/mean",
+    "response_length/mean",
+    "timing_s/gen",
+    "timing_s/update_actor",
+    "timing_s/step",
+    "perf/throughput",
+    "actor/rollout_logprob_diff",
+}
+EXTRA = {
+    "ppo": {"critic/vf_loss", "critic/vf_clipfrac", "actor/reward_kl_penalty"},
+    "safe_rlhf": {"critic/vf_loss", "cost_critic/vf_loss", "safe/cost/mean", "safe/lambda", "ptx/ptx_loss"},
+    "grpo": {"actor/kl_loss"},
+    "remax": {"timing_s/gen_greedy"},
+}
 
 
 @pytest.mark.parametrize("scoring", ["rule", "model"])
@@ -135,8 +166,11 @@ def test_redefining_an_estimator_between_iterations_changes_the_next_update(grou
     # The workers trained on the edited values: the loss shipped by value reports the sum it
     # saw per optimizer step (2 rows: mini_batch_size 4 over 2 ranks), averaged over all steps.
     rows_per_step = 2
-    assert math.isclose(metrics["actor/adv_abs_sum"] * len(batch) / rows_per_step,
-                        float((edited.abs() * batch["response_mask"]).sum()), rel_tol=1e-4)
+    assert math.isclose(
+        metrics["actor/adv_abs_sum"] * len(batch) / rows_per_step,
+        float((edited.abs() * batch["response_mask"]).sum()),
+        rel_tol=1e-4,
+    )
     del core.ADVANTAGES.entries[name]
 
 
@@ -145,8 +179,10 @@ def broken_score(text: str, truth: str) -> float:
 
 
 def test_a_failed_step_leaves_the_algorithm_usable(groups, kit):
-    algo = GRPO(Groups(actor=groups["actor"], reference=groups["actor"], reward=RuleReward(broken_score)),
-                algorithms.GRPOConfig(sampling=SAMPLING))
+    algo = GRPO(
+        Groups(actor=groups["actor"], reference=groups["actor"], reward=RuleReward(broken_score)),
+        algorithms.GRPOConfig(sampling=SAMPLING),
+    )
     with pytest.raises(WorkbenchError, match="broken_score raised on row"):
         algo.step(kit["prompts"])
     assert algo.iteration == 0 and not algo.history
@@ -170,14 +206,19 @@ def test_missing_roles_and_bad_settings_are_refused_before_any_remote_work(group
         algorithms.GRPOConfig(sampling=SamplingConfig(n=1))
     with pytest.raises(ValueError, match="loss_agg_mode"):
         algorithms.PPOConfig(loss_agg_mode="mean")
-    with pytest.raises(ValueError, match=r"^PPOConfig\.gama=0\.9: no such field in 'PPOConfig'; "
-                                         r"did you mean 'PPOConfig\.gamma'"):
+    with pytest.raises(
+        ValueError,
+        match=r"^PPOConfig\.gama=0\.9: no such field in 'PPOConfig'; "
+        r"did you mean 'PPOConfig\.gamma'",
+    ):
         algorithms.PPOConfig.from_dict({"gama": 0.9})
 
 
 def test_config_from_yaml(tmp_path):
     path = tmp_path / "grpo.yaml"
-    path.write_text("sampling: {n: 8, max_new_tokens: 12, temperature: 0.7}\nestimator: drgrpo\nclip_ratio_high: 0.28\n")
+    path.write_text(
+        "sampling: {n: 8, max_new_tokens: 12, temperature: 0.7}\nestimator: drgrpo\nclip_ratio_high: 0.28\n"
+    )
     config = algorithms.GRPOConfig.from_yaml(path)
     assert config.sampling.n == 8 and config.sampling.temperature == 0.7
     assert config.estimator == "drgrpo" and config.clip_ratio_high == 0.28 and config.kl_loss_coef == 0.01

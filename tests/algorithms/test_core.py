@@ -239,7 +239,9 @@ def test_registry_lookup_happens_at_call_time_and_redefinition_wins():
 
 def test_call_names_the_missing_input():
     with pytest.raises(core.MissingInput, match="'values'.*neither a batch column nor a setting"):
-        core.call(core.gae, {"token_level_rewards": T([[1.0]]), "response_mask": T([[1.0]])}, {"gamma": 1.0}, what="gae")
+        core.call(
+            core.gae, {"token_level_rewards": T([[1.0]]), "response_mask": T([[1.0]])}, {"gamma": 1.0}, what="gae"
+        )
 
 
 def test_policy_losses_on_length_one_and_fully_masked_rows():
@@ -261,10 +263,16 @@ def test_unset_settings_leave_each_loss_its_own_defaults():
     from algorithms.base import AlgoConfig
 
     settings = AlgoConfig().settings()  # clip ranges None: PPO keeps 0.2, GSPO its 3e-4 / 4e-4
-    batch = {"log_probs": torch.full((1, 2), 0.1), "old_log_probs": torch.zeros(1, 2),
-             "advantages": torch.ones(1, 2), "response_mask": torch.ones(1, 2)}
+    batch = {
+        "log_probs": torch.full((1, 2), 0.1),
+        "old_log_probs": torch.zeros(1, 2),
+        "advantages": torch.ones(1, 2),
+        "response_mask": torch.ones(1, 2),
+    }
     ppo_loss, _ = core.call(core.ppo_clip, batch, settings)
     gspo_loss, _ = core.call(core.gspo, batch, settings)
     assert close(ppo_loss, -1.0 * math.exp(0.1)) and close(gspo_loss, -(1 + 4e-4))  # e^0.1 < 1.2
-    higher, _ = core.call(core.ppo_clip, {**batch, "log_probs": torch.full((1, 2), 0.5)}, {**settings, "clip_ratio_high": 0.28})
+    higher, _ = core.call(
+        core.ppo_clip, {**batch, "log_probs": torch.full((1, 2), 0.5)}, {**settings, "clip_ratio_high": 0.28}
+    )
     assert close(higher, -1.28)

@@ -28,13 +28,21 @@ def batch(model_dir):
     attention = torch.ones_like(ids)
     mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]])
     attention[:, prompt:] = mask
-    return Batch({
-        "input_ids": ids, "attention_mask": attention, "position_ids": torch.arange(prompt + response).expand(rows, -1),
-        "responses": ids[:, prompt:], "response_mask": mask,
-        "old_log_probs": -torch.rand(rows, response) * mask, "ref_log_probs": -torch.rand(rows, response) * mask,
-        "advantages": torch.randn(rows, response) * mask, "values": torch.randn(rows, response) * mask,
-        "returns": torch.randn(rows, response) * mask, "loss_mask": attention,
-    })
+    return Batch(
+        {
+            "input_ids": ids,
+            "attention_mask": attention,
+            "position_ids": torch.arange(prompt + response).expand(rows, -1),
+            "responses": ids[:, prompt:],
+            "response_mask": mask,
+            "old_log_probs": -torch.rand(rows, response) * mask,
+            "ref_log_probs": -torch.rand(rows, response) * mask,
+            "advantages": torch.randn(rows, response) * mask,
+            "values": torch.randn(rows, response) * mask,
+            "returns": torch.randn(rows, response) * mask,
+            "loss_mask": attention,
+        }
+    )
 
 
 def run(loss_fn, model, batch):
@@ -46,13 +54,21 @@ def run(loss_fn, model, batch):
 
 def test_actor_loss_is_policy_loss_minus_entropy_plus_kl(model_dir, batch):
     model = load(model_dir).model
-    loss_fn = ActorLoss(core.ppo_clip, {"clip_ratio_low": 0.1}, temperature=0.7, entropy_coeff=0.01, kl_coef=0.2,
-                        kl_penalty=core.kl_k3, loss_agg_mode="seq-mean-token-mean")
+    loss_fn = ActorLoss(
+        core.ppo_clip,
+        {"clip_ratio_low": 0.1},
+        temperature=0.7,
+        entropy_coeff=0.01,
+        kl_coef=0.2,
+        kl_penalty=core.kl_k3,
+        loss_agg_mode="seq-mean-token-mean",
+    )
     loss, metrics = run(loss_fn, model, batch)
     log_probs, entropy = response_log_probs(model, batch, 0.7, with_entropy=True)
     mask = batch["response_mask"]
-    pg, _ = core.ppo_clip(log_probs, batch["old_log_probs"], batch["advantages"], mask, clip_ratio_low=0.1,
-                          loss_agg_mode="token-mean")  # the policy loss's own default aggregation
+    pg, _ = core.ppo_clip(
+        log_probs, batch["old_log_probs"], batch["advantages"], mask, clip_ratio_low=0.1, loss_agg_mode="token-mean"
+    )  # the policy loss's own default aggregation
     ent = core.aggregate(entropy, mask, "seq-mean-token-mean")
     kl = core.aggregate(core.kl_k3(log_probs, batch["ref_log_probs"]), mask, "seq-mean-token-mean")
     assert torch.allclose(loss, pg - 0.01 * ent + 0.2 * kl, atol=1e-6)
@@ -76,8 +92,9 @@ def test_losses_travel_by_value_with_a_notebook_defined_policy(batch, model_dir)
 def test_critic_and_pretrain_losses(model_dir, batch):
     model = load_value_model(model_dir).model
     loss, metrics = run(CriticLoss(cliprange_value=0.2), model, batch)
-    expected, clipfrac = core.value_loss(response_values(model, batch), batch["values"], batch["returns"],
-                                         batch["response_mask"], 0.2)
+    expected, clipfrac = core.value_loss(
+        response_values(model, batch), batch["values"], batch["returns"], batch["response_mask"], 0.2
+    )
     assert torch.allclose(loss, expected) and metrics["critic/vf_clipfrac"] == pytest.approx(float(clipfrac))
     lm = load(model_dir).model
     ptx, metrics = run(PretrainLoss(coef=0.5), lm, batch)

@@ -61,8 +61,12 @@ def test_loss_and_gradients_equal_recomputation(model_dir):
 
 def algorithm_with(model_dir, algo=GRPO, config=None, **actor):
     actor_config = ActorConfig(model_path=str(model_dir), **actor)
-    groups = Groups(actor=SimpleNamespace(config=actor_config), reference=SimpleNamespace(config=actor_config),
-                    critic=object(), reward=object())
+    groups = Groups(
+        actor=SimpleNamespace(config=actor_config),
+        reference=SimpleNamespace(config=actor_config),
+        critic=object(),
+        reward=object(),
+    )
     return algo(groups, config or algo.Config())
 
 
@@ -87,10 +91,16 @@ def test_rollout_is_refused_for_multi_epoch_or_multi_step_updates(model_dir):
 
 def test_an_on_policy_step_skips_the_recomputing_forward(session, model_dir):
     tokenizer = load(model_dir).tokenizer
-    actor = session.group("actor", ActorRolloutRefWorker, session.pool("actor_pool", 1),
-                          ActorConfig(model_path=str(model_dir), mini_batch_size=8, micro_batch_size=8))
-    grpo = GRPO(Groups(actor=actor, reward=RuleReward(arithmetic.score)),
-                GRPOConfig(sampling=SamplingConfig(max_new_tokens=4, n=2), kl_loss_coef=0.0))
+    actor = session.group(
+        "actor",
+        ActorRolloutRefWorker,
+        session.pool("actor_pool", 1),
+        ActorConfig(model_path=str(model_dir), mini_batch_size=8, micro_batch_size=8),
+    )
+    grpo = GRPO(
+        Groups(actor=actor, reward=RuleReward(arithmetic.score)),
+        GRPOConfig(sampling=SamplingConfig(max_new_tokens=4, n=2), kl_loss_coef=0.0),
+    )
     since = time.time()  # the session's trace holds every earlier test's spans too
     batch, metrics = grpo.step(prompts_for(tokenizer))
     methods = {r.method for r in session.trace() if r.role == "actor" and r.start >= since}

@@ -36,7 +36,8 @@ def kit(tmp_path_factory):
     prompts = tokenize_prompts([p.__dict__ for p in problems], load(model).tokenizer, max_prompt_length=32)
     optim = OptimConfig(lr=1e-3)
     return {
-        "root": root, "prompts": prompts,
+        "root": root,
+        "prompts": prompts,
         "actor": ActorConfig(model, optim=optim, mini_batch_size=4, micro_batch_size=4),
         "reference": ActorConfig(model, train=False, rollout=None, reference=True),
         "critic": CriticConfig(model, optim=optim, mini_batch_size=8),
@@ -44,8 +45,9 @@ def kit(tmp_path_factory):
 
 
 def actor_cell(session, kit):
-    return session.fused("actor_pool", actor=(ActorRolloutRefWorker, kit["actor"]),
-                         reference=(ActorRolloutRefWorker, kit["reference"]))
+    return session.fused(
+        "actor_pool", actor=(ActorRolloutRefWorker, kit["actor"]), reference=(ActorRolloutRefWorker, kit["reference"])
+    )
 
 
 def test_roles_recreated_between_steps_killed_and_recovered(session, kit):
@@ -53,8 +55,10 @@ def test_roles_recreated_between_steps_killed_and_recovered(session, kit):
     session.pool("critic_pool", 1)
     fused = actor_cell(session, kit)
     critic = session.group("critic", CriticWorker, "critic_pool", kit["critic"])
-    ppo = PPO(Groups(actor=fused["actor"], reference=fused["reference"], critic=critic, reward=RuleReward(arithmetic.score)),
-              algorithms.PPOConfig(sampling=SamplingConfig(max_new_tokens=6, n=2, seed=0)))
+    ppo = PPO(
+        Groups(actor=fused["actor"], reference=fused["reference"], critic=critic, reward=RuleReward(arithmetic.score)),
+        algorithms.PPOConfig(sampling=SamplingConfig(max_new_tokens=6, n=2, seed=0)),
+    )
     prompts = kit["prompts"]
     ppo.step(prompts)
 
@@ -85,8 +89,15 @@ def test_roles_recreated_between_steps_killed_and_recovered(session, kit):
     # A prompt longer than the model's positions allow: refused before any remote work.
     width = 512 - 6 + 1
     pad = torch.zeros(len(prompts), width - prompts["input_ids"].shape[1], dtype=torch.long)
-    long = Batch({"input_ids": torch.cat([pad, prompts["input_ids"]], 1),
-                  "attention_mask": torch.cat([pad, prompts["attention_mask"]], 1)}, prompts.columns)
-    with pytest.raises(ModelLoadError, match=r"prompts of 507 tokens \+ max_new_tokens=6 = 513 exceed the 512 positions"):
+    long = Batch(
+        {
+            "input_ids": torch.cat([pad, prompts["input_ids"]], 1),
+            "attention_mask": torch.cat([pad, prompts["attention_mask"]], 1),
+        },
+        prompts.columns,
+    )
+    with pytest.raises(
+        ModelLoadError, match=r"prompts of 507 tokens \+ max_new_tokens=6 = 513 exceed the 512 positions"
+    ):
         ppo.step(long)
     assert ppo.iteration == 4

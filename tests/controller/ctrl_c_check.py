@@ -35,8 +35,7 @@ def main() -> None:
             interrupted = True
         waited = time.monotonic() - start
         rank = group.where().get()[0]["rank"]
-        print(json.dumps({"interrupted": interrupted, "waited_s": waited, "rank": rank,
-                          "result": future.get()}))
+        print(json.dumps({"interrupted": interrupted, "waited_s": waited, "rank": rank, "result": future.get()}))
 
 
 if __name__ == "__main__":

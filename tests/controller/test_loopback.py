@@ -14,8 +14,11 @@ from workbench import Mesh
 
 
 def listening(pid: int) -> list[tuple[str, int]]:
-    return [(c.laddr.ip, c.laddr.port) for c in psutil.Process(pid).net_connections(kind="inet")
-            if c.status == psutil.CONN_LISTEN]
+    return [
+        (c.laddr.ip, c.laddr.port)
+        for c in psutil.Process(pid).net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN
+    ]
 
 
 def ray_ports(group) -> set[int]:

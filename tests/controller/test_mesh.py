@@ -19,8 +19,7 @@ def dp_group(mesh, rank):
 
 
 def replicas(mesh):
-    return [[mesh.rank(pp=p, tp=t, dp=d) for p in range(mesh.pp) for t in range(mesh.tp)]
-            for d in range(mesh.dp)]
+    return [[mesh.rank(pp=p, tp=t, dp=d) for p in range(mesh.pp) for t in range(mesh.tp)] for d in range(mesh.dp)]
 
 
 SIZES = [Mesh(p, t, d) for p, t, d in itertools.product((1, 2, 3, 4), (1, 2, 4, 8), (1, 2, 3, 4))]
@@ -42,8 +41,12 @@ def test_where_ranks_sit_follows_the_rank_order(per_node):
 
 def test_positional_sizes_ordering_and_the_planners_text_form():
     assert Mesh(1, 2, 4) == Mesh(pp=1, tp=2, dp=4) and Mesh(1, 2, 4).model_parallel == 2
-    assert sorted([Mesh(2, 1, 1), Mesh(1, 2, 2), Mesh(1, 2, 1), Mesh(1, 1, 4)]) == \
-        [Mesh(1, 1, 4), Mesh(1, 2, 1), Mesh(1, 2, 2), Mesh(2, 1, 1)]   # by (pp, tp, dp)
+    assert sorted([Mesh(2, 1, 1), Mesh(1, 2, 2), Mesh(1, 2, 1), Mesh(1, 1, 4)]) == [
+        Mesh(1, 1, 4),
+        Mesh(1, 2, 1),
+        Mesh(1, 2, 2),
+        Mesh(2, 1, 1),
+    ]  # by (pp, tp, dp)
     assert Mesh(1, 4, 2) < Mesh(1, 4, 2, gen_tp=2) and not Mesh(1, 4, 2) < Mesh(1, 4, 2)
     assert Mesh(1, 2, 4).short() == "p1t2d4" and str(Mesh(1, 2, 4)) == "Mesh(pp=1, tp=2, dp=4)"
     assert Mesh(1, 4, 2, gen_tp=2).short() == "p1t4d2|p1t2d4"

@@ -4,8 +4,16 @@ import pytest
 import torch
 
 from workbench import (
-    ALL_TO_ALL, DP_PROTO, ONE_TO_ALL, ONE_TO_ALL_KEEP_RANK0, THREE_D_ALL_MICRO_DP, THREE_D_PP_ONLY,
-    THREE_D_PROTO, Batch, Mesh, Protocol,
+    ALL_TO_ALL,
+    DP_PROTO,
+    ONE_TO_ALL,
+    ONE_TO_ALL_KEEP_RANK0,
+    THREE_D_ALL_MICRO_DP,
+    THREE_D_PP_ONLY,
+    THREE_D_PROTO,
+    Batch,
+    Mesh,
+    Protocol,
 )
 from workbench.errors import ConfigError
 
@@ -101,7 +109,9 @@ def test_vanilla_generation_groups_are_consecutive_and_the_protocol_follows():
 
 def test_the_transition_method_is_checked_and_hybridflow_by_default():
     assert Mesh().transition == "hybridflow"
-    with pytest.raises(ConfigError, match="Mesh.transition='zero3': use one of 'deepspeed_chat', 'vanilla', 'hybridflow'"):
+    with pytest.raises(
+        ConfigError, match="Mesh.transition='zero3': use one of 'deepspeed_chat', 'vanilla', 'hybridflow'"
+    ):
         Mesh(tp=4, gen_tp=2, transition="zero3")
 
 
@@ -114,8 +124,9 @@ def test_collect_concatenates_batches_and_drops_padding():
 
 
 def test_user_defined_protocol_is_a_distribute_collect_pair():
-    scaled = Protocol("SCALED", distribute=lambda m, v: [v * (r + 1) for r in range(m.world_size)],
-                      collect=lambda m, outs: sum(outs))
+    scaled = Protocol(
+        "SCALED", distribute=lambda m, v: [v * (r + 1) for r in range(m.world_size)], collect=lambda m, outs: sum(outs)
+    )
     m = Mesh(dp=3)
     assert scaled.distribute(m, 1) == [1, 2, 3] and scaled.collect(m, [1, 2, 3]) == 6
     assert scaled.num_chunks(m) is None

@@ -33,7 +33,8 @@ def test_trace_answers_beside_a_long_call_and_loses_no_span(session):
     spans = [r for r in session.trace() if r.role == "busy"]
     # Every call on every rank exactly once: 5 doubles and one sleep, on 2 ranks.
     assert sorted((r.method, r.rank) for r in spans) == sorted(
-        [("double", 0)] * 5 + [("double", 1)] * 5 + [("sleep", 0), ("sleep", 1)])
+        [("double", 0)] * 5 + [("double", 1)] * 5 + [("sleep", 0), ("sleep", 1)]
+    )
     assert len({(r.extra["call"], r.rank) for r in spans}) == len(spans)
 
 
@@ -45,7 +46,9 @@ def test_spans_carry_their_call_and_tags(session):
     spans = [r for r in session.trace() if r.role == "tagged"]
     first, second = sorted({r.extra["call"] for r in spans})
     assert {(r.rank, r.extra.get("step"), r.extra.get("note")) for r in spans if r.extra["call"] == first} == {
-        (0, "probe", "mine"), (1, "probe", "mine")}
+        (0, "probe", "mine"),
+        (1, "probe", "mine"),
+    }
     assert all("step" not in r.extra for r in spans if r.extra["call"] == second)
 
 
@@ -58,8 +61,15 @@ def test_step_clock_tags_spans_with_iteration_and_step(session):
         clock.report()
     spans = [r for r in session.trace() if r.role == "clocked"]
     assert sorted((r.extra["iteration"], r.extra["step"]) for r in spans) == [
-        (1, "gen"), (1, "gen"), (1, "values"), (1, "values"),
-        (2, "gen"), (2, "gen"), (2, "values"), (2, "values")]
+        (1, "gen"),
+        (1, "gen"),
+        (1, "values"),
+        (1, "values"),
+        (2, "gen"),
+        (2, "gen"),
+        (2, "values"),
+        (2, "values"),
+    ]
 
 
 def test_records_round_trip_through_json_lines(session, tmp_path):

@@ -129,8 +129,14 @@ def test_ctrl_c_while_waiting_leaves_session_usable():
     # on a 6 s call is interrupted at once (0.5 s in), and the group
     # still answers and hands over the call's result afterwards.
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    run = subprocess.run([sys.executable, "-m", "tests.controller.ctrl_c_check"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-m", "tests.controller.ctrl_c_check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-4000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["interrupted"] and result["waited_s"] < 3.0, result

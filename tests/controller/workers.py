@@ -40,8 +40,13 @@ class EchoWorker(Worker):
 
     @register(ONE_TO_ALL)
     def where(self) -> dict:
-        return {"rank": self.rank, "coord": tuple(self.coord), "pid": os.getpid(),
-                "node": ray.get_runtime_context().get_node_id(), "world": dist.get_world_size()}
+        return {
+            "rank": self.rank,
+            "coord": tuple(self.coord),
+            "pid": os.getpid(),
+            "node": ray.get_runtime_context().get_node_id(),
+            "world": dist.get_world_size(),
+        }
 
     @register(ONE_TO_ALL)
     def sleep(self, seconds: float) -> float:

@@ -50,21 +50,45 @@ def test_precedence():
     assert evaluate([10, 3, 2], ["-", "-"]) == 5
 
 
-@pytest.mark.parametrize("bad", [
-    dict(operations=("/",)), dict(operations=()), dict(digits=0), dict(min_digits=3, digits=2),
-    dict(num_operands=1), dict(template="no slot"),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(operations=("/",)),
+        dict(operations=()),
+        dict(digits=0),
+        dict(min_digits=3, digits=2),
+        dict(num_operands=1),
+        dict(template="no slot"),
+    ],
+)
 def test_bad_config_is_refused(bad):
     with pytest.raises(ValueError, match="ArithmeticConfig"):
         ArithmeticConfig(**bad)
 
 
-@pytest.mark.parametrize("response, expected", [
-    (" 85", 1.0), ("85", 1.0), ("\n\t 85  ", 1.0),
-    (" 85</s>", 1.0), (" 85<pad><pad>", 1.0), (" 85\nQ: 1+1=? A: 2", 1.0), (" 85.", 1.0), (" 85 apples", 1.0),
-    (" 855", 0.0), (" 8 5", 0.0), (" 85.5", 0.0), (" 84", 0.0), (" -85", 0.0), ("", 0.0),
-    (" eighty-five", 0.0), ("The answer is 85", 0.0), (" +85", 0.0), (" 085", 0.0),
-])
+@pytest.mark.parametrize(
+    "response, expected",
+    [
+        (" 85", 1.0),
+        ("85", 1.0),
+        ("\n\t 85  ", 1.0),
+        (" 85</s>", 1.0),
+        (" 85<pad><pad>", 1.0),
+        (" 85\nQ: 1+1=? A: 2", 1.0),
+        (" 85.", 1.0),
+        (" 85 apples", 1.0),
+        (" 855", 0.0),
+        (" 8 5", 0.0),
+        (" 85.5", 0.0),
+        (" 84", 0.0),
+        (" -85", 0.0),
+        ("", 0.0),
+        (" eighty-five", 0.0),
+        ("The answer is 85", 0.0),
+        (" +85", 0.0),
+        (" 085", 0.0),
+    ],
+)
 def test_score_edge_cases(response, expected):
     assert score(response, "85") == expected
 

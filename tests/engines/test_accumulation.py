@@ -32,6 +32,7 @@ def test_per_row_means_weigh_only_rows_that_have_tokens():
     masks = [torch.tensor([[1, 1, 0], [0, 0, 0]]), torch.tensor([[1, 0, 0], [1, 1, 1]])]
     losses = torch.rand(4, 3)
     for mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
+
         class Loss:
             def weight(self, batch):
                 return token_weight(batch, mode)

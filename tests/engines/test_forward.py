@@ -20,11 +20,15 @@ def batch(prompt_pad: int, response_len: int, rows: int = 4, prompt: int = 6, r:
     attention[:, prompt + response_len :] = 0
     response_mask = attention[:, prompt:].clone()
     input_ids = torch.randint(3, 200, (rows, prompt + r)) * attention
-    return Batch({
-        "input_ids": input_ids, "attention_mask": attention,
-        "position_ids": (attention.cumsum(1) - 1).clamp(min=0),
-        "responses": input_ids[:, prompt:], "response_mask": response_mask,
-    })
+    return Batch(
+        {
+            "input_ids": input_ids,
+            "attention_mask": attention,
+            "position_ids": (attention.cumsum(1) - 1).clamp(min=0),
+            "responses": input_ids[:, prompt:],
+            "response_mask": response_mask,
+        }
+    )
 
 
 @pytest.mark.parametrize("prompt_pad, response_len", [(0, 5), (2, 3)], ids=["nothing-trimmed", "trimmed"])
@@ -33,7 +37,9 @@ def test_trimmed_inputs_are_fresh_tensors(prompt_pad, response_len):
     assert kept == response_len
     assert inputs["input_ids"].shape[1] == 6 - prompt_pad + response_len
     for name, tensor in inputs.items():
-        assert tensor.is_contiguous() and tensor._base is None, f"{name} is a view: a compiled forward would guard on its base"
+        assert tensor.is_contiguous() and tensor._base is None, (
+            f"{name} is a view: a compiled forward would guard on its base"
+        )
 
 
 def test_the_pretraining_forward_gets_fresh_tensors_from_a_micro_batch_view():

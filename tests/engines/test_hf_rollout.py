@@ -37,7 +37,9 @@ def test_greedy_is_deterministic(engine):
     assert torch.equal(a["responses"], b["responses"])
 
 
-@pytest.mark.parametrize("config", [HFRolloutConfig(cache="static"), HFRolloutConfig(compile=True)], ids=["static", "compiled"])
+@pytest.mark.parametrize(
+    "config", [HFRolloutConfig(cache="static"), HFRolloutConfig(compile=True)], ids=["static", "compiled"]
+)
 def test_static_and_compiled_decoding_give_the_same_rollout(engine, config):
     """A static cache (prompts left-padded to the bucket) and a compiled decoding step change
     how fast, not what: the same greedy tokens and output layout, and sampled log-probs that a

@@ -150,9 +150,7 @@ def test_seeded_sampling_is_reproducible_and_independent_per_prompt(rollout, pro
     assert not torch.equal(rows[0], rows[2]) and not torch.equal(rows[0], rows[1])
 
 
-def test_load_weights_in_place_matches_hf_with_new_weights(
-    rollout, hf_model, prompts, tokenizer, restore_weights
-):
+def test_load_weights_in_place_matches_hf_with_new_weights(rollout, hf_model, prompts, tokenizer, restore_weights):
     sampling = SamplingConfig(max_new_tokens=16, greedy=True)
     before = rollout.generate(prompts, sampling)
     llm = rollout.llm

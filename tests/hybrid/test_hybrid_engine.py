@@ -55,15 +55,23 @@ def switching_actor(request, shared_session, model_dir):
     layout, method = request.param
     tp, dp, gen_tp = LAYOUTS[layout]
     mesh = Mesh(tp=tp, dp=dp, gen_tp=gen_tp, transition=method)
-    cfg = ActorConfig(model_path=model_dir, backend="3d", optim=OPTIM, mini_batch_size=8, micro_batch_size=2, reference=True)
-    group = shared_session.group("actor", CorruptibleActor, shared_session.pool("actor_pool", mesh.world_size), cfg, mesh=mesh)
+    cfg = ActorConfig(
+        model_path=model_dir, backend="3d", optim=OPTIM, mini_batch_size=8, micro_batch_size=2, reference=True
+    )
+    group = shared_session.group(
+        "actor", CorruptibleActor, shared_session.pool("actor_pool", mesh.world_size), cfg, mesh=mesh
+    )
     yield group
     shared_session.clear()
 
 
 def both(layouts, methods=METHODS):
-    return pytest.mark.parametrize("switching_actor", [(a, m) for a in layouts for m in methods], indirect=True,
-                                   ids=[f"{a}-{m}" for a in layouts for m in methods])
+    return pytest.mark.parametrize(
+        "switching_actor",
+        [(a, m) for a in layouts for m in methods],
+        indirect=True,
+        ids=[f"{a}-{m}" for a in layouts for m in methods],
+    )
 
 
 def transitions(session, since: float):
@@ -89,7 +97,9 @@ def test_generation_layouts_equal_the_unsharded_model_and_table_2(shared_session
         counted = (x["bytes_received"], x["bytes_sent"], x["peak_param_bytes"], x["redundant_bytes"])
         assert counted == (want.received, want.sent, want.peak_params, want.redundant), (span.rank, x, want)
         assert x["checked"] and x["model_bytes"] == model_bytes
-        assert (x["bytes_received"], x["peak_param_bytes"], x["redundant_bytes"]) == table2(model_bytes, tp, dp, gen_tp, method)
+        assert (x["bytes_received"], x["peak_param_bytes"], x["redundant_bytes"]) == table2(
+            model_bytes, tp, dp, gen_tp, method
+        )
 
 
 def table2(m: int, t: int, d: int, t_g: int, method: str) -> tuple[int, int, int]:

@@ -11,9 +11,23 @@ from workbench import Mesh
 from workbench.controller.mesh import TRANSITION_METHODS
 from workbench.errors import ConfigError
 from workbench.hybrid.layouts import (
-    RANK_MAP_KEYS, Shard, contains_training_shard, contribution, gather_groups, gathered_shard,
-    gather_group, gen_shard, gen_sizes, generation_groups, generation_tp_groups, micro_dp_groups, rank_map,
-    rank_transfer, slices, train_shard, transition_bytes,
+    RANK_MAP_KEYS,
+    Shard,
+    contains_training_shard,
+    contribution,
+    gather_groups,
+    gathered_shard,
+    gather_group,
+    gen_shard,
+    gen_sizes,
+    generation_groups,
+    generation_tp_groups,
+    micro_dp_groups,
+    rank_map,
+    rank_transfer,
+    slices,
+    train_shard,
+    transition_bytes,
 )
 from workbench.planner import model_preset
 from workbench.planner.memory import WEIGHT_BYTES, transition
@@ -30,8 +44,11 @@ PIPELINED = {
     "2-4-1 -> 1-2-4-1": dict(pp=2, tp=4, dp=1, gen_pp=1, gen_tp=2),
 }
 LAYOUTS = {**ISSUE, **PIPELINED}
-MESHES = [pytest.param(Mesh(**sizes, transition=method), id=f"{name} {method}")
-          for name, sizes in LAYOUTS.items() for method in TRANSITION_METHODS]
+MESHES = [
+    pytest.param(Mesh(**sizes, transition=method), id=f"{name} {method}")
+    for name, sizes in LAYOUTS.items()
+    for method in TRANSITION_METHODS
+]
 
 
 def test_issue_layouts_group_ranks_as_the_paper_draws_them():
@@ -60,8 +77,7 @@ def test_issue_layouts_group_ranks_as_the_paper_draws_them():
 @pytest.mark.parametrize("mesh", MESHES)
 def test_every_rank_is_in_exactly_one_gather_and_one_generation_group(mesh):
     everyone = list(range(mesh.world_size))
-    for groups in (gather_groups(mesh), generation_groups(mesh), micro_dp_groups(mesh),
-                   generation_tp_groups(mesh)):
+    for groups in (gather_groups(mesh), generation_groups(mesh), micro_dp_groups(mesh), generation_tp_groups(mesh)):
         assert sorted(r for g in groups for r in g) == everyone
     assert all(list(g) == sorted(g) for g in gather_groups(mesh) + micro_dp_groups(mesh))
     assert len(generation_groups(mesh)) == mesh.dp * mesh.micro_dp
@@ -177,11 +193,16 @@ def test_the_planner_reads_these_bytes():
     # The planner's memory model and simulators take the switch from here (one count of it).
     for mesh in TABLE2_MESHES[::5]:
         gen_pp, gen_tp = gen_sizes(mesh)
-        planned = transition(SPEC, Mesh(mesh.pp, mesh.tp, mesh.dp),
-                             Mesh(gen_pp, gen_tp, mesh.dp * mesh.micro_dp), mesh.transition)
+        planned = transition(
+            SPEC, Mesh(mesh.pp, mesh.tp, mesh.dp), Mesh(gen_pp, gen_tp, mesh.dp * mesh.micro_dp), mesh.transition
+        )
         row = transition_bytes(mesh, M)[0]
-        assert (planned.comm_bytes, planned.peak_params, planned.redundant, planned.generation_params) \
-            == (row.received, row.peak_params, row.redundant, row.generation_params), str(mesh)
+        assert (planned.comm_bytes, planned.peak_params, planned.redundant, planned.generation_params) == (
+            row.received,
+            row.peak_params,
+            row.redundant,
+            row.generation_params,
+        ), str(mesh)
 
 
 @pytest.mark.parametrize("name", ISSUE)
@@ -201,8 +222,9 @@ def test_issue_layouts_bytes_per_rank(name):
 
 def test_hybridflow_moves_least_and_keeps_nothing_beside():
     for sizes in LAYOUTS.values():
-        hf, va, ds = (transition_bytes(Mesh(**sizes, transition=k), M)
-                      for k in ("hybridflow", "vanilla", "deepspeed_chat"))
+        hf, va, ds = (
+            transition_bytes(Mesh(**sizes, transition=k), M) for k in ("hybridflow", "vanilla", "deepspeed_chat")
+        )
         for h, v, s in zip(hf, va, ds):
             assert h.received <= v.received <= s.received
             assert h.peak_params == h.generation_params <= v.peak_params == s.peak_params == M

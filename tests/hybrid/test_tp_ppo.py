@@ -22,9 +22,20 @@ def test_a_tensor_parallel_ppo_iteration_end_to_end(session, tmp_path):
     tokenizer = load(model_dir).tokenizer
     problems = arithmetic.generate(arithmetic.ArithmeticConfig(digits=1), 4, seed=1)
     batch = tokenize_prompts([p.__dict__ for p in problems], tokenizer, max_prompt_length=32)
-    actor = session.group("actor", ActorRolloutRefWorker, session.pool("actor_pool", 4),
-                          ActorConfig(model_path=model_dir, backend="3d", reference=True, optim=OptimConfig(lr=1e-4),
-                                      mini_batch_size=4, micro_batch_size=2), mesh=Mesh(tp=2, dp=2, gen_tp=1))
+    actor = session.group(
+        "actor",
+        ActorRolloutRefWorker,
+        session.pool("actor_pool", 4),
+        ActorConfig(
+            model_path=model_dir,
+            backend="3d",
+            reference=True,
+            optim=OptimConfig(lr=1e-4),
+            mini_batch_size=4,
+            micro_batch_size=2,
+        ),
+        mesh=Mesh(tp=2, dp=2, gen_tp=1),
+    )
     critic = session.group("critic", CriticWorker, session.pool("critic_pool", 1), CriticConfig(model_path=model_dir))
     groups = Groups(actor=actor, reference=actor, critic=critic, reward=RuleReward(arithmetic.score))
     algo = PPO(groups, PPO.Config(sampling=SamplingConfig(max_new_tokens=6, n=2, seed=0)))

@@ -46,11 +46,14 @@ def test_directory_without_config(tmp_path):
         load(tmp_path)
 
 
-@pytest.mark.parametrize("config, found", [
-    (T5Config(architectures=["T5ForConditionalGeneration"]), "model_type='t5'"),
-    # bert has an LM-head class, but this checkpoint is a classifier
-    (BertConfig(architectures=["BertForSequenceClassification"]), "BertForSequenceClassification"),
-])
+@pytest.mark.parametrize(
+    "config, found",
+    [
+        (T5Config(architectures=["T5ForConditionalGeneration"]), "model_type='t5'"),
+        # bert has an LM-head class, but this checkpoint is a classifier
+        (BertConfig(architectures=["BertForSequenceClassification"]), "BertForSequenceClassification"),
+    ],
+)
 def test_not_a_causal_lm_names_what_was_found(tmp_path, config, found):
     config.save_pretrained(tmp_path)
     with pytest.raises(ModelLoadError, match="not a causal language model") as info:

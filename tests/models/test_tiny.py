@@ -11,14 +11,17 @@ from workbench.models.tiny import MANIFEST
 NOMINAL = {"1m": 1e6, "10m": 10e6, "30m": 30e6}
 
 
-@pytest.mark.parametrize("text", [
-    "Q: 37+48=? A: 85",
-    "Q: 1234*56-7=? A: 69097",
-    "Q: 5-90=? A: -85",
-    "  spaces,\ttabs\nand newlines  ",
-    "Natalia sold clips to 48 of her friends. Ünïcödé → 数字 🙂",
-    "",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Q: 37+48=? A: 85",
+        "Q: 1234*56-7=? A: 69097",
+        "Q: 5-90=? A: -85",
+        "  spaces,\ttabs\nand newlines  ",
+        "Natalia sold clips to 48 of her friends. Ünïcödé → 数字 🙂",
+        "",
+    ],
+)
 def test_tokenizer_round_trips_any_text(tokenizer, text):
     ids = tokenizer(text)["input_ids"]
     assert ids[0] == tokenizer.bos_token_id

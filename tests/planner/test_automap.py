@@ -2,9 +2,17 @@ import math
 
 import pytest
 
-from workbench.planner import (ModelDoesNotFitError, NoFeasiblePlanError, Workload, automap,
-                               cluster_preset, compositions, d_cost, dataflow_preset,
-                               set_partitions)
+from workbench.planner import (
+    ModelDoesNotFitError,
+    NoFeasiblePlanError,
+    Workload,
+    automap,
+    cluster_preset,
+    compositions,
+    d_cost,
+    dataflow_preset,
+    set_partitions,
+)
 from workbench.planner.automap import AutoMapper
 
 
@@ -13,8 +21,7 @@ def test_fifteen_placements_for_four_models():
     assert len(parts) == 15
     assert len({frozenset(frozenset(b) for b in p) for p in parts}) == 15
     for p in parts:
-        assert sorted(m for block in p for m in block) == ["actor", "critic", "reference",
-                                                           "reward"]
+        assert sorted(m for block in p for m in block) == ["actor", "critic", "reference", "reward"]
 
 
 @pytest.mark.parametrize("n,bell", [(1, 1), (2, 2), (3, 5), (5, 52)])
@@ -70,9 +77,11 @@ def test_automap_small_case_is_exhaustive_over_placements_and_allocations():
     assert plan.peak_memory <= cluster.device_memory
     # Best by brute force over the same cost tables.
     m = AutoMapper(flow, flow.model_specs("tiny-10m"), Workload.tiny(), cluster)
-    brute = min(d_cost([m.set_cost(p, a)[0] for p, a in zip(part, alloc)])
-                for part in set_partitions(flow.models)
-                for alloc in compositions(4, [1] * len(part)))
+    brute = min(
+        d_cost([m.set_cost(p, a)[0] for p, a in zip(part, alloc)])
+        for part in set_partitions(flow.models)
+        for alloc in compositions(4, [1] * len(part))
+    )
     assert plan.iteration_time == pytest.approx(brute)
 
 

@@ -5,23 +5,28 @@ import dataclasses
 import pytest
 
 from workbench.planner import TaskGraph, Workload, cluster_preset, time_cost
-from workbench.planner.calibrate import (CollectiveTiming, Timing, fit, fit_cores,
-                                         load_calibration)
+from workbench.planner.calibrate import CollectiveTiming, Timing, fit, fit_cores, load_calibration
 from workbench.planner.specs import ModelSpec
 
 SMALL = ModelSpec("kit-1m", 4, 128, 4, 4, 352, 262)
 MEDIUM = ModelSpec("kit-10m", 6, 384, 6, 6, 1024, 262)
 PEAK, MEM_BW = 100e9, 8e9
-TRUE = dict(train_efficiency=0.55, inference_efficiency=0.7, step_overhead=2.5e-3, train_overhead=0.04,
-            inference_overhead=0.02,
-            bandwidth_efficiency=0.3,
-            intra_node_bandwidth=0.4e9, collective_latency=3e-4)
+TRUE = dict(
+    train_efficiency=0.55,
+    inference_efficiency=0.7,
+    step_overhead=2.5e-3,
+    train_overhead=0.04,
+    inference_overhead=0.02,
+    bandwidth_efficiency=0.3,
+    intra_node_bandwidth=0.4e9,
+    collective_latency=3e-4,
+)
 
 
 def _truth():
     return dataclasses.replace(
-        cluster_preset("local"), peak_flops=PEAK, memory_bandwidth=MEM_BW,
-        comm_efficiency=1.0, **TRUE)
+        cluster_preset("local"), peak_flops=PEAK, memory_bandwidth=MEM_BW, comm_efficiency=1.0, **TRUE
+    )
 
 
 def _synthetic():
@@ -41,8 +46,7 @@ def _synthetic():
 
 def test_fit_recovers_known_constants_from_synthetic_timings():
     timings, coll = _synthetic()
-    cal = fit(timings, coll, peak_flops=PEAK, memory_bandwidth=MEM_BW,
-              slowdown={1: 1.0, 2: 1.0, 3: 1.5, 4: 2.0})
+    cal = fit(timings, coll, peak_flops=PEAK, memory_bandwidth=MEM_BW, slowdown={1: 1.0, 2: 1.0, 3: 1.5, 4: 2.0})
     for name, value in TRUE.items():
         assert getattr(cal, name) == pytest.approx(value, rel=1e-3), name
     assert cal.cores == pytest.approx(2.0, abs=0.02)
@@ -52,8 +56,7 @@ def test_fit_recovers_known_constants_from_synthetic_timings():
 
 def test_fit_is_robust_to_noise():
     timings, coll = _synthetic()
-    noisy = [dataclasses.replace(t, seconds=t.seconds * (1.05 if i % 2 else 0.95))
-             for i, t in enumerate(timings)]
+    noisy = [dataclasses.replace(t, seconds=t.seconds * (1.05 if i % 2 else 0.95)) for i, t in enumerate(timings)]
     cal = fit(noisy, coll, peak_flops=PEAK, memory_bandwidth=MEM_BW, slowdown={1: 1.0})
     assert cal.train_efficiency == pytest.approx(TRUE["train_efficiency"], rel=0.1)
     assert cal.inference_efficiency == pytest.approx(TRUE["inference_efficiency"], rel=0.1)
@@ -66,8 +69,14 @@ def test_fit_cores_from_slowdown():
 
 def test_calibration_round_trips_and_builds_the_local_preset(tmp_path):
     timings, coll = _synthetic()
-    cal = fit(timings, coll, peak_flops=PEAK, memory_bandwidth=MEM_BW, slowdown={1: 1.0, 4: 2.0},
-              machine={"cpu_count": 2, "loadavg": [0.1, 0.2, 0.3]})
+    cal = fit(
+        timings,
+        coll,
+        peak_flops=PEAK,
+        memory_bandwidth=MEM_BW,
+        slowdown={1: 1.0, 4: 2.0},
+        machine={"cpu_count": 2, "loadavg": [0.1, 0.2, 0.3]},
+    )
     path = cal.save(tmp_path / "cal.json")
     again = load_calibration(path)
     assert again == cal
@@ -83,11 +92,18 @@ def test_calibration_round_trips_and_builds_the_local_preset(tmp_path):
 
 def test_from_hf_config_reads_a_llama_config():
     from types import SimpleNamespace
-    cfg = SimpleNamespace(num_hidden_layers=6, hidden_size=384, num_attention_heads=6,
-                          num_key_value_heads=6, intermediate_size=1024, vocab_size=262,
-                          model_type="llama")
+
+    cfg = SimpleNamespace(
+        num_hidden_layers=6,
+        hidden_size=384,
+        num_attention_heads=6,
+        num_key_value_heads=6,
+        intermediate_size=1024,
+        vocab_size=262,
+        model_type="llama",
+    )
     assert ModelSpec.from_hf_config(cfg, "kit-10m") == MEDIUM
-    assert MEDIUM.param_count == 10_823_040   # the tiny kit's exact count (workbench.models)
+    assert MEDIUM.param_count == 10_823_040  # the tiny kit's exact count (workbench.models)
 
 
 def _two_parallel_tasks(cores=None):
@@ -152,7 +168,14 @@ def test_fit_stays_inside_physical_bounds_when_decoding_is_overhead_bound():
 
 def test_measured_fixed_costs_reach_the_local_preset():
     timings, coll = _synthetic()
-    cal = fit(timings, coll, peak_flops=PEAK, memory_bandwidth=MEM_BW, slowdown={1: 1.0},
-              kernel_latency=7e-6, call_overhead=3e-3)
+    cal = fit(
+        timings,
+        coll,
+        peak_flops=PEAK,
+        memory_bandwidth=MEM_BW,
+        slowdown={1: 1.0},
+        kernel_latency=7e-6,
+        call_overhead=3e-3,
+    )
     local = cal.cluster(1, 4)
     assert (local.kernel_latency, local.call_overhead) == (7e-6, 3e-3)

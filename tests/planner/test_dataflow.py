@@ -12,8 +12,9 @@ def test_ppo_has_three_levels_over_four_models():
     assert ppo.trained("critic") and not ppo.trained("reference") and ppo.generates("actor")
 
 
-@pytest.mark.parametrize("name,models,levels", [("grpo", 3, 3), ("remax", 3, 3), ("rloo", 3, 3),
-                                                 ("reinforce_pp", 3, 3), ("safe_rlhf", 6, 4)])
+@pytest.mark.parametrize(
+    "name,models,levels", [("grpo", 3, 3), ("remax", 3, 3), ("rloo", 3, 3), ("reinforce_pp", 3, 3), ("safe_rlhf", 6, 4)]
+)
 def test_other_presets(name, models, levels):
     flow = dataflow_preset(name)
     assert len(flow.models) == models
@@ -24,8 +25,8 @@ def test_value_models_get_a_scalar_head():
     specs = dataflow_preset("ppo").model_specs("llama2-7b")
     assert specs["critic"].value_head and not specs["actor"].value_head
     specs = dataflow_preset("ppo").model_specs(
-        {"actor": "llama2-13b", "critic": "llama2-7b", "reference": "llama2-13b",
-         "reward": model_preset("llama2-7b")})
+        {"actor": "llama2-13b", "critic": "llama2-7b", "reference": "llama2-13b", "reward": model_preset("llama2-7b")}
+    )
     assert specs["actor"].name == "llama2-13b" and specs["reward"].value_head
 
 

@@ -66,16 +66,30 @@ def test_a_tensor_parallel_plan_deploys_and_runs(session, tmp_path):
     actor = plan.set_of("actor").assignments["actor"]
     assert actor.strategy.tp > 1, f"the planner no longer picks tensor parallelism here: {actor.strategy}"
     model = str(make_tiny("30m", tmp_path / "m30"))
-    groups = plan.deploy(session, {
-        "actor": (ActorRolloutRefWorker, ActorConfig(model_path=model, backend="3d", mini_batch_size=4, micro_batch_size=2)),
-        "reference": (ActorRolloutRefWorker, ActorConfig(model_path=model, backend="3d", train=False, rollout=None, reference=True)),
-        "critic": (CriticWorker, CriticConfig(model_path=model, backend="3d", mini_batch_size=4, micro_batch_size=2)),
-        "reward": (RewardModelWorker, ScoreModelConfig(model)),
-    })
+    groups = plan.deploy(
+        session,
+        {
+            "actor": (
+                ActorRolloutRefWorker,
+                ActorConfig(model_path=model, backend="3d", mini_batch_size=4, micro_batch_size=2),
+            ),
+            "reference": (
+                ActorRolloutRefWorker,
+                ActorConfig(model_path=model, backend="3d", train=False, rollout=None, reference=True),
+            ),
+            "critic": (
+                CriticWorker,
+                CriticConfig(model_path=model, backend="3d", mini_batch_size=4, micro_batch_size=2),
+            ),
+            "reward": (RewardModelWorker, ScoreModelConfig(model)),
+        },
+    )
     assert groups["actor"].mesh.tp == actor.strategy.tp
     tokenizer = load(model).tokenizer
     rows = [{"prompt": f"{i}+{i}=", "ground_truth": str(2 * i)} for i in range(4)]
-    out = groups["actor"].generate_sequences(tokenize_prompts(rows, tokenizer, 16), SamplingConfig(max_new_tokens=3, n=1, seed=0))
+    out = groups["actor"].generate_sequences(
+        tokenize_prompts(rows, tokenizer, 16), SamplingConfig(max_new_tokens=3, n=1, seed=0)
+    )
     values = groups["critic"].compute_values(out).get()["values"]
     scored = groups["actor"].compute_log_prob(out).get()
     ref = groups["reference"].compute_ref_log_prob(out).get()

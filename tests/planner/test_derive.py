@@ -13,8 +13,15 @@ def edges(dataflow):
 
 def test_ppo_is_the_hybridflow_graph():
     flow = derive_dataflow(algorithms.PPO, "ppo")
-    assert flow.levels() == {"gen": 0, "old_log_prob": 1, "ref": 1, "values": 1, "reward": 1,
-                             "update_critic": 2, "update_actor": 2}
+    assert flow.levels() == {
+        "gen": 0,
+        "old_log_prob": 1,
+        "ref": 1,
+        "values": 1,
+        "reward": 1,
+        "update_critic": 2,
+        "update_actor": 2,
+    }
     assert flow.value_models == ("critic", "reward")
     preparation = {"old_log_prob", "ref", "values", "reward"}
     assert preparation <= set(flow.call("update_actor").deps) and preparation <= set(flow.call("update_critic").deps)

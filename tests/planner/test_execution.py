@@ -1,10 +1,19 @@
-
 import pytest
 
 from workbench import Mesh
-from workbench.planner import (Call, Dataflow, ExecutionPlan, DeviceMesh, NoMeshError,
-                               PlanEvaluator, Workload, cluster_preset,
-                               dataflow_preset, mesh, valid_meshes)
+from workbench.planner import (
+    Call,
+    Dataflow,
+    ExecutionPlan,
+    DeviceMesh,
+    NoMeshError,
+    PlanEvaluator,
+    Workload,
+    cluster_preset,
+    dataflow_preset,
+    mesh,
+    valid_meshes,
+)
 
 S1 = Mesh(1, 1, 1)
 
@@ -23,28 +32,36 @@ def test_valid_meshes_are_node_divisors_or_whole_nodes():
 
 
 def _two_model_flow():
-    return Dataflow("toy", (
-        Call("gen", "actor", "generate"),
-        Call("score", "rm", "inference", ("gen",)),
-        Call("train", "actor", "train", ("score",)),
-    ), value_models=("rm",))
+    return Dataflow(
+        "toy",
+        (
+            Call("gen", "actor", "generate"),
+            Call("score", "rm", "inference", ("gen",)),
+            Call("train", "actor", "train", ("score",)),
+        ),
+        value_models=("rm",),
+    )
 
 
 def test_consecutive_iterations_overlap_when_dependencies_allow(tiny_workload):
     # Actor on d0-1, a frozen scoring model on d2-3. Iteration 1's generation needs only
     # iteration 0's actor update, not iteration 0's score, so the score of one iteration
     # runs beside the actor's calls of the same or the next iteration.
-    flow = Dataflow("toy", (
-        Call("gen", "actor", "generate"),
-        Call("train", "actor", "train", ("gen",)),
-        Call("score", "rm", "inference", ("gen",)),
-    ), value_models=("rm",))
+    flow = Dataflow(
+        "toy",
+        (
+            Call("gen", "actor", "generate"),
+            Call("train", "actor", "train", ("gen",)),
+            Call("score", "rm", "inference", ("gen",)),
+        ),
+        value_models=("rm",),
+    )
     cluster = cluster_preset("local")
-    ev = PlanEvaluator(flow, flow.model_specs("tiny-10m"), tiny_workload, cluster,
-                       n_iterations=2)
+    ev = PlanEvaluator(flow, flow.model_specs("tiny-10m"), tiny_workload, cluster, n_iterations=2)
     p2 = Mesh(1, 1, 2)
-    plan = ExecutionPlan({"gen": (DeviceMesh(0, 2), p2), "train": (DeviceMesh(0, 2), p2),
-                          "score": (DeviceMesh(2, 2), p2)})
+    plan = ExecutionPlan(
+        {"gen": (DeviceMesh(0, 2), p2), "train": (DeviceMesh(0, 2), p2), "score": (DeviceMesh(2, 2), p2)}
+    )
     r = ev.evaluate(plan)
     names = [t.name for t in r.graph.tasks]
     at = {n: i for i, n in enumerate(names)}
@@ -66,11 +83,14 @@ def test_consecutive_iterations_overlap_when_dependencies_allow(tiny_workload):
 
 def test_parameter_transfer_when_layouts_differ(tiny_workload):
     flow = _two_model_flow()
-    ev = PlanEvaluator(flow, flow.model_specs("tiny-10m"), tiny_workload,
-                       cluster_preset("local"), n_iterations=2)
-    plan = ExecutionPlan({"gen": (DeviceMesh(0, 4), Mesh(1, 1, 4)),
-                          "score": (DeviceMesh(0, 4), Mesh(1, 1, 4)),
-                          "train": (DeviceMesh(0, 2), Mesh(1, 2, 1))})
+    ev = PlanEvaluator(flow, flow.model_specs("tiny-10m"), tiny_workload, cluster_preset("local"), n_iterations=2)
+    plan = ExecutionPlan(
+        {
+            "gen": (DeviceMesh(0, 4), Mesh(1, 1, 4)),
+            "score": (DeviceMesh(0, 4), Mesh(1, 1, 4)),
+            "train": (DeviceMesh(0, 2), Mesh(1, 2, 1)),
+        }
+    )
     r = ev.evaluate(plan)
     params = [(i, x) for i, x in enumerate(r.graph.tasks) if x.kind == "param"]
     assert [x.name for _, x in params] == ["realloc actor->gen@0", "realloc actor->gen@1"]
@@ -88,14 +108,14 @@ def test_max_mem_and_oom_penalty():
     r = ev.evaluate(one)
     assert r.oom and r.max_mem > cluster.device_memory
     assert r.cost == pytest.approx(r.time * 10 * r.max_mem / cluster.device_memory)
-    spread = ExecutionPlan({c.name: (DeviceMesh(0, 8), Mesh(1, 8, 1))
-                            for c in flow.calls})
+    spread = ExecutionPlan({c.name: (DeviceMesh(0, 8), Mesh(1, 8, 1)) for c in flow.calls})
     r2 = ev.evaluate(spread)
     assert not r2.oom and r2.cost == r2.time and r2.max_mem < r.max_mem
 
 
 def test_automap_plan_scores_as_execution_plan():
     from workbench.planner import automap
+
     flow = dataflow_preset("ppo")
     cluster = cluster_preset("a100_80g", 16)
     plan = automap(flow, "llama2-7b", Workload(), cluster)
@@ -116,14 +136,15 @@ def test_driver_stage_and_dispatch_are_tasks_of_the_iteration(tiny_workload):
     base = cluster_preset("local", 1)
     slow = dataclasses.replace(base, call_overhead=0.01, driver_bandwidth=1e8)
     one = ExecutionPlan({c.name: (DeviceMesh(0, 1), S1) for c in flow.calls})
-    evs = [PlanEvaluator(flow, flow.model_specs("tiny-10m"), tiny_workload, c, n_iterations=1).evaluate(one)
-           for c in (base, slow)]
+    evs = [
+        PlanEvaluator(flow, flow.model_specs("tiny-10m"), tiny_workload, c, n_iterations=1).evaluate(one)
+        for c in (base, slow)
+    ]
     kinds = [t.kind for t in evs[1].graph.tasks]
     assert kinds.count("driver") == 1 and kinds.count("dispatch") == len(flow.calls)
     sim = evs[1].graph  # the driver task waits for every call the updates read
     driver = next(t for t in sim.tasks if t.kind == "driver")
-    assert {sim.tasks[p].call for p in driver.parents} == {"gen", "old_log_prob", "ref",
-                                                            "values", "reward"}
+    assert {sim.tasks[p].call for p in driver.parents} == {"gen", "old_log_prob", "ref", "values", "reward"}
     grown = evs[1].makespan - evs[0].makespan
     assert driver.cost + 0.01 - 1e-9 <= grown <= driver.cost + len(flow.calls) * 0.01 + 1e-9
     assert driver.cost > 0

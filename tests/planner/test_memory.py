@@ -7,8 +7,14 @@ import pytest
 
 from workbench import Mesh
 from workbench.planner import Simulator, Workload, cluster_preset, model_preset
-from workbench.planner.memory import (TRANSITION_METHODS, WEIGHT_BYTES, generation_memory,
-                                      kv_bytes_per_sequence, static_memory, transition)
+from workbench.planner.memory import (
+    TRANSITION_METHODS,
+    WEIGHT_BYTES,
+    generation_memory,
+    kv_bytes_per_sequence,
+    static_memory,
+    transition,
+)
 from workbench.planner.strategy import generation_strategies, strategies
 
 SPEC = model_preset("llama2-13b")
@@ -24,8 +30,13 @@ def table2(method, t, p, d, tg, pg):
     return (t * p - tg * pg) / (tg * pg * t * p) * M, M / (tg * pg), 0.0
 
 
-LAYOUTS = [(train, gen) for n in (8, 16, 32) for train in strategies(SPEC, n, 8)
-           for gen in generation_strategies(train) if (gen.tp, gen.pp) != (train.tp, train.pp)]
+LAYOUTS = [
+    (train, gen)
+    for n in (8, 16, 32)
+    for train in strategies(SPEC, n, 8)
+    for gen in generation_strategies(train)
+    if (gen.tp, gen.pp) != (train.tp, train.pp)
+]
 
 
 @pytest.mark.parametrize("method", TRANSITION_METHODS)
@@ -59,7 +70,7 @@ def test_switch_time_is_table_2_bytes_over_the_link_plus_the_buffer_copy(method)
     sim = Simulator(cluster, Workload(transition=method))
     train, gen = Mesh(1, 8, 2), Mesh(1, 2, 8)
     bytes_ = table2(method, 8, 1, 2, 2, 1)[0]
-    crosses = method == "deepspeed_chat"   # its all-gather spans both machines
+    crosses = method == "deepspeed_chat"  # its all-gather spans both machines
     copy = 2 * M / gen.model_parallel / (cluster.memory_bandwidth * cluster.bandwidth_efficiency)
     expected = bytes_ / sim.link_bandwidth(crosses) + cluster.collective_latency + copy
     assert sim.reshard_time(SPEC, train, gen) == pytest.approx(expected)

@@ -6,8 +6,13 @@ from workbench.models import make_tiny
 from workbench.planner import cluster_preset
 from workbench.planner.profiler import ProfileShapes, Profiler
 
-TINY = ProfileShapes(forward=((4, 8, 8), (8, 16, 8)), generate=((2, 8, 4), (8, 8, 8)),
-                     rows_per_step=4, repeats=1, allreduce_bytes=(1 << 12, 1 << 20))
+TINY = ProfileShapes(
+    forward=((4, 8, 8), (8, 16, 8)),
+    generate=((2, 8, 4), (8, 8, 8)),
+    rows_per_step=4,
+    repeats=1,
+    allreduce_bytes=(1 << 12, 1 << 20),
+)
 
 
 def test_profile_and_fit_on_workers(session, tmp_path_factory):

@@ -7,11 +7,17 @@ import math
 
 import pytest
 
-from workbench.planner import (ModelDoesNotFitError, NoFeasiblePlanError, Workload, automap,
-                               cluster_preset, dataflow_preset, model_preset)
+from workbench.planner import (
+    ModelDoesNotFitError,
+    NoFeasiblePlanError,
+    Workload,
+    automap,
+    cluster_preset,
+    dataflow_preset,
+    model_preset,
+)
 from workbench.planner.automap import AutoMapper
-from workbench.planner.memory import (generation_memory, inference_activations, static_memory,
-                                      train_activations)
+from workbench.planner.memory import generation_memory, inference_activations, static_memory, train_activations
 from workbench.planner.strategy import strategies
 
 MODELS = ["llama2-7b", "llama2-13b", "llama2-34b", "llama2-70b"]
@@ -45,8 +51,10 @@ def _memory_model_peak(plan, colocated):
     """The set's per-device peak recomputed from the memory model: all static memory plus the
     largest call's dynamic memory (the actor's generation from Table 2 and its KV cache)."""
     wl, q = plan.workload, plan.cluster.device_memory
-    statics = {m: static_memory(a.spec, a.strategy, FLOW.trained(m), wl.param_sharding)
-               for m, a in colocated.assignments.items()}
+    statics = {
+        m: static_memory(a.spec, a.strategy, FLOW.trained(m), wl.param_sharding)
+        for m, a in colocated.assignments.items()
+    }
     total_static = sum(s.total for s in statics.values())
     dynamic = 0.0
     for m, a in colocated.assignments.items():
@@ -56,8 +64,16 @@ def _memory_model_peak(plan, colocated):
             elif call.kind == "inference":
                 dynamic = max(dynamic, inference_activations(a.spec, a.strategy, wl))
             else:
-                gm = generation_memory(a.spec, a.strategy, a.generation, wl, statics[m].params,
-                                       q - total_static, wl.transition, call.batch_factor)
+                gm = generation_memory(
+                    a.spec,
+                    a.strategy,
+                    a.generation,
+                    wl,
+                    statics[m].params,
+                    q - total_static,
+                    wl.transition,
+                    call.batch_factor,
+                )
                 dynamic = max(dynamic, gm.dynamic)
     return total_static + dynamic
 
@@ -68,8 +84,9 @@ def test_every_plan_fits_and_its_memory_is_the_memory_models_sum(grid):
         for colocated in plan.sets:
             assert colocated.peak_memory <= plan.cluster.device_memory
             assert colocated.peak_memory == pytest.approx(_memory_model_peak(plan, colocated), rel=1e-9)
-            per_model = sum(a.memory.static for a in colocated.assignments.values()) + \
-                max(a.memory.dynamic for a in colocated.assignments.values())
+            per_model = sum(a.memory.static for a in colocated.assignments.values()) + max(
+                a.memory.dynamic for a in colocated.assignments.values()
+            )
             assert colocated.peak_memory == pytest.approx(per_model, rel=1e-9)
             checked += 1
     assert checked >= 20
@@ -101,8 +118,10 @@ def _fits_at_common_layout(mapper, models, n):
     for s in sorted(common):
         statics = {m: static_memory(specs[m], s, FLOW.trained(m), wl.param_sharding) for m in models}
         total = sum(x.total for x in statics.values())
-        dyn = max(train_activations(specs[m], s, wl) if FLOW.trained(m)
-                  else inference_activations(specs[m], s, wl) for m in models)
+        dyn = max(
+            train_activations(specs[m], s, wl) if FLOW.trained(m) else inference_activations(specs[m], s, wl)
+            for m in models
+        )
         if "actor" in models:
             gm = generation_memory(specs["actor"], s, s, wl, statics["actor"].params, q - total)
             if gm is None:

@@ -1,7 +1,15 @@
 import re
 
-from workbench.planner import (PlanSpace, Workload, automap, cluster_preset, dataflow_preset,
-                               execution_gantt, execution_table, mcmc)
+from workbench.planner import (
+    PlanSpace,
+    Workload,
+    automap,
+    cluster_preset,
+    dataflow_preset,
+    execution_gantt,
+    execution_table,
+    mcmc,
+)
 
 
 def test_plan_table_and_gantt():

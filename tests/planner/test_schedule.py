@@ -13,9 +13,9 @@ def test_disjoint_meshes_run_concurrently():
 
 def test_overlapping_meshes_never_run_together():
     g = TaskGraph()
-    a = g.add("a", 2.0, (0, 4))      # whole machine
-    b = g.add("b", 3.0, (2, 4))      # overlaps a
-    c = g.add("c", 1.0, (0, 2))      # overlaps a, not b
+    a = g.add("a", 2.0, (0, 4))  # whole machine
+    b = g.add("b", 3.0, (2, 4))  # overlaps a
+    c = g.add("c", 1.0, (0, 2))  # overlaps a, not b
     s = time_cost(g)
     # Ready order a, b, c (all at 0): a [0,2]; b waits for a: [2,5]; c waits for a: [2,3].
     assert (s.start[a], s.end[a]) == (0, 2)

@@ -1,7 +1,17 @@
 import pytest
 
-from workbench.planner import (Dataflow, ModelSpec, PlanSpace, Workload, cluster_preset, dataflow_preset,
-                               exhaustive, mcmc, multi_chain, search)
+from workbench.planner import (
+    Dataflow,
+    ModelSpec,
+    PlanSpace,
+    Workload,
+    cluster_preset,
+    dataflow_preset,
+    exhaustive,
+    mcmc,
+    multi_chain,
+    search,
+)
 
 
 @pytest.fixture(scope="module")
@@ -11,10 +21,17 @@ def small_space():
     the optimum needs several calls moved, so the chain has real work to do. (Without the
     old-log-prob recomputation, to keep the space small enough to enumerate.)"""
     import dataclasses
+
     ppo = dataflow_preset("ppo")
-    flow = Dataflow("ppo6", tuple(
-        dataclasses.replace(c, deps=tuple(d for d in c.deps if d != "old_log_prob"))
-        for c in ppo.calls if c.name != "old_log_prob"), ppo.value_models)
+    flow = Dataflow(
+        "ppo6",
+        tuple(
+            dataclasses.replace(c, deps=tuple(d for d in c.deps if d != "old_log_prob"))
+            for c in ppo.calls
+            if c.name != "old_log_prob"
+        ),
+        ppo.value_models,
+    )
     cluster = dataclasses.replace(cluster_preset("local", 2), name="tiny2", device_memory=0.7e9)
     # A fixed shape (8 layers, 8192-token vocabulary), not the kit's: this landscape is tuned.
     model = ModelSpec("m30", n_layers=8, hidden=512, n_heads=8, n_kv_heads=8, intermediate=1376, vocab=8192)
@@ -72,7 +89,7 @@ def test_chains_from_different_starts_agree_on_the_enumerable_optimum(small_spac
     conv = r.convergence
     assert conv.agree and conv.spread <= 0.01, conv.describe()
     assert r.evaluation.cost == pytest.approx(optimum[1], rel=0.01)
-    assert len(r.chains) == 4 and len({c.initial_cost for c in r.chains}) > 1   # different starts
+    assert len(r.chains) == 4 and len({c.initial_cost for c in r.chains}) > 1  # different starts
     assert "agree" in conv.describe()
 
 

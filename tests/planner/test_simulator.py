@@ -9,8 +9,15 @@ from workbench.planner import Simulator, Workload, cluster_preset, model_preset
 from workbench.planner.memory import GRAD_BYTES, WEIGHT_BYTES
 
 SPEC = model_preset("tiny-10m")
-OPT = Workload(global_batch=16, n_samples=2, prompt_len=16, response_len=16, ppo_mini_batches=4,
-               micro_batch_size=4, recompute=False)
+OPT = Workload(
+    global_batch=16,
+    n_samples=2,
+    prompt_len=16,
+    response_len=16,
+    ppo_mini_batches=4,
+    micro_batch_size=4,
+    recompute=False,
+)
 FULL = dataclasses.replace(OPT, param_sharding="full")
 
 
@@ -78,9 +85,10 @@ def test_small_per_device_work_stops_tensor_parallelism_from_always_winning():
 
 def test_fixed_costs_per_decoding_step_are_kernels_all_reduces_and_step_overhead():
     from workbench.planner.simulator import KERNELS_PER_LAYER
+
     spec, gpu = model_preset("llama2-7b"), cluster_preset("a100_80g", 8)
     bare = dataclasses.replace(gpu, kernel_latency=0.0, step_overhead=0.0)
-    wl = Workload(global_batch=8)   # one wave of 8 sequences per replica at tp=1
+    wl = Workload(global_batch=8)  # one wave of 8 sequences per replica at tp=1
     s = Mesh(1, 1, 1)
     extra = Simulator(gpu, wl).generate(spec, s) - Simulator(bare, wl).generate(spec, s)
     per_step = KERNELS_PER_LAYER * spec.n_layers * gpu.kernel_latency + gpu.step_overhead
@@ -106,5 +114,5 @@ def test_collectives_cross_machines_where_the_runtime_puts_the_ranks(monkeypatch
     sim.train(spec, Mesh(2, 2, 4))
     assert (4, 2) in reductions and hops == [False]
     hops.clear()
-    sim.train(spec, Mesh(4, 4, 1))   # one replica over both machines: its hops cross
+    sim.train(spec, Mesh(4, 4, 1))  # one replica over both machines: its hops cross
     assert hops == [True]

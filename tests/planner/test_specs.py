@@ -1,11 +1,20 @@
 import pytest
 
-from workbench.planner import (MODEL_PRESETS, ModelSpec, NoMeshError, UnknownPresetError, Workload,
-                               cluster_preset, dataflow_preset, model_preset)
+from workbench.planner import (
+    MODEL_PRESETS,
+    ModelSpec,
+    NoMeshError,
+    UnknownPresetError,
+    Workload,
+    cluster_preset,
+    dataflow_preset,
+    model_preset,
+)
 
 
-@pytest.mark.parametrize("name,billions", [("llama2-7b", 6.74), ("llama2-13b", 13.02),
-                                           ("llama2-34b", 33.7), ("llama2-70b", 68.98)])
+@pytest.mark.parametrize(
+    "name,billions", [("llama2-7b", 6.74), ("llama2-13b", 13.02), ("llama2-34b", 33.7), ("llama2-70b", 68.98)]
+)
 def test_llama_param_counts_match_published_sizes(name, billions):
     assert model_preset(name).param_count / 1e9 == pytest.approx(billions, rel=0.01)
 
@@ -55,5 +64,10 @@ def test_cluster_size_no_mesh_covers():
 
 def test_workload_defaults_are_the_paper_setting():
     wl = Workload()
-    assert (wl.global_batch, wl.prompt_len, wl.response_len, wl.ppo_epochs,
-            wl.ppo_mini_batches) == (1024, 1024, 1024, 1, 8)
+    assert (wl.global_batch, wl.prompt_len, wl.response_len, wl.ppo_epochs, wl.ppo_mini_batches) == (
+        1024,
+        1024,
+        1024,
+        1,
+        8,
+    )

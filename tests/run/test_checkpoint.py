@@ -59,12 +59,30 @@ def kit(tmp_path_factory):
 def ppo_groups(request, shared_session, kit):
     s, backend = shared_session, request.param
     optim = OptimConfig(lr=1e-3)
-    actor = s.group("actor", ActorRolloutRefWorker, s.pool("actor_pool", 2),
-                    ActorConfig(model_path=kit["model"], reference=True, optim=optim, backend=backend,
-                                mini_batch_size=4, micro_batch_size=2, epochs=2))
-    critic = s.group("critic", CriticWorker, s.pool("critic_pool", 1),
-                     CriticConfig(model_path=kit["model"], optim=optim, backend=backend, mini_batch_size=4))
-    yield {"backend": backend, "groups": Groups(actor=actor, reference=actor, critic=critic, reward=RuleReward(length_score))}
+    actor = s.group(
+        "actor",
+        ActorRolloutRefWorker,
+        s.pool("actor_pool", 2),
+        ActorConfig(
+            model_path=kit["model"],
+            reference=True,
+            optim=optim,
+            backend=backend,
+            mini_batch_size=4,
+            micro_batch_size=2,
+            epochs=2,
+        ),
+    )
+    critic = s.group(
+        "critic",
+        CriticWorker,
+        s.pool("critic_pool", 1),
+        CriticConfig(model_path=kit["model"], optim=optim, backend=backend, mini_batch_size=4),
+    )
+    yield {
+        "backend": backend,
+        "groups": Groups(actor=actor, reference=actor, critic=critic, reward=RuleReward(length_score)),
+    }
     s.clear()
 
 
@@ -168,7 +186,9 @@ def test_nan_in_a_batch_stops_the_step_before_any_weight_changes(ppo_groups, kit
 def test_a_nan_loss_skips_the_optimizer_step_on_every_rank(ppo_groups, kit, tmp_path):
     groups = ppo_groups["groups"]
     ckpt = RunCheckpointer(tmp_path / "ckpt")
-    gen = groups.actor.generate_sequences(next(kit["loader"].batches(0)), SamplingConfig(max_new_tokens=3, n=2, seed=1)).get()
+    gen = groups.actor.generate_sequences(
+        next(kit["loader"].batches(0)), SamplingConfig(max_new_tokens=3, n=2, seed=1)
+    ).get()
     before = ckpt.export_hf(new_ppo(groups), tmp_path / "before")
     with pytest.raises(WorkbenchError, match="optimizer step 1 of this update.*no weight changed"):
         groups.actor.update_actor(gen, nan_loss).get()

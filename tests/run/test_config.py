@@ -20,10 +20,26 @@ def write(tmp_path, values) -> Path:
 
 
 def test_yaml_and_overrides_build_typed_sections(tmp_path):
-    path = write(tmp_path, {"name": "t", "algorithm": {"name": "grpo", "kl_loss_coef": 0.02},
-                            "sampling": {"n": 4, "max_new_tokens": 5}, "actor": {"optim": {"lr": 1e-4}}})
-    config = load_config(path, ["sampling.n=8", "actor.optim.lr=3e-5", "data.arithmetic.operations=[+, -]",
-                                "iterations=7", "sampling.seed=null", "critic.optim.betas=[0.8, 0.9]"])
+    path = write(
+        tmp_path,
+        {
+            "name": "t",
+            "algorithm": {"name": "grpo", "kl_loss_coef": 0.02},
+            "sampling": {"n": 4, "max_new_tokens": 5},
+            "actor": {"optim": {"lr": 1e-4}},
+        },
+    )
+    config = load_config(
+        path,
+        [
+            "sampling.n=8",
+            "actor.optim.lr=3e-5",
+            "data.arithmetic.operations=[+, -]",
+            "iterations=7",
+            "sampling.seed=null",
+            "critic.optim.betas=[0.8, 0.9]",
+        ],
+    )
     assert isinstance(config.algorithm, GRPOConfig) and config.algorithm.kl_loss_coef == 0.02
     assert config.algorithm_name == "grpo"
     assert config.sampling.n == 8 and config.sampling.max_new_tokens == 5 and config.sampling.seed is None
@@ -40,14 +56,17 @@ def test_round_trip_through_yaml(tmp_path):
     assert again == config and isinstance(again.algorithm, SafeRLHFConfig)
 
 
-@pytest.mark.parametrize("override, field, nearest", [
-    ("sampling.max_new_token=4", "sampling.max_new_token", "sampling.max_new_tokens"),
-    ("algorithm.kl_coeff=0.1", "algorithm.kl_coeff", "algorithm.kl_coef"),
-    ("actor.optim.learning_rate=1e-4", "actor.optim.learning_rate", None),
-    ("actor.optim.lrr=1e-4", "actor.optim.lrr", "actor.optim.lr"),
-    ("evalution.every=5", "evalution", "evaluation"),
-    ("data.loader.batchsize=4", "data.loader.batchsize", "data.loader.batch_size"),
-])
+@pytest.mark.parametrize(
+    "override, field, nearest",
+    [
+        ("sampling.max_new_token=4", "sampling.max_new_token", "sampling.max_new_tokens"),
+        ("algorithm.kl_coeff=0.1", "algorithm.kl_coeff", "algorithm.kl_coef"),
+        ("actor.optim.learning_rate=1e-4", "actor.optim.learning_rate", None),
+        ("actor.optim.lrr=1e-4", "actor.optim.lrr", "actor.optim.lr"),
+        ("evalution.every=5", "evalution", "evaluation"),
+        ("data.loader.batchsize=4", "data.loader.batchsize", "data.loader.batch_size"),
+    ],
+)
 def test_unknown_fields_are_named_with_the_nearest_valid_name(override, field, nearest):
     with pytest.raises(ConfigError) as error:
         load_config(None, [override])
@@ -61,21 +80,26 @@ def test_unknown_fields_are_named_with_the_nearest_valid_name(override, field, n
 
 def test_unknown_field_in_yaml_is_named_at_depth(tmp_path):
     path = write(tmp_path, {"critic": {"optim": {"weight_decai": 0.1}}})
-    with pytest.raises(ConfigError, match=r"^critic\.optim\.weight_decai=0\.1: .*did you mean 'critic\.optim\.weight_decay'"):
+    with pytest.raises(
+        ConfigError, match=r"^critic\.optim\.weight_decai=0\.1: .*did you mean 'critic\.optim\.weight_decay'"
+    ):
         load_config(path)
 
 
-@pytest.mark.parametrize("override, message", [
-    ("sampling.n=four", r"^sampling\.n='four': expected a whole number"),
-    ("iterations=2.5", r"^iterations=2\.5: expected a whole number"),
-    ("logging.tensorboard=maybe", r"^logging\.tensorboard='maybe': expected true or false"),
-    ("actor.optim.lr=fast", r"^actor\.optim\.lr='fast': expected a number"),
-    ("sampling=3", r"^sampling=3: expected a mapping of SamplingConfig's fields"),
-    ("algorithm.name=ppo2", r"^algorithm\.name='ppo2': no such algorithm.*did you mean 'ppo'"),
-    ("sampling.temperature=-1", r"^sampling\.temperature=-1\.0: temperature must be > 0"),
-    ("data.loader.overlong=cut", r"^data\.loader\.overlong='cut': use one of \['refuse', 'truncate'\]"),
-    ("iterations=0", r"^iterations=0: use a whole number >= 1"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("sampling.n=four", r"^sampling\.n='four': expected a whole number"),
+        ("iterations=2.5", r"^iterations=2\.5: expected a whole number"),
+        ("logging.tensorboard=maybe", r"^logging\.tensorboard='maybe': expected true or false"),
+        ("actor.optim.lr=fast", r"^actor\.optim\.lr='fast': expected a number"),
+        ("sampling=3", r"^sampling=3: expected a mapping of SamplingConfig's fields"),
+        ("algorithm.name=ppo2", r"^algorithm\.name='ppo2': no such algorithm.*did you mean 'ppo'"),
+        ("sampling.temperature=-1", r"^sampling\.temperature=-1\.0: temperature must be > 0"),
+        ("data.loader.overlong=cut", r"^data\.loader\.overlong='cut': use one of \['refuse', 'truncate'\]"),
+        ("iterations=0", r"^iterations=0: use a whole number >= 1"),
+    ],
+)
 def test_wrong_values_name_the_field(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, [override])

@@ -34,15 +34,34 @@ def tiny(tmp_path_factory):
 
 def tiny_config(tiny, out, *overrides, algorithm="ppo"):
     """4 prompts x 2 samples x 4 tokens, one optimizer step per iteration, everything logged."""
-    return load_config(None, [
-        f"model.path={tiny}", f"logging.output_dir={out}", f"iterations={ITERATIONS}", f"algorithm.name={algorithm}",
-        "data.train_size=32", "data.eval_size=8", "data.loader.batch_size=4",
-        "sampling.n=2", "sampling.max_new_tokens=4", "sampling.seed=0",
-        "actor.mini_batch_size=8", "actor.micro_batch_size=8", "critic.mini_batch_size=8", "critic.micro_batch_size=8",
-        "actor.optim.lr=1e-3", "critic.optim.lr=1e-3",
-        "logging.progress=false", "logging.rollouts_every=1", "logging.rollout_rows=0",
-        "evaluation.every=2", "checkpoint.every=1", "faults.max_recoveries=1", *overrides,
-    ])
+    return load_config(
+        None,
+        [
+            f"model.path={tiny}",
+            f"logging.output_dir={out}",
+            f"iterations={ITERATIONS}",
+            f"algorithm.name={algorithm}",
+            "data.train_size=32",
+            "data.eval_size=8",
+            "data.loader.batch_size=4",
+            "sampling.n=2",
+            "sampling.max_new_tokens=4",
+            "sampling.seed=0",
+            "actor.mini_batch_size=8",
+            "actor.micro_batch_size=8",
+            "critic.mini_batch_size=8",
+            "critic.micro_batch_size=8",
+            "actor.optim.lr=1e-3",
+            "critic.optim.lr=1e-3",
+            "logging.progress=false",
+            "logging.rollouts_every=1",
+            "logging.rollout_rows=0",
+            "evaluation.every=2",
+            "checkpoint.every=1",
+            "faults.max_recoveries=1",
+            *overrides,
+        ],
+    )
 
 
 def steady(metrics: dict) -> dict:
@@ -122,6 +141,7 @@ def test_killed_worker_is_recovered_and_the_iteration_redone(first_run, tiny, tm
                 while psutil.pid_exists(pid) and time.monotonic() < deadline:
                     time.sleep(0.05)
                 killed.append(pid)
+
         return callback
 
     runner = Runner(tiny_config(tiny, tmp_path), session=shared_session, callbacks=[kill_critic_after(2)])
@@ -167,14 +187,22 @@ def failing_task(tmp_path):
         names.append(f"fail_first_{len(names)}")
         register_task(Task(names[-1], FailFirst(str(tmp_path), failures)))
         return names[-1]
+
     yield register
     for name in names:
         TASKS.pop(name, None)
 
 
 def test_reward_that_raises_names_the_row_and_stops(tiny, tmp_path, shared_session, failing_task):
-    config = tiny_config(tiny, tmp_path / "out", f"data.task={failing_task('raise')}", "faults.reward_retries=0",
-                         "evaluation.every=0", "iterations=1", algorithm="grpo")
+    config = tiny_config(
+        tiny,
+        tmp_path / "out",
+        f"data.task={failing_task('raise')}",
+        "faults.reward_retries=0",
+        "evaluation.every=0",
+        "iterations=1",
+        algorithm="grpo",
+    )
     with pytest.raises(RewardFunctionError) as error:
         Runner(config, session=shared_session).run()
     message = str(error.value)
@@ -184,8 +212,16 @@ def test_reward_that_raises_names_the_row_and_stops(tiny, tmp_path, shared_sessi
 
 
 def test_reward_that_raises_then_hangs_is_retried_and_the_run_goes_on(tiny, tmp_path, shared_session, failing_task):
-    config = tiny_config(tiny, tmp_path / "out", f"data.task={failing_task('raise', 'hang')}", "faults.reward_retries=2",
-                         "data.reward_timeout=3", "iterations=2", "evaluation.every=0", algorithm="grpo")
+    config = tiny_config(
+        tiny,
+        tmp_path / "out",
+        f"data.task={failing_task('raise', 'hang')}",
+        "faults.reward_retries=2",
+        "data.reward_timeout=3",
+        "iterations=2",
+        "evaluation.every=0",
+        algorithm="grpo",
+    )
     result = Runner(config, session=shared_session).run()  # the hang is cut at 3 s (else pytest's timeout)
     assert result.iterations == 2 and result.reward_retries == 2
     rows = read_jsonl(tmp_path / "out" / "metrics.jsonl")

@@ -26,7 +26,12 @@ def sft_result(problems, tmp_path_factory):
     torch.set_num_threads(1)
     d = tmp_path_factory.mktemp("stages")
     train, _ = problems
-    return train_sft(make_tiny("1m", d / "base"), arithmetic.demonstrations(train * 6), d / "sft", StageConfig(steps=300, log_every=0))
+    return train_sft(
+        make_tiny("1m", d / "base"),
+        arithmetic.demonstrations(train * 6),
+        d / "sft",
+        StageConfig(steps=300, log_every=0),
+    )
 
 
 def test_sft_lowers_the_loss(sft_result):
@@ -36,7 +41,9 @@ def test_sft_lowers_the_loss(sft_result):
 def test_reward_model_ranks_unseen_correct_answers_first(sft_result, problems, tmp_path):
     train, held_out = problems
     pairs = arithmetic.preference_pairs(train * 6, 2, seed=0)
-    result = train_reward_model(sft_result["path"], pairs, tmp_path / "rm", StageConfig(steps=600, lr=3e-4, seed=1, log_every=0))
+    result = train_reward_model(
+        sft_result["path"], pairs, tmp_path / "rm", StageConfig(steps=600, lr=3e-4, seed=1, log_every=0)
+    )
     loaded = load_value_model(result["path"])
     accuracy = pairwise_accuracy(loaded.model, loaded.tokenizer, arithmetic.preference_pairs(held_out, 4, seed=5))
     assert accuracy >= 0.9, f"held-out pairwise accuracy {accuracy:.2f}"

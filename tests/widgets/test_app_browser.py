@@ -21,7 +21,9 @@ ARTIFACTS = ROOT / "runs" / "test-artifacts" / "browser"
 
 playwright = pytest.importorskip("playwright.sync_api", reason="pip install the dev extras (playwright)")
 if not Path(CHROMIUM).exists():
-    pytest.skip("Debian chromium is not installed (apt-get install chromium; the Makefile does it)", allow_module_level=True)
+    pytest.skip(
+        "Debian chromium is not installed (apt-get install chromium; the Makefile does it)", allow_module_level=True
+    )
 
 
 def free_port() -> int:
@@ -35,9 +37,24 @@ def app(run):
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     server = subprocess.Popen(
-        [sys.executable, "-m", "workbench", "app", "--run", str(run["recorder"].run_dir), "--port", str(port),
-         "--refresh-ms", "300"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "workbench",
+            "app",
+            "--run",
+            str(run["recorder"].run_dir),
+            "--port",
+            str(port),
+            "--refresh-ms",
+            "300",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
@@ -55,9 +72,19 @@ def app(run):
 def page(app):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync"])
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
         page = browser.new_page(viewport={"width": 1280, "height": 1000})
         page.set_default_timeout(60_000)
         page.goto(app)

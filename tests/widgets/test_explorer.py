@@ -35,8 +35,16 @@ def test_custom_placement_follows_the_set_numbers():
 def test_every_algorithm_and_device_type_plans():
     for algorithm in ("PPO", "GRPO", "ReMax", "Safe-RLHF"):
         assert estimate(Scenario(algorithm=algorithm)).plan is not None
-    big = dict(actor="llama2-7b", critic="llama2-7b", reward="llama2-7b", global_batch=256,
-               prompt_len=512, response_len=512, machines=2, devices_per_machine=8)
+    big = dict(
+        actor="llama2-7b",
+        critic="llama2-7b",
+        reward="llama2-7b",
+        global_batch=256,
+        prompt_len=512,
+        response_len=512,
+        machines=2,
+        devices_per_machine=8,
+    )
     for device in ("A100 80GB", "H100", "H200"):
         data = PlacementExplorer(device=device, placement="split", **big).data()
         assert data["error"] is None and data["throughput"] > 0
@@ -44,8 +52,15 @@ def test_every_algorithm_and_device_type_plans():
 
 
 def test_an_infeasible_placement_says_which_model_and_by_how_much():
-    explorer = PlacementExplorer(device="A100 80GB", machines=1, devices_per_machine=1, actor="llama2-70b",
-                                 critic="llama2-70b", reward="llama2-70b", global_batch=64)
+    explorer = PlacementExplorer(
+        device="A100 80GB",
+        machines=1,
+        devices_per_machine=1,
+        actor="llama2-70b",
+        critic="llama2-70b",
+        reward="llama2-70b",
+        global_batch=64,
+    )
     data = explorer.data()
     assert data["bars"] == []
     assert "actor does not fit" in data["error"] and "short by" in data["error"]

@@ -10,6 +10,7 @@ from widgets import BatchInspector, ClusterView, LiveTimeline, MetricsDashboard
 from widgets.inspector import shade
 from workbench.tracing import load_records
 
+
 def test_dashboard_follows_fit(run):
     data = run["dashboard"].data()
     history = run["history"]
@@ -87,8 +88,9 @@ def test_recorder_writes_metrics_and_every_span(run):
     last = max(r.end for r in saved)
     ours = [r for r in trace if r.role == "actor" and r.start >= run["since"] and r.end <= last]
     assert {(r.extra.get("call"), r.rank, r.method) for r in ours} <= actor_saved
-    assert MetricsDashboard.from_jsonl(recorder.metrics_path).data()["score"]["critic/score/mean"][1] == \
-        [l["critic/score/mean"] for l in lines]
+    assert MetricsDashboard.from_jsonl(recorder.metrics_path).data()["score"]["critic/score/mean"][1] == [
+        l["critic/score/mean"] for l in lines
+    ]
 
 
 def test_a_callback_returning_false_stops_fit(run):

@@ -12,8 +12,23 @@ def spans(runs: dict[str, int], start: float = 0.0) -> list[CallRecord]:
     for run, iterations in runs.items():
         for it in range(1, iterations + 1):
             for rank in range(2):
-                out.append(CallRecord(len(out), "actor", "generate_sequences", rank, "pool", 1, t, t, t + 1.0, 0, 0, True,
-                                      {"run": run, "iteration": it, "step": "gen"}))
+                out.append(
+                    CallRecord(
+                        len(out),
+                        "actor",
+                        "generate_sequences",
+                        rank,
+                        "pool",
+                        1,
+                        t,
+                        t,
+                        t + 1.0,
+                        0,
+                        0,
+                        True,
+                        {"run": run, "iteration": it, "step": "gen"},
+                    )
+                )
             t += 1.0
     return out
 

@@ -1,5 +1,6 @@
 """Loss functions the tests ship to workers (by value, as a notebook's would be)."""
 
+
 def reinforce_loss(outputs, batch):
     """-mean over rows of advantage * (sum of response log-probs): simple, deterministic."""
     log_probs = outputs["log_probs"]

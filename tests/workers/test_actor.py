@@ -33,12 +33,18 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module", params=["hf", "vllm"])
 def actor(request, shared_session, model_dir):
-    config = ActorConfig(model_path=model_dir, rollout=request.param, reference=True, optim=OPTIM,
-                         mini_batch_size=8, micro_batch_size=2, vllm=VLLMRolloutConfig(max_model_len=128, cpu_threads_bind="per-rank"))
+    config = ActorConfig(
+        model_path=model_dir,
+        rollout=request.param,
+        reference=True,
+        optim=OPTIM,
+        mini_batch_size=8,
+        micro_batch_size=2,
+        vllm=VLLMRolloutConfig(max_model_len=128, cpu_threads_bind="per-rank"),
+    )
     group = shared_session.group("actor", ActorRolloutRefWorker, shared_session.pool("actor_pool", 2), config)
     yield group
     shared_session.clear()
-
 
 
 def local_model(model_dir):
@@ -76,7 +82,9 @@ def test_update_matches_single_process_and_next_generation_uses_new_weights(acto
     assert worst <= 1e-5, f"FSDP (2 ranks) vs single process: max param diff {worst}"
 
     after = actor.generate_sequences(prompts(tokenizer), greedy).get()
-    expected = HFRollout(single.eval(), tokenizer.pad_token_id, tokenizer.eos_token_id).generate(prompts(tokenizer), greedy)
+    expected = HFRollout(single.eval(), tokenizer.pad_token_id, tokenizer.eos_token_id).generate(
+        prompts(tokenizer), greedy
+    )
     assert torch.equal(after["responses"], expected["responses"]), "generation did not pick up the update"
     assert (after["rollout_log_probs"] - expected["rollout_log_probs"]).abs().max() <= 1e-3
     syncs = [r for r in shared_session.trace() if r.method == "hybrid.sync_weights"]
@@ -96,8 +104,9 @@ def test_checkpoint_save_load_restores_log_probs(actor, model_dir, tmp_path):
 
 def test_compute_loss_matches_a_local_forward(actor, model_dir):
     model, tokenizer = local_model(model_dir)
-    ids, attention, loss_mask = encode_examples(tokenizer, ["Q: 1+2=? A:", "Q: 30+4=? A:", "Q: 5+5=? A:"],
-                                                [" 3", " 34", " 10"], max_length=32)
+    ids, attention, loss_mask = encode_examples(
+        tokenizer, ["Q: 1+2=? A:", "Q: 30+4=? A:", "Q: 5+5=? A:"], [" 3", " 34", " 10"], max_length=32
+    )
     batch = Batch({"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask})
     remote = actor.compute_loss(batch).get()["ptx_loss"]
     exported = load(actor.export_hf(str(Path(model_dir).parent / f"ptx-{id(actor)}")).get()[0]).model
@@ -118,7 +127,9 @@ def test_one_rank_rollout_shares_the_training_weights(session, model_dir):
     actor.update_actor(train.union(advantages_for(train)), losses.reinforce_loss).get()
     single, _ = single_process_step(model, train.union(advantages_for(train)))
     after = actor.generate_sequences(prompts(tokenizer), greedy).get()
-    expected = HFRollout(single.eval(), tokenizer.pad_token_id, tokenizer.eos_token_id).generate(prompts(tokenizer), greedy)
+    expected = HFRollout(single.eval(), tokenizer.pad_token_id, tokenizer.eos_token_id).generate(
+        prompts(tokenizer), greedy
+    )
     assert torch.equal(after["responses"], expected["responses"]), "generation did not see the update"
     assert (after["rollout_log_probs"] - expected["rollout_log_probs"]).abs().max() <= 1e-4
     assert not [r for r in session.trace() if r.method == "hybrid.sync_weights" and r.start >= since]

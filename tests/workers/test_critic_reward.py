@@ -79,9 +79,20 @@ def test_compiled_critic_and_reward_match_a_local_forward(session, reward_dir, r
     reward model) give what the eager local model gives, and the critic still trains."""
     pool = session.pool("compiled_pool", 1)
     compiled = LoadConfig(compile=True)
-    critic = session.group("critic", CriticWorker, pool, CriticConfig(
-        model_path=reward_dir, backend="deepspeed", optim=OptimConfig(lr=3e-3), mini_batch_size=6, micro_batch_size=6,
-        load=compiled, reuse_values_forward=True))
+    critic = session.group(
+        "critic",
+        CriticWorker,
+        pool,
+        CriticConfig(
+            model_path=reward_dir,
+            backend="deepspeed",
+            optim=OptimConfig(lr=3e-3),
+            mini_batch_size=6,
+            micro_batch_size=6,
+            load=compiled,
+            reuse_values_forward=True,
+        ),
+    )
     reward = session.group("reward", RewardModelWorker, pool, ScoreModelConfig(model_path=reward_dir, load=compiled))
     local = load_value_model(reward_dir).model
     with torch.no_grad():
@@ -131,7 +142,9 @@ def test_reused_values_forward_is_refused_where_the_values_would_be_stale(model_
         CriticConfig(**settings, epochs=2)
     with pytest.raises(ConfigError, match=r"CriticConfig.reuse_values_forward.*zero_stage=3"):
         CriticConfig(**settings, backend="deepspeed", zero_stage=3)
-    with pytest.raises(ConfigError, match=r"reuse_values_forward.*several optimizer steps.*raise mini_batch_size to 12"):
+    with pytest.raises(
+        ConfigError, match=r"reuse_values_forward.*several optimizer steps.*raise mini_batch_size to 12"
+    ):
         CriticConfig(**settings).check_rows(12, "critic")
     CriticConfig(**settings).check_rows(6, "critic")
     model = load_value_model(model_dir).model

@@ -18,7 +18,6 @@ What works here (deepspeed 0.19.8, torch 2.13 CPU, gloo, torch AdamW as client o
 The first DeepSpeed start on a machine JIT-compiles a shm comm op (~1-2 min) into .cache/.
 """
 
-
 import pytest
 import ray
 import torch
@@ -41,18 +40,26 @@ def model_dir(tmp_path_factory):
     return str(make_tiny("1m", tmp_path_factory.mktemp("tiny") / "actor", seed=3))
 
 
-
-
-@pytest.mark.parametrize("stage, compiled", [(1, False), (2, False), (3, False), (2, True)],
-                         ids=["zero1", "zero2", "zero3", "zero2-compiled"])
+@pytest.mark.parametrize(
+    "stage, compiled",
+    [(1, False), (2, False), (3, False), (2, True)],
+    ids=["zero1", "zero2", "zero3", "zero2-compiled"],
+)
 def test_zero_stage_matches_single_process_and_restores_checkpoints(session, model_dir, tmp_path, stage, compiled):
     """compiled: LoadConfig.compile, the training and log-prob forwards run torch.compile'd; the
     step must match the eager single-process one as closely as the eager engine does."""
     config = ActorConfig(
-        model_path=model_dir, backend="deepspeed", zero_stage=stage, optim=OPTIM, mini_batch_size=8, micro_batch_size=2,
+        model_path=model_dir,
+        backend="deepspeed",
+        zero_stage=stage,
+        optim=OPTIM,
+        mini_batch_size=8,
+        micro_batch_size=2,
         load=LoadConfig(compile=compiled),
     )
-    actor = session.group("actor", ActorRolloutRefWorker, session.pool(f"zero{stage}{'c' if compiled else ''}", 2), config)
+    actor = session.group(
+        "actor", ActorRolloutRefWorker, session.pool(f"zero{stage}{'c' if compiled else ''}", 2), config
+    )
     model, tokenizer = load(model_dir).model, load(model_dir).tokenizer
     greedy = SamplingConfig(max_new_tokens=10, greedy=True)
     train = actor.generate_sequences(prompts(tokenizer), greedy).get()

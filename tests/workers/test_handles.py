@@ -79,13 +79,17 @@ def handles_as_a_type_checker_sees_them(session: Session, prompts: Batch) -> Non
     typing.assert_type(actor, handles.ActorHandle)
     generated = actor.generate_sequences(prompts, SamplingConfig())
     typing.assert_type(generated, DataFuture[Batch])
-    typing.assert_type(actor.update_actor(generated, lambda outputs, batch: (outputs["log_probs"].sum(), {})).get(),
-                       dict[str, float])
+    typing.assert_type(
+        actor.update_actor(generated, lambda outputs, batch: (outputs["log_probs"].sum(), {})).get(), dict[str, float]
+    )
     typing.assert_type(session.group("critic", CriticWorker, "critic_pool"), handles.CriticHandle)
     typing.assert_type(session.group("reward", RewardModelWorker, "reward_pool"), handles.RewardModelHandle)
     typing.assert_type(session.group("cost", CostModelWorker, "reward_pool"), handles.CostModelHandle)
     typing.assert_type(session.group("mine", Mine, "mine_pool"), WorkerGroup)
-    groups = Groups(actor=actor, reference=session.fused("actor_pool", actor=ActorRolloutRefWorker)["actor"],
-                    reward=RuleReward(lambda text, truth: float(text == truth)))
+    groups = Groups(
+        actor=actor,
+        reference=session.fused("actor_pool", actor=ActorRolloutRefWorker)["actor"],
+        reward=RuleReward(lambda text, truth: float(text == truth)),
+    )
     typing.assert_type(groups.actor.compute_log_prob(generated), DataFuture[Batch])
     typing.assert_type(groups.reward.compute_reward(generated), DataFuture[Batch])

@@ -18,8 +18,10 @@ CACHE = Path(__file__).resolve().parents[2] / ".cache" / "tests"
 
 
 def answers(texts, truths):
-    return Batch({"x": torch.arange(len(texts), dtype=torch.float32)},
-                 {"response_text": texts, "ground_truth": truths, "uid": [f"u{i}" for i in range(len(texts))]})
+    return Batch(
+        {"x": torch.arange(len(texts), dtype=torch.float32)},
+        {"response_text": texts, "ground_truth": truths, "uid": [f"u{i}" for i in range(len(texts))]},
+    )
 
 
 def test_scores_batches_in_chunks(shared_session):
@@ -118,11 +120,17 @@ def test_iterations_are_scored_by_the_same_processes(session):
     tokenizer = load(model_dir).tokenizer
     problems = arithmetic.generate(arithmetic.ArithmeticConfig(digits=1), 4, seed=0)
     prompts = tokenize_prompts([p.__dict__ for p in problems], tokenizer, max_prompt_length=16)
-    actor = session.group("actor", ActorRolloutRefWorker, session.pool("actor_pool", 1),
-                          ActorConfig(model_path=str(model_dir), mini_batch_size=8, micro_batch_size=8))
+    actor = session.group(
+        "actor",
+        ActorRolloutRefWorker,
+        session.pool("actor_pool", 1),
+        ActorConfig(model_path=str(model_dir), mini_batch_size=8, micro_batch_size=8),
+    )
     reward = RuleReward(scorer_pid, chunk_size=2)
     since = time.time()  # the session is shared: earlier tests' spans are in its trace too
-    grpo = GRPO(Groups(actor=actor, reward=reward), GRPOConfig(sampling=SamplingConfig(max_new_tokens=4, n=2), kl_loss_coef=0.0))
+    grpo = GRPO(
+        Groups(actor=actor, reward=reward), GRPOConfig(sampling=SamplingConfig(max_new_tokens=4, n=2), kl_loss_coef=0.0)
+    )
     scored_by = [set(grpo.step(prompts)[0]["scores"].long().tolist()) for _ in range(2)]
     assert scored_by[0] == scored_by[1]
     assert scored_by[0] <= {child for _, child in reward.process_ids()}

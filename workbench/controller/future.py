@@ -113,7 +113,7 @@ class DataFuture(Generic[T]):
                 values = [fetched[i] for i in picks]
             else:  # every rank's meta (to see errors on ranks not collected) + collected outputs
                 refs = self.metas + [self.outputs[i] for i in picks]
-                values = self._fetch(refs, self.info.ranks + self.collect_ranks, timeout)[len(self.metas):]
+                values = self._fetch(refs, self.info.ranks + self.collect_ranks, timeout)[len(self.metas) :]
             self._value = self.collect(self.mesh, values)
         return self._value
 
@@ -135,7 +135,11 @@ class DataFuture(Generic[T]):
             self.info,
             [self.outputs[i] for i in picks],
             None if self.metas is None else [self.metas[i] for i in picks],
-            self.collect_ranks, index, count, self.collect, self.mesh,
+            self.collect_ranks,
+            index,
+            count,
+            self.collect,
+            self.mesh,
         )
 
     def __repr__(self) -> str:

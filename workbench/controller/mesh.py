@@ -71,8 +71,9 @@ class Mesh:
 
     def __post_init__(self):
         if self.transition not in TRANSITION_METHODS:
-            raise ConfigError("Mesh.transition", self.transition,
-                              f"use one of {', '.join(map(repr, TRANSITION_METHODS))}")
+            raise ConfigError(
+                "Mesh.transition", self.transition, f"use one of {', '.join(map(repr, TRANSITION_METHODS))}"
+            )
         for name in ("pp", "tp", "dp", "gen_pp", "gen_tp"):
             value = getattr(self, name)
             if value is None and name.startswith("gen_"):
@@ -132,8 +133,9 @@ class Mesh:
         """Whether some data-parallel replica (pp*tp consecutive ranks) spans machines, so its
         pipeline hops cross them."""
         mp = self.model_parallel
-        return any(first // devices_per_node != (first + mp - 1) // devices_per_node
-                   for first in range(0, self.world_size, mp))
+        return any(
+            first // devices_per_node != (first + mp - 1) // devices_per_node for first in range(0, self.world_size, mp)
+        )
 
     def coord(self, rank: int) -> Coord:
         if not 0 <= rank < self.world_size:
@@ -177,8 +179,10 @@ class Mesh:
         """This training layout generating in `gen`'s (pp, tp) on the same ranks (the planner
         proposes the generation layout as a mesh of its own, dp = micro_dp * this dp)."""
         if gen.world_size != self.world_size:
-            raise ValueError(f"generation layout {gen.short()} has {gen.world_size} ranks, the training "
-                             f"layout {self.short()} {self.world_size}: both use the same ranks")
+            raise ValueError(
+                f"generation layout {gen.short()} has {gen.world_size} ranks, the training "
+                f"layout {self.short()} {self.world_size}: both use the same ranks"
+            )
         return dataclasses.replace(self, gen_pp=gen.pp, gen_tp=gen.tp, transition=transition)
 
     def _sort_key(self) -> tuple:

@@ -78,8 +78,7 @@ def one_per_rank(mesh: Mesh, value: Any) -> list[Any]:
     if not isinstance(value, (list, tuple)) or len(value) != mesh.world_size:
         raise ValueError(
             f"ALL_TO_ALL takes one input per rank: a list of {mesh.world_size} items, "
-            f"got {type(value).__name__}"
-            + (f" of length {len(value)}" if isinstance(value, (list, tuple)) else "")
+            f"got {type(value).__name__}" + (f" of length {len(value)}" if isinstance(value, (list, tuple)) else "")
         )
     return list(value)
 
@@ -130,15 +129,11 @@ ALL_TO_ALL = Protocol("ALL_TO_ALL", one_per_rank, as_list)
 DP_PROTO = Protocol("DP_PROTO", scatter(lambda m, r: r), concat)
 """Plain data parallelism: one chunk per rank; outputs concatenated in rank order."""
 
-THREE_D_PROTO = Protocol(
-    "3D_PROTO", scatter(lambda m, r: m.coord(r).dp), concat, _last_pp_first_tp
-)
+THREE_D_PROTO = Protocol("3D_PROTO", scatter(lambda m, r: m.coord(r).dp), concat, _last_pp_first_tp)
 """Split by DP size, broadcast inside each model-parallel group; collect from tp=0 of the
 last pipeline stage of every DP group."""
 
-THREE_D_ALL_MICRO_DP = Protocol(
-    "3D_ALL_MICRO_DP", scatter(lambda m, r: m.gen_replica(r)), concat, _gen_replica_heads
-)
+THREE_D_ALL_MICRO_DP = Protocol("3D_ALL_MICRO_DP", scatter(lambda m, r: m.gen_replica(r)), concat, _gen_replica_heads)
 """Hybrid-engine generation: split over every generation replica (dp * micro_dp of them),
 broadcast inside a replica; collect one rank per replica."""
 
@@ -159,8 +154,17 @@ output comes back. Unlike `@register(..., execute="rank_zero")`, where rank 0 al
 
 BUILTIN = {
     p.name: p
-    for p in (ONE_TO_ALL, ALL_TO_ALL, DP_PROTO, DP_REDUCED, THREE_D_PROTO, THREE_D_REDUCED, THREE_D_ALL_MICRO_DP,
-              THREE_D_PP_ONLY, ONE_TO_ALL_KEEP_RANK0)
+    for p in (
+        ONE_TO_ALL,
+        ALL_TO_ALL,
+        DP_PROTO,
+        DP_REDUCED,
+        THREE_D_PROTO,
+        THREE_D_REDUCED,
+        THREE_D_ALL_MICRO_DP,
+        THREE_D_PP_ONLY,
+        ONE_TO_ALL_KEEP_RANK0,
+    )
 }
 BUILTIN["RANK_ZERO"] = ONE_TO_ALL_KEEP_RANK0  # its old name, as `register(protocol="RANK_ZERO")` gave it
 
@@ -172,5 +176,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-RANK_ZERO_RENAMED = ("RANK_ZERO (every rank runs, rank 0's output kept) is now ONE_TO_ALL_KEEP_RANK0, "
-                     "not to be confused with register(execute='rank_zero'), where rank 0 alone runs")
+RANK_ZERO_RENAMED = (
+    "RANK_ZERO (every rank runs, rank 0's output kept) is now ONE_TO_ALL_KEEP_RANK0, "
+    "not to be confused with register(execute='rank_zero'), where rank 0 alone runs"
+)

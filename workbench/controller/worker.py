@@ -83,11 +83,23 @@ class Worker:
     def record_span(self, name: str, start: float, end: float, **extra) -> None:
         """Add a span of this rank's own (e.g. a weight sync) to the session's trace."""
         c = self.context
-        c.records.append(CallRecord(
-            call_id=-1, role=c.role, method=name, rank=c.rank, pool=c.pool, pid=os.getpid(),
-            start=start, fetched=start, end=end, bytes_in=0, bytes_out=0, ok=True,
-            extra={**(c.current or {}), **extra},
-        ))
+        c.records.append(
+            CallRecord(
+                call_id=-1,
+                role=c.role,
+                method=name,
+                rank=c.rank,
+                pool=c.pool,
+                pid=os.getpid(),
+                start=start,
+                fetched=start,
+                end=end,
+                bytes_in=0,
+                bytes_out=0,
+                ok=True,
+                extra={**(c.current or {}), **extra},
+            )
+        )
 
     @property
     def device_mesh(self):
@@ -123,12 +135,19 @@ def loopback_env() -> dict[str, str]:
     gloo's and NCCL's connection listeners, and vLLM's host address. Used for groups whose
     ranks all sit on one machine (their peers are local, so nothing needs another interface)."""
     iface = next(
-        (name for name, addrs in psutil.net_if_addrs().items()
-         if any(a.family == socket.AF_INET and a.address.startswith("127.") for a in addrs)),
+        (
+            name
+            for name, addrs in psutil.net_if_addrs().items()
+            if any(a.family == socket.AF_INET and a.address.startswith("127.") for a in addrs)
+        ),
         "lo",
     )
-    return {"GLOO_SOCKET_IFNAME": iface, "NCCL_SOCKET_IFNAME": iface, "VLLM_HOST_IP": "127.0.0.1",
-            "MASTER_ADDR": "127.0.0.1"}
+    return {
+        "GLOO_SOCKET_IFNAME": iface,
+        "NCCL_SOCKET_IFNAME": iface,
+        "VLLM_HOST_IP": "127.0.0.1",
+        "MASTER_ADDR": "127.0.0.1",
+    }
 
 
 class WorkerHost:
@@ -180,7 +199,14 @@ class WorkerHost:
     def add_role(self, role: str, cls: type[Any], config: Any, mesh: Mesh) -> None:
         worker = object.__new__(cls)  # the context is set before __init__ runs
         worker.context = RankContext(
-            role, self.rank, self.world_size, mesh, self.pool, self.device, self.backend, self.records,
+            role,
+            self.rank,
+            self.world_size,
+            mesh,
+            self.pool,
+            self.device,
+            self.backend,
+            self.records,
             self.current,
         )
         worker.__init__(*(() if config is None else (config,)))
@@ -213,9 +239,19 @@ class WorkerHost:
             meta_out = describe_output(output) if ok else None
             self.records.append(
                 CallRecord(
-                    call_id=sequence, role=role, method=method, rank=self.rank, pool=self.pool,
-                    pid=os.getpid(), start=start, fetched=compute_start, end=time.time(),
-                    bytes_in=bytes_in, bytes_out=meta_out.nbytes if meta_out else 0, ok=ok, extra=dict(tags),
+                    call_id=sequence,
+                    role=role,
+                    method=method,
+                    rank=self.rank,
+                    pool=self.pool,
+                    pid=os.getpid(),
+                    start=start,
+                    fetched=compute_start,
+                    end=time.time(),
+                    bytes_in=bytes_in,
+                    bytes_out=meta_out.nbytes if meta_out else 0,
+                    ok=ok,
+                    extra=dict(tags),
                 )
             )
             self.current.clear()

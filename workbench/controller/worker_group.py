@@ -56,7 +56,8 @@ class HostSet:
         backend = "nccl" if pool.resource == "GPU" else "gloo"
         local = len(set(pool.node_ids)) == 1  # one machine: every socket on loopback
         remote_host = ray.remote(concurrency_groups={TRACE_GROUP: 1})(  # type: ignore[call-overload]  # not in Ray's stubs
-            host_class({role: cls for role, (cls, _) in roles.items()}))
+            host_class({role: cls for role, (cls, _) in roles.items()})
+        )
         self.call_tags: OrderedDict[int, dict] = OrderedDict()
         """Tags of driver calls whose spans have not all been drained yet (see tag_call)."""
         self._spans_due: dict[int, int] = {}  # call number -> ranks whose span has not arrived
@@ -64,18 +65,30 @@ class HostSet:
         """Ray task id -> driver call number, for rank tasks whose own span is not drained yet (see note_task)."""
         self._drains: list = []  # drain_records calls that had not answered yet
         self.hosts = [
-            remote_host.options(**pool.scheduling(rank)).remote(pool.name, rank, mesh.world_size, threads, backend, local)
+            remote_host.options(**pool.scheduling(rank)).remote(
+                pool.name, rank, mesh.world_size, threads, backend, local
+            )
             for rank in range(mesh.world_size)
         ]
         try:
             ranks = list(range(mesh.world_size))
-            self.identities = fetch_all([h.identity.remote() for h in self.hosts], CallInfo(name, "start", ranks, starting=True), ranks)
-            address, port = fetch(self.hosts[0].rendezvous_address.remote(), CallInfo(name, "start", ranks, starting=True), 0)
-            fetch_all([h.init_process_group.remote(address, port) for h in self.hosts],
-                      CallInfo(name, "init_process_group", ranks, starting=True), ranks)
+            self.identities = fetch_all(
+                [h.identity.remote() for h in self.hosts], CallInfo(name, "start", ranks, starting=True), ranks
+            )
+            address, port = fetch(
+                self.hosts[0].rendezvous_address.remote(), CallInfo(name, "start", ranks, starting=True), 0
+            )
+            fetch_all(
+                [h.init_process_group.remote(address, port) for h in self.hosts],
+                CallInfo(name, "init_process_group", ranks, starting=True),
+                ranks,
+            )
             for role, (cls, config) in roles.items():
-                fetch_all([h.add_role.remote(role, cls, config, mesh) for h in self.hosts],
-                          CallInfo(role, f"{cls.__name__}.__init__", ranks, starting=True), ranks)
+                fetch_all(
+                    [h.add_role.remote(role, cls, config, mesh) for h in self.hosts],
+                    CallInfo(role, f"{cls.__name__}.__init__", ranks, starting=True),
+                    ranks,
+                )
         except BaseException:
             self.shutdown()
             raise
@@ -333,7 +346,8 @@ class WorkerGroup:
             registration = self._methods.get(method)
             if registration is None:
                 raise DispatchError(
-                    f"{self.role} has no registered method {method!r}; registered: {sorted(self._methods)}")
+                    f"{self.role} has no registered method {method!r}; registered: {sorted(self._methods)}"
+                )
             plan = self._plans[method] = MethodPlan.build(self.role, method, registration, self._hostset)
         return plan
 
@@ -415,8 +429,12 @@ class WorkerGroup:
 
     def _future(self, plan: MethodPlan, outputs: list, metas: list, tags: dict) -> DataFuture:
         future: DataFuture = DataFuture(
-            CallInfo(self.role, plan.method, plan.ranks, self._hostset), outputs,
-            metas if plan.registration.returns_rows else None, plan.collect_ranks, plan.collect, self._hostset.mesh,
+            CallInfo(self.role, plan.method, plan.ranks, self._hostset),
+            outputs,
+            metas if plan.registration.returns_rows else None,
+            plan.collect_ranks,
+            plan.collect,
+            self._hostset.mesh,
         )
         future.trace_tags = tags  # StepClock.launch adds the iteration and step
         return future
@@ -432,8 +450,7 @@ class WorkerGroup:
 def _slice_metas(args: tuple, kwargs: dict) -> dict[str, Any]:
     """The metas of a rank's RemoteSlice inputs, as numbered reserved keyword arguments."""
     metas = [
-        m for v in (*args, *kwargs.values())
-        if isinstance(v, RemoteSlice) and v.metas is not None for m in v.metas
+        m for v in (*args, *kwargs.values()) if isinstance(v, RemoteSlice) and v.metas is not None for m in v.metas
     ]
     return {f"{META}{k:04d}": m for k, m in enumerate(metas)}
 

@@ -43,14 +43,18 @@ class ArithmeticConfig:
     def __post_init__(self):
         bad = [op for op in self.operations if op not in OPERATIONS]
         if bad or not self.operations:
-            raise ValueError(
-                f"ArithmeticConfig.operations={self.operations!r}: use a non-empty subset of {OPERATIONS}"
-            )
+            raise ValueError(f"ArithmeticConfig.operations={self.operations!r}: use a non-empty subset of {OPERATIONS}")
         checks.whole("ArithmeticConfig", "min_digits", self.min_digits, fix="use a whole number of digits >= 1")
-        checks.whole("ArithmeticConfig", "digits", self.digits, low=self.min_digits,
-                     fix=f"use a whole number of digits >= min_digits ({self.min_digits})")
-        checks.whole("ArithmeticConfig", "num_operands", self.num_operands, low=2,
-                     fix="use a whole number of operands >= 2")
+        checks.whole(
+            "ArithmeticConfig",
+            "digits",
+            self.digits,
+            low=self.min_digits,
+            fix=f"use a whole number of digits >= min_digits ({self.min_digits})",
+        )
+        checks.whole(
+            "ArithmeticConfig", "num_operands", self.num_operands, low=2, fix="use a whole number of operands >= 2"
+        )
         if "{expression}" not in self.template:
             raise ValueError(f"ArithmeticConfig.template must contain '{{expression}}', got {self.template!r}")
 
@@ -161,11 +165,13 @@ def preference_pairs(problems: list[Problem], per_problem: int = 1, seed: int = 
     rows = []
     for p in problems:
         for _ in range(per_problem):
-            rows.append({
-                "prompt": p.prompt,
-                "chosen": response_text(p.ground_truth),
-                "rejected": response_text(wrong_answer(p.ground_truth, rng)),
-            })
+            rows.append(
+                {
+                    "prompt": p.prompt,
+                    "chosen": response_text(p.ground_truth),
+                    "rejected": response_text(wrong_answer(p.ground_truth, rng)),
+                }
+            )
     return rows
 
 
@@ -210,21 +216,21 @@ def cost_pairs(problems: list[Problem], cfg: CostConfig = CostConfig(), seed: in
         answer = rng.choice([p.ground_truth, wrong_answer(p.ground_truth, rng)])
         safer = response_text(answer)
         costly = safer + " " + "!" * (cfg.max_chars + 1)
-        rows.append({
-            "prompt": p.prompt,
-            "safer": safer,
-            "more_costly": costly,
-            "safer_is_safe": is_safe(safer, cfg),
-            "more_costly_is_safe": is_safe(costly, cfg),
-        })
+        rows.append(
+            {
+                "prompt": p.prompt,
+                "safer": safer,
+                "more_costly": costly,
+                "safer_is_safe": is_safe(safer, cfg),
+                "more_costly_is_safe": is_safe(costly, cfg),
+            }
+        )
     return rows
 
 
 def corpus(n: int = 2000, seed: int = 0) -> list[str]:
     """Full `prompt + answer` texts over a spread of difficulties (tokenizer training text)."""
-    configs = [
-        ArithmeticConfig(digits=d, operations=OPERATIONS, num_operands=k) for d in (1, 2, 3, 4) for k in (2, 3)
-    ]
+    configs = [ArithmeticConfig(digits=d, operations=OPERATIONS, num_operands=k) for d in (1, 2, 3, 4) for k in (2, 3)]
     texts = []
     for i, cfg in enumerate(configs):
         for p in generate(cfg, n // len(configs), seed=seed + i):

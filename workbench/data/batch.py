@@ -54,9 +54,7 @@ class Batch:
         self.info: dict[str, Any] = dict(info or {})
         for name, column in arrays.items():
             if len(column) != len(self):
-                raise ValueError(
-                    f"Batch column {name!r} has {len(column)} rows but the tensors have {len(self)}"
-                )
+                raise ValueError(f"Batch column {name!r} has {len(column)} rows but the tensors have {len(self)}")
 
     # ---- shape and access -------------------------------------------------------------
     def __len__(self) -> int:
@@ -104,8 +102,7 @@ class Batch:
         """Split into n equal parts; the row count must divide (pad first if it does not)."""
         if n <= 0 or len(self) % n:
             raise ValueError(
-                f"cannot chunk a Batch of {len(self)} rows into {n} equal parts; "
-                f"call pad_to_multiple({n}) first"
+                f"cannot chunk a Batch of {len(self)} rows into {n} equal parts; call pad_to_multiple({n}) first"
             )
         size = len(self) // n
         return [self[i * size : (i + 1) * size] for i in range(n)]
@@ -119,8 +116,10 @@ class Batch:
         for b in batches[1:]:
             if set(b.keys()) != set(first.keys()):
                 raise ValueError(f"cannot concat Batches with fields {first.keys()} and {b.keys()}")
-        tensors = torch.cat([b.tensors for b in batches]) if first.tensors.keys() else TensorDict(
-            {}, batch_size=[sum(len(b) for b in batches)]
+        tensors = (
+            torch.cat([b.tensors for b in batches])
+            if first.tensors.keys()
+            else TensorDict({}, batch_size=[sum(len(b) for b in batches)])
         )
         columns = {k: np.concatenate([b.columns[k] for b in batches]) for k in first.columns}
         return Batch(tensors, columns, first.info)

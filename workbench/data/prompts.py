@@ -178,8 +178,8 @@ def tokenize_prompts(
     attention_mask = torch.zeros((len(encoded), width), dtype=torch.long)
     for i, ids in enumerate(encoded):
         if ids:
-            input_ids[i, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
-            attention_mask[i, width - len(ids):] = 1
+            input_ids[i, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            attention_mask[i, width - len(ids) :] = 1
     position_ids = torch.clamp(attention_mask.cumsum(dim=1) - 1, min=0)
 
     columns = {
@@ -203,8 +203,9 @@ class PromptLoader:
 
     def __init__(self, rows: list[dict[str, Any]], tokenizer, cfg: PromptLoaderConfig | None = None):
         cfg = cfg or PromptLoaderConfig()
-        checks.whole("PromptLoaderConfig", "batch_size", cfg.batch_size,
-                     fix="use a whole number of prompts >= 1 per Batch")
+        checks.whole(
+            "PromptLoaderConfig", "batch_size", cfg.batch_size, fix="use a whole number of prompts >= 1 per Batch"
+        )
         self.rows, self.tokenizer, self.cfg = rows, tokenizer, cfg
         self.epoch = 0
         if cfg.overlong == "refuse":
@@ -249,7 +250,13 @@ class PromptLoader:
         if self.cfg.shuffle:
             random.Random(self.cfg.seed + epoch).shuffle(order)
         chosen = order[index * self.cfg.batch_size : (index + 1) * self.cfg.batch_size]
-        batch = tokenize_prompts([self.rows[i] for i in chosen], self.tokenizer, self.cfg.max_prompt_length,
-                                 self.cfg.overlong, self.cfg.pad_to_max_length, indices=chosen)
+        batch = tokenize_prompts(
+            [self.rows[i] for i in chosen],
+            self.tokenizer,
+            self.cfg.max_prompt_length,
+            self.cfg.overlong,
+            self.cfg.pad_to_max_length,
+            indices=chosen,
+        )
         batch.info["epoch"] = epoch
         return batch

@@ -24,7 +24,8 @@ def check_data_parallel_only(owner: str, mesh, role: str) -> None:
     gen = [x for x in (mesh.gen_tp, mesh.gen_pp) if x not in (None, 1)]
     if mesh.tp != 1 or mesh.pp != 1 or gen:
         raise ConfigError(
-            f"{role} mesh", str(mesh),
+            f"{role} mesh",
+            str(mesh),
             f"{owner} runs data parallelism only (FSDP/ZeRO shards over the ranks); use "
             f"Mesh(dp={mesh.world_size}) or leave mesh=None",
         )

@@ -53,7 +53,9 @@ class OptimConfig:
         if not (isinstance(self.betas, (tuple, list)) and len(self.betas) == 2):
             raise ConfigError("OptimConfig.betas", self.betas, "use two numbers in [0, 1), e.g. (0.9, 0.999)")
         for i, beta in enumerate(self.betas):
-            checks.real("OptimConfig", f"betas[{i}]", beta, 0, 1, high_open=True, fix="use betas in [0, 1), e.g. (0.9, 0.999)")
+            checks.real(
+                "OptimConfig", f"betas[{i}]", beta, 0, 1, high_open=True, fix="use betas in [0, 1), e.g. (0.9, 0.999)"
+            )
         checks.real("OptimConfig", "eps", self.eps, 0, low_open=True, fix="use eps > 0 (e.g. 1e-8)")
         checks.real("OptimConfig", "weight_decay", self.weight_decay, 0, fix="use weight_decay >= 0")
         checks.real("OptimConfig", "grad_clip", self.grad_clip, 0, fix="use grad_clip >= 0 (0 = no clipping)")
@@ -63,10 +65,18 @@ def check_training_fields(owner: str, config) -> None:
     """The settings every trained model's config shares (ActorConfig, CriticConfig)."""
     if not isinstance(config.model_path, (str, os.PathLike)) or not str(config.model_path):
         raise ConfigError(f"{owner}.model_path", config.model_path, "give a local Hugging Face checkpoint directory")
-    checks.whole(owner, "mini_batch_size", config.mini_batch_size,
-                 fix="use a whole number of rows >= 1 per optimizer step (summed over data-parallel ranks)")
-    checks.whole(owner, "micro_batch_size", config.micro_batch_size,
-                 fix="use a whole number of rows >= 1 per forward/backward on one rank")
+    checks.whole(
+        owner,
+        "mini_batch_size",
+        config.mini_batch_size,
+        fix="use a whole number of rows >= 1 per optimizer step (summed over data-parallel ranks)",
+    )
+    checks.whole(
+        owner,
+        "micro_batch_size",
+        config.micro_batch_size,
+        fix="use a whole number of rows >= 1 per forward/backward on one rank",
+    )
     checks.whole(owner, "epochs", config.epochs, fix="use a whole number of passes >= 1 over each batch")
     checks.whole(owner, "seed", config.seed, low=0, fix="use a whole number >= 0")
     checks.of_type(owner, "optim", config.optim, OptimConfig, "pass a workbench.OptimConfig(lr=...)")

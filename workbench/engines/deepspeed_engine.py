@@ -106,8 +106,10 @@ class DeepSpeedEngine:
         # (clearing the gradients); it only logs that, so say it here.
         self.model.step()  # reduce over ranks, clip, AdamW, zero the gradients
         if not finite_everywhere(torch.stack(losses).cpu(), self.dp_group):  # one sync per step
-            raise NonFiniteStep(f"a loss is NaN/inf on some rank (here: {[float(x) for x in losses]}); "
-                                f"DeepSpeed skipped this optimizer step")
+            raise NonFiniteStep(
+                f"a loss is NaN/inf on some rank (here: {[float(x) for x in losses]}); "
+                f"DeepSpeed skipped this optimizer step"
+            )
         grad_norm = self.model.get_global_grad_norm()
         return {**totals, "grad_norm": float(grad_norm), "lr": self.model.get_lr()[0]}
 

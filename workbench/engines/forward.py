@@ -77,8 +77,9 @@ def response_log_probs(
     return log_probs, pad_responses(entropy, r) * mask if entropy is not None else None
 
 
-def model_outputs(model: torch.nn.Module, batch: Batch, needs: tuple[str, ...] = ("log_probs",),
-                  temperature: float = 1.0) -> dict[str, torch.Tensor]:
+def model_outputs(
+    model: torch.nn.Module, batch: Batch, needs: tuple[str, ...] = ("log_probs",), temperature: float = 1.0
+) -> dict[str, torch.Tensor]:
     """What a loss's `needs` names, from forwards of `model` over `batch`: "log_probs" and
     "entropy" of the responses (at `temperature`), "values" (a value model), "nll" (pre-training
     rows). The engines' side of a training step (workbench.engines.contract.LossFn); a test or a
@@ -101,7 +102,9 @@ def sequence_nll(model: torch.nn.Module, input_ids, attention_mask, loss_mask) -
 
     The pre-training (PPO-ptx) loss of a right-padded text batch, e.g. from
     workbench.stages.encode_examples."""
-    logits = model(input_ids=_fresh(input_ids), attention_mask=_fresh(attention_mask)).logits[:, :-1]  # see trim_padding
+    logits = model(input_ids=_fresh(input_ids), attention_mask=_fresh(attention_mask)).logits[
+        :, :-1
+    ]  # see trim_padding
     targets, mask = input_ids[:, 1:], loss_mask[:, 1:].float()
     nll = F.cross_entropy(logits.transpose(1, 2).float(), targets, reduction="none")
     return (nll * mask).sum(1) / mask.sum(1).clamp(min=1)

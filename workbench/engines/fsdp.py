@@ -24,6 +24,7 @@ from workbench.engines.contract import Forward, LossFn, OptimConfig  # noqa: F40
 # op on it would skip its hooks. Losses here never modify model outputs in place.
 warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
 
+
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The repeated blocks of an HF causal LM (model.model.layers for Llama-style models)."""
     inner = getattr(model, "model", model)
@@ -57,7 +58,9 @@ class FSDPEngine:
             grad_norm = grad_norm.full_tensor()
         if not torch.isfinite(grad_norm):  # the norm is global: every rank skips together
             self.optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteStep(f"the gradient norm is {float(grad_norm)} (loss metrics {totals}); this optimizer step was skipped")
+            raise NonFiniteStep(
+                f"the gradient norm is {float(grad_norm)} (loss metrics {totals}); this optimizer step was skipped"
+            )
         self.optimizer.step()
         return {**totals, "grad_norm": float(grad_norm), "lr": self.optimizer.param_groups[0]["lr"]}
 
@@ -79,7 +82,9 @@ class FSDPEngine:
         see every optimizer step without a copy. None when the parameters are sharded."""
         if self.dp_group is not None and torch.distributed.get_world_size(self.dp_group) > 1:
             return None
-        return {name: (p.to_local() if isinstance(p, DTensor) else p).detach() for name, p in self.model.named_parameters()}
+        return {
+            name: (p.to_local() if isinstance(p, DTensor) else p).detach() for name, p in self.model.named_parameters()
+        }
 
     def save(self, path: str) -> None:
         """Sharded model + optimizer state (torch.distributed.checkpoint; each rank its shard)."""

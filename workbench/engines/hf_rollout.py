@@ -50,8 +50,13 @@ class HFRolloutConfig:
 
 
 class HFRollout:
-    def __init__(self, model: torch.nn.Module, pad_token_id: int, eos_token_id: int | list[int],
-                 config: HFRolloutConfig | None = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        pad_token_id: int,
+        eos_token_id: int | list[int],
+        config: HFRolloutConfig | None = None,
+    ):
         self.model = model.eval()
         self.pad_token_id, self.eos_token_id = pad_token_id, eos_token_id
         self.config = config or HFRolloutConfig()
@@ -65,7 +70,9 @@ class HFRollout:
             from transformers import CompileConfig
 
             # transformers compiles on accelerators by default; the flag asks for it on CPU too.
-            compile_config = CompileConfig(dynamic=False, mode="default" if self.model.device.type == "cpu" else "reduce-overhead")
+            compile_config = CompileConfig(
+                dynamic=False, mode="default" if self.model.device.type == "cpu" else "reduce-overhead"
+            )
             compile_config._compile_all_devices = True
             options["compile_config"] = compile_config
         else:
@@ -125,7 +132,9 @@ class HFRollout:
         device and shape): generation then always reads the latest weights, with no copy."""
         for name, param in self.model.named_parameters():
             if name not in live or live[name].shape != param.shape or live[name].device != param.device:
-                raise KeyError(f"rollout weight {name!r} has no live training tensor of shape {tuple(param.shape)} to share")
+                raise KeyError(
+                    f"rollout weight {name!r} has no live training tensor of shape {tuple(param.shape)} to share"
+                )
             param.data = live[name]
 
     def release(self) -> None:

@@ -43,6 +43,7 @@ class KeptForwards:
     def forward(self, fallback: Forward) -> Forward:
         """A forward for the training step: the kept outputs of a micro-batch whose rows are the
         kept ones, in order; a fresh `fallback` forward for any other."""
+
         def forward(model: torch.nn.Module, micro_batch: Batch) -> Outputs:
             if self.reused < len(self.outputs) and same_rows(self.micro_batches[self.reused], micro_batch):
                 self.reused += 1

@@ -51,8 +51,14 @@ class SamplingConfig:
         checks.whole("SamplingConfig", "n", self.n, fix="use a whole number of samples per prompt >= 1")
         checks.of_type("SamplingConfig", "greedy", self.greedy, bool, "use True or False")
         if not self.greedy:
-            checks.real("SamplingConfig", "temperature", self.temperature, 0, low_open=True,
-                        fix="temperature must be > 0; use greedy=True for arg-max")
+            checks.real(
+                "SamplingConfig",
+                "temperature",
+                self.temperature,
+                0,
+                low_open=True,
+                fix="temperature must be > 0; use greedy=True for arg-max",
+            )
         checks.real("SamplingConfig", "top_p", self.top_p, 0, 1, low_open=True, fix="use top_p in (0, 1] (1.0 = off)")
         checks.whole("SamplingConfig", "top_k", self.top_k, low=0, fix="use a whole number >= 0 (0 = off)")
         if self.seed is not None:

@@ -37,23 +37,38 @@ ROW = ("self_attn.o_proj", "mlp.down_proj")
 def check_tensor_parallel(config, tp: int, field: str = "model") -> None:
     """The model's heads and widths divide evenly over `tp` ranks (clear error otherwise)."""
     kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    for name, value in (("num_attention_heads", config.num_attention_heads), ("num_key_value_heads", kv),
-                        ("hidden_size", config.hidden_size), ("intermediate_size", config.intermediate_size)):
+    for name, value in (
+        ("num_attention_heads", config.num_attention_heads),
+        ("num_key_value_heads", kv),
+        ("hidden_size", config.hidden_size),
+        ("intermediate_size", config.intermediate_size),
+    ):
         if value % tp:
-            raise ConfigError(f"{field}.{name}", value, f"must divide by the tensor-parallel size tp={tp}; choose a tp that divides {value}")
+            raise ConfigError(
+                f"{field}.{name}",
+                value,
+                f"must divide by the tensor-parallel size tp={tp}; choose a tp that divides {value}",
+            )
 
 
-def check_tensor_parallel_layout(owner: str, mesh, role: str, model_path, trust_remote_code: bool = False,
-                                 rollout: str | None = None) -> None:
+def check_tensor_parallel_layout(
+    owner: str, mesh, role: str, model_path, trust_remote_code: bool = False, rollout: str | None = None
+) -> None:
     """backend="3d": tensor and data parallelism (pp = 1), a generation layout that only shrinks
     tensor parallelism, a model whose heads and widths split evenly, an HF rollout when the
     generation layout is cut."""
     if mesh.pp != 1 or mesh.gen_pp not in (None, 1):
-        raise ConfigError(f"{role} mesh", str(mesh), f"{owner} with backend='3d' has no pipeline parallelism yet; use pp=1")
+        raise ConfigError(
+            f"{role} mesh", str(mesh), f"{owner} with backend='3d' has no pipeline parallelism yet; use pp=1"
+        )
     gen_tp = mesh.gen_tp or mesh.tp
     if gen_tp > 1 and rollout not in ("hf", None):
-        raise ConfigError(f"{owner}.rollout", rollout, f"a tensor-parallel generation layout (gen_tp={gen_tp}) runs the "
-                          f"HF rollout; use rollout='hf', or gen_tp=1 for vLLM")
+        raise ConfigError(
+            f"{owner}.rollout",
+            rollout,
+            f"a tensor-parallel generation layout (gen_tp={gen_tp}) runs the "
+            f"HF rollout; use rollout='hf', or gen_tp=1 for vLLM",
+        )
     config = load_config(model_path, trust_remote_code)
     for size in {mesh.tp, gen_tp}:
         check_tensor_parallel(config, size, f"{owner}.model_path ({model_path})")
@@ -102,7 +117,11 @@ class TensorParallelEngine:
         self.dp_group = dp_group
         # foreach kernels refuse lists that mix DTensor and plain tensors (norms are plain).
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay,
+            model.parameters(),
+            lr=optim.lr,
+            betas=optim.betas,
+            eps=optim.eps,
+            weight_decay=optim.weight_decay,
             foreach=False,
         )
 
@@ -114,7 +133,9 @@ class TensorParallelEngine:
         grad_norm = self._clip(self.optim.grad_clip if self.optim.grad_clip > 0 else math.inf)
         if not math.isfinite(grad_norm):  # the norm is global: every rank skips together
             self.optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteStep(f"the gradient norm is {grad_norm} (loss metrics {totals}); this optimizer step was skipped")
+            raise NonFiniteStep(
+                f"the gradient norm is {grad_norm} (loss metrics {totals}); this optimizer step was skipped"
+            )
         self.optimizer.step()
         return {**totals, "grad_norm": grad_norm, "lr": self.optimizer.param_groups[0]["lr"]}
 

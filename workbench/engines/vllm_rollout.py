@@ -67,11 +67,20 @@ class VLLMRolloutConfig:
 
     def __post_init__(self):
         owner = "VLLMRolloutConfig"
-        checks.whole(owner, "max_model_len", self.max_model_len, fix="use a whole number of tokens >= 1 (prompt + response)")
+        checks.whole(
+            owner, "max_model_len", self.max_model_len, fix="use a whole number of tokens >= 1 (prompt + response)"
+        )
         checks.whole(owner, "max_num_seqs", self.max_num_seqs, fix="use a whole number of sequences >= 1")
         checks.one_of(owner, "dtype", self.dtype, ("auto", "float32", "bfloat16", "float16"))
-        checks.real(owner, "gpu_memory_utilization", self.gpu_memory_utilization, 0, 1, low_open=True,
-                    fix="use a share of device memory in (0, 1]")
+        checks.real(
+            owner,
+            "gpu_memory_utilization",
+            self.gpu_memory_utilization,
+            0,
+            1,
+            low_open=True,
+            fix="use a share of device memory in (0, 1]",
+        )
         checks.whole(owner, "cpu_kv_cache_gib", self.cpu_kv_cache_gib, fix="use a whole number of GiB >= 1")
         checks.whole(owner, "seed", self.seed, low=0, fix="use a whole number >= 0")
 
@@ -82,8 +91,10 @@ def _on_gpu() -> bool:
 
 def _device_settings(cfg: VLLMRolloutConfig) -> tuple[dict[str, str], dict]:
     """Environment and engine arguments that depend on the device: the one place they differ."""
-    cache_root = cfg.cache_root or os.environ.get("VLLM_CACHE_ROOT") or os.path.join(
-        tempfile.gettempdir(), "hybridflow-workbench", "vllm"
+    cache_root = (
+        cfg.cache_root
+        or os.environ.get("VLLM_CACHE_ROOT")
+        or os.path.join(tempfile.gettempdir(), "hybridflow-workbench", "vllm")
     )
     env = {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -161,9 +172,7 @@ class VLLMRollout:
         self._wake()
         token_lists = self._prompt_tokens(prompts, sampling.max_new_tokens)
         params = [self._sampling_params(sampling, i) for i in range(len(token_lists))]
-        outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=ids) for ids in token_lists], params, use_tqdm=False
-        )
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in token_lists], params, use_tqdm=False)
 
         n, length = sampling.n, sampling.max_new_tokens
         responses = torch.full((len(token_lists) * n, length), self.pad_token_id, dtype=torch.long)

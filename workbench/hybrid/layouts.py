@@ -32,8 +32,12 @@ class Shard(NamedTuple):
     tp: tuple[int, int]
 
     def contains(self, other: Shard) -> bool:
-        return (self.pp[0] <= other.pp[0] and other.pp[1] <= self.pp[1]
-                and self.tp[0] <= other.tp[0] and other.tp[1] <= self.tp[1])
+        return (
+            self.pp[0] <= other.pp[0]
+            and other.pp[1] <= self.pp[1]
+            and self.tp[0] <= other.tp[0]
+            and other.tp[1] <= self.tp[1]
+        )
 
     @property
     def pieces(self) -> list[tuple[int, int]]:
@@ -47,8 +51,9 @@ class Shard(NamedTuple):
 
 def _checked(mesh: Mesh) -> Mesh:
     if not isinstance(mesh, Mesh):
-        raise TypeError(f"expected a workbench Mesh (pp, tp, dp, gen_pp, gen_tp, transition), "
-                        f"got {type(mesh).__name__}")
+        raise TypeError(
+            f"expected a workbench Mesh (pp, tp, dp, gen_pp, gen_tp, transition), got {type(mesh).__name__}"
+        )
     return mesh
 
 
@@ -62,8 +67,10 @@ def slices(size: int, index: int, count: int) -> tuple[int, int]:
     if count < 1 or not 0 <= index < count:
         raise ValueError(f"piece index {index} of {count}: need count >= 1 and 0 <= index < count")
     if size % count:
-        raise ValueError(f"a dim of size {size} does not split into {count} equal pieces: choose a "
-                         f"tensor-parallel size that divides {size} (heads, hidden and vocab sizes)")
+        raise ValueError(
+            f"a dim of size {size} does not split into {count} equal pieces: choose a "
+            f"tensor-parallel size that divides {size} (heads, hidden and vocab sizes)"
+        )
     step = size // count
     return index * step, (index + 1) * step
 
@@ -107,8 +114,7 @@ def generation_tp_groups(mesh: Mesh) -> list[tuple[int, ...]]:
     """Generation tensor-parallel groups: the t_g ranks of one replica and stage, by tp_g;
     listed replica-major, then by stage."""
     gen_tp = gen_sizes(mesh)[1]
-    return [group[i:i + gen_tp] for group in generation_groups(mesh)
-            for i in range(0, len(group), gen_tp)]
+    return [group[i : i + gen_tp] for group in generation_groups(mesh) for i in range(0, len(group), gen_tp)]
 
 
 def micro_dp_groups(mesh: Mesh) -> list[tuple[int, ...]]:
@@ -122,8 +128,7 @@ def micro_dp_groups(mesh: Mesh) -> list[tuple[int, ...]]:
     for r in range(mp):
         g = mesh.gen_coord(r)
         first.setdefault((g.pp, g.tp), []).append(r)
-    return [tuple(base + r for r in group) for base in range(0, mesh.world_size, mp)
-            for group in first.values()]
+    return [tuple(base + r for r in group) for base in range(0, mesh.world_size, mp) for group in first.values()]
 
 
 def gather_groups(mesh: Mesh) -> list[tuple[int, ...]]:
@@ -181,8 +186,10 @@ def gathered_shard(mesh: Mesh, rank: int) -> Shard:
 
 def _union(mesh: Mesh, group: tuple[int, ...]) -> Shard:
     shards = [train_shard(mesh, r) for r in group]
-    return Shard((min(s.pp[0] for s in shards), max(s.pp[1] for s in shards)),
-                 (min(s.tp[0] for s in shards), max(s.tp[1] for s in shards)))
+    return Shard(
+        (min(s.pp[0] for s in shards), max(s.pp[1] for s in shards)),
+        (min(s.tp[0] for s in shards), max(s.tp[1] for s in shards)),
+    )
 
 
 class RankTransfer(NamedTuple):
@@ -234,8 +241,10 @@ def transition_bytes(mesh: Mesh, model_bytes: float) -> list[RankTransfer]:
     blocks = {g: _union(mesh, g) for g in set(group_of.values())}
     shards = [train_shard(mesh, r) for r in range(mesh.world_size)]
     copies = Counter((group_of[r], shards[r]) for r in range(mesh.world_size))
-    return [_transfer(mesh, m, r, group_of[r], blocks[group_of[r]], copies[group_of[r], shards[r]])
-            for r in range(mesh.world_size)]
+    return [
+        _transfer(mesh, m, r, group_of[r], blocks[group_of[r]], copies[group_of[r], shards[r]])
+        for r in range(mesh.world_size)
+    ]
 
 
 def rank_transfer(mesh: Mesh, model_bytes: float, rank: int) -> RankTransfer:
@@ -254,26 +263,40 @@ def _model_bytes(model_bytes: float) -> Fraction:
     return Fraction(model_bytes)
 
 
-def _transfer(mesh: Mesh, m: Fraction, rank: int, group: tuple[int, ...], block: Shard,
-              copies: int) -> RankTransfer:
+def _transfer(mesh: Mesh, m: Fraction, rank: int, group: tuple[int, ...], block: Shard, copies: int) -> RankTransfer:
     """A rank's bytes when its group gathers `block` and `copies` members (itself included)
     split its training shard between them."""
     part = train_shard(mesh, rank).fraction(mesh) / copies * m
     gathered = block.fraction(mesh) * m
     assert gathered == len(group) * part, "gather group does not tile its block evenly"
     return RankTransfer(
-        rank=rank, received=_num(gathered - part), sent=_num((len(group) - 1) * part),
-        peak_params=_num(gathered), redundant=_num(part if _kept_beside(mesh, group) else 0),
-        generation_params=_num(gen_shard(mesh, rank).fraction(mesh) * m))
+        rank=rank,
+        received=_num(gathered - part),
+        sent=_num((len(group) - 1) * part),
+        peak_params=_num(gathered),
+        redundant=_num(part if _kept_beside(mesh, group) else 0),
+        generation_params=_num(gen_shard(mesh, rank).fraction(mesh) * m),
+    )
 
 
 def _num(x: Fraction | int) -> int | float:
     return int(x) if Fraction(x).denominator == 1 else float(x)
 
 
-RANK_MAP_KEYS = ("rank", "train_pp", "train_tp", "train_dp", "train_shard", "gen_replica",
-                 "gen_pp", "gen_tp", "gen_shard", "micro_dp_group", "gather_group",
-                 "contains_training_shard")
+RANK_MAP_KEYS = (
+    "rank",
+    "train_pp",
+    "train_tp",
+    "train_dp",
+    "train_shard",
+    "gen_replica",
+    "gen_pp",
+    "gen_tp",
+    "gen_shard",
+    "micro_dp_group",
+    "gather_group",
+    "contains_training_shard",
+)
 """Keys of every `rank_map` row, in order (stable: notebooks and widgets read them)."""
 
 
@@ -289,7 +312,25 @@ def rank_map(mesh: Mesh) -> list[dict]:
     rows = []
     for r in range(mesh.world_size):
         c, g = mesh.coord(r), mesh.gen_coord(r)
-        rows.append(dict(zip(RANK_MAP_KEYS, (
-            r, c.pp, c.tp, c.dp, train_shard(mesh, r), g.dp, g.pp, g.tp, gen_shard(mesh, r),
-            micro[r], gather[r], contains_training_shard(mesh, r)))))
+        rows.append(
+            dict(
+                zip(
+                    RANK_MAP_KEYS,
+                    (
+                        r,
+                        c.pp,
+                        c.tp,
+                        c.dp,
+                        train_shard(mesh, r),
+                        g.dp,
+                        g.pp,
+                        g.tp,
+                        gen_shard(mesh, r),
+                        micro[r],
+                        gather[r],
+                        contains_training_shard(mesh, r),
+                    ),
+                )
+            )
+        )
     return rows

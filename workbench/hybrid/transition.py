@@ -67,14 +67,24 @@ class HybridEngine:
     """Switches `train_model`'s weights (cut over the training TP group) into `gen_model` (the
     same architecture cut over the generation groups of `mesh`), and back."""
 
-    def __init__(self, train_model: torch.nn.Module, gen_model: torch.nn.Module, mesh: Mesh, rank: int,
-                 tp_group=None, gen_tp_group=None, check: bool = True):
+    def __init__(
+        self,
+        train_model: torch.nn.Module,
+        gen_model: torch.nn.Module,
+        mesh: Mesh,
+        rank: int,
+        tp_group=None,
+        gen_tp_group=None,
+        check: bool = True,
+    ):
         if mesh.pp != 1:
             raise NotImplementedError(f"HybridEngine: pipeline parallelism is not built yet (mesh {mesh}); use pp=1")
         self.mesh, self.rank, self.check = mesh, rank, check
         # The generation piece holds the training piece: hybridflow, or vanilla with nothing to
         # change (the generation layout is the training layout).
-        self.aliases = mesh.transition == "hybridflow" or (mesh.transition == "vanilla" and (mesh.gen_tp or mesh.tp) == mesh.tp)
+        self.aliases = mesh.transition == "hybridflow" or (
+            mesh.transition == "vanilla" and (mesh.gen_tp or mesh.tp) == mesh.tp
+        )
         self.tp_group, self.gen_tp_group = tp_group, gen_tp_group
         self.pairs = self._pair(train_model, gen_model)
         # Every rank forms every gather group, in the same order (new_group is collective).
@@ -151,7 +161,9 @@ class HybridEngine:
             column = gathered[:, offset : offset + part.numel()]  # every member's part of this weight
             offset += part.numel()
             if self.mesh.transition == "deepspeed_chat":  # ranks are (dp, tp): regroup to (tp, dp)
-                pieces = column.reshape(self.mesh.dp, self.mesh.tp, -1).transpose(0, 1).reshape(self.mesh.tp, *piece.shape)
+                pieces = (
+                    column.reshape(self.mesh.dp, self.mesh.tp, -1).transpose(0, 1).reshape(self.mesh.tp, *piece.shape)
+                )
             else:
                 pieces = column.reshape(size, *piece.shape)
             whole = pieces.reshape(-1, *piece.shape[1:]) if dim == 0 else torch.cat(pieces.unbind(0), dim=dim)
@@ -168,7 +180,9 @@ class HybridEngine:
             return piece.reshape(-1)
         d = self.mesh.dp
         if piece.numel() % d:
-            raise ValueError(f"deepspeed_chat transition: a piece of {piece.numel()} elements does not split over dp={d}")
+            raise ValueError(
+                f"deepspeed_chat transition: a piece of {piece.numel()} elements does not split over dp={d}"
+            )
         return piece.reshape(-1).chunk(d)[self.mesh.coord(self.rank).dp]
 
     def _all_gather(self, flat: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,20 @@ from workbench.models.load import (
 from workbench.models.tiny import SIZES, TinySize, count_parameters, make_tiny, tiny_config, train_tokenizer
 
 __all__ = [
-    "SIZES", "LoadConfig", "LoadedModel", "ModelLoadError", "TinySize", "check_causal_lm",
-    "count_parameters", "ensure_pad_token", "load", "load_config", "load_tokenizer", "make_tiny",
-    "resolve_dtype", "save", "tiny_config", "train_tokenizer",
+    "SIZES",
+    "LoadConfig",
+    "LoadedModel",
+    "ModelLoadError",
+    "TinySize",
+    "check_causal_lm",
+    "count_parameters",
+    "ensure_pad_token",
+    "load",
+    "load_config",
+    "load_tokenizer",
+    "make_tiny",
+    "resolve_dtype",
+    "save",
+    "tiny_config",
+    "train_tokenizer",
 ]

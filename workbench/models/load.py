@@ -57,10 +57,12 @@ class LoadConfig:
 
     def __post_init__(self):
         if not isinstance(self.dtype, torch.dtype):
-            checks.one_of("LoadConfig", "dtype", self.dtype, ("auto", *DTYPES),
-                          fix=f"use 'auto' or one of {sorted(DTYPES)}")
-        checks.one_of("LoadConfig", "pad_token", self.pad_token, ("eos", "refuse"),
-                      fix="use 'eos' (reuse eos as pad) or 'refuse'")
+            checks.one_of(
+                "LoadConfig", "dtype", self.dtype, ("auto", *DTYPES), fix=f"use 'auto' or one of {sorted(DTYPES)}"
+            )
+        checks.one_of(
+            "LoadConfig", "pad_token", self.pad_token, ("eos", "refuse"), fix="use 'eos' (reuse eos as pad) or 'refuse'"
+        )
         if not isinstance(self.device, str) or not self.device:
             raise ConfigError("LoadConfig.device", self.device, "use a device name such as 'cpu' or 'cuda'")
         checks.of_type("LoadConfig", "compile", self.compile, bool, "use True or False")
@@ -105,9 +107,12 @@ def check_compiled_training(owner: str, cfg: LoadConfig, backend: str, zero_stag
     """Compiled training forwards are wired for DeepSpeed ZeRO-1/2, whose engine calls the
     module as it is; FSDP2, ZeRO-3 and tensor parallelism hook into the forward itself."""
     if cfg.compile and not (backend == "deepspeed" and zero_stage < 3):
-        raise ConfigError(f"{owner}.load.compile", True,
-                          f"compiled training runs with backend='deepspeed' and zero_stage 1 or 2 (here backend="
-                          f"{backend!r}, zero_stage={zero_stage}); use that backend, or compile=False")
+        raise ConfigError(
+            f"{owner}.load.compile",
+            True,
+            f"compiled training runs with backend='deepspeed' and zero_stage 1 or 2 (here backend="
+            f"{backend!r}, zero_stage={zero_stage}); use that backend, or compile=False",
+        )
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: str = "cpu") -> torch.dtype:
@@ -256,8 +261,9 @@ POSITION_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_lengt
 _checked: dict[tuple, int | None] = {}
 
 
-def check_model_dir(path: str | os.PathLike, field: str, head: Literal["causal", "value"] = "causal",
-                    trust_remote_code: bool = False) -> int | None:
+def check_model_dir(
+    path: str | os.PathLike, field: str, head: Literal["causal", "value"] = "causal", trust_remote_code: bool = False
+) -> int | None:
     """On the driver, in well under a second: `path` exists, is a decoder-only causal LM (a
     saved value model of one, for head="value"), and holds its tokenizer. Returns the model's
     position limit (None when its config names none). `field` names the setting in errors."""
@@ -303,7 +309,9 @@ def check_model_dir(path: str | os.PathLike, field: str, head: Literal["causal",
             f"{field}={str(path)!r} has no tokenizer (none of {list(TOKENIZER_FILES)}); save it "
             f"next to the weights with tokenizer.save_pretrained(dir)."
         )
-    limit = next((getattr(config, name) for name in POSITION_FIELDS if isinstance(getattr(config, name, None), int)), None)
+    limit = next(
+        (getattr(config, name) for name in POSITION_FIELDS if isinstance(getattr(config, name, None), int)), None
+    )
     _checked[stamp] = limit
     return limit
 

@@ -14,7 +14,14 @@ import warnings
 
 import torch
 
-from workbench.models.load import LoadConfig, LoadedModel, ModelLoadError, check_directory, load_tokenizer, resolve_dtype
+from workbench.models.load import (
+    LoadConfig,
+    LoadedModel,
+    ModelLoadError,
+    check_directory,
+    load_tokenizer,
+    resolve_dtype,
+)
 
 
 def load_value_model(path: str | os.PathLike, cfg: LoadConfig | None = None) -> LoadedModel:

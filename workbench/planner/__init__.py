@@ -22,29 +22,73 @@ from workbench.planner.automap import AutoMapper, automap, compositions, d_cost,
 from workbench.planner.clusters import cluster_preset, cluster_presets
 from workbench.planner.dataflow import Call, Dataflow
 from workbench.planner.derive import DeriveError, dataflow_preset, derive_dataflow
-from workbench.planner.errors import (ModelDoesNotFitError, NoFeasiblePlanError, NoMeshError,
-                                      PlannerError, UnknownPresetError)
-from workbench.planner.execution import (Evaluation, ExecutionPlan, DeviceMesh, PlanEvaluator, mesh,
-                                         valid_meshes)
+from workbench.planner.errors import (
+    ModelDoesNotFitError,
+    NoFeasiblePlanError,
+    NoMeshError,
+    PlannerError,
+    UnknownPresetError,
+)
+from workbench.planner.execution import Evaluation, ExecutionPlan, DeviceMesh, PlanEvaluator, mesh, valid_meshes
 from workbench.planner.memory import MemoryBreakdown, static_memory
 from workbench.planner.placement import ColocatedSet, ModelAssignment
 from workbench.planner.plan import Plan
 from workbench.planner.report import GanttBar, execution_gantt, execution_table
 from workbench.planner.schedule import Schedule, TaskGraph, time_cost
-from workbench.planner.search import (Convergence, PlanSpace, SearchResult, exhaustive, mcmc,
-                                      multi_chain, search)
+from workbench.planner.search import Convergence, PlanSpace, SearchResult, exhaustive, mcmc, multi_chain, search
 from workbench.planner.simulator import Simulator
 from workbench.planner.specs import MODEL_PRESETS, ClusterSpec, ModelSpec, Workload, model_preset
 from workbench.planner.strategy import deprecated_parallel_strategy, strategies
 
 __all__ = [
-    "AutoMapper", "Call", "Convergence", "ClusterSpec", "ColocatedSet", "Dataflow", "DeriveError", "Evaluation",
-    "ExecutionPlan", "GanttBar", "MODEL_PRESETS", "MemoryBreakdown", "DeviceMesh", "ModelAssignment",
-    "ModelDoesNotFitError", "ModelSpec", "NoFeasiblePlanError", "NoMeshError",
-    "Plan", "PlanEvaluator", "PlanSpace", "PlannerError", "Schedule",
-    "SearchResult", "Simulator", "TaskGraph", "UnknownPresetError", "Workload", "automap",
-    "cluster_preset", "cluster_presets", "compositions", "d_cost", "dataflow_preset", "derive_dataflow",
-    "execution_gantt", "execution_table", "exhaustive", "mcmc", "mesh", "multi_chain", "model_preset", "search", "set_partitions", "static_memory", "strategies", "time_cost", "valid_meshes",
+    "AutoMapper",
+    "Call",
+    "Convergence",
+    "ClusterSpec",
+    "ColocatedSet",
+    "Dataflow",
+    "DeriveError",
+    "Evaluation",
+    "ExecutionPlan",
+    "GanttBar",
+    "MODEL_PRESETS",
+    "MemoryBreakdown",
+    "DeviceMesh",
+    "ModelAssignment",
+    "ModelDoesNotFitError",
+    "ModelSpec",
+    "NoFeasiblePlanError",
+    "NoMeshError",
+    "Plan",
+    "PlanEvaluator",
+    "PlanSpace",
+    "PlannerError",
+    "Schedule",
+    "SearchResult",
+    "Simulator",
+    "TaskGraph",
+    "UnknownPresetError",
+    "Workload",
+    "automap",
+    "cluster_preset",
+    "cluster_presets",
+    "compositions",
+    "d_cost",
+    "dataflow_preset",
+    "derive_dataflow",
+    "execution_gantt",
+    "execution_table",
+    "exhaustive",
+    "mcmc",
+    "mesh",
+    "multi_chain",
+    "model_preset",
+    "search",
+    "set_partitions",
+    "static_memory",
+    "strategies",
+    "time_cost",
+    "valid_meshes",
 ]
 
 

@@ -23,9 +23,16 @@ from typing import Iterator, Sequence
 from workbench.controller.mesh import Mesh
 from workbench.planner.dataflow import Dataflow
 from workbench.planner.errors import ModelDoesNotFitError, NoFeasiblePlanError, PlannerError
-from workbench.planner.memory import (MemoryBreakdown, Transition, generation_memory,
-                                      inference_activations, kv_bytes_per_sequence, static_memory,
-                                      train_activations, transition)
+from workbench.planner.memory import (
+    MemoryBreakdown,
+    Transition,
+    generation_memory,
+    inference_activations,
+    kv_bytes_per_sequence,
+    static_memory,
+    train_activations,
+    transition,
+)
 from workbench.planner.placement import ColocatedSet, ModelAssignment, pack_sets, span
 from workbench.planner.plan import Plan
 from workbench.planner.simulator import INF, Simulator
@@ -43,7 +50,7 @@ def set_partitions(items: Sequence[str]) -> Iterator[tuple[tuple[str, ...], ...]
     for part in set_partitions(rest):
         yield ((first,),) + part
         for i in range(len(part)):
-            yield part[:i] + ((first,) + part[i],) + part[i + 1:]
+            yield part[:i] + ((first,) + part[i],) + part[i + 1 :]
 
 
 def compositions(total: int, minimums: Sequence[int]) -> Iterator[tuple[int, ...]]:
@@ -104,15 +111,24 @@ class _Layout:
 class AutoMapper:
     """Holds the caches of one auto-mapping run; `run()` returns the best Plan."""
 
-    def __init__(self, dataflow: Dataflow, specs: dict[str, ModelSpec], workload: Workload,
-                 cluster: ClusterSpec, max_tp: int | None = None, max_pp: int | None = None,
-                 allocation: str | None = None):
+    def __init__(
+        self,
+        dataflow: Dataflow,
+        specs: dict[str, ModelSpec],
+        workload: Workload,
+        cluster: ClusterSpec,
+        max_tp: int | None = None,
+        max_pp: int | None = None,
+        allocation: str | None = None,
+    ):
         self.flow, self.specs, self.wl, self.cluster = dataflow, specs, workload, cluster
         self.max_tp, self.max_pp = max_tp, max_pp
         self.allocation = allocation or cluster.allocation
         if self.allocation not in ("aligned", "free"):
-            raise ValueError(f"allocation={self.allocation!r}: use 'aligned' (whole machines or "
-                             f"power-of-two slices of one) or 'free' (any device count)")
+            raise ValueError(
+                f"allocation={self.allocation!r}: use 'aligned' (whole machines or "
+                f"power-of-two slices of one) or 'free' (any device count)"
+            )
         self.sim = Simulator(cluster, workload)
         self.level = dataflow.levels()
         self.n_levels = dataflow.n_levels
@@ -136,8 +152,15 @@ class AutoMapper:
             if s.tp > (self.max_tp or s.tp) or s.pp > (self.max_pp or s.pp):
                 continue
             times = {c.name: self.sim.call_time(c, spec, s, trained=trained) for c in calls}
-            act = max([train_activations(spec, s, self.wl) if c.kind == "train" else
-                       inference_activations(spec, s, self.wl) for c in calls], default=0.0)
+            act = max(
+                [
+                    train_activations(spec, s, self.wl)
+                    if c.kind == "train"
+                    else inference_activations(spec, s, self.wl)
+                    for c in calls
+                ],
+                default=0.0,
+            )
             static = static_memory(spec, s, trained, self.wl.param_sharding)
             if not gen_calls:
                 out.append(_Layout(s, None, static, act, times, sum(times.values())))
@@ -145,8 +168,11 @@ class AutoMapper:
             for g in generation_strategies(s):
                 if g.tp > (self.max_tp or g.tp) or g.pp > (self.max_pp or g.pp):
                     continue
-                bound = sum(times.values()) + self.sim.reshard_time(spec, s, g) + sum(
-                    self.sim.generate(spec, g, batch_factor=c.batch_factor) for c in gen_calls)
+                bound = (
+                    sum(times.values())
+                    + self.sim.reshard_time(spec, s, g)
+                    + sum(self.sim.generate(spec, g, batch_factor=c.batch_factor) for c in gen_calls)
+                )
                 out.append(_Layout(s, g, static, act, times, bound))
         if not gen_calls:
             out = _pareto(out)
@@ -163,19 +189,19 @@ class AutoMapper:
         for c in self.flow.calls_of(model):
             if c.kind != "generate":
                 continue
-            gm = generation_memory(spec, s, g, self.wl, layout.static.params, free,
-                                   self.wl.transition, c.batch_factor)
+            gm = generation_memory(spec, s, g, self.wl, layout.static.params, free, self.wl.transition, c.batch_factor)
             if gm is None:
                 return None
             batch = math.ceil(self.wl.sequences * c.batch_factor / g.dp)
-            times[c.name] = self.sim.generate_waves(spec, g, batch, gm.concurrency) \
-                + (self.sim.reshard_time(spec, s, g) if first else 0.0)
+            times[c.name] = self.sim.generate_waves(spec, g, batch, gm.concurrency) + (
+                self.sim.reshard_time(spec, s, g) if first else 0.0
+            )
             first = False
             if gm.dynamic > dyn.total:
-                dyn = MemoryBreakdown(kv_cache=gm.dynamic - gm.extra_params
-                                      if gm.dynamic > gm.peak_extra else 0.0,
-                                      extra_params=gm.extra_params
-                                      if gm.dynamic > gm.peak_extra else gm.peak_extra)
+                dyn = MemoryBreakdown(
+                    kv_cache=gm.dynamic - gm.extra_params if gm.dynamic > gm.peak_extra else 0.0,
+                    extra_params=gm.extra_params if gm.dynamic > gm.peak_extra else gm.peak_extra,
+                )
         return ModelChoice(s, g, times, layout.static, dyn, gm.transition if gm else None)
 
     # --- colocated sets ------------------------------------------------------------------------
@@ -192,19 +218,22 @@ class AutoMapper:
         q = self.cluster.device_memory
         gens = [m for m in models if self.flow.generates(m)]
         if len(gens) > 1:
-            raise PlannerError(f"colocated set {'+'.join(models)}: more than one generating "
-                               f"model ({gens}); the planner handles one per set")
+            raise PlannerError(
+                f"colocated set {'+'.join(models)}: more than one generating "
+                f"model ({gens}); the planner handles one per set"
+            )
         plain = [m for m in models if m not in gens]
-        best = None   # (total time, {model: ModelChoice}, peak)
+        best = None  # (total time, {model: ModelChoice}, peak)
         for combo in itertools.product(*(self.layouts(m, n) for m in plain)):
             s_o = sum(o.static.total for o in combo)
             d_o = max((o.activations for o in combo), default=0.0)
             t_o = sum(o.bound for o in combo)
             if s_o + d_o > q or (best is not None and t_o >= best[0]):
                 continue
-            choices = {m: ModelChoice(o.strategy, None, dict(o.times), o.static,
-                                      MemoryBreakdown(activations=o.activations))
-                       for m, o in zip(plain, combo)}
+            choices = {
+                m: ModelChoice(o.strategy, None, dict(o.times), o.static, MemoryBreakdown(activations=o.activations))
+                for m, o in zip(plain, combo)
+            }
             if not gens:
                 best = (t_o, choices, s_o + d_o)
                 continue
@@ -256,8 +285,7 @@ class AutoMapper:
                     if o.generation is not None:  # the switch's peak and one sequence of KV
                         t = transition(spec, o.strategy, o.generation, self.wl.transition)
                         kv = kv_bytes_per_sequence(spec, o.generation, self.wl)
-                        dyn = max(dyn, max(t.peak_params, t.resident_params + kv)
-                                  - o.static.params)
+                        dyn = max(dyn, max(t.peak_params, t.resident_params + kv) - o.static.params)
                     need = min(need, o.static.total + dyn)
                 raise ModelDoesNotFitError(m, spec.describe(), n, need, q)
 
@@ -269,7 +297,7 @@ class AutoMapper:
         n = self.cluster.n_devices
         self.check_each_model_fits()
         best, n_alloc, n_place = None, 0, 0
-        for placement in (placements if placements is not None else set_partitions(self.flow.models)):
+        for placement in placements if placements is not None else set_partitions(self.flow.models):
             n_place += 1
             mins = [self.min_devices(p, n) for p in placement]
             if any(m is None for m in mins) or sum(mins) > n:
@@ -285,11 +313,18 @@ class AutoMapper:
             raise NoFeasiblePlanError(
                 f"every model fits on its own, but no placement fits all of "
                 f"{list(self.flow.models)} on {n} devices together; least devices per model "
-                f"alone: {floors}. Use more devices or smaller models/micro-batches.")
-        return self._build(best, {"placements": n_place, "allocations": n_alloc,
-                                  "seconds": time.perf_counter() - t0,
-                                  "allocation_policy": self.allocation,
-                                  "strategy_cache": len(self._layouts)})
+                f"alone: {floors}. Use more devices or smaller models/micro-batches."
+            )
+        return self._build(
+            best,
+            {
+                "placements": n_place,
+                "allocations": n_alloc,
+                "seconds": time.perf_counter() - t0,
+                "allocation_policy": self.allocation,
+                "strategy_cache": len(self._layouts),
+            },
+        )
 
     def _table(self, models: tuple[str, ...], lo: int, hi: int) -> dict[int, tuple]:
         """{device count: (level costs, devices used)} of a set. Free allocation keeps the best
@@ -300,8 +335,7 @@ class AutoMapper:
             if k < lo:
                 continue
             r = self.set_cost(models, k)
-            if r is not None and (self.allocation == "aligned" or best is None
-                                  or sum(r[0]) < sum(best[0])):
+            if r is not None and (self.allocation == "aligned" or best is None or sum(r[0]) < sum(best[0])):
                 best = (r[0], k)
             if self.allocation == "aligned":
                 if r is not None:
@@ -331,8 +365,7 @@ class AutoMapper:
                 continue
             count += 1
             cost = d_cost([t[a][0] for t, a in zip(tables, alloc)])
-            if (best is None or cost < best[0]) and \
-                    pack_aligned(list(alloc), u, self.cluster.n_nodes) is not None:
+            if (best is None or cost < best[0]) and pack_aligned(list(alloc), u, self.cluster.n_nodes) is not None:
                 best = (cost, alloc)
         return best, count
 
@@ -357,22 +390,20 @@ class AutoMapper:
             for m in models:
                 c = choices[m]
                 call_times.update(c.call_times)
-                assigns[m] = ModelAssignment(m, self.specs[m], c.strategy, c.generation,
-                                             c.static + c.dynamic, c.transition)
-            sets.append(ColocatedSet("+".join(models), models, first, alloc[i], counts, nodes,
-                                     assigns, peak))
+                assigns[m] = ModelAssignment(
+                    m, self.specs[m], c.strategy, c.generation, c.static + c.dynamic, c.transition
+                )
+            sets.append(ColocatedSet("+".join(models), models, first, alloc[i], counts, nodes, assigns, peak))
         sets.sort(key=lambda s: s.first_device)
         stats["idle_devices"] = self.cluster.n_devices - sum(alloc)
-        return Plan(self.flow, self.cluster, self.wl, tuple(sets), call_times, tuple(levels),
-                    cost, stats)
+        return Plan(self.flow, self.cluster, self.wl, tuple(sets), call_times, tuple(levels), cost, stats)
 
 
 def _pareto(layouts: list[_Layout]) -> list[_Layout]:
     """Layouts not beaten by another in static memory, activations and time together."""
     keep = []
     for o in sorted(layouts, key=lambda o: (o.bound, o.static.total, o.activations)):
-        if not any(k.static.total <= o.static.total and k.activations <= o.activations
-                   for k in keep):
+        if not any(k.static.total <= o.static.total and k.activations <= o.activations for k in keep):
             keep.append(o)
     return keep
 
@@ -382,41 +413,48 @@ def pack_aligned(sizes: list[int], devices_per_node: int, n_nodes: int) -> list[
     machines, smaller sets at offsets that are multiples of their size inside one machine
     (largest first). None if they do not fit."""
     u = devices_per_node
-    free = [u] * n_nodes          # free devices per machine (filled from its start)
+    free = [u] * n_nodes  # free devices per machine (filled from its start)
     used = [[False] * u for _ in range(n_nodes)]
     firsts: list[int | None] = [None] * len(sizes)
     for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
         k = sizes[i]
         if k >= u:
             whole = k // u
-            start = next((j for j in range(n_nodes - whole + 1)
-                          if all(free[x] == u for x in range(j, j + whole))), None)
+            start = next(
+                (j for j in range(n_nodes - whole + 1) if all(free[x] == u for x in range(j, j + whole))), None
+            )
             if start is None:
                 return None
             for x in range(start, start + whole):
                 free[x], used[x] = 0, [True] * u
             firsts[i] = start * u
             continue
-        spot = next(((j, o) for j in range(n_nodes) for o in range(0, u, k)
-                     if not any(used[j][o:o + k])), None)
+        spot = next(((j, o) for j in range(n_nodes) for o in range(0, u, k) if not any(used[j][o : o + k])), None)
         if spot is None:
             return None
         j, o = spot
-        used[j][o:o + k] = [True] * k
+        used[j][o : o + k] = [True] * k
         free[j] -= k
         firsts[i] = j * u + o
     return firsts
 
 
-def automap(dataflow: Dataflow, models: ModelSpec | str | dict, workload: Workload,
-            cluster: ClusterSpec, max_tp: int | None = None, max_pp: int | None = None,
-            allocation: str | None = None,
-            placements: Sequence[tuple[tuple[str, ...], ...]] | None = None) -> Plan:
+def automap(
+    dataflow: Dataflow,
+    models: ModelSpec | str | dict,
+    workload: Workload,
+    cluster: ClusterSpec,
+    max_tp: int | None = None,
+    max_pp: int | None = None,
+    allocation: str | None = None,
+    placements: Sequence[tuple[tuple[str, ...], ...]] | None = None,
+) -> Plan:
     """HybridFlow auto-mapping: the placement, allocation and per-model layouts with the
     lowest estimated iteration time. `models` is one spec/preset name for every role or a
     dict role -> spec/preset. `max_tp` / `max_pp` bound the layouts to what the workers that
     will run the plan implement (`max_tp=1, max_pp=1`: data parallelism only). `allocation`
     overrides the cluster's default device split ("aligned" ReaLHF meshes or "free");
     `placements` restricts the search to the given set partitions."""
-    return AutoMapper(dataflow, dataflow.model_specs(models), workload, cluster, max_tp, max_pp,
-                      allocation).run(placements)
+    return AutoMapper(dataflow, dataflow.model_specs(models), workload, cluster, max_tp, max_pp, allocation).run(
+        placements
+    )

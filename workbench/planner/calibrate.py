@@ -41,10 +41,9 @@ ONE = Mesh(1, 1, 1)
 # a model do not beat the peak GEMM they are measured against (1.25 leaves room for noise in
 # that one measurement); decoding reads weights and KV cache from caches as well as memory,
 # so it may reach a few times the streaming-copy rate, not 1000 times.
-EFFICIENCY_BOUNDS = {"train_efficiency": 1.25, "inference_efficiency": 1.25,
-                     "bandwidth_efficiency": 4.0}
+EFFICIENCY_BOUNDS = {"train_efficiency": 1.25, "inference_efficiency": 1.25, "bandwidth_efficiency": 4.0}
 DEFAULT_PATH = Path(".cache/planner/local-calibration.json")
-CPU_DTYPE_BYTES = 4   # the workers compute and communicate in fp32 on a CPU
+CPU_DTYPE_BYTES = 4  # the workers compute and communicate in fp32 on a CPU
 
 
 @dataclass(frozen=True)
@@ -67,10 +66,15 @@ class Timing:
     """Measured median."""
 
     def workload(self) -> Workload:
-        return Workload(global_batch=self.batch, prompt_len=self.prompt_len,
-                        response_len=self.response_len, ppo_epochs=1,
-                        ppo_mini_batches=self.mini_batches,
-                        micro_batch_size=self.micro_batch_size, recompute=False)
+        return Workload(
+            global_batch=self.batch,
+            prompt_len=self.prompt_len,
+            response_len=self.response_len,
+            ppo_epochs=1,
+            ppo_mini_batches=self.mini_batches,
+            micro_batch_size=self.micro_batch_size,
+            recompute=False,
+        )
 
     def predict(self, cluster: ClusterSpec) -> float:
         """The simulator's time for this call on `cluster`."""
@@ -132,26 +136,40 @@ class Calibration:
     def cluster(self, n_nodes: int = 1, devices_per_node: int = 4) -> ClusterSpec:
         """The `local` preset with these figures."""
         return ClusterSpec(
-            "local", n_nodes, devices_per_node, device_memory=self.device_memory,
-            peak_flops=self.peak_flops, train_efficiency=self.train_efficiency,
+            "local",
+            n_nodes,
+            devices_per_node,
+            device_memory=self.device_memory,
+            peak_flops=self.peak_flops,
+            train_efficiency=self.train_efficiency,
             inference_efficiency=self.inference_efficiency,
             memory_bandwidth=self.memory_bandwidth,
             bandwidth_efficiency=self.bandwidth_efficiency,
             intra_node_bandwidth=self.intra_node_bandwidth,
-            inter_node_bandwidth=self.intra_node_bandwidth, comm_efficiency=1.0,
-            collective_latency=self.collective_latency, step_overhead=self.step_overhead,
-            train_overhead=self.train_overhead, inference_overhead=self.inference_overhead,
-            kernel_latency=self.kernel_latency, call_overhead=self.call_overhead,
+            inter_node_bandwidth=self.intra_node_bandwidth,
+            comm_efficiency=1.0,
+            collective_latency=self.collective_latency,
+            step_overhead=self.step_overhead,
+            train_overhead=self.train_overhead,
+            inference_overhead=self.inference_overhead,
+            kernel_latency=self.kernel_latency,
+            call_overhead=self.call_overhead,
             driver_bandwidth=self.driver_bandwidth,
-            cores_per_node=self.cores, dtype_bytes=CPU_DTYPE_BYTES, decode_overlap=False, calibrated=True,
+            cores_per_node=self.cores,
+            dtype_bytes=CPU_DTYPE_BYTES,
+            decode_overlap=False,
+            calibrated=True,
             note=f"calibrated on this machine ({self.machine.get('cpu_count', '?')} cores, "
-                 f"load {self.machine.get('loadavg', '?')})")
+            f"load {self.machine.get('loadavg', '?')})",
+        )
 
     def residuals(self) -> list[tuple[str, float, float]]:
         """(label, measured s, predicted s) of every profiled call under the fit."""
         c = self.cluster()
-        return [(f"{t.kind} {t.model.name} b{t.batch} p{t.prompt_len} r{t.response_len}",
-                 t.seconds, t.predict(c)) for t in self.timings]
+        return [
+            (f"{t.kind} {t.model.name} b{t.batch} p{t.prompt_len} r{t.response_len}", t.seconds, t.predict(c))
+            for t in self.timings
+        ]
 
     # ---- persistence -------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -172,23 +190,30 @@ class Calibration:
 def load_calibration(path: str | Path = DEFAULT_PATH) -> Calibration:
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"no calibration at {path}; run `python bench/calibration.py` "
-                                f"(or workbench.planner.profiler.calibrate) to make one")
+        raise FileNotFoundError(
+            f"no calibration at {path}; run `python bench/calibration.py` "
+            f"(or workbench.planner.profiler.calibrate) to make one"
+        )
     return Calibration.from_dict(json.loads(path.read_text()))
 
 
 # ---- fitting -------------------------------------------------------------------------------------
-def fit_piecewise_linear(predict: Callable[[np.ndarray], np.ndarray], measured: np.ndarray,
-                         starts: list[np.ndarray], rounds: int = 30,
-                         lower: np.ndarray | None = None) -> np.ndarray:
+def fit_piecewise_linear(
+    predict: Callable[[np.ndarray], np.ndarray],
+    measured: np.ndarray,
+    starts: list[np.ndarray],
+    rounds: int = 30,
+    lower: np.ndarray | None = None,
+) -> np.ndarray:
     """Least squares in relative error of `predict(x) ≈ measured`, x >= lower (default 0),
     for a predict that is linear in x within each branch: Gauss-Newton with exact
     finite-difference columns and bounded solves, from each start; the best fit wins
     (branches make it non-convex)."""
     if lower is not None and np.any(lower > 0):
         lo = np.asarray(lower, dtype=float)
-        y = fit_piecewise_linear(lambda y: predict(y + lo), measured,
-                                 [np.maximum(x0 - lo, 0.0) + 1e-3 * lo for x0 in starts], rounds)
+        y = fit_piecewise_linear(
+            lambda y: predict(y + lo), measured, [np.maximum(x0 - lo, 0.0) + 1e-3 * lo for x0 in starts], rounds
+        )
         return y + lo
     w = 1.0 / np.asarray(measured, dtype=float)
 
@@ -231,24 +256,29 @@ def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray, keep: np.ndarray) -> np.nda
     return x
 
 
-def fit_compute(timings: list[Timing], peak_flops: float, memory_bandwidth: float,
-                kernel_latency: float = 0.0) -> tuple[float, float, float, float, float, float]:
+def fit_compute(
+    timings: list[Timing], peak_flops: float, memory_bandwidth: float, kernel_latency: float = 0.0
+) -> tuple[float, float, float, float, float, float]:
     """(train_efficiency, inference_efficiency, bandwidth_efficiency, step_overhead,
     train_overhead, inference_overhead) minimising relative error."""
     kinds = {t.kind for t in timings}
     if not {"train", "inference"} <= kinds:
         raise ValueError(f"calibration needs train and inference timings; got {sorted(kinds)}")
-    base = dataclasses.replace(_placeholder(peak_flops, memory_bandwidth),
-                               kernel_latency=kernel_latency)
+    base = dataclasses.replace(_placeholder(peak_flops, memory_bandwidth), kernel_latency=kernel_latency)
 
     def cluster_of(x):
         a, b, m, o, t, i = x
         # (s/FLOP train and inference, s/byte decoding, s per forward, s per training and per
         # inference micro-batch)
-        return dataclasses.replace(base, train_efficiency=1 / (a * peak_flops),
-                                   inference_efficiency=1 / (b * peak_flops),
-                                   bandwidth_efficiency=1 / (m * memory_bandwidth),
-                                   step_overhead=o, train_overhead=t, inference_overhead=i)
+        return dataclasses.replace(
+            base,
+            train_efficiency=1 / (a * peak_flops),
+            inference_efficiency=1 / (b * peak_flops),
+            bandwidth_efficiency=1 / (m * memory_bandwidth),
+            step_overhead=o,
+            train_overhead=t,
+            inference_overhead=i,
+        )
 
     def predict(x):
         c = cluster_of(x)
@@ -256,15 +286,27 @@ def fit_compute(timings: list[Timing], peak_flops: float, memory_bandwidth: floa
 
     measured = np.array([t.seconds for t in timings])
     # Starts from compute-bound to memory-bound decoding.
-    starts = [np.array([2 / peak_flops, 2 / peak_flops, k / memory_bandwidth, 1e-3, 1e-3, 1e-3])
-              for k in (1, 4, 16)]
+    starts = [np.array([2 / peak_flops, 2 / peak_flops, k / memory_bandwidth, 1e-3, 1e-3, 1e-3]) for k in (1, 4, 16)]
     b = EFFICIENCY_BOUNDS
-    lower = np.array([1 / (b["train_efficiency"] * peak_flops),
-                      1 / (b["inference_efficiency"] * peak_flops),
-                      1 / (b["bandwidth_efficiency"] * memory_bandwidth), 0.0, 0.0, 0.0])
+    lower = np.array(
+        [
+            1 / (b["train_efficiency"] * peak_flops),
+            1 / (b["inference_efficiency"] * peak_flops),
+            1 / (b["bandwidth_efficiency"] * memory_bandwidth),
+            0.0,
+            0.0,
+            0.0,
+        ]
+    )
     c = cluster_of(fit_piecewise_linear(predict, measured, starts, lower=lower))
-    return (c.train_efficiency, c.inference_efficiency, c.bandwidth_efficiency, c.step_overhead,
-            c.train_overhead, c.inference_overhead)
+    return (
+        c.train_efficiency,
+        c.inference_efficiency,
+        c.bandwidth_efficiency,
+        c.step_overhead,
+        c.train_overhead,
+        c.inference_overhead,
+    )
 
 
 def fit_collectives(samples: list[CollectiveTiming]) -> tuple[float, float]:
@@ -289,24 +331,61 @@ def fit_cores(slowdown: dict[int, float]) -> float:
     return float(grid[int(np.argmin(err))])
 
 
-def fit(timings: list[Timing], collectives: list[CollectiveTiming], *, peak_flops: float,
-        memory_bandwidth: float, slowdown: dict[int, float], device_memory: float = 4 * GIB,
-        machine: dict | None = None, kernel_latency: float = 0.0,
-        call_overhead: float = 0.0, driver_bandwidth: float = float("inf")) -> Calibration:
+def fit(
+    timings: list[Timing],
+    collectives: list[CollectiveTiming],
+    *,
+    peak_flops: float,
+    memory_bandwidth: float,
+    slowdown: dict[int, float],
+    device_memory: float = 4 * GIB,
+    machine: dict | None = None,
+    kernel_latency: float = 0.0,
+    call_overhead: float = 0.0,
+    driver_bandwidth: float = float("inf"),
+) -> Calibration:
     """All fitted figures as one Calibration (kernel latency and call overhead as measured)."""
     train_eff, inf_eff, bw_eff, overhead, train_overhead, inference_overhead = fit_compute(
-        timings, peak_flops, memory_bandwidth, kernel_latency)
+        timings, peak_flops, memory_bandwidth, kernel_latency
+    )
     bw, lat = fit_collectives(collectives)
-    return Calibration(peak_flops, train_eff, inf_eff, overhead, memory_bandwidth, bw_eff, bw, lat,
-                       fit_cores(slowdown), device_memory, list(timings), list(collectives),
-                       dict(machine or {}, slowdown={str(k): v for k, v in slowdown.items()}),
-                       kernel_latency, call_overhead, driver_bandwidth, train_overhead, inference_overhead)
+    return Calibration(
+        peak_flops,
+        train_eff,
+        inf_eff,
+        overhead,
+        memory_bandwidth,
+        bw_eff,
+        bw,
+        lat,
+        fit_cores(slowdown),
+        device_memory,
+        list(timings),
+        list(collectives),
+        dict(machine or {}, slowdown={str(k): v for k, v in slowdown.items()}),
+        kernel_latency,
+        call_overhead,
+        driver_bandwidth,
+        train_overhead,
+        inference_overhead,
+    )
 
 
 def _placeholder(peak_flops: float, memory_bandwidth: float) -> ClusterSpec:
-    return ClusterSpec("fit", 1, 1, device_memory=math.inf, peak_flops=peak_flops,
-                       train_efficiency=1.0, inference_efficiency=1.0,
-                       memory_bandwidth=memory_bandwidth, bandwidth_efficiency=1.0,
-                       intra_node_bandwidth=1e12, inter_node_bandwidth=1e12,
-                       comm_efficiency=1.0, collective_latency=0.0, dtype_bytes=CPU_DTYPE_BYTES,
-                       decode_overlap=False)
+    return ClusterSpec(
+        "fit",
+        1,
+        1,
+        device_memory=math.inf,
+        peak_flops=peak_flops,
+        train_efficiency=1.0,
+        inference_efficiency=1.0,
+        memory_bandwidth=memory_bandwidth,
+        bandwidth_efficiency=1.0,
+        intra_node_bandwidth=1e12,
+        inter_node_bandwidth=1e12,
+        comm_efficiency=1.0,
+        collective_latency=0.0,
+        dtype_bytes=CPU_DTYPE_BYTES,
+        decode_overlap=False,
+    )

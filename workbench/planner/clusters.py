@@ -22,39 +22,63 @@ from workbench.planner.specs import GIB, ClusterSpec
 #     (nccl-tests all_reduce_perf, 8 x A100, 8 B - 64 KiB: ~15-25 us);
 #   step_overhead 2 ms: per decoding step/forward outside kernels (sampling, scheduling,
 #     Python): an assumption of the order of an inference engine's CPU time per step.
-_GPU_LATENCIES = dict(kernel_latency=5e-6, collective_latency=20e-6, step_overhead=2e-3,
-                      allocation="aligned")
+_GPU_LATENCIES = dict(kernel_latency=5e-6, collective_latency=20e-6, step_overhead=2e-3, allocation="aligned")
 _GPU_LATENCY_NOTE = "kernel 5 us, collective 20 us, step 2 ms (see clusters.py); ReaLHF meshes"
 
 
 def _a100(n_nodes: int) -> ClusterSpec:
     return ClusterSpec(
-        "a100_80g", n_nodes, 8, device_memory=80e9, peak_flops=312e12,
-        train_efficiency=0.45, inference_efficiency=0.5,
-        memory_bandwidth=2.039e12, bandwidth_efficiency=0.7,
-        intra_node_bandwidth=600e9, inter_node_bandwidth=200e9 / 8, **_GPU_LATENCIES,
-        note="HybridFlow testbed: A100-80GB SXM, NVLink 600 GB/s, 200 Gbps between machines; "
-             + _GPU_LATENCY_NOTE)
+        "a100_80g",
+        n_nodes,
+        8,
+        device_memory=80e9,
+        peak_flops=312e12,
+        train_efficiency=0.45,
+        inference_efficiency=0.5,
+        memory_bandwidth=2.039e12,
+        bandwidth_efficiency=0.7,
+        intra_node_bandwidth=600e9,
+        inter_node_bandwidth=200e9 / 8,
+        **_GPU_LATENCIES,
+        note="HybridFlow testbed: A100-80GB SXM, NVLink 600 GB/s, 200 Gbps between machines; " + _GPU_LATENCY_NOTE,
+    )
 
 
 def _h100(n_nodes: int) -> ClusterSpec:
     return ClusterSpec(
-        "h100", n_nodes, 8, device_memory=80e9, peak_flops=989e12,
-        train_efficiency=0.4, inference_efficiency=0.45,
-        memory_bandwidth=3.35e12, bandwidth_efficiency=0.7,
-        intra_node_bandwidth=900e9, inter_node_bandwidth=8 * 400e9 / 8, **_GPU_LATENCIES,
+        "h100",
+        n_nodes,
+        8,
+        device_memory=80e9,
+        peak_flops=989e12,
+        train_efficiency=0.4,
+        inference_efficiency=0.45,
+        memory_bandwidth=3.35e12,
+        bandwidth_efficiency=0.7,
+        intra_node_bandwidth=900e9,
+        inter_node_bandwidth=8 * 400e9 / 8,
+        **_GPU_LATENCIES,
         note="H100 SXM datasheet: 989 TFLOP/s bf16 dense, 3.35 TB/s HBM3, NVLink 900 GB/s, "
-             "8x400 Gbps InfiniBand per machine; efficiencies assumed; " + _GPU_LATENCY_NOTE)
+        "8x400 Gbps InfiniBand per machine; efficiencies assumed; " + _GPU_LATENCY_NOTE,
+    )
 
 
 def _h200(n_nodes: int) -> ClusterSpec:
     return ClusterSpec(
-        "h200", n_nodes, 8, device_memory=141e9, peak_flops=989e12,
-        train_efficiency=0.4, inference_efficiency=0.45,
-        memory_bandwidth=4.8e12, bandwidth_efficiency=0.7,
-        intra_node_bandwidth=900e9, inter_node_bandwidth=8 * 400e9 / 8, **_GPU_LATENCIES,
-        note="H200 SXM datasheet: H100 compute, 141 GB HBM3e at 4.8 TB/s; efficiencies assumed; "
-             + _GPU_LATENCY_NOTE)
+        "h200",
+        n_nodes,
+        8,
+        device_memory=141e9,
+        peak_flops=989e12,
+        train_efficiency=0.4,
+        inference_efficiency=0.45,
+        memory_bandwidth=4.8e12,
+        bandwidth_efficiency=0.7,
+        intra_node_bandwidth=900e9,
+        inter_node_bandwidth=8 * 400e9 / 8,
+        **_GPU_LATENCIES,
+        note="H200 SXM datasheet: H100 compute, 141 GB HBM3e at 4.8 TB/s; efficiencies assumed; " + _GPU_LATENCY_NOTE,
+    )
 
 
 def _local(n_nodes: int, devices_per_node: int = 4, calibration=None) -> ClusterSpec:
@@ -67,19 +91,31 @@ def _local(n_nodes: int, devices_per_node: int = 4, calibration=None) -> Cluster
     # PLACEHOLDER figures for this 2-core CPU machine (logical "devices" = CPU slots sharing
     # two cores). Not measured: issue 4 item 5 (calibration) must fit them from real runs.
     return ClusterSpec(
-        "local", n_nodes, devices_per_node, device_memory=4 * GIB, peak_flops=2e10,
-        train_efficiency=0.3, inference_efficiency=0.3,
-        memory_bandwidth=5e9, bandwidth_efficiency=0.5,
-        intra_node_bandwidth=2e9, inter_node_bandwidth=1e9, collective_latency=200e-6,
-        dtype_bytes=4, decode_overlap=False, calibrated=False,
-        note="UNCALIBRATED placeholder for this CPU machine; run calibration before trusting")
+        "local",
+        n_nodes,
+        devices_per_node,
+        device_memory=4 * GIB,
+        peak_flops=2e10,
+        train_efficiency=0.3,
+        inference_efficiency=0.3,
+        memory_bandwidth=5e9,
+        bandwidth_efficiency=0.5,
+        intra_node_bandwidth=2e9,
+        inter_node_bandwidth=1e9,
+        collective_latency=200e-6,
+        dtype_bytes=4,
+        decode_overlap=False,
+        calibrated=False,
+        note="UNCALIBRATED placeholder for this CPU machine; run calibration before trusting",
+    )
 
 
 _CLUSTER_PRESETS = {"a100_80g": _a100, "h100": _h100, "h200": _h200, "local": _local}
 
 
-def cluster_preset(name: str, n_devices: int | None = None, *, n_nodes: int | None = None,
-                   calibration=None) -> ClusterSpec:
+def cluster_preset(
+    name: str, n_devices: int | None = None, *, n_nodes: int | None = None, calibration=None
+) -> ClusterSpec:
     """A cluster preset sized by `n_devices` (a divisor of one machine, or whole machines)
     or by `n_nodes`. Default: one machine. A sub-machine size gives a one-node cluster with
     that many devices. `calibration` (a `Calibration` or the path of a saved one) replaces
@@ -90,8 +126,7 @@ def cluster_preset(name: str, n_devices: int | None = None, *, n_nodes: int | No
         raise UnknownPresetError("cluster", name, list(_CLUSTER_PRESETS)) from None
     if calibration is not None:
         if make is not _local:
-            raise ValueError(f"cluster {name!r}: only the 'local' preset is built from a "
-                             f"calibration of this machine")
+            raise ValueError(f"cluster {name!r}: only the 'local' preset is built from a calibration of this machine")
         make = functools.partial(_local, calibration=calibration)
     one = make(1)
     u = one.devices_per_node

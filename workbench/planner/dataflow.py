@@ -52,8 +52,9 @@ class Dataflow:
                 raise ValueError(f"dataflow {self.name!r}: call name {c.name!r} repeated")
             missing = [d for d in c.deps if d not in seen]
             if missing:
-                raise ValueError(f"dataflow {self.name!r}: call {c.name!r} depends on "
-                                 f"{missing}, which must be listed before it")
+                raise ValueError(
+                    f"dataflow {self.name!r}: call {c.name!r} depends on {missing}, which must be listed before it"
+                )
             seen.add(c.name)
 
     @property
@@ -65,8 +66,7 @@ class Dataflow:
         for c in self.calls:
             if c.name == name:
                 return c
-        raise KeyError(f"dataflow {self.name!r} has no call {name!r}; calls: "
-                       f"{[c.name for c in self.calls]}")
+        raise KeyError(f"dataflow {self.name!r} has no call {name!r}; calls: {[c.name for c in self.calls]}")
 
     def calls_of(self, model: str) -> tuple[Call, ...]:
         return tuple(c for c in self.calls if c.model == model)
@@ -100,8 +100,7 @@ class Dataflow:
         warnings.warn("Dataflow.n_stages is now Dataflow.n_levels", DeprecationWarning, stacklevel=2)
         return self.n_levels
 
-    def model_specs(self, base: ModelSpec | str | dict[str, ModelSpec | str]
-                    ) -> dict[str, ModelSpec]:
+    def model_specs(self, base: ModelSpec | str | dict[str, ModelSpec | str]) -> dict[str, ModelSpec]:
         """A spec per role: one shape for all (value roles get a scalar head), or a dict."""
         if isinstance(base, dict):
             out = {}
@@ -112,6 +111,4 @@ class Dataflow:
                 out[role] = spec.as_value_model() if role in self.value_models else spec
             return out
         spec = model_preset(base) if isinstance(base, str) else base
-        return {r: spec.as_value_model() if r in self.value_models else spec
-                for r in self.models}
-
+        return {r: spec.as_value_model() if r in self.value_models else spec for r in self.models}

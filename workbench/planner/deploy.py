@@ -38,8 +38,9 @@ def reserve_pools(sets: Sequence[ColocatedSet], session: Session) -> dict[str, L
     return {m: layout for colocated in sets for m, layout in _set_layouts(colocated, session).items()}
 
 
-def deploy_sets(sets: Sequence[ColocatedSet], session: Session,
-                workers: dict[str, tuple[type, Any]]) -> dict[str, WorkerGroup]:
+def deploy_sets(
+    sets: Sequence[ColocatedSet], session: Session, workers: dict[str, tuple[type, Any]]
+) -> dict[str, WorkerGroup]:
     """Pools, layouts and worker groups for a plan's colocated sets; returns {model: WorkerGroup}.
 
     workers: model -> (Worker class, config) for every model of the plan. Models of one
@@ -52,8 +53,10 @@ def deploy_sets(sets: Sequence[ColocatedSet], session: Session,
     models = [m for s in sets for m in s.models]
     missing, unknown = [m for m in models if m not in workers], [w for w in workers if w not in models]
     if missing or unknown:
-        raise PlannerError(f"deploy needs a (Worker class, config) for each planned model {models}; "
-                           + (f"missing {missing}" if missing else f"not in the plan: {unknown}"))
+        raise PlannerError(
+            f"deploy needs a (Worker class, config) for each planned model {models}; "
+            + (f"missing {missing}" if missing else f"not in the plan: {unknown}")
+        )
     for s in sets:
         for m, a in s.assignments.items():
             check = getattr(workers[m][1], "check_layout", None)

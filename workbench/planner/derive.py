@@ -102,8 +102,10 @@ class _StepReader(ast.NodeVisitor):
         row = steps.BY_NAME.get(call_name, default)
         role, kind = _role_argument(node) or row.role, row.kind
         if kind == "driver":
-            raise DeriveError(f"step() names the driver-side step {call_name!r} in a call of {method}; "
-                              f"name a worker step (workbench.steps) or one of your own")
+            raise DeriveError(
+                f"step() names the driver-side step {call_name!r} in a call of {method}; "
+                f"name a worker step (workbench.steps) or one of your own"
+            )
         if any(c.name == call_name for c in self.calls):
             raise DeriveError(f"step() calls {call_name!r} twice; give one a step=... name (workbench.steps)")
         if kind == "train":  # a model's updates apply in the order they were issued
@@ -119,8 +121,14 @@ def _is_self_method(func: ast.AST) -> bool:
 
 def _step_keyword(node: ast.Call) -> str | None:
     """The step a call names: step="..." (or the deprecated stage="...")."""
-    return next((k.value.value for k in node.keywords if k.arg in ("step", "stage")
-                 and isinstance(k.value, ast.Constant) and isinstance(k.value.value, str)), None)
+    return next(
+        (
+            k.value.value
+            for k in node.keywords
+            if k.arg in ("step", "stage") and isinstance(k.value, ast.Constant) and isinstance(k.value.value, str)
+        ),
+        None,
+    )
 
 
 def _role_argument(node: ast.Call) -> str | None:

@@ -16,9 +16,7 @@ class UnknownPresetError(PlannerError, KeyError):
 
     def __init__(self, kind: str, name: str, known: list[str]):
         self.kind, self.name, self.known = kind, name, sorted(known)
-        super().__init__(
-            f"unknown {kind} preset {name!r}; known {kind} presets: {', '.join(self.known)}"
-        )
+        super().__init__(f"unknown {kind} preset {name!r}; known {kind} presets: {', '.join(self.known)}")
 
     def __str__(self) -> str:  # KeyError would otherwise quote the whole message
         return self.args[0]
@@ -27,8 +25,7 @@ class UnknownPresetError(PlannerError, KeyError):
 class ModelDoesNotFitError(PlannerError):
     """A model's memory does not fit the cluster even when sharded over every device."""
 
-    def __init__(self, model: str, spec_name: str, n_devices: int, need_bytes: float,
-                 device_bytes: float):
+    def __init__(self, model: str, spec_name: str, n_devices: int, need_bytes: float, device_bytes: float):
         self.model, self.n_devices = model, n_devices
         self.need_bytes, self.device_bytes = need_bytes, device_bytes
         self.short_bytes = need_bytes - device_bytes

@@ -17,9 +17,15 @@ from dataclasses import dataclass
 from workbench.controller.mesh import Mesh
 from workbench.planner.dataflow import Dataflow
 from workbench.planner.errors import NoMeshError
-from workbench.planner.memory import (generation_concurrency, generation_weights,
-                                      inference_activations, kv_bytes_per_sequence,
-                                      static_memory, train_activations, transition)
+from workbench.planner.memory import (
+    generation_concurrency,
+    generation_weights,
+    inference_activations,
+    kv_bytes_per_sequence,
+    static_memory,
+    train_activations,
+    transition,
+)
 from workbench.planner.schedule import Schedule, TaskGraph, time_cost
 from workbench.planner.simulator import Simulator
 from workbench.planner.specs import ClusterSpec, ModelSpec, Workload
@@ -60,8 +66,9 @@ def mesh(cluster: ClusterSpec, size: int, first: int = 0) -> DeviceMesh:
     """A validated mesh; raises NoMeshError for sizes or offsets no mesh has."""
     m = DeviceMesh(first, size)
     if m not in set(valid_meshes(cluster)):
-        raise NoMeshError(size, cluster.devices_per_node, cluster.mesh_sizes(),
-                          what=f"mesh of size {size} at device {first}:")
+        raise NoMeshError(
+            size, cluster.devices_per_node, cluster.mesh_sizes(), what=f"mesh of size {size} at device {first}:"
+        )
     return m
 
 
@@ -95,8 +102,15 @@ class Evaluation:
 class PlanEvaluator:
     """TimeCost and MaxMem of execution plans for one dataflow, models, workload, cluster."""
 
-    def __init__(self, dataflow: Dataflow, specs: dict[str, ModelSpec], workload: Workload,
-                 cluster: ClusterSpec, n_iterations: int = 2, oom_penalty: float = 10.0):
+    def __init__(
+        self,
+        dataflow: Dataflow,
+        specs: dict[str, ModelSpec],
+        workload: Workload,
+        cluster: ClusterSpec,
+        n_iterations: int = 2,
+        oom_penalty: float = 10.0,
+    ):
         self.flow, self.specs, self.wl, self.cluster = dataflow, specs, workload, cluster
         self.n_iterations, self.oom_penalty = n_iterations, oom_penalty
         self.sim = Simulator(cluster, workload)
@@ -104,8 +118,7 @@ class PlanEvaluator:
         for c in dataflow.calls:
             if c.kind == "train":
                 if c.model in self.train_call:
-                    raise ValueError(f"model {c.model!r} has two train calls; the planner "
-                                     f"supports one per iteration")
+                    raise ValueError(f"model {c.model!r} has two train calls; the planner supports one per iteration")
                 self.train_call[c.model] = c.name
 
     def home(self, model: str, plan: ExecutionPlan) -> tuple[DeviceMesh, Mesh]:
@@ -133,8 +146,7 @@ class PlanEvaluator:
                 # (shard + redundancy) replace the static training weights. Other layouts
                 # are reallocated into a copy of their own (below), as on other devices.
                 home_params = static_memory(spec, home_s, True, self.wl.param_sharding).params
-                extra = max(0.0, transition(spec, home_s, s, self.wl.transition).resident_params
-                            - home_params)
+                extra = max(0.0, transition(spec, home_s, s, self.wl.transition).resident_params - home_params)
             else:
                 extra = generation_weights(spec, s)
             if c.kind == "train":
@@ -154,26 +166,29 @@ class PlanEvaluator:
                     dyn[d] = need
         return static, dyn, kv_budget
 
-    def call_cost(self, call_name: str, mesh_: DeviceMesh, s: Mesh,
-                  kv_budget: float = float("inf")) -> float:
+    def call_cost(self, call_name: str, mesh_: DeviceMesh, s: Mesh, kv_budget: float = float("inf")) -> float:
         c = self.flow.call(call_name)
         return self.sim.call_time(c, self.specs[c.model], s, kv_budget, c.model in self.train_call)
 
     def build_graph(self, plan: ExecutionPlan, kv_budget: dict[str, float]) -> TaskGraph:
         g, ids, u = TaskGraph(), {}, self.cluster.devices_per_node
         trains = [c for c in self.flow.calls if c.kind == "train"]
-        gathered = list(dict.fromkeys(d for c in trains for d in c.deps
-                                      if self.flow.call(d).kind != "train"))
+        gathered = list(dict.fromkeys(d for c in trains for d in c.deps if self.flow.call(d).kind != "train"))
         for k in range(self.n_iterations):
             driver = None
             for c in self.flow.calls:
                 mesh_, s = plan.layouts[c.name]
                 parents = []
                 if c.kind == "train" and gathered:
-                    if driver is None:   # the driver-side step (advantages), once per iteration
-                        driver = g.add(f"driver@{k}", self.sim.driver_time(
-                            [self.flow.call(d) for d in gathered], len(trains)), (),
-                            [ids[d, k] for d in gathered], kind="driver", iteration=k)
+                    if driver is None:  # the driver-side step (advantages), once per iteration
+                        driver = g.add(
+                            f"driver@{k}",
+                            self.sim.driver_time([self.flow.call(d) for d in gathered], len(trains)),
+                            (),
+                            [ids[d, k] for d in gathered],
+                            kind="driver",
+                            iteration=k,
+                        )
                     parents.append(driver)
                 for d in c.deps:
                     src_mesh = plan.layouts[d][0]
@@ -181,24 +196,34 @@ class PlanEvaluator:
                         parents.append(ids[d, k])
                         continue
                     lo, hi = min(src_mesh.first, mesh_.first), max(src_mesh.span[1], mesh_.span[1])
-                    cost = self.sim.data_transfer_time(self.sim.output_bytes(self.flow.call(d)),
-                                                       lo // u != (hi - 1) // u)
-                    parents.append(g.add(f"data {d}->{c.name}@{k}", cost, (), [ids[d, k]],
-                                         kind="data", call=c.name, iteration=k))
+                    cost = self.sim.data_transfer_time(
+                        self.sim.output_bytes(self.flow.call(d)), lo // u != (hi - 1) // u
+                    )
+                    parents.append(
+                        g.add(f"data {d}->{c.name}@{k}", cost, (), [ids[d, k]], kind="data", call=c.name, iteration=k)
+                    )
                 parents += self._param_parents(g, ids, plan, c, k)
-                cost = self.sim.call_time(c, self.specs[c.model], s,
-                                          kv_budget.get(c.name, float("inf")), c.model in self.train_call)
-                if c.kind == "generate" and c.model in self.train_call \
-                        and (mesh_, s) == self.home(c.model, plan):
+                cost = self.sim.call_time(
+                    c, self.specs[c.model], s, kv_budget.get(c.name, float("inf")), c.model in self.train_call
+                )
+                if c.kind == "generate" and c.model in self.train_call and (mesh_, s) == self.home(c.model, plan):
                     # Same layout: the updated weights are still copied into the generation
                     # engine's buffer (weight sync); other layouts pay it in their realloc task.
                     cost += self.sim.reshard_time(self.specs[c.model], s, s)
-                if self.cluster.call_overhead > 0:   # the driver's dispatch, before the call runs
+                if self.cluster.call_overhead > 0:  # the driver's dispatch, before the call runs
                     cost -= self.cluster.call_overhead
-                    parents = [g.add(f"dispatch {c.name}@{k}", self.cluster.call_overhead, (),
-                                     parents, kind="dispatch", call=c.name, iteration=k)]
-                ids[c.name, k] = g.add(f"{c.name}@{k}", cost, mesh_.span, parents,
-                                       call=c.name, iteration=k)
+                    parents = [
+                        g.add(
+                            f"dispatch {c.name}@{k}",
+                            self.cluster.call_overhead,
+                            (),
+                            parents,
+                            kind="dispatch",
+                            call=c.name,
+                            iteration=k,
+                        )
+                    ]
+                ids[c.name, k] = g.add(f"{c.name}@{k}", cost, mesh_.span, parents, call=c.name, iteration=k)
         return g
 
     def _param_parents(self, g: TaskGraph, ids: dict, plan: ExecutionPlan, c, k: int) -> list[int]:
@@ -208,24 +233,25 @@ class PlanEvaluator:
         train = self.train_call.get(m)
         after = [ids[train, k - 1]] if train and k > 0 else []
         if c.name == train:
-            readers = [ids[o.name, k] for o in self.flow.calls_of(m)
-                       if o.name != c.name and (o.name, k) in ids]
+            readers = [ids[o.name, k] for o in self.flow.calls_of(m) if o.name != c.name and (o.name, k) in ids]
             return after + readers
         (src_mesh, src_s), (dst_mesh, dst_s) = self.home(m, plan), plan.layouts[c.name]
         if (src_mesh, src_s) == (dst_mesh, dst_s):
             return after
         cost = self.sim.realloc_time(self.specs[m], src_s, src_mesh.span, dst_s, dst_mesh.span)
         devs = (src_mesh.span,) if src_mesh == dst_mesh else (src_mesh.span, dst_mesh.span)
-        return [g.add(f"realloc {m}->{c.name}@{k}", cost, devs, after, kind="param",
-                      call=c.name, iteration=k)]
+        return [g.add(f"realloc {m}->{c.name}@{k}", cost, devs, after, kind="param", call=c.name, iteration=k)]
 
     def evaluate(self, plan: ExecutionPlan) -> Evaluation:
         static, dyn, kv_budget = self.memory(plan)
         max_mem = max(a + b for a, b in zip(static, dyn))
         graph = self.build_graph(plan, kv_budget)
         c = self.cluster
-        shared = None if c.cores_per_node is None or c.cores_per_node >= c.devices_per_node \
+        shared = (
+            None
+            if c.cores_per_node is None or c.cores_per_node >= c.devices_per_node
             else (c.devices_per_node, c.cores_per_node)
+        )
         sched = time_cost(graph, shared)
         t = sched.makespan / self.n_iterations
         q = self.cluster.device_memory

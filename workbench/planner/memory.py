@@ -18,9 +18,9 @@ from workbench.hybrid.layouts import rank_transfer
 from workbench.planner.specs import ModelSpec, Workload
 from workbench.planner.strategy import is_generation_layout
 
-WEIGHT_BYTES = 2          # bf16 parameters
-GRAD_BYTES = 4            # fp32 gradients
-ADAM_BYTES = 12           # fp32 master copy + first and second moments
+WEIGHT_BYTES = 2  # bf16 parameters
+GRAD_BYTES = 4  # fp32 gradients
+ADAM_BYTES = 12  # fp32 master copy + first and second moments
 
 # Bytes of saved activations per token per layer without recomputation, in units of h:
 # 34·s·b·h per layer (Korthikanti et al. 2022, "Reducing activation recomputation", eq. 2,
@@ -64,12 +64,10 @@ class MemoryBreakdown:
         return MemoryBreakdown(*(a + b for a, b in zip(self._t(), other._t())))
 
     def _t(self) -> tuple[float, ...]:
-        return (self.params, self.grads, self.optimizer, self.activations, self.kv_cache,
-                self.extra_params)
+        return (self.params, self.grads, self.optimizer, self.activations, self.kv_cache, self.extra_params)
 
 
-def static_memory(spec: ModelSpec, s: Mesh, trained: bool,
-                  sharding: str = "optimizer") -> MemoryBreakdown:
+def static_memory(spec: ModelSpec, s: Mesh, trained: bool, sharding: str = "optimizer") -> MemoryBreakdown:
     """Weights (and, if trained, gradients and optimizer states) kept on each device.
 
     sharding "optimizer" (Megatron distributed optimizer, ZeRO-1): weights and gradients are
@@ -81,8 +79,7 @@ def static_memory(spec: ModelSpec, s: Mesh, trained: bool,
     if not trained:
         return MemoryBreakdown(params=shard * WEIGHT_BYTES)
     per_dp = shard / s.dp if sharding == "full" else shard
-    return MemoryBreakdown(params=per_dp * WEIGHT_BYTES, grads=per_dp * GRAD_BYTES,
-                           optimizer=shard / s.dp * ADAM_BYTES)
+    return MemoryBreakdown(params=per_dp * WEIGHT_BYTES, grads=per_dp * GRAD_BYTES, optimizer=shard / s.dp * ADAM_BYTES)
 
 
 TransitionMethod = Literal["deepspeed_chat", "vanilla", "hybridflow"]
@@ -117,8 +114,10 @@ def transition(spec: ModelSpec, train: Mesh, gen: Mesh, method: str = "hybridflo
     if method not in TRANSITION_METHODS:
         raise ValueError(f"transition method {method!r}: use one of {', '.join(TRANSITION_METHODS)}")
     if not is_generation_layout(train, gen):
-        raise ValueError(f"generation layout {gen.short()} is not one the hybrid engine can switch "
-                         f"{train.short()} to: it needs the same devices, p_g | p and t_g | t")
+        raise ValueError(
+            f"generation layout {gen.short()} is not one the hybrid engine can switch "
+            f"{train.short()} to: it needs the same devices, p_g | p and t_g | t"
+        )
     return _switch(train.pp, train.tp, train.dp, gen.pp, gen.tp, method, spec.param_count * WEIGHT_BYTES)
 
 
@@ -127,8 +126,9 @@ def _switch(pp: int, tp: int, dp: int, gen_pp: int, gen_tp: int, method: str, mo
     """Rank 0's bytes, which are every rank's in these layouts (`tests/hybrid/test_layouts.py`
     checks it)."""
     row = rank_transfer(Mesh(pp, tp, dp, gen_pp, gen_tp, method), model_bytes, 0)
-    return Transition(method, float(row.received), float(row.peak_params), float(row.redundant),
-                      float(row.generation_params))
+    return Transition(
+        method, float(row.received), float(row.peak_params), float(row.redundant), float(row.generation_params)
+    )
 
 
 def train_activations(spec: ModelSpec, s: Mesh, wl: Workload) -> float:
@@ -168,8 +168,7 @@ def min_static_memory(spec: ModelSpec, n_devices: int, trained: bool) -> float:
     return static_memory(spec, Mesh(1, n_devices, 1), trained).static
 
 
-def generation_concurrency(spec: ModelSpec, s: Mesh, wl: Workload,
-                           kv_budget: float) -> int:
+def generation_concurrency(spec: ModelSpec, s: Mesh, wl: Workload, kv_budget: float) -> int:
     """Sequences a generation replica can decode at once within `kv_budget` bytes/device."""
     per_seq = kv_bytes_per_sequence(spec, s, wl)
     return max(0, math.floor(kv_budget / per_seq)) if per_seq > 0 else 1 << 30
@@ -198,9 +197,16 @@ class GenerationMemory:
         return max(self.peak_extra, self.extra_params + self.kv_cache)
 
 
-def generation_memory(spec: ModelSpec, train: Mesh, gen: Mesh,
-                      wl: Workload, static_params: float, free: float, method: str = "hybridflow",
-                      batch_factor: float = 1.0) -> GenerationMemory | None:
+def generation_memory(
+    spec: ModelSpec,
+    train: Mesh,
+    gen: Mesh,
+    wl: Workload,
+    static_params: float,
+    free: float,
+    method: str = "hybridflow",
+    batch_factor: float = 1.0,
+) -> GenerationMemory | None:
     """Generation memory when `free` bytes per device are left after every colocated model's
     static memory (`static_params`: the actor's own training weights among them). The KV
     cache takes what the weights leave; None when not one sequence fits."""

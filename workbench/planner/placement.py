@@ -69,8 +69,7 @@ def span(first: int, k: int, devices_per_node: int) -> tuple[int, tuple[int, ...
     return first, tuple(counts), tuple(nodes)
 
 
-def pack_sets(sizes: list[int], devices_per_node: int) -> list[tuple[int, tuple[int, ...],
-                                                                     tuple[int, ...]]]:
+def pack_sets(sizes: list[int], devices_per_node: int) -> list[tuple[int, tuple[int, ...], tuple[int, ...]]]:
     """First device, per-node counts and node indices of sets laid out one after another."""
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     return [span(start, n, devices_per_node) for start, n in zip(starts, sizes)]

@@ -63,8 +63,7 @@ class Plan:
         for s in self.sets:
             if model in s.models:
                 return s
-        raise KeyError(f"model {model!r} is not in the plan; models: "
-                       f"{[m for s in self.sets for m in s.models]}")
+        raise KeyError(f"model {model!r} is not in the plan; models: {[m for s in self.sets for m in s.models]}")
 
     def strategy_of(self, call: str) -> Mesh:
         c = self.dataflow.call(call)
@@ -110,36 +109,60 @@ def plan_table(plan: Plan) -> str:
     """Placement, allocation, strategy and time per call, level times and memory per device."""
     level = plan.dataflow.levels()
     wl, c = plan.workload, plan.cluster
-    head = (f"HybridFlow plan: {plan.dataflow.name} on {c.n_devices} x {c.name} "
-            f"({c.n_nodes} node(s) x {c.devices_per_node})"
-            + ("" if c.calibrated else "  [UNCALIBRATED cluster figures]") +
-            f"\nworkload: batch {wl.global_batch}x{wl.n_samples}, prompt {wl.prompt_len}, "
-            f"response {wl.response_len}, {wl.ppo_epochs} epoch(s) x {wl.ppo_mini_batches} "
-            f"mini-batches")
+    head = (
+        f"HybridFlow plan: {plan.dataflow.name} on {c.n_devices} x {c.name} "
+        f"({c.n_nodes} node(s) x {c.devices_per_node})"
+        + ("" if c.calibrated else "  [UNCALIBRATED cluster figures]")
+        + f"\nworkload: batch {wl.global_batch}x{wl.n_samples}, prompt {wl.prompt_len}, "
+        f"response {wl.response_len}, {wl.ppo_epochs} epoch(s) x {wl.ppo_mini_batches} "
+        f"mini-batches"
+    )
     sets = text_table(
         ["colocated set", "devices", "per node", "models (train | gen layout)", "mem/device GB"],
-        [[s.name, device_range(s.devices.start, s.devices.stop), list(s.devices_per_node),
-          ", ".join(f"{m}:{a.strategy.short()}" + (f"|{a.generation.short()}" if a.generation else "")
-                    for m, a in s.assignments.items()),
-          f"{s.peak_memory / GB:.1f} / {c.device_memory / GB:.0f}"] for s in plan.sets])
+        [
+            [
+                s.name,
+                device_range(s.devices.start, s.devices.stop),
+                list(s.devices_per_node),
+                ", ".join(
+                    f"{m}:{a.strategy.short()}" + (f"|{a.generation.short()}" if a.generation else "")
+                    for m, a in s.assignments.items()
+                ),
+                f"{s.peak_memory / GB:.1f} / {c.device_memory / GB:.0f}",
+            ]
+            for s in plan.sets
+        ],
+    )
     calls = text_table(
         ["call", "model", "kind", "level", "set", "strategy", "est. s"],
-        [[k.name, k.model, k.kind, level[k.name], plan.set_of(k.model).name,
-          plan.strategy_of(k.name).short(), f"{plan.call_times[k.name]:.2f}"]
-         for k in plan.dataflow.calls])
-    switches = [f"{m}: {a.transition.method} switch {a.strategy.short()} -> "
-                f"{(a.generation or a.strategy).short()}, "
-                f"{a.transition.comm_bytes / GB:.2f} GB moved/device, peak "
-                f"{a.transition.peak_params / GB:.2f} GB params, redundancy "
-                f"{a.transition.redundant / GB:.2f} GB"
-                for s in plan.sets for m, a in s.assignments.items() if a.transition is not None]
+        [
+            [
+                k.name,
+                k.model,
+                k.kind,
+                level[k.name],
+                plan.set_of(k.model).name,
+                plan.strategy_of(k.name).short(),
+                f"{plan.call_times[k.name]:.2f}",
+            ]
+            for k in plan.dataflow.calls
+        ],
+    )
+    switches = [
+        f"{m}: {a.transition.method} switch {a.strategy.short()} -> "
+        f"{(a.generation or a.strategy).short()}, "
+        f"{a.transition.comm_bytes / GB:.2f} GB moved/device, peak "
+        f"{a.transition.peak_params / GB:.2f} GB params, redundancy "
+        f"{a.transition.redundant / GB:.2f} GB"
+        for s in plan.sets
+        for m, a in s.assignments.items()
+        if a.transition is not None
+    ]
     idle = plan.stats.get("idle_devices", 0)
     levels = "  ".join(f"level {i}: {t:.2f}s" for i, t in enumerate(plan.level_times))
     if switches or idle:
-        sets += "\n" + "\n".join(switches + ([f"{idle} device(s) left idle: more would not be "
-                                                f"faster"] if idle else []))
-    tail = (f"{levels}\niteration: {plan.iteration_time:.2f}s   throughput: "
-            f"{plan.throughput:,.0f} tokens/s")
+        sets += "\n" + "\n".join(switches + ([f"{idle} device(s) left idle: more would not be faster"] if idle else []))
+    tail = f"{levels}\niteration: {plan.iteration_time:.2f}s   throughput: {plan.throughput:,.0f} tokens/s"
     return "\n\n".join([head, sets, calls, tail])
 
 
@@ -154,8 +177,9 @@ def plan_gantt(plan: Plan) -> list[GanttBar]:
             for call in plan.dataflow.calls:
                 if level[call.name] == s_i and call.model in cs.models:
                     d = plan.call_times[call.name]
-                    bars.append(GanttBar(call.name, call.name, "compute",
-                                         (cs.devices.start, cs.devices.stop), t, t + d))
+                    bars.append(
+                        GanttBar(call.name, call.name, "compute", (cs.devices.start, cs.devices.stop), t, t + d)
+                    )
                     t += d
         t0 += length
     return bars

@@ -45,8 +45,7 @@ class ProfileShapes:
     """(sequences, prompt tokens, response tokens) of inference and train calls: micro-batches
     of 64, 128 and 384 tokens, and 2 to 8 of them, so per-token rates and per-micro-batch costs
     are told apart."""
-    generate: tuple[tuple[int, int, int], ...] = ((2, 16, 16), (8, 16, 16), (32, 16, 16),
-                                                  (32, 16, 32))
+    generate: tuple[tuple[int, int, int], ...] = ((2, 16, 16), (8, 16, 16), (32, 16, 16), (32, 16, 32))
     """(sequences, prompt tokens, new tokens) of generation calls."""
     micro_batch_size: int = 4
     rows_per_step: int = 8
@@ -70,9 +69,15 @@ def _batch(rows: int, prompt: int, response: int, vocab: int, seed: int = 0) -> 
     pads = torch.randint(0, prompt // 2 + 1, (rows,), generator=g)
     mask = (torch.arange(prompt + response) >= pads[:, None]).long()
     ids = ids * mask
-    return Batch({"input_ids": ids, "attention_mask": mask,
-                  "position_ids": (mask.cumsum(dim=1) - 1).clamp(min=0),
-                  "responses": ids[:, prompt:], "response_mask": mask[:, prompt:]})
+    return Batch(
+        {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": (mask.cumsum(dim=1) - 1).clamp(min=0),
+            "responses": ids[:, prompt:],
+            "response_mask": mask[:, prompt:],
+        }
+    )
 
 
 def _timed(fn) -> float:
@@ -82,7 +87,7 @@ def _timed(fn) -> float:
 
 
 def _median_time(fn, repeats: int) -> float:
-    fn()   # warm-up: first-call allocations and lazy inits
+    fn()  # warm-up: first-call allocations and lazy inits
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -100,15 +105,19 @@ class ProbeWorker(Worker):
         n = 1024
         a, b = torch.randn(n, n), torch.randn(n, n)
         gemm = _median_time(lambda: a @ b, 5)
-        x = torch.empty(1 << 25)   # 128 MiB
+        x = torch.empty(1 << 25)  # 128 MiB
         y = torch.empty_like(x)
         copy_s = _median_time(lambda: y.copy_(x), 5)
         # One tiny op: what every kernel costs beyond its bytes and FLOPs (dispatch).
         small = torch.ones(64)
         ops = 200
         kernel = _median_time(lambda: [small.add_(1.0) for _ in range(ops)], 5) / ops
-        return {"peak_flops": 2 * n**3 / gemm, "memory_bandwidth": 2 * x.numel() * 4 / copy_s,
-                "kernel_latency": kernel, "threads": torch.get_num_threads()}
+        return {
+            "peak_flops": 2 * n**3 / gemm,
+            "memory_bandwidth": 2 * x.numel() * 4 / copy_s,
+            "kernel_latency": kernel,
+            "threads": torch.get_num_threads(),
+        }
 
     @register(ONE_TO_ALL)
     def noop(self) -> None:
@@ -123,13 +132,14 @@ class ProbeWorker(Worker):
     @register(ONE_TO_ALL)
     def model_calls(self, name: str, model_path: str, shapes: ProfileShapes) -> list[Timing]:
         """Train, inference and generate calls of one model on this rank alone."""
-        if model_path not in self.__dict__.setdefault("_models", {}):   # kept for re-profiling
+        if model_path not in self.__dict__.setdefault("_models", {}):  # kept for re-profiling
             loaded = load(model_path)
             self._models[model_path] = (
                 ModelSpec.from_hf_config(loaded.model.config, name),
-                HFRollout(copy.deepcopy(loaded.model), loaded.tokenizer.pad_token_id,
-                          loaded.tokenizer.eos_token_id),
-                make_engine(loaded.model, OptimConfig(), self.device_mesh["dp"]), loaded.tokenizer)
+                HFRollout(copy.deepcopy(loaded.model), loaded.tokenizer.pad_token_id, loaded.tokenizer.eos_token_id),
+                make_engine(loaded.model, OptimConfig(), self.device_mesh["dp"]),
+                loaded.tokenizer,
+            )
         spec, rollout, engine, tokenizer = self._models[model_path]
         mb, out = shapes.micro_batch_size, []
         for rows, prompt, response in shapes.forward:
@@ -147,29 +157,43 @@ class ProbeWorker(Worker):
                     engine.train_step(_loss, [mini[i : i + mb] for i in range(0, len(mini), mb)], model_outputs)
 
             steps = -(-rows // shapes.rows_per_step)
-            out.append(Timing("inference", spec, rows, prompt, response, mb,
-                              seconds=_median_time(infer, shapes.repeats)))
-            out.append(Timing("train", spec, rows, prompt, response, mb, steps,
-                              seconds=_median_time(train, shapes.repeats)))
+            out.append(
+                Timing("inference", spec, rows, prompt, response, mb, seconds=_median_time(infer, shapes.repeats))
+            )
+            out.append(
+                Timing("train", spec, rows, prompt, response, mb, steps, seconds=_median_time(train, shapes.repeats))
+            )
         for rows, prompt, new in shapes.generate:
             prompts = _batch(rows, prompt, 0, spec.vocab)
             sampling = SamplingConfig(max_new_tokens=new, seed=0)
             # As the actor's generate_sequences: sample, then decode the responses' text.
-            out.append(Timing("generate", spec, rows, prompt, new, rows, seconds=_median_time(
-                lambda: response_texts(rollout.generate(prompts, sampling), tokenizer), shapes.repeats)))
+            out.append(
+                Timing(
+                    "generate",
+                    spec,
+                    rows,
+                    prompt,
+                    new,
+                    rows,
+                    seconds=_median_time(
+                        lambda: response_texts(rollout.generate(prompts, sampling), tokenizer), shapes.repeats
+                    ),
+                )
+            )
         return out
 
     @register(ONE_TO_ALL)
     def all_reduce(self, sizes: tuple[int, ...], group_size: int, repeats: int = 5) -> list:
         """Median seconds of an fp32 all-reduce of each size over ranks [0, group_size)."""
-        group = dist.new_group(list(range(group_size)))   # every rank must create it
+        group = dist.new_group(list(range(group_size)))  # every rank must create it
         out = []
         if self.rank < group_size:
             for nbytes in sizes:
                 x = torch.ones(nbytes // 4)
                 dist.barrier(group=group)
-                out.append(CollectiveTiming(nbytes, group_size, _median_time(
-                    lambda: dist.all_reduce(x, group=group), repeats)))
+                out.append(
+                    CollectiveTiming(nbytes, group_size, _median_time(lambda: dist.all_reduce(x, group=group), repeats))
+                )
         dist.barrier()
         return out
 
@@ -200,12 +224,10 @@ class Profiler:
     """Probe workers on `session` (one device for model calls, `devices` for collectives and
     core sharing), kept so a benchmark can profile again between measurements."""
 
-    def __init__(self, session, models: dict[str, str], shapes: ProfileShapes = ProfileShapes(),
-                 devices: int = 4):
+    def __init__(self, session, models: dict[str, str], shapes: ProfileShapes = ProfileShapes(), devices: int = 4):
         self.session, self.models, self.shapes, self.devices = session, models, shapes, devices
         self.one = session.group("calibration_probe", ProbeWorker, session.pool("calibration_one", 1))
-        self.all = session.group("calibration_probes", ProbeWorker,
-                                 session.pool("calibration_all", devices))
+        self.all = session.group("calibration_probes", ProbeWorker, session.pool("calibration_all", devices))
 
     def run(self) -> Profile:
         started = time.perf_counter()
@@ -217,11 +239,10 @@ class Profiler:
             self.one.noop().get()
             round_trips.append(time.perf_counter() - start)
         result.machine["call_overhead"] = statistics.median(round_trips)
-        payload = torch.zeros(1 << 20, dtype=torch.int64)   # 8 MiB, a batch of token ids
+        payload = torch.zeros(1 << 20, dtype=torch.int64)  # 8 MiB, a batch of token ids
         self.one.echo(payload).get()
         echo = statistics.median(_timed(lambda: self.one.echo(payload).get()) for _ in range(5))
-        result.machine["driver_bandwidth"] = 2 * payload.numel() * 8 / max(
-            echo - result.machine["call_overhead"], 1e-6)
+        result.machine["driver_bandwidth"] = 2 * payload.numel() * 8 / max(echo - result.machine["call_overhead"], 1e-6)
         for name, path in self.models.items():
             result.timings += self.one.model_calls(name, str(path), self.shapes).get()[0]
         for g in sorted({2, self.devices}):
@@ -231,27 +252,37 @@ class Profiler:
             seconds = statistics.median([max(self.all.busy(k).get()) for _ in range(3)])
             alone = alone or seconds
             result.slowdown[k] = seconds / alone
-        result.machine.update(cpu_count=os.cpu_count(),
-                              loadavg=[round(x, 2) for x in os.getloadavg()],
-                              profile_s=round(time.perf_counter() - started, 1))
+        result.machine.update(
+            cpu_count=os.cpu_count(),
+            loadavg=[round(x, 2) for x in os.getloadavg()],
+            profile_s=round(time.perf_counter() - started, 1),
+        )
         return result
 
     def calibration(self) -> Calibration:
         """Profile now and fit."""
         p = self.run()
-        return fit(p.timings, p.collectives, peak_flops=p.machine["peak_flops"],
-                   memory_bandwidth=p.machine["memory_bandwidth"], slowdown=p.slowdown,
-                   device_memory=psutil.virtual_memory().total / self.devices, machine=p.machine,
-                   kernel_latency=p.machine["kernel_latency"], call_overhead=p.machine["call_overhead"],
-                   driver_bandwidth=p.machine["driver_bandwidth"])
+        return fit(
+            p.timings,
+            p.collectives,
+            peak_flops=p.machine["peak_flops"],
+            memory_bandwidth=p.machine["memory_bandwidth"],
+            slowdown=p.slowdown,
+            device_memory=psutil.virtual_memory().total / self.devices,
+            machine=p.machine,
+            kernel_latency=p.machine["kernel_latency"],
+            call_overhead=p.machine["call_overhead"],
+            driver_bandwidth=p.machine["driver_bandwidth"],
+        )
 
     def close(self) -> None:
         for name in ("calibration_one", "calibration_all"):
             self.session._drop_pool(name)
 
 
-def calibrate(session, models: dict[str, str], shapes: ProfileShapes = ProfileShapes(),
-              devices: int = 4) -> Calibration:
+def calibrate(
+    session, models: dict[str, str], shapes: ProfileShapes = ProfileShapes(), devices: int = 4
+) -> Calibration:
     """Profile once, fit the local preset's figures (see `calibrate.fit`), remove the probes."""
     profiler = Profiler(session, models, shapes, devices)
     try:

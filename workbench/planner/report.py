@@ -52,17 +52,29 @@ def execution_gantt(evaluation: "Evaluation", include_data: bool = False) -> lis
         if task.kind == "data" and not include_data:
             continue
         devs = (task.devices[0][0], max(h for _, h in task.devices)) if task.devices else (0, 0)
-        bars.append(GanttBar(task.name.rsplit("@", 1)[0], task.call, task.kind, devs,
-                             sch.start[i], sch.end[i], task.iteration))
+        bars.append(
+            GanttBar(task.name.rsplit("@", 1)[0], task.call, task.kind, devs, sch.start[i], sch.end[i], task.iteration)
+        )
     return sorted(bars, key=lambda b: (b.start, b.devices))
 
 
 def execution_table(plan: "ExecutionPlan", evaluation: "Evaluation") -> str:
     """Mesh, strategy, start and end per call (all iterations), then time and MaxMem."""
-    rows = [[b.label, b.iteration, device_range(*b.devices) if b.devices[1] else "-", b.kind,
-             plan.layouts[b.call][1].short() if b.kind == "compute" else "",
-             f"{b.start:.2f}", f"{b.end:.2f}"] for b in execution_gantt(evaluation)]
+    rows = [
+        [
+            b.label,
+            b.iteration,
+            device_range(*b.devices) if b.devices[1] else "-",
+            b.kind,
+            plan.layouts[b.call][1].short() if b.kind == "compute" else "",
+            f"{b.start:.2f}",
+            f"{b.end:.2f}",
+        ]
+        for b in execution_gantt(evaluation)
+    ]
     body = text_table(["task", "iter", "devices", "kind", "strategy", "start s", "end s"], rows)
-    return (f"{body}\n\nper iteration: {evaluation.time:.2f}s  (makespan "
-            f"{evaluation.makespan:.2f}s)   MaxMem: {evaluation.max_mem / GB:.1f} GB"
-            + ("  OUT OF MEMORY" if evaluation.oom else ""))
+    return (
+        f"{body}\n\nper iteration: {evaluation.time:.2f}s  (makespan "
+        f"{evaluation.makespan:.2f}s)   MaxMem: {evaluation.max_mem / GB:.1f} GB"
+        + ("  OUT OF MEMORY" if evaluation.oom else "")
+    )

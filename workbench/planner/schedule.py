@@ -121,7 +121,7 @@ def _shared_time_cost(graph: TaskGraph, devices_per_node: int, cores: float) -> 
     devices = [[d for lo, hi in t.devices for d in range(lo, hi)] for t in tasks]
     start, end = [0.0] * n, [0.0] * n
     pending = [(0.0, i) for i in range(n) if waiting[i] == 0]
-    running: dict[int, float] = {}   # task -> seconds of work left (at full speed)
+    running: dict[int, float] = {}  # task -> seconds of work left (at full speed)
     busy: set[int] = set()
     now, done = 0.0, 0
     while pending or running:
@@ -138,8 +138,7 @@ def _shared_time_cost(graph: TaskGraph, devices_per_node: int, cores: float) -> 
         per_node: dict[int, int] = {}
         for d in busy:
             per_node[d // devices_per_node] = per_node.get(d // devices_per_node, 0) + 1
-        rate = {i: min([1.0] + [cores / per_node[d // devices_per_node] for d in devices[i]])
-                for i in running}
+        rate = {i: min([1.0] + [cores / per_node[d // devices_per_node] for d in devices[i]]) for i in running}
         step = min((left / rate[i] for i, left in running.items()), default=0.0)
         now += step
         for i in list(running):

@@ -20,10 +20,14 @@ from dataclasses import dataclass, field
 
 from workbench.controller.mesh import Mesh
 from workbench.planner.dataflow import Dataflow
-from workbench.planner.execution import (Evaluation, ExecutionPlan, DeviceMesh, PlanEvaluator,
-                                         valid_meshes)
-from workbench.planner.memory import (generation_weights, inference_activations,
-                                      kv_bytes_per_sequence, static_memory, train_activations)
+from workbench.planner.execution import Evaluation, ExecutionPlan, DeviceMesh, PlanEvaluator, valid_meshes
+from workbench.planner.memory import (
+    generation_weights,
+    inference_activations,
+    kv_bytes_per_sequence,
+    static_memory,
+    train_activations,
+)
 from workbench.planner.specs import ClusterSpec, ModelSpec, Workload
 from workbench.planner.strategy import strategies
 
@@ -31,19 +35,24 @@ from workbench.planner.strategy import strategies
 class PlanSpace:
     """The options (mesh, strategy) of every call, and a memoised plan evaluator."""
 
-    def __init__(self, dataflow: Dataflow, specs: dict[str, ModelSpec], workload: Workload,
-                 cluster: ClusterSpec, n_iterations: int = 2, oom_penalty: float = 10.0,
-                 meshes: list[DeviceMesh] | None = None):
+    def __init__(
+        self,
+        dataflow: Dataflow,
+        specs: dict[str, ModelSpec],
+        workload: Workload,
+        cluster: ClusterSpec,
+        n_iterations: int = 2,
+        oom_penalty: float = 10.0,
+        meshes: list[DeviceMesh] | None = None,
+    ):
         self.flow, self.specs, self.wl, self.cluster = dataflow, specs, workload, cluster
-        self.evaluator = PlanEvaluator(dataflow, specs, workload, cluster, n_iterations,
-                                       oom_penalty)
+        self.evaluator = PlanEvaluator(dataflow, specs, workload, cluster, n_iterations, oom_penalty)
         self.calls = [c.name for c in dataflow.calls]
         meshes = meshes if meshes is not None else valid_meshes(cluster)
         self.options: list[list[tuple[DeviceMesh, Mesh]]] = []
         for c in dataflow.calls:
             spec = specs[c.model]
-            opts = [(m, s) for m in meshes
-                    for s in strategies(spec, m.size, cluster.devices_per_node)]
+            opts = [(m, s) for m in meshes for s in strategies(spec, m.size, cluster.devices_per_node)]
             self.options.append(opts)
         # Indexes for the local moves: same mesh / same (size, strategy).
         self._by_mesh, self._by_shape = [], []
@@ -61,8 +70,7 @@ class PlanSpace:
         return math.prod(len(o) for o in self.options)
 
     def plan(self, choice: tuple[int, ...]) -> ExecutionPlan:
-        return ExecutionPlan({c: self.options[i][j] for i, (c, j) in
-                              enumerate(zip(self.calls, choice))})
+        return ExecutionPlan({c: self.options[i][j] for i, (c, j) in enumerate(zip(self.calls, choice))})
 
     def evaluate(self, choice: tuple[int, ...]) -> Evaluation:
         return self.evaluator.evaluate(self.plan(choice))
@@ -106,8 +114,7 @@ class PlanSpace:
     def _move_one(self, choice: tuple[int, ...], i: int, rng: random.Random) -> int:
         m, s = self.options[i][choice[i]]
         move = rng.random()
-        pool = self._by_mesh[i][m] if move < 1 / 3 else \
-            self._by_shape[i][(m.size, s)] if move < 2 / 3 else None
+        pool = self._by_mesh[i][m] if move < 1 / 3 else self._by_shape[i][(m.size, s)] if move < 2 / 3 else None
         if pool is None or len(pool) < 2:
             return rng.randrange(len(self.options[i]))
         return rng.choice(pool)
@@ -144,10 +151,16 @@ class SearchResult:
     """Every chain's result (multi_chain / search)."""
 
 
-def mcmc(space: PlanSpace, *, max_steps: int | None = 20_000, time_limit: float | None = None,
-         seed: int = 0, beta: float | None = None, beta_scale: float = 20.0,
-         init: tuple[int, ...] | None = None
-         ) -> SearchResult:
+def mcmc(
+    space: PlanSpace,
+    *,
+    max_steps: int | None = 20_000,
+    time_limit: float | None = None,
+    seed: int = 0,
+    beta: float | None = None,
+    beta_scale: float = 20.0,
+    init: tuple[int, ...] | None = None,
+) -> SearchResult:
     """Metropolis-Hastings from the greedy plan (or `init`) for `max_steps` proposals (and at
     most `time_limit` seconds when given; then the result depends on the machine's speed).
     Unless `beta` is given, β is beta_scale / (best cost so far): with the default 20, a plan
@@ -165,8 +178,7 @@ def mcmc(space: PlanSpace, *, max_steps: int | None = 20_000, time_limit: float 
     beta = fixed_beta if fixed_beta is not None else beta_scale / cur_cost
     best, best_cost = cur, cur_cost
     history, steps, accepted = [(0, cur_cost)], 0, 0
-    while (max_steps is None or steps < max_steps) and \
-            (time_limit is None or time.perf_counter() - t0 < time_limit):
+    while (max_steps is None or steps < max_steps) and (time_limit is None or time.perf_counter() - t0 < time_limit):
         steps += 1
         new = space.propose(cur, rng)
         new_cost = space.cost(new)
@@ -179,8 +191,17 @@ def mcmc(space: PlanSpace, *, max_steps: int | None = 20_000, time_limit: float 
                 history.append((steps, best_cost))
                 if fixed_beta is None:
                     beta = beta_scale / best_cost
-    return SearchResult(space.plan(best), space.evaluate(best), best, steps, accepted,
-                        time.perf_counter() - t0, history[0][1], history, seed)
+    return SearchResult(
+        space.plan(best),
+        space.evaluate(best),
+        best,
+        steps,
+        accepted,
+        time.perf_counter() - t0,
+        history[0][1],
+        history,
+        seed,
+    )
 
 
 @dataclass
@@ -214,14 +235,22 @@ class Convergence:
         costs = ", ".join(f"{c:.2f}" for c in self.best_costs)
         late = max(self.last_improvement)
         verdict = "agree" if self.agree else "DISAGREE (raise max_steps or chains)"
-        return (f"{len(self.seeds)} chains {verdict}: best costs [{costs}], spread "
-                f"{self.spread:.1%} (tolerance {self.tolerance:.1%}); latest improvement at "
-                f"{late:.0%} of a chain's steps")
+        return (
+            f"{len(self.seeds)} chains {verdict}: best costs [{costs}], spread "
+            f"{self.spread:.1%} (tolerance {self.tolerance:.1%}); latest improvement at "
+            f"{late:.0%} of a chain's steps"
+        )
 
 
-def multi_chain(space: PlanSpace, seeds: tuple[int, ...] = (0, 1, 2, 3), *,
-                max_steps: int | None = 20_000, time_limit: float | None = None,
-                tolerance: float = 0.01, **kw) -> SearchResult:
+def multi_chain(
+    space: PlanSpace,
+    seeds: tuple[int, ...] = (0, 1, 2, 3),
+    *,
+    max_steps: int | None = 20_000,
+    time_limit: float | None = None,
+    tolerance: float = 0.01,
+    **kw,
+) -> SearchResult:
     """One chain per seed; the best chain's result with a `convergence` report. The first
     chain starts from the greedy plan (ReaLHF), the others from a random plan drawn from their
     seed, so that agreement means the chains found the same optimum from different places."""
@@ -231,8 +260,11 @@ def multi_chain(space: PlanSpace, seeds: tuple[int, ...] = (0, 1, 2, 3), *,
         runs.append(mcmc(space, max_steps=max_steps, time_limit=time_limit, seed=s, init=start, **kw))
     best = min(runs, key=lambda r: (r.evaluation.cost, r.seed))
     best.convergence = Convergence(
-        tuple(seeds), tuple(r.evaluation.cost for r in runs),
-        tuple(r.history[-1][0] / max(1, r.steps) for r in runs), tolerance)
+        tuple(seeds),
+        tuple(r.evaluation.cost for r in runs),
+        tuple(r.history[-1][0] / max(1, r.steps) for r in runs),
+        tolerance,
+    )
     best.chains = runs
     return best
 
@@ -249,13 +281,20 @@ def exhaustive(space: PlanSpace, limit: int = 200_000) -> tuple[tuple[int, ...],
     return best
 
 
-def search(dataflow: Dataflow, models: ModelSpec | str | dict, workload: Workload,
-           cluster: ClusterSpec, *, max_steps: int | None = 20_000,
-           time_limit: float | None = None, seeds: tuple[int, ...] = (0, 1, 2, 3),
-           n_iterations: int = 2, tolerance: float = 0.01) -> SearchResult:
+def search(
+    dataflow: Dataflow,
+    models: ModelSpec | str | dict,
+    workload: Workload,
+    cluster: ClusterSpec,
+    *,
+    max_steps: int | None = 20_000,
+    time_limit: float | None = None,
+    seeds: tuple[int, ...] = (0, 1, 2, 3),
+    n_iterations: int = 2,
+    tolerance: float = 0.01,
+) -> SearchResult:
     """ReaLHF search with the defaults: valid meshes, a 2-iteration unrolled graph, one chain
     per seed for `max_steps` proposals each. `result.convergence` says whether the chains'
     best costs agree within `tolerance`."""
     space = PlanSpace(dataflow, dataflow.model_specs(models), workload, cluster, n_iterations)
-    return multi_chain(space, seeds, max_steps=max_steps, time_limit=time_limit,
-                       tolerance=tolerance)
+    return multi_chain(space, seeds, max_steps=max_steps, time_limit=time_limit, tolerance=tolerance)

@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING
 
 from workbench.controller.mesh import Mesh
 from workbench.hybrid.layouts import gather_groups
-from workbench.planner.memory import (ADAM_BYTES, GRAD_BYTES, WEIGHT_BYTES,
-                                      generation_concurrency, transition)
+from workbench.planner.memory import ADAM_BYTES, GRAD_BYTES, WEIGHT_BYTES, generation_concurrency, transition
 from workbench.planner.specs import ClusterSpec, ModelSpec, Workload
 
 if TYPE_CHECKING:
@@ -45,7 +44,7 @@ class Simulator:
     def __init__(self, cluster: ClusterSpec, workload: Workload):
         self.cluster, self.wl = cluster, workload
         self.dtype_bytes = cluster.dtype_bytes
-        self._widen = cluster.dtype_bytes / WEIGHT_BYTES   # bf16 byte counts -> the cluster's dtype
+        self._widen = cluster.dtype_bytes / WEIGHT_BYTES  # bf16 byte counts -> the cluster's dtype
         self._memo: dict[tuple, float] = {}
 
     # --- links and collectives -------------------------------------------------------------
@@ -56,8 +55,7 @@ class Simulator:
         c = self.cluster
         return c.inter_node_bandwidth / c.devices_per_node * c.comm_efficiency
 
-    def allreduce(self, nbytes: float, group: int, n_ops: float = 1, *,
-                  members_per_node: int | None = None) -> float:
+    def allreduce(self, nbytes: float, group: int, n_ops: float = 1, *, members_per_node: int | None = None) -> float:
         """Ring all-reduce of `nbytes` total over `group` ranks, as `n_ops` collectives:
         2(g-1)/g·bytes over the link (Patarasuk & Yuan 2009). A group spanning machines
         reduces inside each machine first, so the network carries 1/k of the data per device
@@ -69,8 +67,7 @@ class Simulator:
         if k >= group:
             return ring / self._intra() + n_ops * self.cluster.collective_latency
         intra = 2 * (k - 1) / k * nbytes / self._intra() if k > 1 else 0.0
-        return intra + ring / (k * self._inter_per_device()) \
-            + 2 * n_ops * self.cluster.collective_latency
+        return intra + ring / (k * self._inter_per_device()) + 2 * n_ops * self.cluster.collective_latency
 
     def link_bandwidth(self, crosses_nodes: bool) -> float:
         return self._inter_per_device() if crosses_nodes else self._intra()
@@ -82,8 +79,7 @@ class Simulator:
             self._memo[key] = self._pass(spec, s, batch_factor, train=True)
         return self._memo[key]
 
-    def inference(self, spec: ModelSpec, s: Mesh, batch_factor: float = 1.0,
-                  trained: bool = True) -> float:
+    def inference(self, spec: ModelSpec, s: Mesh, batch_factor: float = 1.0, trained: bool = True) -> float:
         """A forward-only call; `trained=False` for a frozen model, which the workers keep
         whole on every data-parallel rank, so its forward gathers nothing."""
         key = ("inference", spec, s, batch_factor, trained)
@@ -91,8 +87,7 @@ class Simulator:
             self._memo[key] = self._pass(spec, s, batch_factor, train=False, trained=trained)
         return self._memo[key]
 
-    def _pass(self, spec: ModelSpec, s: Mesh, bf: float, *, train: bool,
-              trained: bool = True) -> float:
+    def _pass(self, spec: ModelSpec, s: Mesh, bf: float, *, train: bool, trained: bool = True) -> float:
         c, wl = self.cluster, self.wl
         seqs = wl.sequences * bf
         epochs = wl.ppo_epochs if train else 1
@@ -113,23 +108,25 @@ class Simulator:
         # Megatron TP: 2 all-reduces per layer per forward, 2 per backward.
         ar_per_layer = 2 * passes if train else 2
         layers = spec.n_layers / s.pp
-        tp = self.allreduce(act_bytes * layers * ar_per_layer, s.tp,
-                            n_ops=layers * ar_per_layer * n_micro)
+        tp = self.allreduce(act_bytes * layers * ar_per_layer, s.tp, n_ops=layers * ar_per_layer * n_micro)
         bubble = 1 + (s.pp - 1) / micro
         # Fixed framework cost per forward-equivalent of each micro-batch (0 on GPU presets).
-        overhead = n_micro * (passes * (c.step_overhead + self.kernel_time(spec, s))
-                              + (c.train_overhead if train else c.inference_overhead))
+        overhead = n_micro * (
+            passes * (c.step_overhead + self.kernel_time(spec, s))
+            + (c.train_overhead if train else c.inference_overhead)
+        )
         total = (compute + tp + overhead) * bubble
         if s.pp > 1:  # activations forward (and their gradients backward) between stages
             hops = 2 if train else 1
-            total += hops * act_bytes / self.link_bandwidth(s.replica_spans_nodes(c.devices_per_node)) \
+            total += (
+                hops * act_bytes / self.link_bandwidth(s.replica_spans_nodes(c.devices_per_node))
                 + hops * n_micro * c.collective_latency
+            )
         if train:
             # Adam is memory-bound: every optimizer step reads this device's gradients, reads
             # and writes its master weights and both moments, and writes the weights.
             params = spec.param_count / s.world_size
-            total += steps * params * OPTIMIZER_STEP_BYTES \
-                / (c.memory_bandwidth * c.bandwidth_efficiency)
+            total += steps * params * OPTIMIZER_STEP_BYTES / (c.memory_bandwidth * c.bandwidth_efficiency)
         if s.dp > 1 and wl.param_sharding == "full" and trained:
             # FSDP / ZeRO-3: per micro-batch, one all-gather of every layer's parameters per
             # forward (two when training: the backward gathers again) and, when training, one
@@ -137,16 +134,20 @@ class Simulator:
             weights = spec.param_count / s.model_parallel
             gathers = 2 if train else 1
             volume = weights * (gathers * self.dtype_bytes + (GRAD_BYTES if train else 0)) / 2
-            units = spec.n_layers / s.pp + 1   # one FSDP unit per decoder layer, plus the root
-            total += self.allreduce(volume * n_micro, s.dp,
-                                    n_ops=(gathers + train) * units * n_micro,
-                                    members_per_node=s.dp_peers_per_node(c.devices_per_node))
+            units = spec.n_layers / s.pp + 1  # one FSDP unit per decoder layer, plus the root
+            total += self.allreduce(
+                volume * n_micro,
+                s.dp,
+                n_ops=(gathers + train) * units * n_micro,
+                members_per_node=s.dp_peers_per_node(c.devices_per_node),
+            )
         elif train and s.dp > 1:
             # Distributed optimizer: reduce-scatter fp32 grads + all-gather the params,
             # the volume of half an all-reduce each.
             shard = spec.param_count / s.model_parallel * (GRAD_BYTES + self.dtype_bytes) / 2
-            total += self.allreduce(shard * steps, s.dp, n_ops=2 * steps,
-                                    members_per_node=s.dp_peers_per_node(c.devices_per_node))
+            total += self.allreduce(
+                shard * steps, s.dp, n_ops=2 * steps, members_per_node=s.dp_peers_per_node(c.devices_per_node)
+            )
         return total
 
     def kernel_time(self, spec: ModelSpec, s: Mesh) -> float:
@@ -154,8 +155,7 @@ class Simulator:
         layers (the stages run one after another for one micro-batch)."""
         return KERNELS_PER_LAYER * spec.n_layers * self.cluster.kernel_latency
 
-    def generate(self, spec: ModelSpec, s: Mesh, kv_budget: float = INF,
-                 batch_factor: float = 1.0) -> float:
+    def generate(self, spec: ModelSpec, s: Mesh, kv_budget: float = INF, batch_factor: float = 1.0) -> float:
         """Prefill + response_len decoding steps per wave; INF if not one sequence fits."""
         wl = self.wl
         batch = math.ceil(wl.sequences * batch_factor / s.dp)
@@ -182,25 +182,28 @@ class Simulator:
         fixed = c.step_overhead + self.kernel_time(spec, s)
         step = (max(mem, comp) if c.decode_overlap else mem + comp) + fixed
         if s.tp > 1:
-            step += self.allreduce(b * spec.hidden * self.dtype_bytes * spec.n_layers * 2, s.tp,
-                                   n_ops=2 * spec.n_layers)
+            step += self.allreduce(
+                b * spec.hidden * self.dtype_bytes * spec.n_layers * 2, s.tp, n_ops=2 * spec.n_layers
+            )
         if s.pp > 1:
             # Hops cross machines when a replica (pp*tp consecutive ranks of `s`) spans them.
             # The hybrid engine's hybridflow grouping strides a generation replica over its
             # training replica instead; that placement is not modelled here.
-            step += (s.pp - 1) * (c.collective_latency + b * spec.hidden * self.dtype_bytes
-                                  / self.link_bandwidth(s.replica_spans_nodes(c.devices_per_node)))
+            step += (s.pp - 1) * (
+                c.collective_latency
+                + b * spec.hidden * self.dtype_bytes / self.link_bandwidth(s.replica_spans_nodes(c.devices_per_node))
+            )
         prefill_flops = b * wl.prompt_len * spec.forward_flops_per_token(wl.prompt_len / 2)
         prefill = prefill_flops / (mp * c.peak_flops * c.inference_efficiency) + fixed
         if s.tp > 1:
-            prefill += self.allreduce(b * wl.prompt_len * spec.hidden * self.dtype_bytes
-                                      * spec.n_layers * 2, s.tp, n_ops=2 * spec.n_layers)
+            prefill += self.allreduce(
+                b * wl.prompt_len * spec.hidden * self.dtype_bytes * spec.n_layers * 2, s.tp, n_ops=2 * spec.n_layers
+            )
         t = waves * (prefill + wl.response_len * step)
         self._memo[key] = t
         return t
 
-    def call_time(self, call: "Call", spec: ModelSpec, s: Mesh,
-                  kv_budget: float = INF, trained: bool = True) -> float:
+    def call_time(self, call: "Call", spec: ModelSpec, s: Mesh, kv_budget: float = INF, trained: bool = True) -> float:
         """Seconds of one call as the driver sees it: its work plus `call_overhead`
         (`trained`: whether the call's model is trained, see `inference`)."""
         if call.kind == "train":
@@ -212,8 +215,7 @@ class Simulator:
         return work + self.cluster.call_overhead
 
     # --- moving parameters and data ---------------------------------------------------------
-    def reshard_time(self, spec: ModelSpec, train: Mesh, gen: Mesh,
-                     method: str | None = None) -> float:
+    def reshard_time(self, spec: ModelSpec, train: Mesh, gen: Mesh, method: str | None = None) -> float:
         """3D-HybridEngine train->generation switch: each device receives Table 2's bytes
         (`memory.transition`) over the links its all-gather group spans."""
         method = method or self.wl.transition
@@ -230,12 +232,22 @@ class Simulator:
             # ranks hold 1/dp of one, so each first all-gathers its generation shard (one
             # gather per layer, half an all-reduce's volume each).
             shard = spec.param_count / gen.model_parallel * self.dtype_bytes
-            gather = self.allreduce(shard / 2, train.dp, n_ops=spec.n_layers + 1,
-                                    members_per_node=train.dp_peers_per_node(self.cluster.devices_per_node))
+            gather = self.allreduce(
+                shard / 2,
+                train.dp,
+                n_ops=spec.n_layers + 1,
+                members_per_node=train.dp_peers_per_node(self.cluster.devices_per_node),
+            )
         crosses = _gather_crosses(train.with_generation(gen, method), self.cluster.devices_per_node)
-        return gather + self.weight_copy_time(t.generation_params * self._widen) + (
-            0.0 if t.comm_bytes <= 0 else
-            t.comm_bytes * self._widen / self.link_bandwidth(crosses) + self.cluster.collective_latency)
+        return (
+            gather
+            + self.weight_copy_time(t.generation_params * self._widen)
+            + (
+                0.0
+                if t.comm_bytes <= 0
+                else t.comm_bytes * self._widen / self.link_bandwidth(crosses) + self.cluster.collective_latency
+            )
+        )
 
     def weight_copy_time(self, nbytes: float) -> float:
         """Writing the generation weights into their separate buffer (HybridFlow keeps one
@@ -243,8 +255,9 @@ class Simulator:
         c = self.cluster
         return 2 * nbytes / (c.memory_bandwidth * c.bandwidth_efficiency)
 
-    def realloc_time(self, spec: ModelSpec, src: Mesh, src_devs: tuple[int, int],
-                     dst: Mesh, dst_devs: tuple[int, int]) -> float:
+    def realloc_time(
+        self, spec: ModelSpec, src: Mesh, src_devs: tuple[int, int], dst: Mesh, dst_devs: tuple[int, int]
+    ) -> float:
         """ReaLHF parameter reallocation between two layouts: each destination device
         receives its shard M/mp_dst, minus what it already holds when it is also a source
         device of a finer-or-equal layout (then it equals the HybridFlow formula)."""

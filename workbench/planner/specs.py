@@ -65,8 +65,7 @@ class ModelSpec:
     def param_count(self) -> int:
         """Embedding + blocks (with two RMSNorm vectors each) + final norm + head (untied)."""
         h = self.hidden
-        return self.vocab * h + self.n_layers * (self.layer_matmul_params + 2 * h) + h \
-            + self.head_params
+        return self.vocab * h + self.n_layers * (self.layer_matmul_params + 2 * h) + h + self.head_params
 
     def forward_flops_per_token(self, context: float) -> float:
         """2·(matmul params) + 4·L·context·h: dense matmuls plus QKᵀ and AV over `context`
@@ -81,10 +80,15 @@ class ModelSpec:
     @classmethod
     def from_hf_config(cls, config, name: str | None = None) -> "ModelSpec":
         """The shape of a Hugging Face Llama-style config (e.g. a tiny-kit checkpoint's)."""
-        return cls(name or getattr(config, "name_or_path", "") or config.model_type,
-                   config.num_hidden_layers, config.hidden_size, config.num_attention_heads,
-                   getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
-                   config.intermediate_size, config.vocab_size)
+        return cls(
+            name or getattr(config, "name_or_path", "") or config.model_type,
+            config.num_hidden_layers,
+            config.hidden_size,
+            config.num_attention_heads,
+            getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+            config.intermediate_size,
+            config.vocab_size,
+        )
 
     def as_value_model(self) -> "ModelSpec":
         """The same trunk with a scalar head (critic, reward, cost models)."""
@@ -93,8 +97,11 @@ class ModelSpec:
         return dataclasses.replace(self, name=f"{self.name}-value", value_head=True)
 
     def describe(self) -> str:
-        return f"{self.name} ({self.param_count / 1e9:.2f}B params)" if self.param_count > 5e8 \
+        return (
+            f"{self.name} ({self.param_count / 1e9:.2f}B params)"
+            if self.param_count > 5e8
             else f"{self.name} ({self.param_count / 1e6:.1f}M params)"
+        )
 
 
 # Llama-2 shapes from the Llama 2 paper / HF configs. Llama-2-34B was never released; its
@@ -160,11 +167,15 @@ class Workload:
 
     def __post_init__(self) -> None:
         if self.param_sharding not in ("optimizer", "full"):  # a typo would silently mean "optimizer"
-            raise ValueError(f"Workload.param_sharding={self.param_sharding!r}: use 'optimizer' "
-                             f"(distributed optimizer, ZeRO-1) or 'full' (FSDP / ZeRO-3)")
+            raise ValueError(
+                f"Workload.param_sharding={self.param_sharding!r}: use 'optimizer' "
+                f"(distributed optimizer, ZeRO-1) or 'full' (FSDP / ZeRO-3)"
+            )
         if self.transition not in ("deepspeed_chat", "vanilla", "hybridflow"):
-            raise ValueError(f"Workload.transition={self.transition!r}: use 'hybridflow', "
-                             f"'vanilla' or 'deepspeed_chat' (HybridFlow Table 2)")
+            raise ValueError(
+                f"Workload.transition={self.transition!r}: use 'hybridflow', "
+                f"'vanilla' or 'deepspeed_chat' (HybridFlow Table 2)"
+            )
 
     @property
     def seq_len(self) -> int:
@@ -177,8 +188,7 @@ class Workload:
     @classmethod
     def tiny(cls) -> "Workload":
         """A workload that runs on this CPU machine with the tiny kit."""
-        return cls(global_batch=16, prompt_len=32, response_len=32, ppo_mini_batches=2,
-                   micro_batch_size=4)
+        return cls(global_batch=16, prompt_len=32, response_len=32, ppo_mini_batches=2, micro_batch_size=4)
 
 
 @dataclass(frozen=True)
@@ -269,5 +279,4 @@ class ClusterSpec:
     def mesh_sizes(self) -> list[int]:
         """Valid device-mesh sizes (ReaLHF §1): divisors of one node, or whole nodes."""
         u = self.devices_per_node
-        return [d for d in range(1, u + 1) if u % d == 0] + \
-            [k * u for k in range(2, self.n_nodes + 1)]
+        return [d for d in range(1, u + 1) if u % d == 0] + [k * u for k in range(2, self.n_nodes + 1)]

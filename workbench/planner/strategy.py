@@ -26,9 +26,13 @@ def __getattr__(name: str):
 
 
 def deprecated_parallel_strategy(module: str) -> type[Mesh]:
-    warnings.warn(f"{module}.ParallelStrategy is deprecated: use workbench.Mesh (the same "
-                  f"(pp, tp, dp) fields and positional order; print a layout with Mesh.short() for "
-                  f"the 'p1t2d4' form)", DeprecationWarning, stacklevel=3)
+    warnings.warn(
+        f"{module}.ParallelStrategy is deprecated: use workbench.Mesh (the same "
+        f"(pp, tp, dp) fields and positional order; print a layout with Mesh.short() for "
+        f"the 'p1t2d4' form)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
     return Mesh
 
 
@@ -42,8 +46,7 @@ def strategies(spec: ModelSpec, n_devices: int, devices_per_node: int) -> tuple[
     and KV heads and a machine (TP stays in one node), pp divides the layers."""
     out = []
     for tp in _divisors(n_devices):
-        if tp > devices_per_node or devices_per_node % tp or spec.n_heads % tp \
-                or spec.n_kv_heads % tp:
+        if tp > devices_per_node or devices_per_node % tp or spec.n_heads % tp or spec.n_kv_heads % tp:
             continue
         for pp in _divisors(n_devices // tp):
             if spec.n_layers % pp:
@@ -55,8 +58,7 @@ def strategies(spec: ModelSpec, n_devices: int, devices_per_node: int) -> tuple[
 def generation_strategies(train: Mesh) -> list[Mesh]:
     """3D-HybridEngine generation layouts for a training layout (HybridFlow §5):
     p_g | p and t_g | t, with d_g·d replicas so the device count is unchanged."""
-    return [Mesh(pg, tg, train.world_size // (pg * tg))
-            for pg in _divisors(train.pp) for tg in _divisors(train.tp)]
+    return [Mesh(pg, tg, train.world_size // (pg * tg)) for pg in _divisors(train.pp) for tg in _divisors(train.tp)]
 
 
 def is_generation_layout(train: Mesh, gen: Mesh) -> bool:

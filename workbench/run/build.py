@@ -25,8 +25,12 @@ def model_dir(config: RunConfig) -> Path:
         return Path(config.model.path)
     from workbench.stages.arithmetic_policy import DEFAULT_CACHE, arithmetic_policy
 
-    return arithmetic_policy(config.model.cache_dir or DEFAULT_CACHE, size=config.model.tiny_size,
-                             sft_steps=config.model.sft_steps, digits=config.data.arithmetic.digits)
+    return arithmetic_policy(
+        config.model.cache_dir or DEFAULT_CACHE,
+        size=config.model.tiny_size,
+        sft_steps=config.model.sft_steps,
+        digits=config.data.arithmetic.digits,
+    )
 
 
 def prompt_rows(config: RunConfig) -> tuple[list[dict], list[dict]]:
@@ -40,11 +44,18 @@ def prompt_rows(config: RunConfig) -> tuple[list[dict], list[dict]]:
     if data.train_file:
         return load_prompts(data.train_file), held_out
     seen = {row["prompt"] for row in held_out}
-    train = [{"prompt": p.prompt, "ground_truth": p.ground_truth}
-             for p in arithmetic.generate(data.arithmetic, data.train_size, seed=data.seed) if p.prompt not in seen]
+    train = [
+        {"prompt": p.prompt, "ground_truth": p.ground_truth}
+        for p in arithmetic.generate(data.arithmetic, data.train_size, seed=data.seed)
+        if p.prompt not in seen
+    ]
     if not train:
-        raise ConfigError("data.train_size", data.train_size, "every generated problem is also held out; "
-                          "draw more (data.train_size) or harder ones (data.arithmetic.digits)")
+        raise ConfigError(
+            "data.train_size",
+            data.train_size,
+            "every generated problem is also held out; "
+            "draw more (data.train_size) or harder ones (data.arithmetic.digits)",
+        )
     return train, held_out
 
 
@@ -103,12 +114,16 @@ def algorithm(config: RunConfig, session: Session, policy: Path) -> Algorithm:
     groups = Groups(reward=RuleReward(task.score, timeout=timeout))
     if "cost" in roles:
         if task.cost is None:
-            raise ConfigError("data.task", config.data.task, f"{config.algorithm_name} needs a cost; this task has none")
+            raise ConfigError(
+                "data.task", config.data.task, f"{config.algorithm_name} needs a cost; this task has none"
+            )
         groups.cost = RuleReward(TaskCost(task.name, config.data.cost), timeout=timeout, output_key="costs")
 
     algo_config = algorithm_config(config)
     actor_config = replace(
-        config.actor, model_path=str(policy) if config.actor.model_path == FROM_MODEL else config.actor.model_path, reference="reference" in roles,
+        config.actor,
+        model_path=str(policy) if config.actor.model_path == FROM_MODEL else config.actor.model_path,
+        reference="reference" in roles,
         temperature=config.actor.temperature if config.sampling.greedy else config.sampling.temperature,
     )
     actor_pool = session.pool("actor_pool", place.actor_devices)
@@ -116,7 +131,11 @@ def algorithm(config: RunConfig, session: Session, policy: Path) -> Algorithm:
     if "reference" in roles:
         groups.reference = groups.actor  # the reference copy lives in the actor's processes
     if "critic" in roles:
-        critic_path = config.model.critic_path or str(policy) if config.critic.model_path == FROM_MODEL else config.critic.model_path
+        critic_path = (
+            config.model.critic_path or str(policy)
+            if config.critic.model_path == FROM_MODEL
+            else config.critic.model_path
+        )
         critic_config = replace(config.critic, model_path=critic_path)
         pool = session.pool("critic_pool", place.critic_devices) if place.critic_devices else actor_pool
         critics = {"critic": (CriticWorker, critic_config)}
@@ -125,4 +144,3 @@ def algorithm(config: RunConfig, session: Session, policy: Path) -> Algorithm:
         for role, group in session.fused(pool, **critics).items():
             setattr(groups, role, group)
     return ALGORITHMS[config.algorithm_name](groups, algo_config)
-

@@ -77,9 +77,17 @@ class RunCheckpointer:
             futures = [group.save_checkpoint(str(partial / role)) for role, group in groups.items()]
             for future in futures:  # every group writes at once
                 future.get()
-            torch.save({"iteration": iteration, "algorithm_class": type(algorithm).__name__,
-                        "roles": sorted(groups), "algorithm": algorithm.state_dict(), "rng": rng_state(),
-                        "extra": dict(extra or {})}, partial / "run.pt")
+            torch.save(
+                {
+                    "iteration": iteration,
+                    "algorithm_class": type(algorithm).__name__,
+                    "roles": sorted(groups),
+                    "algorithm": algorithm.state_dict(),
+                    "rng": rng_state(),
+                    "extra": dict(extra or {}),
+                },
+                partial / "run.pt",
+            )
         except BaseException:  # session.recover must not reload a half-written step
             for role, group in groups.items():
                 if before[role] is None:
@@ -110,18 +118,26 @@ class RunCheckpointer:
         and set the driver's random generators. Returns {"iteration", "extra", "path"}."""
         path = Path(path) if path is not None else self.latest()
         if path is None:
-            raise ConfigError("RunCheckpointer.restore", str(self.directory),
-                              "no complete checkpoint there yet; save one first or pass path=")
+            raise ConfigError(
+                "RunCheckpointer.restore",
+                str(self.directory),
+                "no complete checkpoint there yet; save one first or pass path=",
+            )
         if not (path / "run.pt").exists():
-            raise ConfigError("RunCheckpointer.restore path", str(path),
-                              "not a complete checkpoint (no run.pt): pass a step-XXXXXX directory")
+            raise ConfigError(
+                "RunCheckpointer.restore path",
+                str(path),
+                "not a complete checkpoint (no run.pt): pass a step-XXXXXX directory",
+            )
         state = torch.load(path / "run.pt", weights_only=False)
         groups = trained_groups(algorithm)
         if state["algorithm_class"] != type(algorithm).__name__ or state["roles"] != sorted(groups):
             raise ConfigError(
-                "RunCheckpointer.restore", str(path),
+                "RunCheckpointer.restore",
+                str(path),
                 f"it holds a {state['algorithm_class']} run with trained roles {state['roles']}; this is a "
-                f"{type(algorithm).__name__} with {sorted(groups)}: restore it into the same algorithm and roles")
+                f"{type(algorithm).__name__} with {sorted(groups)}: restore it into the same algorithm and roles",
+            )
         futures = [group.load_checkpoint(str(path / role)) for role, group in groups.items()]
         for future in futures:
             future.get()
@@ -147,8 +163,10 @@ def trained_groups(algorithm) -> dict[str, Any]:
         if group is None:
             continue
         if "save_checkpoint" not in getattr(group, "methods", ()):
-            raise ConfigError(f"{type(algorithm).__name__} role {role!r}", type(group).__name__,
-                              "a trained role needs a worker group with save_checkpoint/load_checkpoint")
+            raise ConfigError(
+                f"{type(algorithm).__name__} role {role!r}",
+                type(group).__name__,
+                "a trained role needs a worker group with save_checkpoint/load_checkpoint",
+            )
         groups[role] = group
     return groups
-

@@ -211,23 +211,33 @@ class RunConfig:
         if self.checkpoint.every:
             checks.whole("checkpoint", "keep", self.checkpoint.keep, 1, fix="keep at least 1 checkpoint")
         if self.faults.max_recoveries and not self.checkpoint.every:
-            raise ConfigError("faults.max_recoveries", self.faults.max_recoveries,
-                              "recovery reloads the last checkpoint: set checkpoint.every >= 1, or faults.max_recoveries=0")
+            raise ConfigError(
+                "faults.max_recoveries",
+                self.faults.max_recoveries,
+                "recovery reloads the last checkpoint: set checkpoint.every >= 1, or faults.max_recoveries=0",
+            )
         if self.checkpoint.resume and not self.checkpoint.every:
             raise ConfigError("checkpoint.resume", True, "resuming needs checkpoints: set checkpoint.every >= 1")
         if self.logging.wandb:
             try:
                 import wandb  # noqa: F401
             except ImportError:
-                raise ConfigError("logging.wandb", True, "the wandb package is not installed (pip install wandb), "
-                                                         "or set logging.wandb=false") from None
-        checks.real("data", "reward_timeout", self.data.reward_timeout, 0, low_open=True,
-                    fix="give the seconds allowed, > 0")
+                raise ConfigError(
+                    "logging.wandb",
+                    True,
+                    "the wandb package is not installed (pip install wandb), or set logging.wandb=false",
+                ) from None
+        checks.real(
+            "data", "reward_timeout", self.data.reward_timeout, 0, low_open=True, fix="give the seconds allowed, > 0"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values (YAML-writable) that `from_dict` turns back into this config."""
         out = to_plain(self)
-        out["algorithm"] = {"name": self.algorithm_name, **{k: v for k, v in out["algorithm"].items() if k != "sampling"}}
+        out["algorithm"] = {
+            "name": self.algorithm_name,
+            **{k: v for k, v in out["algorithm"].items() if k != "sampling"},
+        }
         return out
 
     @classmethod
@@ -238,11 +248,28 @@ class RunConfig:
 
 
 _COUNTS = {
-    "iterations": 1, "placement.actor_devices": 1, "placement.threads_per_worker": 1,
-    **dict.fromkeys(("placement.critic_devices", "placement.num_devices", "checkpoint.every", "checkpoint.keep",
-                     "evaluation.every", "evaluation.max_new_tokens", "logging.rollouts_every", "logging.rollout_rows",
-                     "logging.print_every", "faults.max_recoveries", "faults.reward_retries",
-                     "data.train_size", "data.eval_size", "model.sft_steps"), 0),
+    "iterations": 1,
+    "placement.actor_devices": 1,
+    "placement.threads_per_worker": 1,
+    **dict.fromkeys(
+        (
+            "placement.critic_devices",
+            "placement.num_devices",
+            "checkpoint.every",
+            "checkpoint.keep",
+            "evaluation.every",
+            "evaluation.max_new_tokens",
+            "logging.rollouts_every",
+            "logging.rollout_rows",
+            "logging.print_every",
+            "faults.max_recoveries",
+            "faults.reward_retries",
+            "data.train_size",
+            "data.eval_size",
+            "model.sft_steps",
+        ),
+        0,
+    ),
 }
 """The run's whole-number fields and the least each may be (checked again by `validate`, so a
 config edited in Python is checked like one read from YAML)."""
@@ -290,4 +317,3 @@ def algorithm_name(config: AlgoConfig) -> str:
         if type(config) is cls.Config:
             return name
     raise ConfigError("algorithm", type(config).__name__, f"not the config of one of {sorted(ALGORITHMS)}")
-

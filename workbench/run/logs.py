@@ -21,8 +21,14 @@ from workbench.data.batch import Batch
 class MetricLog:
     """Appends each iteration's metrics to metrics.jsonl, TensorBoard and (when asked) W&B."""
 
-    def __init__(self, directory: Path, tensorboard: bool = True, wandb_project: str | None = None,
-                 run_name: str = "run", config: dict | None = None):
+    def __init__(
+        self,
+        directory: Path,
+        tensorboard: bool = True,
+        wandb_project: str | None = None,
+        run_name: str = "run",
+        config: dict | None = None,
+    ):
         self.path = directory / "metrics.jsonl"
         self.file = self.path.open("a", encoding="utf-8")
         self.tensorboard_dir = directory / "tensorboard" if tensorboard else None

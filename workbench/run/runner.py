@@ -109,8 +109,13 @@ class Runner:
             if cfg.checkpoint.every or cfg.checkpoint.export_hf:
                 self.checkpointer = RunCheckpointer(cfg.checkpoint_dir, keep=max(1, cfg.checkpoint.keep))
             self._start(resume)
-            log = MetricLog(out, cfg.logging.tensorboard, cfg.logging.wandb_project if cfg.logging.wandb else None,
-                            cfg.name, cfg.to_dict())
+            log = MetricLog(
+                out,
+                cfg.logging.tensorboard,
+                cfg.logging.wandb_project if cfg.logging.wandb else None,
+                cfg.name,
+                cfg.to_dict(),
+            )
             self._loop(loader, log)
             if cfg.checkpoint.export_hf:
                 exported = self.checkpointer.export_hf(self.algorithm, out / "hf")
@@ -120,15 +125,24 @@ class Runner:
                 log.close()
             self._finish(out, started)
         result = self.result(started)
-        print(f"run {cfg.name!r}: {cfg.algorithm_name}, {result.iterations} iterations in {result.seconds:.1f} s"
-              f" ({self.recoveries} recoveries, {self.reward_retries} reward retries)")
+        print(
+            f"run {cfg.name!r}: {cfg.algorithm_name}, {result.iterations} iterations in {result.seconds:.1f} s"
+            f" ({self.recoveries} recoveries, {self.reward_retries} reward retries)"
+        )
         print(result.listing())
         return result
 
     def _loop(self, loader, log: MetricLog) -> None:
         cfg, algo = self.config, self.algorithm
-        bar = tqdm(total=cfg.iterations, initial=algo.iteration, desc=cfg.name, unit="it",
-                   disable=not cfg.logging.progress, file=sys.stderr, dynamic_ncols=True)
+        bar = tqdm(
+            total=cfg.iterations,
+            initial=algo.iteration,
+            desc=cfg.name,
+            unit="it",
+            disable=not cfg.logging.progress,
+            file=sys.stderr,
+            dynamic_ncols=True,
+        )
         try:
             if cfg.evaluation.every and cfg.evaluation.at_start and algo.iteration == 0:
                 try:
@@ -154,10 +168,16 @@ class Runner:
         cfg, algo = self.config, self.algorithm
         batch, metrics = self._guarded(self._step, prompts)
         it = algo.iteration
-        metrics = {**metrics, "run/recoveries": float(self.recoveries), "run/redone": float(it <= self.redo_until),
-                   "run/reward_retries": float(self.reward_retries)}
+        metrics = {
+            **metrics,
+            "run/recoveries": float(self.recoveries),
+            "run/redone": float(it <= self.redo_until),
+            "run/reward_retries": float(self.reward_retries),
+        }
         if _due(it, cfg.logging.rollouts_every, cfg.iterations):
-            write_rows(cfg.output_dir / "rollouts.jsonl", rollout_rows(batch, self.tokenizer, it, cfg.logging.rollout_rows))
+            write_rows(
+                cfg.output_dir / "rollouts.jsonl", rollout_rows(batch, self.tokenizer, it, cfg.logging.rollout_rows)
+            )
         if _due(it, cfg.evaluation.every, cfg.iterations):
             metrics |= self._guarded(self.evaluate)
         log.write(it, metrics)
@@ -190,8 +210,10 @@ class Runner:
                 if attempts > self.config.faults.reward_retries:
                     raise faults.RewardFunctionError(iteration, *failure, attempts) from error
                 self.reward_retries += 1
-                tqdm.write(f"iteration {iteration}: the reward function {failure[0]} failed ({failure[1]}); "
-                           f"retrying the iteration ({attempts}/{self.config.faults.reward_retries})")
+                tqdm.write(
+                    f"iteration {iteration}: the reward function {failure[0]} failed ({failure[1]}); "
+                    f"retrying the iteration ({attempts}/{self.config.faults.reward_retries})"
+                )
 
     def _guarded(self, work: Callable, *args):
         """`work(*args)`; when a worker group turns out dead, recover and rewind (raises _Rewound)."""
@@ -215,10 +237,13 @@ class Runner:
             if self.recoveries >= limit:
                 raise faults.RunStopped(
                     f"iteration {failed}: the worker group {role!r} died and the run has used its "
-                    f"{limit} recoveries (faults.max_recoveries); {str(error).splitlines()[0]}") from error
+                    f"{limit} recoveries (faults.max_recoveries); {str(error).splitlines()[0]}"
+                ) from error
             self.recoveries += 1
-            tqdm.write(f"iteration {failed}: the worker group {role!r} died ({str(error).splitlines()[0][:160]}); "
-                       f"recovery {self.recoveries}/{limit}: restarting it and reloading the last checkpoint")
+            tqdm.write(
+                f"iteration {failed}: the worker group {role!r} died ({str(error).splitlines()[0][:160]}); "
+                f"recovery {self.recoveries}/{limit}: restarting it and reloading the last checkpoint"
+            )
             try:
                 self.session.recover(role)
                 state = self.checkpointer.restore(self.algorithm)
@@ -228,15 +253,21 @@ class Runner:
                 if role is None:
                     raise
         self.redo_until = max(self.redo_until, failed)
-        tqdm.write(f"recovered: continuing from iteration {state['iteration']}; iterations "
-                   f"{state['iteration'] + 1}..{failed} are redone")
+        tqdm.write(
+            f"recovered: continuing from iteration {state['iteration']}; iterations "
+            f"{state['iteration'] + 1}..{failed} are redone"
+        )
 
     # ---- pieces a notebook or a callback may call too -------------------------------------------
     def evaluate(self) -> dict[str, float]:
         """Held-out greedy responses, scored by the task's reward (and cost): eval/score, eval/cost."""
         algo, cfg = self.algorithm, self.config
-        sampling = replace(algo.config.sampling, greedy=True, n=1,
-                           max_new_tokens=cfg.evaluation.max_new_tokens or algo.config.sampling.max_new_tokens)
+        sampling = replace(
+            algo.config.sampling,
+            greedy=True,
+            n=1,
+            max_new_tokens=cfg.evaluation.max_new_tokens or algo.config.sampling.max_new_tokens,
+        )
         start = time.monotonic()
         with tags(step="eval", iteration=algo.iteration):
             gen = algo.groups.actor.generate_sequences(self.eval_batch, sampling)
@@ -251,21 +282,37 @@ class Runner:
 
     def save(self) -> Path:
         """A whole-run checkpoint at the current iteration."""
-        extra = {"recoveries": self.recoveries, "reward_retries": self.reward_retries,
-                 "batches_consumed": self.algorithm.iteration, "config": self.config.to_dict()}
+        extra = {
+            "recoveries": self.recoveries,
+            "reward_retries": self.reward_retries,
+            "batches_consumed": self.algorithm.iteration,
+            "config": self.config.to_dict(),
+        }
         return self.checkpointer.save(self.algorithm, self.algorithm.iteration, extra=extra)
 
     def result(self, started: float) -> RunResult:
         out = self.config.output_dir
         files = {"config": out / "config.yaml", "metrics": out / "metrics.jsonl"}
-        for kind, path in (("tensorboard", out / "tensorboard"), ("rollouts", out / "rollouts.jsonl"),
-                           ("trace", out / "trace.json"), ("spans", out / "trace.jsonl"),
-                           ("checkpoints", self.config.checkpoint_dir)):
+        for kind, path in (
+            ("tensorboard", out / "tensorboard"),
+            ("rollouts", out / "rollouts.jsonl"),
+            ("trace", out / "trace.json"),
+            ("spans", out / "trace.jsonl"),
+            ("checkpoints", self.config.checkpoint_dir),
+        ):
             if path.exists():
                 files[kind] = path
         files |= self.exported
-        return RunResult(out, files, self.algorithm.iteration if self.algorithm else 0, self.recoveries,
-                         self.reward_retries, self.history, self.evaluations, time.time() - started)
+        return RunResult(
+            out,
+            files,
+            self.algorithm.iteration if self.algorithm else 0,
+            self.recoveries,
+            self.reward_retries,
+            self.history,
+            self.evaluations,
+            time.time() - started,
+        )
 
     # ---- start and end ----------------------------------------------------------------------------
     def _prepare_output(self, out: Path) -> bool:
@@ -339,9 +386,11 @@ def run(config: RunConfig | str | Path, overrides: Iterable[str] = (), **kwargs:
 def main(argv: list[str]) -> None:
     """`python -m workbench run config.yaml [field=value ...]`."""
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: python -m workbench run CONFIG.yaml [dotted.field=value ...]\n"
-              "  e.g. python -m workbench run configs/ppo.yaml iterations=20 sampling.n=4 actor.optim.lr=3e-5\n"
-              "  configs/: ppo.yaml, grpo.yaml, safe_rlhf.yaml; fields: workbench/run/config.py")
+        print(
+            "usage: python -m workbench run CONFIG.yaml [dotted.field=value ...]\n"
+            "  e.g. python -m workbench run configs/ppo.yaml iterations=20 sampling.n=4 actor.optim.lr=3e-5\n"
+            "  configs/: ppo.yaml, grpo.yaml, safe_rlhf.yaml; fields: workbench/run/config.py"
+        )
         sys.exit(0 if argv else 2)
     try:
         config = load_config(argv[0], argv[1:])

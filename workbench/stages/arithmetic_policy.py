@@ -17,7 +17,11 @@ DEFAULT_CACHE = Path.home() / ".cache" / "hybridflow-workbench"
 
 
 def arithmetic_policy(
-    workdir: str | Path = DEFAULT_CACHE, size: str = "1m", sft_steps: int = 200, digits: int = 1, seed: int = 0,
+    workdir: str | Path = DEFAULT_CACHE,
+    size: str = "1m",
+    sft_steps: int = 200,
+    digits: int = 1,
+    seed: int = 0,
     verbose: bool = True,
 ) -> Path:
     """The `size` tiny model after `sft_steps` SFT steps on `digits`-digit additions (cached:
@@ -29,7 +33,9 @@ def arithmetic_policy(
         base = make_tiny(size, workdir / f"tiny-{size}-s{seed}", seed=seed)
         problems = arithmetic.generate(arithmetic.ArithmeticConfig(digits=digits), 400, seed=seed)
         staging = Path(tempfile.mkdtemp(prefix=f".{sft_dir.name}.", dir=workdir))
-        result = train_sft(base, arithmetic.demonstrations(problems), staging, StageConfig(steps=sft_steps, log_every=0))
+        result = train_sft(
+            base, arithmetic.demonstrations(problems), staging, StageConfig(steps=sft_steps, log_every=0)
+        )
         staging.chmod(0o755)
         if (sft_dir / "config.json").exists():  # another process finished first
             shutil.rmtree(staging)

@@ -39,7 +39,9 @@ def pairwise_accuracy(model, tokenizer, pairs: list[dict], max_length: int = 64)
     return float((chosen > rejected).float().mean())
 
 
-def train_reward_model(model_dir: str | Path, pairs: list[dict], out_dir: str | Path, config: StageConfig = StageConfig()) -> dict:
+def train_reward_model(
+    model_dir: str | Path, pairs: list[dict], out_dir: str | Path, config: StageConfig = StageConfig()
+) -> dict:
     """Train on rows {"prompt", "chosen", "rejected"}; saves a value model (load it with
     workbench.models.value.load_value_model, or as RewardModelWorker/CostModelWorker's model_path)."""
     loaded = load_value_model(model_dir)

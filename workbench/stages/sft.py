@@ -43,7 +43,9 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def fit(model, config: StageConfig, num_examples: int, batch_loss: Callable[[list[int]], torch.Tensor], name: str) -> list[float]:
+def fit(
+    model, config: StageConfig, num_examples: int, batch_loss: Callable[[list[int]], torch.Tensor], name: str
+) -> list[float]:
     """AdamW steps on random batches of example indices; returns the loss of every step."""
     torch.manual_seed(config.seed)
     rng = random.Random(config.seed)
@@ -98,7 +100,9 @@ def response_nll(model, input_ids, attention_mask, loss_mask) -> torch.Tensor:
     return (nll.view(targets.shape) * mask).sum() / mask.sum()
 
 
-def train_sft(model_dir: str | Path, demonstrations: list[dict], out_dir: str | Path, config: StageConfig = StageConfig()) -> dict:
+def train_sft(
+    model_dir: str | Path, demonstrations: list[dict], out_dir: str | Path, config: StageConfig = StageConfig()
+) -> dict:
     """Fine-tune on rows {"prompt", "response"}; returns {"path", "losses", "first_loss", "last_loss"}."""
     loaded = load(model_dir)
     model, tokenizer = loaded.model, loaded.tokenizer

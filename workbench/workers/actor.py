@@ -38,10 +38,23 @@ from workbench.hybrid.transition import HybridEngine
 from workbench.engines.vllm_rollout import VLLMRolloutConfig
 from workbench import checks
 from workbench.errors import ConfigError
-from workbench.models.load import (LoadConfig, check_compiled_training, check_model_dir, check_positions, compile_forward,
-                                   for_worker, load)
+from workbench.models.load import (
+    LoadConfig,
+    check_compiled_training,
+    check_model_dir,
+    check_positions,
+    compile_forward,
+    for_worker,
+    load,
+)
 from workbench.workers.updates import (
-    check_mini_batch_splits, check_rows_split, load_rank_state, mean_over_ranks, run_updates, save_rank_state)
+    check_mini_batch_splits,
+    check_rows_split,
+    load_rank_state,
+    mean_over_ranks,
+    run_updates,
+    save_rank_state,
+)
 
 
 ROLLOUTS = ("hf", "vllm", None)
@@ -88,30 +101,46 @@ class ActorConfig:
     the generation pieces with the training pieces (WeightSyncError on a mismatch)."""
 
     def __post_init__(self):
-        checks.one_of("ActorConfig", "rollout", self.rollout, ROLLOUTS,
-                      fix=f"unknown rollout backend; use one of {ROLLOUTS}")
-        checks.one_of("ActorConfig", "backend", self.backend, BACKENDS,
-                      fix=f"unknown training backend; use one of {BACKENDS}")
+        checks.one_of(
+            "ActorConfig", "rollout", self.rollout, ROLLOUTS, fix=f"unknown rollout backend; use one of {ROLLOUTS}"
+        )
+        checks.one_of(
+            "ActorConfig", "backend", self.backend, BACKENDS, fix=f"unknown training backend; use one of {BACKENDS}"
+        )
         checks.one_of("ActorConfig", "zero_stage", self.zero_stage, (1, 2, 3), fix="not a ZeRO stage; use 1, 2 or 3")
         check_training_fields("ActorConfig", self)
-        checks.real("ActorConfig", "temperature", self.temperature, 0, low_open=True,
-                    fix="use a temperature > 0 (the sampling temperature; 1.0 for greedy sampling)")
+        checks.real(
+            "ActorConfig",
+            "temperature",
+            self.temperature,
+            0,
+            low_open=True,
+            fix="use a temperature > 0 (the sampling temperature; 1.0 for greedy sampling)",
+        )
         checks.of_type("ActorConfig", "load", self.load, LoadConfig, "pass a workbench.models.load.LoadConfig")
         if self.train:
             check_compiled_training("ActorConfig", self.load, self.backend, self.zero_stage)
         elif self.load.compile and self.backend == "3d":
-            raise ConfigError("ActorConfig.load.compile", True, "compiled forwards are not wired for tensor parallelism; use compile=False")
+            raise ConfigError(
+                "ActorConfig.load.compile",
+                True,
+                "compiled forwards are not wired for tensor parallelism; use compile=False",
+            )
         checks.of_type("ActorConfig", "hf", self.hf, HFRolloutConfig, "pass an HFRolloutConfig")
         checks.of_type("ActorConfig", "vllm", self.vllm, VLLMRolloutConfig, "pass a VLLMRolloutConfig")
         if not (self.train or self.rollout or self.reference):
-            raise ConfigError("ActorConfig(train, rollout, reference)", (self.train, self.rollout, self.reference),
-                              "this worker would hold nothing; enable train, a rollout or reference")
+            raise ConfigError(
+                "ActorConfig(train, rollout, reference)",
+                (self.train, self.rollout, self.reference),
+                "this worker would hold nothing; enable train, a rollout or reference",
+            )
 
     def check_layout(self, mesh, role: str) -> None:
         """Driver-side, before workers start: the layout and the model directory fit."""
         if self.backend == "3d":
-            check_tensor_parallel_layout("ActorConfig", mesh, role, self.model_path, self.load.trust_remote_code,
-                                         rollout=self.rollout)
+            check_tensor_parallel_layout(
+                "ActorConfig", mesh, role, self.model_path, self.load.trust_remote_code, rollout=self.rollout
+            )
         else:
             check_data_parallel_only("ActorRolloutRefWorker", mesh, role)
         check_mini_batch_splits("ActorConfig", self.mini_batch_size, mesh.dp, role)
@@ -132,7 +161,9 @@ class ActorConfig:
             limit = check_model_dir(self.model_path, "ActorConfig.model_path", "causal", self.load.trust_remote_code)
             if self.rollout == "vllm":
                 limit = min(limit or self.vllm.max_model_len, self.vllm.max_model_len)
-            check_positions(limit, batch["input_ids"].shape[1], sampling.max_new_tokens, "ActorConfig.model_path", self.model_path)
+            check_positions(
+                limit, batch["input_ids"].shape[1], sampling.max_new_tokens, "ActorConfig.model_path", self.model_path
+            )
         elif method == "update_actor" and "old_log_probs" in batch:
             self.check_rows(batch.num_valid, role)
 
@@ -148,23 +179,40 @@ class ActorRolloutRefWorker(Worker):
         tp_mesh = self.device_mesh["tp"] if tensor_parallel else None
         self.reference = None
         if config.reference:  # cut like the training weights where those are cut
-            self.reference = compile_forward(parallelize(copy.deepcopy(model), tp_mesh).eval().requires_grad_(False), config.load)
+            self.reference = compile_forward(
+                parallelize(copy.deepcopy(model), tp_mesh).eval().requires_grad_(False), config.load
+            )
         self.hybrid = None
         if tensor_parallel and config.rollout == "hf":
-            self.rollout = HFRollout(self._generation_model(model), self.tokenizer.pad_token_id, self.tokenizer.eos_token_id, config.hf)
+            self.rollout = HFRollout(
+                self._generation_model(model), self.tokenizer.pad_token_id, self.tokenizer.eos_token_id, config.hf
+            )
         else:
             self.rollout = self._make_rollout(model)
         compile_forward(model, config.load)  # after the copies above: each compiles its own way
         self.engine = None
         if config.train:
             self.engine = make_engine(
-                model, config.optim, self.device_mesh["dp"], backend=config.backend, zero_stage=config.zero_stage,
-                micro_batch_size=config.micro_batch_size, mini_batch_size=self._rows_per_step(), tp_mesh=tp_mesh,
+                model,
+                config.optim,
+                self.device_mesh["dp"],
+                backend=config.backend,
+                zero_stage=config.zero_stage,
+                micro_batch_size=config.micro_batch_size,
+                mini_batch_size=self._rows_per_step(),
+                tp_mesh=tp_mesh,
             )
         if tensor_parallel and config.rollout == "hf":
             trained = self.engine.model if self.engine is not None else parallelize(model, tp_mesh)
-            self.hybrid = HybridEngine(trained, self.rollout.model, self.mesh, self.rank, tp_group=tp_mesh.get_group(),
-                                       gen_tp_group=self._gen_tp_group, check=config.check_weight_sync)
+            self.hybrid = HybridEngine(
+                trained,
+                self.rollout.model,
+                self.mesh,
+                self.rank,
+                tp_group=tp_mesh.get_group(),
+                gen_tp_group=self._gen_tp_group,
+                check=config.check_weight_sync,
+            )
         self.shares_weights = False
         if self.engine is not None and self.hybrid is None and isinstance(self.rollout, HFRollout):
             live = self.engine.shared_full_weights()
@@ -196,7 +244,11 @@ class ActorRolloutRefWorker(Worker):
 
             # Ranks sharing a machine must not pin their engines to the same cores.
             cores = os.cpu_count() or 1
-            engine = replace(cfg.vllm, cpu_threads_bind=str(self.rank % cores)) if cfg.vllm.cpu_threads_bind == "per-rank" else cfg.vllm
+            engine = (
+                replace(cfg.vllm, cpu_threads_bind=str(self.rank % cores))
+                if cfg.vllm.cpu_threads_bind == "per-rank"
+                else cfg.vllm
+            )
             return VLLMRollout(cfg.model_path, engine)
         return None
 
@@ -264,7 +316,9 @@ class ActorRolloutRefWorker(Worker):
     def _forward(self, model, batch: Batch, with_entropy: bool = False):
         model.eval()
         parts = [
-            response_log_probs(model, batch[i : i + self.config.micro_batch_size], self.config.temperature, with_entropy)
+            response_log_probs(
+                model, batch[i : i + self.config.micro_batch_size], self.config.temperature, with_entropy
+            )
             for i in range(0, len(batch), self.config.micro_batch_size)
         ]
         log_probs = torch.cat([p[0] for p in parts])
@@ -286,7 +340,9 @@ class ActorRolloutRefWorker(Worker):
         self._trained_model()
         shuffle_seed = cfg.seed + 1000 * self.updates if cfg.shuffle else None
         forward = self._training_forward(loss_fn)
-        metrics = run_updates(self.engine, batch, loss_fn, forward, self._rows_per_step(), cfg.micro_batch_size, cfg.epochs, shuffle_seed)
+        metrics = run_updates(
+            self.engine, batch, loss_fn, forward, self._rows_per_step(), cfg.micro_batch_size, cfg.epochs, shuffle_seed
+        )
         self.version += 1
         self.updates += 1
         return mean_over_ranks({k if "/" in k else f"actor/{k}": v for k, v in metrics.items()})
@@ -332,4 +388,3 @@ class ActorRolloutRefWorker(Worker):
             self.tokenizer.save_pretrained(path)
         dist.barrier()
         return path
-

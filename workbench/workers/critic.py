@@ -19,7 +19,13 @@ from workbench.errors import ConfigError
 from workbench.models.load import LoadConfig, check_compiled_training, check_model_dir, compile_forward, for_worker
 from workbench.models.value import load_value_model
 from workbench.workers.updates import (
-    check_mini_batch_splits, check_rows_split, load_rank_state, mean_over_ranks, run_updates, save_rank_state)
+    check_mini_batch_splits,
+    check_rows_split,
+    load_rank_state,
+    mean_over_ranks,
+    run_updates,
+    save_rank_state,
+)
 
 
 @dataclass
@@ -45,8 +51,9 @@ class CriticConfig:
     updates are refused. Holds the forward's activations from compute_values to update_critic."""
 
     def __post_init__(self):
-        checks.one_of("CriticConfig", "backend", self.backend, BACKENDS,
-                      fix=f"unknown training backend; use one of {BACKENDS}")
+        checks.one_of(
+            "CriticConfig", "backend", self.backend, BACKENDS, fix=f"unknown training backend; use one of {BACKENDS}"
+        )
         checks.one_of("CriticConfig", "zero_stage", self.zero_stage, (1, 2, 3), fix="not a ZeRO stage; use 1, 2 or 3")
         check_training_fields("CriticConfig", self)
         checks.of_type("CriticConfig", "load", self.load, LoadConfig, "pass a workbench.models.load.LoadConfig")
@@ -54,14 +61,21 @@ class CriticConfig:
         checks.of_type("CriticConfig", "reuse_values_forward", self.reuse_values_forward, bool, "use True or False")
         if self.reuse_values_forward:
             if self.epochs != 1:
-                raise ConfigError("CriticConfig.reuse_values_forward", True,
-                                  f"the values are the first epoch's forward, stale after its step (epochs={self.epochs}); "
-                                  "use epochs=1 or turn reuse_values_forward off")
+                raise ConfigError(
+                    "CriticConfig.reuse_values_forward",
+                    True,
+                    f"the values are the first epoch's forward, stale after its step (epochs={self.epochs}); "
+                    "use epochs=1 or turn reuse_values_forward off",
+                )
             if self.backend == "3d" or (self.backend == "deepspeed" and self.zero_stage == 3):
-                raise ConfigError("CriticConfig.reuse_values_forward", True,
-                                  f"kept forwards are supported with backend='fsdp' and DeepSpeed ZeRO-1/2, not "
-                                  f"backend={self.backend!r}" + (" zero_stage=3" if self.backend == "deepspeed" else "")
-                                  + "; change the backend or turn reuse_values_forward off")
+                raise ConfigError(
+                    "CriticConfig.reuse_values_forward",
+                    True,
+                    f"kept forwards are supported with backend='fsdp' and DeepSpeed ZeRO-1/2, not "
+                    f"backend={self.backend!r}"
+                    + (" zero_stage=3" if self.backend == "deepspeed" else "")
+                    + "; change the backend or turn reuse_values_forward off",
+                )
 
     def check_layout(self, mesh, role: str) -> None:
         """Driver-side, before workers start: the layout and the model directory fit."""
@@ -75,10 +89,13 @@ class CriticConfig:
     def check_rows(self, rows: int, role: str) -> None:
         check_rows_split("CriticConfig", self.mini_batch_size, rows, role)
         if self.reuse_values_forward and rows > self.mini_batch_size:
-            raise ConfigError("CriticConfig.reuse_values_forward", True,
-                              f"{role}: an update of {rows} rows takes several optimizer steps (mini_batch_size="
-                              f"{self.mini_batch_size}), and the kept values are stale after the first; "
-                              f"raise mini_batch_size to {rows} or turn reuse_values_forward off")
+            raise ConfigError(
+                "CriticConfig.reuse_values_forward",
+                True,
+                f"{role}: an update of {rows} rows takes several optimizer steps (mini_batch_size="
+                f"{self.mini_batch_size}), and the kept values are stale after the first; "
+                f"raise mini_batch_size to {rows} or turn reuse_values_forward off",
+            )
 
     def check_call(self, role: str, method: str, args: tuple, kwargs: dict) -> None:
         batch = args[0] if args else kwargs.get("batch")
@@ -92,12 +109,20 @@ class CriticWorker(Worker):
         torch.manual_seed(config.seed)
         loaded = load_value_model(config.model_path, for_worker(config.load, self.device, trained=True))
         if config.reuse_values_forward and has_dropout(loaded.model):
-            raise ConfigError("CriticConfig.reuse_values_forward", True,
-                              f"the value model at {config.model_path} uses dropout, so its training forward is not "
-                              "the values' forward; turn reuse_values_forward off (or set the dropout to 0)")
+            raise ConfigError(
+                "CriticConfig.reuse_values_forward",
+                True,
+                f"the value model at {config.model_path} uses dropout, so its training forward is not "
+                "the values' forward; turn reuse_values_forward off (or set the dropout to 0)",
+            )
         self.engine = make_engine(
-            compile_forward(loaded.model, config.load), config.optim, self.device_mesh["dp"], backend=config.backend, zero_stage=config.zero_stage,
-            micro_batch_size=config.micro_batch_size, mini_batch_size=max(1, config.mini_batch_size // self.mesh.dp),
+            compile_forward(loaded.model, config.load),
+            config.optim,
+            self.device_mesh["dp"],
+            backend=config.backend,
+            zero_stage=config.zero_stage,
+            micro_batch_size=config.micro_batch_size,
+            mini_batch_size=max(1, config.mini_batch_size // self.mesh.dp),
             tp_mesh=self.device_mesh["tp"] if config.backend == "3d" and self.mesh.tp > 1 else None,
         )
         self.kept: KeptForwards | None = None  # compute_values' training forward; dropped when the weights change
@@ -137,7 +162,9 @@ class CriticWorker(Worker):
         forward = self.training_forward
         if kept is not None and len(batch) <= self.rows_per_step:  # epochs == 1 (config): one step
             forward = kept.forward(forward)  # over the kept rows: their forward is this step's
-        metrics = run_updates(self.engine, batch, loss_fn, forward, self.rows_per_step, cfg.micro_batch_size, cfg.epochs)
+        metrics = run_updates(
+            self.engine, batch, loss_fn, forward, self.rows_per_step, cfg.micro_batch_size, cfg.epochs
+        )
         if cfg.reuse_values_forward:  # the share of micro-batches that reused compute_values' forward
             micro_batches = -(-len(batch) // cfg.micro_batch_size)
             metrics["values_forward_reused"] = (kept.reused if kept else 0) / max(1, micro_batches)
@@ -175,4 +202,5 @@ def has_dropout(model: torch.nn.Module) -> bool:
     """Whether a training forward of `model` is random (dropout modules, or attention dropout)."""
     config = getattr(model, "config", None)
     return any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()) or bool(
-        getattr(config, "attention_dropout", 0.0))
+        getattr(config, "attention_dropout", 0.0)
+    )

@@ -97,5 +97,11 @@ class RuleRewardHandle(Protocol):
 
 
 __all__ = [
-    "ActorHandle", "CostModelHandle", "CriticHandle", "GroupHandle", "RewardModelHandle", "Rows", "RuleRewardHandle",
+    "ActorHandle",
+    "CostModelHandle",
+    "CriticHandle",
+    "GroupHandle",
+    "RewardModelHandle",
+    "Rows",
+    "RuleRewardHandle",
 ]

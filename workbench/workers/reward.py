@@ -32,8 +32,12 @@ class ScoreModelConfig:
     def __post_init__(self):
         if not isinstance(self.model_path, (str, os.PathLike)) or not str(self.model_path):
             raise ConfigError("ScoreModelConfig.model_path", self.model_path, "give a local checkpoint directory")
-        checks.whole("ScoreModelConfig", "micro_batch_size", self.micro_batch_size,
-                     fix="use a whole number of rows >= 1 per forward")
+        checks.whole(
+            "ScoreModelConfig",
+            "micro_batch_size",
+            self.micro_batch_size,
+            fix="use a whole number of rows >= 1 per forward",
+        )
         checks.of_type("ScoreModelConfig", "load", self.load, LoadConfig, "pass a workbench.models.load.LoadConfig")
 
     def check_layout(self, mesh, role: str) -> None:

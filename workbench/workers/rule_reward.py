@@ -94,14 +94,25 @@ class RuleReward:
         else:  # one piece per source rank, each pulled from the source by a scorer directly
             count = len(batch.collect_ranks)
             pieces = [batch.slice(i, count) for i in range(count)]
-        spec = (cloudpickle.dumps(self.fn), self.name, self.timeout, self.output_key, self.text_key,
-                self.truth_key, self.chunk_size)
+        spec = (
+            cloudpickle.dumps(self.fn),
+            self.name,
+            self.timeout,
+            self.output_key,
+            self.text_key,
+            self.truth_key,
+            self.chunk_size,
+        )
         scorers = scorer_pool(self.processes)
         number = new_call_number()
-        results = [scorers[i % len(scorers)].score.remote(spec, piece, {"call": number}) for i, piece in enumerate(pieces)]
+        results = [
+            scorers[i % len(scorers)].score.remote(spec, piece, {"call": number}) for i, piece in enumerate(pieces)
+        ]
         metas, outputs = [r[0] for r in results], [r[1] for r in results]
         ranks = list(range(len(pieces)))
-        future = DataFuture(CallInfo("rule_reward", self.name, ranks), outputs, metas, ranks, concat, Mesh(dp=len(pieces)))
+        future = DataFuture(
+            CallInfo("rule_reward", self.name, ranks), outputs, metas, ranks, concat, Mesh(dp=len(pieces))
+        )
         future.trace_tags = _tag_call(number, current_tags(), len(pieces))  # the step clock adds to these
         return future
 
@@ -128,8 +139,11 @@ def scorer_pool(size: int) -> list:
         _scorers.clear()
     pool = _scorers.setdefault(key, [])
     while len(pool) < size:
-        pool.append(RewardScorer.options(
-            name=f"{SCORER_PREFIX}{len(pool)}", namespace=SCORER_NAMESPACE, get_if_exists=True).remote())
+        pool.append(
+            RewardScorer.options(
+                name=f"{SCORER_PREFIX}{len(pool)}", namespace=SCORER_NAMESPACE, get_if_exists=True
+            ).remote()
+        )
     return pool[:size]
 
 
@@ -235,7 +249,9 @@ class RewardScorer:
             scores: list[float] = []
             for first in range(0, len(rows), chunk_size):  # one deadline per chunk of chunk_size rows
                 end = min(first + chunk_size, len(rows))
-                scores += self._score_chunk(fn_bytes, name, timeout, texts[first:end], truths[first:end], uids[first:end])
+                scores += self._score_chunk(
+                    fn_bytes, name, timeout, texts[first:end], truths[first:end], uids[first:end]
+                )
             out = Batch({output_key: torch.tensor(scores, dtype=torch.float32)})
             if PAD_KEY in rows.tensors.keys():
                 out.tensors[PAD_KEY] = rows.tensors[PAD_KEY]
@@ -246,11 +262,23 @@ class RewardScorer:
     def _record(self, name: str, start: float, fetched: float, rows, out: Batch | None, tags: dict) -> None:
         """One span of a score call; out is None when the call failed."""
         sequence = self.counts[name] = self.counts.get(name, -1) + 1
-        self.records.append(CallRecord(
-            call_id=sequence, role=SCORER_POOL, method=name, rank=self.index, pool=SCORER_POOL, pid=os.getpid(),
-            start=start, fetched=fetched, end=time.time(), bytes_in=describe_output(rows).nbytes,
-            bytes_out=describe_output(out).nbytes, ok=out is not None, extra={**tags, "rows": len(rows)},
-        ))
+        self.records.append(
+            CallRecord(
+                call_id=sequence,
+                role=SCORER_POOL,
+                method=name,
+                rank=self.index,
+                pool=SCORER_POOL,
+                pid=os.getpid(),
+                start=start,
+                fetched=fetched,
+                end=time.time(),
+                bytes_in=describe_output(rows).nbytes,
+                bytes_out=describe_output(out).nbytes,
+                ok=out is not None,
+                extra={**tags, "rows": len(rows)},
+            )
+        )
 
     def _score_chunk(self, fn_bytes, name, timeout, texts, truths, uids) -> list[float]:
         if self.child is None or not self.child.is_alive():
@@ -258,7 +286,9 @@ class RewardScorer:
         self.conn.send((fn_bytes, texts, truths))
         # Loading the function (importing its modules, in a fresh child) is not scoring: it
         # gets its own, generous limit; the chunk's deadline starts once the function is loaded.
-        self._receive(max(LOAD_TIMEOUT, timeout), name, f"while loading the function (limit {max(LOAD_TIMEOUT, timeout)} s)")
+        self._receive(
+            max(LOAD_TIMEOUT, timeout), name, f"while loading the function (limit {max(LOAD_TIMEOUT, timeout)} s)"
+        )
         deadline = time.monotonic() + timeout
         scores: list[float] = []
         while len(scores) < len(texts):

@@ -21,7 +21,8 @@ def check_mini_batch_splits(owner: str, mini_batch_size: int, dp: int, role: str
     mini_batch_size // dp rows per rank and step)."""
     if mini_batch_size % dp:
         raise ConfigError(
-            f"{owner}.mini_batch_size", mini_batch_size,
+            f"{owner}.mini_batch_size",
+            mini_batch_size,
             f"it is split over the {role} group's {dp} data-parallel ranks; use a multiple of {dp}",
         )
 
@@ -32,7 +33,8 @@ def check_rows_split(owner: str, mini_batch_size: int, rows: int, role: str) -> 
     if rows > mini_batch_size and rows % mini_batch_size:
         steps = [mini_batch_size] * (rows // mini_batch_size) + [rows % mini_batch_size]
         raise ConfigError(
-            f"{owner}.mini_batch_size", mini_batch_size,
+            f"{owner}.mini_batch_size",
+            mini_batch_size,
             f"the {role} update gets {rows} rows, which would make uneven optimizer steps of "
             f"{steps} rows; use a mini_batch_size that divides {rows} (rebuild the {role} group), "
             f"or change the number of prompts / samples",
@@ -40,8 +42,14 @@ def check_rows_split(owner: str, mini_batch_size: int, rows: int, role: str) -> 
 
 
 def run_updates(
-    engine, batch: Batch, loss_fn: LossFn, forward: Forward, rows_per_step: int, micro_batch_size: int,
-    epochs: int = 1, shuffle_seed: int | None = None,
+    engine,
+    batch: Batch,
+    loss_fn: LossFn,
+    forward: Forward,
+    rows_per_step: int,
+    micro_batch_size: int,
+    epochs: int = 1,
+    shuffle_seed: int | None = None,
 ) -> dict[str, float]:
     """Optimizer steps over this rank's rows; returns metrics averaged over the steps.
 
