@@ -9,7 +9,6 @@
 """
 
 from algorithms import core
-from algorithms.show import rollout_table
 from algorithms.base import AlgoConfig, Algorithm
 from algorithms.groups import Groups
 from algorithms.grpo import GRPO, GRPOConfig
@@ -18,6 +17,7 @@ from algorithms.reinforce_pp import ReinforcePP, ReinforcePPConfig
 from algorithms.remax import ReMax, ReMaxConfig
 from algorithms.rloo import RLOO, RLOOConfig
 from algorithms.safe_rlhf import SafeRLHF, SafeRLHFConfig
+from algorithms.show import rollout_table
 
 ALGORITHMS = {
     "ppo": PPO,

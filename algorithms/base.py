@@ -20,16 +20,17 @@ import dataclasses
 import itertools
 import threading
 import warnings
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 
 from algorithms import core
 from algorithms.groups import Groups
-from algorithms.losses import ActorLoss, CriticLoss
 from algorithms.guard import finite_batch
+from algorithms.losses import ActorLoss, CriticLoss
 from algorithms.metrics import data_metrics, format_line, throughput
 from workbench import checks, config_loader, steps
 from workbench.clock import StepClock
@@ -449,7 +450,7 @@ class Algorithm:
 
     def fit_background(
         self, prompts: Iterable[Batch], iterations: int, callbacks: Iterable[Callable] = ()
-    ) -> "BackgroundFit":
+    ) -> BackgroundFit:
         """`fit` in a thread: the notebook's kernel stays free (look at the trace, the batch, the
         dashboard) while the iterations run. Returns at once; `.wait()` gives the metrics."""
         return BackgroundFit(self, prompts, iterations, list(callbacks))

@@ -6,8 +6,8 @@ with `loss_agg_mode="seq-mean-token-sum-norm"` (no length normalisation).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from algorithms.base import AlgoConfig, Algorithm
 from workbench.engines.rollout import SamplingConfig

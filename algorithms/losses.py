@@ -9,8 +9,8 @@ cell travels by value, so workers always run what the notebook last defined.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from algorithms import core
 

@@ -7,8 +7,8 @@ reward; estimate advantages with GAE; update the critic and the actor.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from algorithms.base import AlgoConfig, Algorithm
 

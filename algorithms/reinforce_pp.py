@@ -5,8 +5,8 @@ global whitening of the advantages over the batch. With n > 1 samples per prompt
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from algorithms.base import AlgoConfig, Algorithm
 

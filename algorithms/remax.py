@@ -4,8 +4,8 @@ same prompt — one extra greedy generation per iteration, and no critic.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 from algorithms.base import AlgoConfig, Algorithm
 

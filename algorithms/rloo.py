@@ -4,8 +4,8 @@ the other k-1. No critic; the KL to the reference is folded into the reward.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from algorithms.base import AlgoConfig, Algorithm
 from workbench.engines.rollout import SamplingConfig

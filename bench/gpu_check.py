@@ -28,14 +28,13 @@ import torch
 from workbench import Batch, Session
 from workbench.controller.resource_pool import device_resource
 from workbench.data.prompts import tokenize_prompts
-from workbench.engines.forward import model_outputs, response_log_probs
 from workbench.engines.contract import OptimConfig
+from workbench.engines.forward import model_outputs, response_log_probs, response_values
 from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig
 from workbench.models import load, make_tiny
 from workbench.models.value import load_value_model
 from workbench.workers import ActorConfig, ActorRolloutRefWorker
-from workbench.engines.forward import response_values
 from workbench.workers.critic import CriticConfig, CriticWorker
 from workbench.workers.reward import RewardModelWorker, ScoreModelConfig
 

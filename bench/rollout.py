@@ -24,7 +24,6 @@ import torch
 from workbench import Batch, Session
 from workbench.data import arithmetic
 from workbench.data.prompts import tokenize_prompts
-
 from workbench.engines.contract import OptimConfig
 from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig

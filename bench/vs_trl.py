@@ -36,10 +36,8 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -203,8 +201,7 @@ class ComputeLimit:
             self.reward = load_value_model(reward_dir).model.eval()
 
     def iteration(self, prompts, sampling) -> float:
-        from workbench.engines.forward import response_log_probs
-        from workbench.engines.forward import response_values
+        from workbench.engines.forward import response_log_probs, response_values
 
         start = time.perf_counter()
         batch = self.rollout.generate(prompts, sampling)

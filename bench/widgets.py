@@ -28,7 +28,7 @@ from pathlib import Path
 # `widgets` package it measures.
 sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
-from algorithms import GRPO, GRPOConfig, Groups
+from algorithms import GRPO, Groups, GRPOConfig
 from widgets import LiveTimeline, PlacementExplorer
 from widgets.planning import cluster_for, dataflow_for, estimate, model_specs
 from workbench import (

@@ -62,7 +62,7 @@ def cycles(g: grimp.ImportGraph) -> list[list[str]]:
     found = []
     for group in groups:
         first = min(group)
-        back = min((m for m in g.find_modules_directly_imported_by(first) if m in group))
+        back = min(m for m in g.find_modules_directly_imported_by(first) if m in group)
         found.append([first, *g.find_shortest_chain(importer=back, imported=first)])
     return found
 

@@ -10,7 +10,7 @@ import torch
 
 import algorithms
 from algorithms import GRPO, Groups
-from tests.controller.workers import ConfigHolder, EchoWorker
+from tests.controller.workers import ConfigHolder
 from workbench import Batch, Mesh, PlacementError
 from workbench.engines.contract import OptimConfig
 from workbench.engines.rollout import SamplingConfig

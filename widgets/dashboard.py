@@ -39,7 +39,7 @@ class MetricsDashboard(View):
         self.history: list[dict] = list(history or [])
 
     @classmethod
-    def from_jsonl(cls, path: str | Path) -> "MetricsDashboard":
+    def from_jsonl(cls, path: str | Path) -> MetricsDashboard:
         dashboard = cls()
         dashboard.load(path)
         return dashboard

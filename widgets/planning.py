@@ -98,7 +98,7 @@ def cluster_for(s: Scenario):
     return dataclasses.replace(one, devices_per_node=s.devices_per_machine)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def dataflow_for(algorithm: str):
     return dataflow_preset(ALGORITHMS[algorithm])
 

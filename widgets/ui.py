@@ -14,8 +14,9 @@ import io
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from matplotlib.figure import Figure
 

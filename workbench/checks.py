@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from workbench.errors import ConfigError
 

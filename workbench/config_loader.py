@@ -24,8 +24,9 @@ import difflib
 import numbers
 import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 import yaml
 

@@ -15,10 +15,11 @@ import contextlib
 import contextvars
 import itertools
 import json
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 # Read-only default: tags() sets a fresh dict, so nothing can change the empty one in place.
 _TAGS: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(

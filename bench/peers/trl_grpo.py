@@ -7,7 +7,6 @@ import tempfile
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
-
 from trl_common import StepTimer, arithmetic_module, report, settings
 
 cfg = settings()

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import tempfile
 
-import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 from trl.experimental.ppo import PPOConfig, PPOTrainer
-
 from trl_common import StepTimer, report, settings
 
 cfg = settings()

@@ -13,10 +13,10 @@ import torch
 import algorithms
 from algorithms import GRPO, Groups, GRPOConfig, core
 from workbench.data import arithmetic
-from workbench.errors import WorkbenchError
 from workbench.data.prompts import tokenize_prompts
 from workbench.engines.contract import OptimConfig
 from workbench.engines.rollout import SamplingConfig
+from workbench.errors import WorkbenchError
 from workbench.models import load, make_tiny
 from workbench.models.value import load_value_model
 from workbench.stages import text_batch

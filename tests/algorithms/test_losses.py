@@ -9,10 +9,9 @@ import torch
 from algorithms import core
 from algorithms.losses import ActorLoss, CriticLoss, PretrainLoss
 from workbench import Batch
-from workbench.engines.forward import model_outputs, response_log_probs
+from workbench.engines.forward import model_outputs, response_log_probs, response_values
 from workbench.models import load, make_tiny
 from workbench.models.value import load_value_model
-from workbench.engines.forward import response_values
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,6 @@
 """Trace spans reach the driver while work runs, none is lost, and each is tied to its call,
 iteration and step."""
 
-import pytest
 import ray
 import torch
 

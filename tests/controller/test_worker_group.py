@@ -13,9 +13,8 @@ import ray
 import torch
 
 from tests.controller.workers import EchoWorker, ReferenceLike
-from workbench.controller.future import _UNSET
 from workbench import Batch, DispatchError, Mesh, PlacementError, WorkerCallError, WorkerDiedError
-
+from workbench.controller.future import _UNSET
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -2,7 +2,6 @@ import random
 
 import pytest
 
-from workbench.data.tasks import TASKS, Task, get_task, register_task
 from workbench.data.arithmetic import (
     ArithmeticConfig,
     CostConfig,
@@ -17,6 +16,7 @@ from workbench.data.arithmetic import (
     score,
     wrong_answer,
 )
+from workbench.data.tasks import TASKS, Task, get_task, register_task
 
 
 def test_generator_is_deterministic_per_seed():

@@ -17,11 +17,11 @@ import tests.workers.losses as losses
 from tests.hybrid.workers import CorruptibleActor
 from tests.workers.reference import advantages_for, assert_checkpoint_roundtrip, prompts
 from workbench import Mesh
-from workbench.errors import WorkerCallError
 from workbench.engines.contract import OptimConfig
 from workbench.engines.forward import model_outputs
 from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig
+from workbench.errors import WorkerCallError
 from workbench.hybrid import layouts
 from workbench.models import load, make_tiny
 from workbench.workers import ActorConfig

@@ -1,6 +1,6 @@
 import pytest
 import torch
-from transformers import AutoTokenizer, LlamaForCausalLM, T5Config, BertConfig
+from transformers import AutoTokenizer, BertConfig, LlamaForCausalLM, T5Config
 
 from workbench.models import LoadConfig, ModelLoadError, load, load_tokenizer, resolve_dtype, save
 

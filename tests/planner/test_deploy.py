@@ -1,7 +1,6 @@
 """A plan drives real resources: its pools and layouts become Ray placement groups and groups."""
 
 import pytest
-
 import torch
 
 from tests.controller.workers import EchoWorker
@@ -9,10 +8,10 @@ from workbench.data.prompts import tokenize_prompts
 from workbench.engines.rollout import SamplingConfig
 from workbench.errors import ConfigError
 from workbench.models import load, make_tiny
+from workbench.planner import PlannerError, Workload, automap, cluster_preset, dataflow_preset
 from workbench.workers import ActorConfig, ActorRolloutRefWorker
 from workbench.workers.critic import CriticConfig, CriticWorker
 from workbench.workers.reward import RewardModelWorker, ScoreModelConfig
-from workbench.planner import PlannerError, Workload, automap, cluster_preset, dataflow_preset
 
 
 def test_plan_to_pools_creates_the_planned_placement(session):

@@ -4,8 +4,8 @@ from workbench import Mesh
 from workbench.planner import (
     Call,
     Dataflow,
-    ExecutionPlan,
     DeviceMesh,
+    ExecutionPlan,
     NoMeshError,
     PlanEvaluator,
     Workload,

@@ -4,7 +4,7 @@ import pytest
 
 from workbench.models import make_tiny
 from workbench.planner import cluster_preset
-from workbench.planner.profiler import ProfileShapes, Profiler
+from workbench.planner.profiler import Profiler, ProfileShapes
 
 TINY = ProfileShapes(
     forward=((4, 8, 8), (8, 16, 8)),

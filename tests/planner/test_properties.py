@@ -14,7 +14,6 @@ from workbench.planner import (
     automap,
     cluster_preset,
     dataflow_preset,
-    model_preset,
 )
 from workbench.planner.automap import AutoMapper
 from workbench.planner.memory import generation_memory, inference_activations, static_memory, train_activations

@@ -12,7 +12,7 @@ from workbench.planner.strategy import generation_strategies, is_generation_layo
 @pytest.mark.parametrize("module", ["workbench.planner", "workbench.planner.strategy"])
 def test_parallel_strategy_is_a_deprecated_alias_of_mesh(module):
     with pytest.warns(DeprecationWarning, match=r"ParallelStrategy is deprecated: use workbench.Mesh"):
-        alias = getattr(importlib.import_module(module), "ParallelStrategy")
+        alias = importlib.import_module(module).ParallelStrategy
     assert alias is Mesh and alias(1, 2, 4) == Mesh(pp=1, tp=2, dp=4)
 
 

@@ -8,7 +8,7 @@ import time
 import pytest
 import ray
 
-from algorithms import GRPO, GRPOConfig, Groups
+from algorithms import GRPO, Groups, GRPOConfig
 from widgets import LiveTimeline, MetricsDashboard, RunRecorder
 from workbench import (
     ActorConfig,

@@ -39,7 +39,7 @@ def test_timeline_shows_every_span_of_the_run_tagged_with_its_step(run):
 
 
 def test_timeline_beside_the_planner_estimate(run):
-    from widgets import estimate, Scenario
+    from widgets import Scenario, estimate
 
     plan = estimate(Scenario(algorithm="GRPO", machines=1, devices_per_machine=2, placement="colocate")).plan
     data = LiveTimeline(run["session"], estimate=plan).data()

@@ -16,11 +16,11 @@ import tests.workers.losses as losses
 from tests.workers.reference import OPTIM, advantages_for, assert_checkpoint_roundtrip, prompts, single_process_step
 from workbench import Batch
 from workbench.engines.forward import response_log_probs, sequence_nll
-from workbench.stages import encode_examples
 from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig
 from workbench.engines.vllm_rollout import VLLMRolloutConfig
 from workbench.models import load, make_tiny
+from workbench.stages import encode_examples
 from workbench.workers import ActorConfig, ActorRolloutRefWorker
 
 ray.cloudpickle.register_pickle_by_value(losses)

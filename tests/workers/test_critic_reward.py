@@ -8,8 +8,8 @@ from workbench import Batch
 from workbench.data.prompts import tokenize_prompts
 from workbench.engines.contract import OptimConfig
 from workbench.engines.hf_rollout import HFRollout
-from workbench.errors import ConfigError
 from workbench.engines.rollout import SamplingConfig
+from workbench.errors import ConfigError
 from workbench.models import load, make_tiny
 from workbench.models.load import LoadConfig
 from workbench.models.value import last_token_index, load_value_model, token_values

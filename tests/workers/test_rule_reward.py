@@ -3,6 +3,7 @@
 import math
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,8 +12,6 @@ from tests.controller.workers import EchoWorker
 from workbench import Batch, DispatchError, WorkerCallError
 from workbench.data import arithmetic
 from workbench.workers.rule_reward import RuleReward
-
-from pathlib import Path
 
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "tests"
 

@@ -39,7 +39,6 @@ from typing import NamedTuple
 
 from workbench.errors import ConfigError
 
-
 TRANSITION_METHODS: tuple[str, ...] = ("deepspeed_chat", "vanilla", "hybridflow")
 """How the actor switches from its training to its generation layout (HybridFlow Table 2)."""
 

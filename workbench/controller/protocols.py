@@ -16,8 +16,9 @@ A user protocol is just `Protocol("mine", distribute=..., collect=...)`.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

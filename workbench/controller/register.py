@@ -10,8 +10,9 @@ the driver-side method. The worker-side method stays an ordinary method.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
 
 from workbench.controller.protocols import BUILTIN, DP_PROTO, Protocol
 

@@ -13,8 +13,8 @@ import os
 import shutil
 import socket
 import tempfile
-from collections import deque
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 

@@ -6,8 +6,8 @@ here; a notebook can register its own task (e.g. a GSM8K-style checker) the same
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from workbench.data import arithmetic
 

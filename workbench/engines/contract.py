@@ -7,8 +7,8 @@ so none of them reaches into another backend's module.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

@@ -12,8 +12,8 @@ of `prompt_bucket` tokens, so batches of similar prompts share one compiled shap
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import torch
 
@@ -21,7 +21,6 @@ from workbench import checks
 from workbench.data.batch import Batch
 from workbench.engines.forward import token_log_probs
 from workbench.engines.rollout import SamplingConfig, join_prompt_and_response, mask_after_eos
-
 
 CACHES = ("dynamic", "static")
 

@@ -16,8 +16,9 @@ R = max_new_tokens. Weights are updated in place (`load_weights`), never by rest
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Protocol
+from typing import Protocol
 
 import torch
 

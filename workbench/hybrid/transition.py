@@ -31,7 +31,6 @@ from workbench.engines.tensor_parallel import local, shard_dim
 from workbench.errors import WeightSyncError
 from workbench.hybrid import layouts
 
-
 # torch >= 2.13 names the one-tensor all-gather all_gather_single (all_gather_into_tensor before).
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 

@@ -29,7 +29,7 @@ from workbench.planner.errors import (
     PlannerError,
     UnknownPresetError,
 )
-from workbench.planner.execution import Evaluation, ExecutionPlan, DeviceMesh, PlanEvaluator, mesh, valid_meshes
+from workbench.planner.execution import DeviceMesh, Evaluation, ExecutionPlan, PlanEvaluator, mesh, valid_meshes
 from workbench.planner.memory import MemoryBreakdown, static_memory
 from workbench.planner.placement import ColocatedSet, ModelAssignment
 from workbench.planner.plan import Plan

@@ -17,8 +17,8 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 from workbench.controller.mesh import Mesh
 from workbench.planner.dataflow import Dataflow

@@ -25,9 +25,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 import numpy as np
 
@@ -176,7 +177,7 @@ class Calibration:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Calibration":
+    def from_dict(cls, d: dict) -> Calibration:
         """The calibration `to_dict` wrote (checked field by field, as every config is)."""
         return config_loader.build(cls, d, "calibration")
 

@@ -14,7 +14,6 @@ from workbench.planner.calibrate import load_calibration
 from workbench.planner.errors import NoMeshError, UnknownPresetError
 from workbench.planner.specs import GIB, ClusterSpec
 
-
 # Fixed costs of small work on GPU presets (defaults, not measured here):
 #   kernel_latency 5 us: a CUDA kernel launch costs ~3-5 us of host time and a small kernel
 #     about as much to ramp up (NVIDIA, "Getting Started with CUDA Graphs", 2019 dev blog);

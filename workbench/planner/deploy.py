@@ -9,7 +9,8 @@ The planner itself stays free of Ray: this module only calls the session it is g
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from workbench.controller.mesh import Mesh
 from workbench.planner.errors import PlannerError

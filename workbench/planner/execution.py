@@ -12,6 +12,7 @@ Frozen models live in the layout of their first call.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from workbench.controller.mesh import Mesh
@@ -31,8 +32,6 @@ from workbench.planner.simulator import Simulator
 from workbench.planner.specs import ClusterSpec, ModelSpec, Workload
 from workbench.planner.strategy import is_generation_layout
 
-import math
-
 
 @dataclass(frozen=True, order=True)
 class DeviceMesh:
@@ -45,7 +44,7 @@ class DeviceMesh:
     def span(self) -> tuple[int, int]:
         return (self.first, self.first + self.size)
 
-    def overlaps(self, other: "DeviceMesh") -> bool:
+    def overlaps(self, other: DeviceMesh) -> bool:
         return self.first < other.first + other.size and other.first < self.first + self.size
 
     def __str__(self) -> str:

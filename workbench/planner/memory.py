@@ -60,7 +60,7 @@ class MemoryBreakdown:
     def total(self) -> float:
         return self.static + self.dynamic
 
-    def __add__(self, other: "MemoryBreakdown") -> "MemoryBreakdown":
+    def __add__(self, other: MemoryBreakdown) -> MemoryBreakdown:
         return MemoryBreakdown(*(a + b for a, b in zip(self._t(), other._t())))
 
     def _t(self) -> tuple[float, ...]:

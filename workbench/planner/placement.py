@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from workbench.controller.mesh import Mesh
 from workbench.planner.memory import MemoryBreakdown, Transition
 from workbench.planner.specs import ModelSpec
-from workbench.controller.mesh import Mesh
 
 
 @dataclass(frozen=True)

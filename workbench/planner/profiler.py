@@ -27,11 +27,11 @@ import torch.distributed as dist
 
 from workbench.controller import ONE_TO_ALL, Worker, register
 from workbench.data.batch import Batch
-from workbench.engines.forward import model_outputs, response_log_probs
+from workbench.engines.backends import make_engine
 from workbench.engines.contract import OptimConfig
+from workbench.engines.forward import model_outputs, response_log_probs
 from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig, response_texts
-from workbench.engines.backends import make_engine
 from workbench.models.load import load
 from workbench.planner.calibrate import Calibration, CollectiveTiming, Timing, fit
 from workbench.planner.specs import ModelSpec

@@ -44,7 +44,7 @@ def text_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line, "-" * len(line)] + [fmt.format(*map(str, r)) for r in rows])
 
 
-def execution_gantt(evaluation: "Evaluation", include_data: bool = False) -> list[GanttBar]:
+def execution_gantt(evaluation: Evaluation, include_data: bool = False) -> list[GanttBar]:
     """Bars of a scored ReaLHF execution plan, in start order, over all unrolled iterations."""
     g, sch = evaluation.graph, evaluation.schedule
     bars = []
@@ -58,7 +58,7 @@ def execution_gantt(evaluation: "Evaluation", include_data: bool = False) -> lis
     return sorted(bars, key=lambda b: (b.start, b.devices))
 
 
-def execution_table(plan: "ExecutionPlan", evaluation: "Evaluation") -> str:
+def execution_table(plan: ExecutionPlan, evaluation: Evaluation) -> str:
     """Mesh, strategy, start and end per call (all iterations), then time and MaxMem."""
     rows = [
         [

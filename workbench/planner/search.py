@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from workbench.controller.mesh import Mesh
 from workbench.planner.dataflow import Dataflow
-from workbench.planner.execution import Evaluation, ExecutionPlan, DeviceMesh, PlanEvaluator, valid_meshes
+from workbench.planner.execution import DeviceMesh, Evaluation, ExecutionPlan, PlanEvaluator, valid_meshes
 from workbench.planner.memory import (
     generation_weights,
     inference_activations,
@@ -145,9 +145,9 @@ class SearchResult:
     history: list[tuple[int, float]] = field(default_factory=list)
     """(step, best cost) each time the best improved."""
     seed: int = 0
-    convergence: "Convergence | None" = None
+    convergence: Convergence | None = None
     """Set by `multi_chain` / `search`: agreement of the chains."""
-    chains: list["SearchResult"] = field(default_factory=list)
+    chains: list[SearchResult] = field(default_factory=list)
     """Every chain's result (multi_chain / search)."""
 
 

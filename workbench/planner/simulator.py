@@ -203,7 +203,7 @@ class Simulator:
         self._memo[key] = t
         return t
 
-    def call_time(self, call: "Call", spec: ModelSpec, s: Mesh, kv_budget: float = INF, trained: bool = True) -> float:
+    def call_time(self, call: Call, spec: ModelSpec, s: Mesh, kv_budget: float = INF, trained: bool = True) -> float:
         """Seconds of one call as the driver sees it: its work plus `call_overhead`
         (`trained`: whether the call's model is trained, see `inference`)."""
         if call.kind == "train":
@@ -273,7 +273,7 @@ class Simulator:
         crosses = lo // u != (hi - 1) // u
         return max(0.0, need) / self.link_bandwidth(crosses) + self.cluster.collective_latency
 
-    def output_bytes(self, call: "Call") -> float:
+    def output_bytes(self, call: Call) -> float:
         """Bytes a call hands to its dependants: generated token ids (int64) and log-probs
         for generation; one fp32 per response token for inference; nothing for training."""
         wl = self.wl
@@ -284,7 +284,7 @@ class Simulator:
             return seqs * wl.response_len * 4
         return 0.0
 
-    def driver_time(self, gathered: list["Call"], n_trained: int) -> float:
+    def driver_time(self, gathered: list[Call], n_trained: int) -> float:
         """The driver-side steps: gather the outputs of `gathered` calls (advantages are
         computed on the driver) and send the assembled batch to each of `n_trained` models."""
         batch = sum(self.output_bytes(c) for c in gathered)

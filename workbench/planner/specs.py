@@ -78,7 +78,7 @@ class ModelSpec:
         return 4 * self.n_layers * self.kv_dim
 
     @classmethod
-    def from_hf_config(cls, config, name: str | None = None) -> "ModelSpec":
+    def from_hf_config(cls, config, name: str | None = None) -> ModelSpec:
         """The shape of a Hugging Face Llama-style config (e.g. a tiny-kit checkpoint's)."""
         return cls(
             name or getattr(config, "name_or_path", "") or config.model_type,
@@ -90,7 +90,7 @@ class ModelSpec:
             config.vocab_size,
         )
 
-    def as_value_model(self) -> "ModelSpec":
+    def as_value_model(self) -> ModelSpec:
         """The same trunk with a scalar head (critic, reward, cost models)."""
         if self.value_head:
             return self
@@ -186,7 +186,7 @@ class Workload:
         return self.global_batch * self.n_samples
 
     @classmethod
-    def tiny(cls) -> "Workload":
+    def tiny(cls) -> Workload:
         """A workload that runs on this CPU machine with the tiny kit."""
         return cls(global_batch=16, prompt_len=32, response_len=32, ppo_mini_batches=2, micro_batch_size=4)
 

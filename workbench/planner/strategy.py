@@ -13,7 +13,7 @@ alias of `Mesh`.
 from __future__ import annotations
 
 import warnings
-from functools import lru_cache
+from functools import cache
 
 from workbench.controller.mesh import Mesh
 from workbench.planner.specs import ModelSpec
@@ -40,7 +40,7 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-@lru_cache(maxsize=None)
+@cache
 def strategies(spec: ModelSpec, n_devices: int, devices_per_node: int) -> tuple[Mesh, ...]:
     """All (pp, tp, dp) with pp·tp·dp = n_devices that the model admits: tp divides the query
     and KV heads and a machine (TP stays in one node), pp divides the layers."""

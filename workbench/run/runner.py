@@ -20,17 +20,18 @@ import random
 import shutil
 import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 import yaml
 from tqdm.auto import tqdm
 
 from algorithms.metrics import format_line
-from workbench.models import load_tokenizer
 from workbench.errors import ConfigError
+from workbench.models import load_tokenizer
 from workbench.run import build, faults
 from workbench.run.checkpoint import RunCheckpointer
 from workbench.run.config import RunConfig, load_config

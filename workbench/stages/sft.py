@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import random
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F

@@ -25,19 +25,19 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from workbench import checks
 from workbench.controller import ONE_TO_ALL, THREE_D_ALL_MICRO_DP, THREE_D_PROTO, THREE_D_REDUCED, Worker, register
 from workbench.data.batch import Batch
-from workbench.engines.forward import model_outputs, response_log_probs, sequence_nll
+from workbench.engines.backends import BACKENDS, check_data_parallel_only, make_engine
 from workbench.engines.contract import Forward, LossFn, OptimConfig, check_training_fields, needs
+from workbench.engines.forward import model_outputs, response_log_probs, sequence_nll
 from workbench.engines.hf_rollout import HFRollout, HFRolloutConfig
 from workbench.engines.rollout import SamplingConfig, response_texts, stream_seed
 from workbench.engines.tensor_parallel import check_tensor_parallel_layout, parallelize
-from workbench.engines.backends import BACKENDS, check_data_parallel_only, make_engine
+from workbench.engines.vllm_rollout import VLLMRolloutConfig
+from workbench.errors import ConfigError
 from workbench.hybrid.layouts import generation_groups
 from workbench.hybrid.transition import HybridEngine
-from workbench.engines.vllm_rollout import VLLMRolloutConfig
-from workbench import checks
-from workbench.errors import ConfigError
 from workbench.models.load import (
     LoadConfig,
     check_compiled_training,
@@ -55,7 +55,6 @@ from workbench.workers.updates import (
     run_updates,
     save_rank_state,
 )
-
 
 ROLLOUTS = ("hf", "vllm", None)
 

@@ -7,14 +7,14 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from workbench import checks
 from workbench.controller import ONE_TO_ALL, THREE_D_PROTO, THREE_D_REDUCED, Worker, register
 from workbench.data.batch import Batch
-from workbench.engines.forward import model_outputs, response_values
+from workbench.engines.backends import BACKENDS, check_data_parallel_only, make_engine
 from workbench.engines.contract import LossFn, OptimConfig, check_training_fields
+from workbench.engines.forward import model_outputs, response_values
 from workbench.engines.kept_forward import KeptForwards
 from workbench.engines.tensor_parallel import check_tensor_parallel_layout
-from workbench.engines.backends import BACKENDS, check_data_parallel_only, make_engine
-from workbench import checks
 from workbench.errors import ConfigError
 from workbench.models.load import LoadConfig, check_compiled_training, check_model_dir, compile_forward, for_worker
 from workbench.models.value import load_value_model

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from workbench import checks
 from workbench.controller import DP_PROTO, Worker, register
 from workbench.data.batch import Batch
-from workbench import checks
-from workbench.engines.forward import trim_padding
 from workbench.engines.backends import check_data_parallel_only
+from workbench.engines.forward import trim_padding
 from workbench.errors import ConfigError
 from workbench.models.load import LoadConfig, check_model_dir, compile_forward, for_worker
 from workbench.models.value import last_token_index, load_value_model, token_values

@@ -28,7 +28,7 @@ import os
 import time
 import traceback
 from collections import OrderedDict, deque
-from typing import Callable
+from collections.abc import Callable
 
 import ray
 import torch
