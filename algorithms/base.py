@@ -297,7 +297,10 @@ class Algorithm:
         if actor is None or not hasattr(actor, "epochs"):
             why = "the actor's config is unknown (not a workbench ActorRolloutRefWorker group)"
         elif actor.epochs != 1:
-            why = f"ActorConfig.epochs={actor.epochs} (after the first pass pi_old is no longer the sampling policy's copy)"
+            why = (
+                f"ActorConfig.epochs={actor.epochs} "
+                "(after the first pass pi_old is no longer the sampling policy's copy)"
+            )
         elif actor.mini_batch_size < rows:
             why = (
                 f"ActorConfig.mini_batch_size={actor.mini_batch_size} splits the {rows} rows of a batch into "
@@ -312,7 +315,8 @@ class Algorithm:
         if mode == "rollout":
             raise ValueError(
                 f"{type(self).__name__}: old_log_probs='rollout' is exact only for an on-policy update, but {why}; "
-                f"set old_log_probs='recompute' (or 'auto'), or make the update on-policy (epochs=1, mini_batch_size >= {rows})"
+                f"set old_log_probs='recompute' (or 'auto'), or make the update on-policy "
+                f"(epochs=1, mini_batch_size >= {rows})"
             )
         return "recompute"
 

@@ -98,7 +98,8 @@ class PretrainLoss:
         if not all(k in keys for k in needed):
             raise ValueError(
                 f"pre-training (ptx) rows need a Batch with {list(needed)}, got {type(batch).__name__} "
-                f"with {list(keys)}; build one with workbench.stages.text_batch(tokenizer, prompts, responses, max_length)"
+                f"with {list(keys)}; build one with "
+                "workbench.stages.text_batch(tokenizer, prompts, responses, max_length)"
             )
 
     def __call__(self, outputs, batch):

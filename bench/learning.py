@@ -309,7 +309,8 @@ def table(results: dict) -> str:
     if "safe_rlhf" in results:
         r = results["safe_rlhf"]
         lines.append(
-            f"safe_rlhf: budget {r['cost_budget']}, sampled cost {r['mean_cost_first']:.3f} -> {r['mean_cost_last']:.3f}, "
+            f"safe_rlhf: budget {r['cost_budget']}, "
+            f"sampled cost {r['mean_cost_first']:.3f} -> {r['mean_cost_last']:.3f}, "
             f"reward {r['reward_first']:.3f} -> {r['reward_last']:.3f} (means of first/last {r['window']} iterations), "
             f"lambda {r['lambda_first']:.3f} -> {r['lambda_last']:.3f} (max {r['lambda_max']:.3f}); "
             f"held-out greedy cost {r['heldout_cost_first']:.3f} -> {r['heldout_cost_last']:.3f}"
@@ -407,7 +408,8 @@ def main() -> None:
                 "bench": "learning",
                 "model": "10m",
                 **summary,
-                "cpu_time": "user+system of the driver and every descendant process (Ray GCS, raylet, workers), evaluation excluded",
+                "cpu_time": "user+system of the driver and every descendant process (Ray GCS, raylet, workers), "
+                "evaluation excluded",
                 "loadavg_start": [round(x, 2) for x in load0],
                 "loadavg_end": [round(x, 2) for x in load1],
                 "cores": os.cpu_count(),

@@ -150,7 +150,7 @@ def main() -> None:
                 print(f"  {c['error'].split(':')[0]}: {c['error'].split(': ', 1)[1][:110]}")
                 continue
             print(_row("PLANNER", c["best"]) + f"   = {c['pick']}")
-            print("             layouts: " + ", ".join(f"{m} {l}" for m, l in c["best"]["layouts"].items()))
+            print("             layouts: " + ", ".join(f"{m} {layout}" for m, layout in c["best"]["layouts"].items()))
             for name in FIXED:
                 print(_row(name, c["fixed"][name]))
             if c["mcmc"]:

@@ -289,7 +289,8 @@ def main() -> None:
             print(
                 f"{it:>5} {statistics.fmean(step_seconds[-args.print_every :]):>6.2f} "
                 + " ".join(f"{procs.rss[p][-1]:>12.1f}" for p in procs.procs)
-                + f" {s['objects']:>9} {s['bytes'] / MB:>8.2f} {books[-1]['session_records']:>6} {books[-1]['driver_refs']:>5}",
+                + f" {s['objects']:>9} {s['bytes'] / MB:>8.2f}"
+                + f" {books[-1]['session_records']:>6} {books[-1]['driver_refs']:>5}",
                 flush=True,
             )
     run_seconds = time.monotonic() - start

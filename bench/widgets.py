@@ -158,9 +158,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         result |= timeline_overhead(args.pairs, args.block, Path(tmp))
     print(
-        f"live timeline: callback and redraws took {result['timeline_overhead']:.2%} of a {result['watched_run_s']} s watched run "
+        f"live timeline: callback and redraws took {result['timeline_overhead']:.2%} "
+        f"of a {result['watched_run_s']} s watched run "
         f"(goal <= 2%): the callback holds the loop {result['timeline_refresh_ms']} ms per iteration "
-        f"({result['timeline_hold']:.2%}), {result['timeline_redraws']} redraws of {result['timeline_redraw_ms']} ms ran on "
+        f"({result['timeline_hold']:.2%}), {result['timeline_redraws']} redraws "
+        f"of {result['timeline_redraw_ms']} ms ran on "
         f"the view's thread. Measured A/B: {result['iteration_watched_s']} s per iteration watched, "
         f"{result['iteration_s']} s not ({result['timeline_ab_slowdown']:+.1%}; noisy on a shared machine)"
     )

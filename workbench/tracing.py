@@ -4,7 +4,8 @@ Each worker host appends one CallRecord per call it runs; the session drains the
 (`session.trace()`), without waiting for calls in flight. Every span carries the driver call it
 belongs to (`extra["call"]`) and, once an algorithm launched it, the iteration and step
 (`extra["iteration"]`, `extra["step"]`: see workbench.clock and workbench.steps); `tags(...)`
-adds tags of your own to the calls a block of code issues. The same records feed the timeline widget and the planner's calibration.
+adds tags of your own to the calls a block of code issues. The same records feed the timeline
+widget and the planner's calibration.
 Open an exported file at https://ui.perfetto.dev or chrome://tracing; `save_records` /
 `load_records` keep them whole (JSON lines) for the panel app.
 """

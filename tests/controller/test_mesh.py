@@ -51,7 +51,7 @@ def test_positional_sizes_ordering_and_the_planners_text_form():
     assert Mesh(1, 2, 4).short() == "p1t2d4" and str(Mesh(1, 2, 4)) == "Mesh(pp=1, tp=2, dp=4)"
     assert Mesh(1, 4, 2, gen_tp=2).short() == "p1t4d2|p1t2d4"
     with pytest.raises(TypeError):
-        Mesh(1, 2, 4) < (1, 2, 4)
+        _ = Mesh(1, 2, 4) < (1, 2, 4)
 
 
 def test_generation_layout_from_a_mesh_of_its_own():

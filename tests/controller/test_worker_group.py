@@ -84,7 +84,7 @@ def test_fused_roles_share_processes_but_are_separate_groups(session):
     a.get(), b.get()
     assert time.monotonic() - start >= 0.6
     with pytest.raises(AttributeError, match="registered: .*negate"):
-        reference.double
+        _ = reference.double
 
 
 def test_padding_or_refusal_when_rows_do_not_divide(session):

@@ -1,7 +1,6 @@
 """The hybrid engine's memory and transfer model equals HybridFlow Table 2 for all three
 transition methods, and the generation memory and switch time are built from it."""
 
-
 import pytest
 
 from workbench import Mesh

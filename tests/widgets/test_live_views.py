@@ -78,8 +78,8 @@ def test_cluster_view_lists_every_worker(run):
 
 def test_recorder_writes_metrics_and_every_span(run):
     recorder = run["recorder"]
-    lines = [json.loads(l) for l in recorder.metrics_path.read_text().splitlines()]
-    assert len(lines) >= 2 and [l["iteration"] for l in lines] == [float(i) for i in range(1, len(lines) + 1)]
+    lines = [json.loads(text) for text in recorder.metrics_path.read_text().splitlines()]
+    assert len(lines) >= 2 and [line["iteration"] for line in lines] == [float(i) for i in range(1, len(lines) + 1)]
     saved = load_records(recorder.trace_path)
     trace = run["session"].trace()
     assert len(saved) == len({(r.extra.get("call"), r.rank, r.method, r.start) for r in saved})
@@ -89,7 +89,7 @@ def test_recorder_writes_metrics_and_every_span(run):
     ours = [r for r in trace if r.role == "actor" and r.start >= run["since"] and r.end <= last]
     assert {(r.extra.get("call"), r.rank, r.method) for r in ours} <= actor_saved
     assert MetricsDashboard.from_jsonl(recorder.metrics_path).data()["score"]["critic/score/mean"][1] == [
-        l["critic/score/mean"] for l in lines
+        line["critic/score/mean"] for line in lines
     ]
 
 

@@ -155,7 +155,7 @@ class HybridEngine:
         flat = torch.cat(parts) if len(parts) > 1 else parts[0]
         gathered = self._all_gather(flat).view(size, -1)
         offset = 0
-        for (name, train, gen, dim), part in zip(bucket, parts):
+        for (_name, train, gen, dim), part in zip(bucket, parts):
             piece = local(train)
             column = gathered[:, offset : offset + part.numel()]  # every member's part of this weight
             offset += part.numel()

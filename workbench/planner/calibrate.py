@@ -9,7 +9,8 @@ linear in (1 / achieved train FLOP/s, 1 / achieved inference FLOP/s, 1 / achieve
 bytes/s, seconds of fixed overhead per forward pass, seconds per training and per inference
 micro-batch) — a CPU decoding step pays its reads and its matmuls (`decode_overlap=False`);
 a preset that overlaps them makes it piecewise linear — so Gauss-Newton with finite
-differences solves it exactly (inside one branch) and converges in a few rounds. The rates are kept inside physical bounds (`EFFICIENCY_BOUNDS`):
+differences solves it exactly (inside one branch) and converges in a few rounds. The rates are
+kept inside physical bounds (`EFFICIENCY_BOUNDS`):
 a fit that would need a matmul faster than the measured peak GEMM, or decoding faster than a
 few times the measured streaming copy, is pinned at the bound instead of going degenerate.
 Two fixed costs are measured directly rather than fitted: the time of one tiny kernel

@@ -88,7 +88,7 @@ class PlanSpace:
         for call, opts in zip(self.flow.calls, self.options):
             spec, trained = self.specs[call.model], self.flow.trained(call.model)
             best = None
-            for j, (m, s) in enumerate(opts):
+            for j, (_mesh, s) in enumerate(opts):
                 static = static_memory(spec, s, trained, self.wl.param_sharding).static
                 if call.kind == "train":
                     dyn, t = train_activations(spec, s, self.wl), None

@@ -16,7 +16,7 @@ type checker must see (`typing.assert_type`, checked by mypy).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, Union
+from typing import TYPE_CHECKING, Any, Protocol
 
 from workbench.controller.future import DataFuture
 from workbench.data.batch import Batch
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from workbench.engines.contract import LossFn
     from workbench.engines.rollout import SamplingConfig
 
-Rows = Union[Batch, DataFuture]
+Rows = Batch | DataFuture
 """Rows for a method that takes a Batch: a Batch on the driver, or another call's result."""
 
 
