@@ -30,14 +30,13 @@ mesh's `transition` method (HybridFlow Table 2):
 from __future__ import annotations
 
 import dataclasses
-import numbers
 import warnings
 from collections import Counter
 from dataclasses import dataclass
 from functools import total_ordering
 from typing import NamedTuple
 
-from workbench.errors import ConfigError
+from workbench import checks
 
 TRANSITION_METHODS: tuple[str, ...] = ("deepspeed_chat", "vanilla", "hybridflow")
 """How the actor switches from its training to its generation layout (HybridFlow Table 2)."""
@@ -69,16 +68,21 @@ class Mesh:
     generation groups formed like the training groups)."""
 
     def __post_init__(self):
-        if self.transition not in TRANSITION_METHODS:
-            raise ConfigError(
-                "Mesh.transition", self.transition, f"use one of {', '.join(map(repr, TRANSITION_METHODS))}"
-            )
+        checks.one_of(
+            "Mesh",
+            "transition",
+            self.transition,
+            TRANSITION_METHODS,
+            fix=f"use one of {', '.join(map(repr, TRANSITION_METHODS))}",
+        )
         for name in ("pp", "tp", "dp", "gen_pp", "gen_tp"):
-            value = getattr(self, name)
-            if value is None and name.startswith("gen_"):
-                continue
-            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"Mesh.{name}", value, "must be >= 1: use a whole number of ranks")
+            checks.whole(
+                "Mesh",
+                name,
+                getattr(self, name),
+                none_ok=name.startswith("gen_"),
+                fix="must be >= 1: use a whole number of ranks",
+            )
         gen_pp, gen_tp = self.gen_pp or self.pp, self.gen_tp or self.tp
         if self.pp % gen_pp or self.tp % gen_tp:
             raise ValueError(

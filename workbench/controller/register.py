@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from workbench import checks
 from workbench.controller.protocols import BUILTIN, DP_PROTO, Protocol
 
 Execute = Literal["all", "rank_zero"]
@@ -46,8 +47,7 @@ def register(
         if protocol not in BUILTIN:
             raise ValueError(f"unknown protocol {protocol!r}; known: {sorted(BUILTIN)}")
         protocol = BUILTIN[protocol]
-    if execute not in ("all", "rank_zero"):
-        raise ValueError(f"execute must be 'all' or 'rank_zero', got {execute!r}")
+    checks.one_of("register", "execute", execute, ("all", "rank_zero"))
 
     def mark(method: Callable) -> Callable:
         setattr(method, ATTRIBUTE, Registration(protocol, execute, pad, remembers_path))
