@@ -21,7 +21,7 @@ from workbench.engines.contract import OptimConfig
 from workbench.engines.forward import model_outputs
 from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig
-from workbench.errors import WorkerCallError
+from workbench.errors import ConfigError, DispatchError, WorkerCallError
 from workbench.hybrid import layouts
 from workbench.models import load, make_tiny
 from workbench.workers import ActorConfig
@@ -49,12 +49,12 @@ METHODS = ("hybridflow", "vanilla", "deepspeed_chat")
 
 
 @pytest.fixture(scope="module")
-def switching_actor(request, shared_session, model_dir):
-    """A tensor-parallel actor group (with a reference) for one (layout, method), started once
-    and shared by the tests that name it: starting 4-8 processes is the slow part here."""
-    layout, method = request.param
-    tp, dp, gen_tp = LAYOUTS[layout]
-    mesh = Mesh(tp=tp, dp=dp, gen_tp=gen_tp, transition=method)
+def layout_actor(request, shared_session, model_dir):
+    """A tensor-parallel actor group (with a reference) for one training layout, started once
+    and shared by the tests that name it: starting 4-8 processes is the slow part here. The
+    transition method changes on the live group (`switch_generation`)."""
+    tp, dp, gen_tp = LAYOUTS[request.param]
+    mesh = Mesh(tp=tp, dp=dp, gen_tp=gen_tp)
     cfg = ActorConfig(
         model_path=model_dir, backend="3d", optim=OPTIM, mini_batch_size=8, micro_batch_size=2, reference=True
     )
@@ -65,13 +65,22 @@ def switching_actor(request, shared_session, model_dir):
     shared_session.clear()
 
 
+@pytest.fixture
+def switching_actor(layout_actor, method):
+    if layout_actor.mesh.transition != method:
+        layout_actor.switch_generation(transition=method)
+    return layout_actor
+
+
 def both(layouts, methods=METHODS):
-    return pytest.mark.parametrize(
-        "switching_actor",
-        [(a, m) for a in layouts for m in methods],
-        indirect=True,
-        ids=[f"{a}-{m}" for a in layouts for m in methods],
-    )
+    """Each of `layouts` under each of `methods`, ids "layout-method"; two parametrizations
+    (not one list of pairs) so pytest keeps one group per layout across its methods."""
+
+    def mark(test):
+        test = pytest.mark.parametrize("layout_actor", layouts, indirect=True)(test)
+        return pytest.mark.parametrize("method", methods)(test)
+
+    return mark
 
 
 def transitions(session, since: float):
@@ -175,3 +184,26 @@ def test_a_corrupted_switch_is_caught_by_the_weight_sync_check_and_the_group_rec
     actor.corrupt_next_switch(0, on=False).get()
     after = actor.generate_sequences(batch, GREEDY).get()
     assert torch.equal(after["responses"], before["responses"])
+
+
+@both(["1-4-1to1-2-2-1"], ["hybridflow"])
+def test_the_generation_layout_changes_on_the_live_processes(shared_session, switching_actor, unsharded):
+    actor, (model, tokenizer) = switching_actor, unsharded
+    pids = [identity[0] for identity in actor.hostset.identities]
+    batch = prompts(tokenizer, 4)
+    expected = HFRollout(copy.deepcopy(model), tokenizer.pad_token_id, tokenizer.eos_token_id).generate(batch, GREEDY)
+    with pytest.raises(DispatchError, match=r"\['tp'\] change the training layout"):
+        actor.switch_generation(tp=2)
+    with pytest.raises(ConfigError, match="Mesh.transition"):
+        actor.switch_generation(transition="broadcast")
+    try:
+        mesh = actor.switch_generation(gen_tp=1, transition="vanilla")  # the whole model on every rank
+        assert (mesh.tp, mesh.gen_tp, mesh.transition) == (4, 1, "vanilla") and actor.mesh == mesh
+        since = time.time()
+        out = actor.generate_sequences(batch, GREEDY).get()
+        assert torch.equal(out["responses"], expected["responses"])
+        spans = transitions(shared_session, since)
+        assert {s.extra["peak_param_bytes"] for s in spans} == {spans[0].extra["model_bytes"]}
+    finally:
+        actor.switch_generation(gen_tp=2, transition="hybridflow")
+    assert [identity[0] for identity in actor.hostset.identities] == pids, "no process was restarted"

@@ -15,7 +15,7 @@ import socket
 import tempfile
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psutil
@@ -100,6 +100,11 @@ class Worker:
                 extra={**(c.current or {}), **extra},
             )
         )
+
+    def generation_changed(self, previous: Mesh) -> None:
+        """Called on every rank once the driver moved the group to a mesh that generates
+        differently (`WorkerGroup.switch_generation`); `self.mesh` is already the new one.
+        Workers that do not generate have nothing to rebuild."""
 
     @property
     def device_mesh(self):
@@ -211,6 +216,12 @@ class WorkerHost:
         )
         worker.__init__(*(() if config is None else (config,)))
         self.workers[role] = worker
+
+    def change_generation(self, mesh: Mesh) -> None:
+        for worker in self.workers.values():
+            previous = worker.context.mesh
+            worker.context = replace(worker.context, mesh=mesh)
+            worker.generation_changed(previous)
 
     def run(self, role: str, method: str, with_meta: bool, args: tuple, kwargs: dict):
         """Run one call of role.method; returns output, or (OutputMeta, output) with_meta."""

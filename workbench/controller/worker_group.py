@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
@@ -93,6 +93,30 @@ class HostSet:
         except BaseException:
             self.shutdown()
             raise
+
+    def change_generation(self, mesh: Mesh) -> None:
+        """Move the live ranks to `mesh`, which differs from theirs only in how they generate
+        (gen_pp, gen_tp, transition): each role's config checks it on the driver first
+        (`check_layout`, as at start), then every rank's workers rebuild their generation side
+        (`Worker.generation_changed`); weights, optimizer state and processes stay."""
+        training = (self.mesh.pp, self.mesh.tp, self.mesh.dp)
+        if (mesh.pp, mesh.tp, mesh.dp) != training:
+            raise DispatchError(
+                f"group {'+'.join(self.roles)!r}: {mesh} changes the training layout {self.mesh}; only "
+                f"gen_pp, gen_tp and transition change on live processes (start a new group for another "
+                f"(pp, tp, dp))"
+            )
+        for role, config in self.configs.items():
+            check = getattr(config, "check_layout", None)
+            if callable(check):
+                check(mesh, role)
+        ranks = list(range(mesh.world_size))
+        fetch_all(
+            [h.change_generation.remote(mesh) for h in self.hosts],
+            CallInfo("+".join(self.roles), "change_generation", ranks),
+            ranks,
+        )
+        self.mesh = mesh
 
     def tag_call(self, number: int, tags: dict, ranks: int) -> dict:
         """Keep the tags of driver call `number`, run on `ranks` ranks; the dict returned can
@@ -219,6 +243,8 @@ class MethodPlan:
     first call: which ranks run it, through which entry points, and how outputs come back."""
 
     method: str
+    mesh: Mesh
+    """The layout it was worked out for (a changed generation layout needs a new plan)."""
     registration: Registration
     ranks: list[int]
     entries: list
@@ -237,7 +263,7 @@ class MethodPlan:
         else:
             ranks, collect_ranks, collect = list(range(mesh.world_size)), protocol.collect_ranks(mesh), protocol.collect
         entries = [getattr(hostset.hosts[rank], f"{role}__{method}") for rank in ranks]
-        return cls(method, registration, ranks, entries, collect_ranks, collect, protocol.num_chunks(mesh))
+        return cls(method, mesh, registration, ranks, entries, collect_ranks, collect, protocol.num_chunks(mesh))
 
 
 class WorkerGroup:
@@ -301,6 +327,23 @@ class WorkerGroup:
         """The config its workers were built with (read-only here: rebuild the group to change it)."""
         return self.hostset.configs.get(self.role)
 
+    def switch_generation(self, **changes) -> Mesh:
+        """Generate in another layout from now on, on the live processes (weights, optimizer
+        state and processes kept): `gen_tp=`, `gen_pp=` or the 3D-HybridEngine's `transition=`,
+        e.g. the three transition methods compared on one actor. Roles fused into the same
+        processes share the mesh and see the change too. Returns the new mesh."""
+        allowed = ("gen_pp", "gen_tp", "transition")
+        unknown = sorted(set(changes) - set(allowed))
+        if unknown or not changes:
+            raise DispatchError(
+                f"{self.role}.switch_generation: name what changes, among {allowed}"
+                + (f"; {unknown} change the training layout (start a new group for that)" if unknown else "")
+            )
+        hostset = self.live()._hostset
+        mesh = replace(hostset.mesh, **changes)
+        hostset.change_generation(mesh)
+        return mesh
+
     def __getattr__(self, name: str):
         if name.startswith("_"):
             raise AttributeError(name)
@@ -343,7 +386,7 @@ class WorkerGroup:
 
     def _plan(self, method: str) -> MethodPlan:
         plan = self._plans.get(method)
-        if plan is None:
+        if plan is None or plan.mesh is not self._hostset.mesh:
             registration = self._methods.get(method)
             if registration is None:
                 raise DispatchError(

@@ -202,16 +202,8 @@ class ActorRolloutRefWorker(Worker):
                 tp_mesh=tp_mesh,
             )
         if tensor_parallel and config.rollout == "hf":
-            trained = self.engine.model if self.engine is not None else parallelize(model, tp_mesh)
-            self.hybrid = HybridEngine(
-                trained,
-                self.rollout.model,
-                self.mesh,
-                self.rank,
-                tp_group=tp_mesh.get_group(),
-                gen_tp_group=self._gen_tp_group,
-                check=config.check_weight_sync,
-            )
+            self._switched = self.engine.model if self.engine is not None else parallelize(model, tp_mesh)
+            self.hybrid = self._hybrid_engine()
         self.shares_weights = False
         if self.engine is not None and self.hybrid is None and isinstance(self.rollout, HFRollout):
             live = self.engine.shared_full_weights()
@@ -221,6 +213,28 @@ class ActorRolloutRefWorker(Worker):
         self.version = 0  # bumped by every update; the rollout copy is synced lazily
         self.rollout_version = 0
         self.updates = 0
+
+    def _hybrid_engine(self) -> HybridEngine:
+        return HybridEngine(
+            self._switched,
+            self.rollout.model,
+            self.mesh,
+            self.rank,
+            tp_group=self.device_mesh["tp"].get_group(),
+            gen_tp_group=self._gen_tp_group,
+            check=self.config.check_weight_sync,
+        )
+
+    def generation_changed(self, previous) -> None:
+        """A new generation layout or transition method: cut a fresh generation model over the
+        new generation groups (its weights are filled at each switch, so the initial ones from
+        disk do) and build the switch for it; the training weights are untouched."""
+        if self.hybrid is None:
+            return  # checked on the driver: without tensor parallelism the layout cannot change
+        self.hybrid.to_training()
+        skeleton = load(self.config.model_path, for_worker(self.config.load, self.device, self.config.train)).model
+        self.rollout.model = self._generation_model(skeleton).eval()
+        self.hybrid = self._hybrid_engine()
 
     def _generation_model(self, model):
         """A copy of the model cut over this rank's generation tensor-parallel group (its
