@@ -59,12 +59,12 @@ def test_deploy_refuses_before_reserving_anything(session):
 
 
 def test_a_tensor_parallel_plan_deploys_and_runs(session, tmp_path):
-    """The planner puts the 30M actor on p1t2d2 (generation p1t1d4) on 4 local devices: the
-    plan starts for real, the actor generates through the hybrid engine and its critic scores."""
-    plan = automap(dataflow_preset("ppo"), "tiny-30m", Workload.tiny(), cluster_preset("local", 4), max_tp=4, max_pp=1)
+    """The planner puts the 10M actor and critic on p1t2d2 on 4 local devices: the plan starts
+    for real, the actor generates through the hybrid engine and its critic scores."""
+    plan = automap(dataflow_preset("ppo"), "tiny-10m", Workload.tiny(), cluster_preset("local", 4), max_tp=4, max_pp=1)
     actor = plan.set_of("actor").assignments["actor"]
     assert actor.strategy.tp > 1, f"the planner no longer picks tensor parallelism here: {actor.strategy}"
-    model = str(make_tiny("30m", tmp_path / "m30"))
+    model = str(make_tiny("10m", tmp_path / "m10"))
     groups = plan.deploy(
         session,
         {
