@@ -5,7 +5,10 @@ One trap handled here: `get_state_dict` on an optimizer that has not stepped yet
 by running a step with zero gradients at lr 0. That leaves Adam's step count at 1, so the first
 real step after a checkpoint taken before training would use the wrong bias correction (a
 different update than without the checkpoint). Such a checkpoint is marked as holding a fresh
-optimizer, and the optimizer is made fresh again after saving it and after loading it.
+optimizer, and the optimizer is made fresh again after saving it and after loading it. Fresh
+means no gradients either: torch makes that state only where no parameter holds a gradient, so
+the last step's leftover gradients (engines clear them at the start of a step, not the end) would
+leave the checkpoint without optimizer state, which a stepped optimizer then cannot load.
 """
 
 from __future__ import annotations
@@ -22,10 +25,12 @@ FRESH = "optimizer_not_stepped"
 
 def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str) -> None:
     fresh = not optimizer.state
+    if fresh:
+        _make_fresh(optimizer)
     model_state, optim_state = get_state_dict(model, optimizer)
     dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path)
     if fresh:
-        optimizer.state.clear()
+        _make_fresh(optimizer)
         (Path(path) / FRESH).touch()
 
 
@@ -35,4 +40,10 @@ def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path:
     dcp.load(state, checkpoint_id=path)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     if (Path(path) / FRESH).exists():
-        optimizer.state.clear()
+        _make_fresh(optimizer)
+
+
+def _make_fresh(optimizer: torch.optim.Optimizer) -> None:
+    """As just built: no state, no gradients (see the module's note)."""
+    optimizer.state.clear()
+    optimizer.zero_grad(set_to_none=True)
