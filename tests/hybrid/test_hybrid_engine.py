@@ -2,10 +2,12 @@
 actors) switching its weights into generation layouts with each of Table 2's methods.
 
 Every generation is compared with the unsharded model in this test process, every update with
-a single-process step, every transition's counted bytes with Table 2.
+a single-process step, every transition's counted bytes with Table 2; and a PPO iteration runs
+end to end on the tensor-parallel actor beside a data-parallel critic and a rule reward.
 """
 
 import copy
+import math
 import time
 
 import pytest
@@ -14,9 +16,12 @@ import torch
 
 import tests.hybrid.workers
 import tests.workers.losses as losses
+from algorithms import PPO, Groups
 from tests.hybrid.workers import CorruptibleActor
 from tests.workers.reference import advantages_for, assert_checkpoint_roundtrip, prompts
 from workbench import Mesh
+from workbench.data import arithmetic
+from workbench.data.prompts import tokenize_prompts
 from workbench.engines.contract import OptimConfig
 from workbench.engines.forward import model_outputs
 from workbench.engines.hf_rollout import HFRollout
@@ -25,6 +30,8 @@ from workbench.errors import ConfigError, DispatchError, WorkerCallError
 from workbench.hybrid import layouts
 from workbench.models import load, make_tiny
 from workbench.workers import ActorConfig
+from workbench.workers.critic import CriticConfig, CriticWorker
+from workbench.workers.rule_reward import RuleReward
 
 ray.cloudpickle.register_pickle_by_value(losses)
 ray.cloudpickle.register_pickle_by_value(tests.hybrid.workers)
@@ -207,3 +214,25 @@ def test_the_generation_layout_changes_on_the_live_processes(shared_session, swi
     finally:
         actor.switch_generation(gen_tp=2, transition="hybridflow")
     assert [identity[0] for identity in actor.hostset.identities] == pids, "no process was restarted"
+
+
+@both(["1-2-2to1-1-2-2"], ["hybridflow"])
+def test_a_tensor_parallel_ppo_iteration_end_to_end(shared_session, switching_actor, model_dir, tmp_path):
+    actor, tokenizer = switching_actor, load(model_dir).tokenizer
+    problems = arithmetic.generate(arithmetic.ArithmeticConfig(digits=1), 4, seed=1)
+    batch = tokenize_prompts([p.__dict__ for p in problems], tokenizer, max_prompt_length=32)
+    actor.save_checkpoint(str(tmp_path / "untrained")).get()  # put back at the end: the group is shared
+    critic = shared_session.group(
+        "critic", CriticWorker, shared_session.pool("critic_pool", 1), CriticConfig(model_path=model_dir)
+    )
+    groups = Groups(actor=actor, reference=actor, critic=critic, reward=RuleReward(arithmetic.score))
+    algo = PPO(groups, PPO.Config(sampling=SamplingConfig(max_new_tokens=6, n=2, seed=0)))
+    since = time.time()
+    for _ in range(2):
+        out, metrics = algo.step(batch)
+        assert len(out) == 8 and all(math.isfinite(v) for v in metrics.values()), metrics
+        assert metrics["actor/grad_norm"] > 0 and metrics["critic/vf_loss"] > 0
+        assert metrics["actor/rollout_logprob_diff"] < 1e-4  # sampled from the weights it trains
+    switches = transitions(shared_session, since)
+    assert len(switches) == 2 * 4 and all(s.extra["checked"] for s in switches)
+    actor.load_checkpoint(str(tmp_path / "untrained")).get()

@@ -47,6 +47,8 @@ def build_comm_op() -> None:
     from deepspeed.comm.torch import build_shm_op
 
     build_shm_op()
+
+
 """DeepSpeed's checkpoint sub-directory name under the path given to save/load."""
 
 
