@@ -87,35 +87,7 @@ class Session:
             bounded (a span is about 1.2 KB). None keeps every span. Also settable later as
             `session.max_trace_records`.
         """
-        checks.whole(
-            "Session",
-            "num_devices",
-            num_devices,
-            none_ok=True,
-            fix="use a whole number of devices >= 1, or None for the CPU count",
-        )
-        checks.whole(
-            "Session",
-            "threads_per_worker",
-            threads_per_worker,
-            fix="use a whole number >= 1 (torch threads per worker)",
-        )
-        checks.whole(
-            "Session", "max_colocate", max_colocate, fix="use a whole number >= 1 (worker processes per device)"
-        )
-        checks.whole(
-            "Session",
-            "max_trace_records",
-            max_trace_records,
-            none_ok=True,
-            fix="use a whole number of spans >= 1, or None to keep every span",
-        )
-        if address is not None and not isinstance(address, str):
-            raise ConfigError("Session.address", address, 'pass "auto", "host:port", or None for an embedded Ray')
-        if runtime_env is not None and not isinstance(runtime_env, dict):
-            raise ConfigError(
-                "Session.runtime_env", runtime_env, "pass a Ray runtime_env dict, e.g. {'env_vars': {...}}"
-            )
+        _check_arguments(num_devices, address, threads_per_worker, max_colocate, runtime_env, max_trace_records)
         if getattr(self, "_started", False):  # a re-run of the Session cell
             self.clear(reason="the Session(...) cell was re-run")
         else:
@@ -442,3 +414,32 @@ class Session:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"pools={list(self.pools)}, groups={list(self.groups)}"
         return f"Session({state})"
+
+
+def _check_arguments(num_devices, address, threads_per_worker, max_colocate, runtime_env, max_trace_records) -> None:
+    """Session(...)'s arguments, refused with what to pass instead before anything starts."""
+    checks.whole(
+        "Session",
+        "num_devices",
+        num_devices,
+        none_ok=True,
+        fix="use a whole number of devices >= 1, or None for the CPU count",
+    )
+    checks.whole(
+        "Session",
+        "threads_per_worker",
+        threads_per_worker,
+        fix="use a whole number >= 1 (torch threads per worker)",
+    )
+    checks.whole("Session", "max_colocate", max_colocate, fix="use a whole number >= 1 (worker processes per device)")
+    checks.whole(
+        "Session",
+        "max_trace_records",
+        max_trace_records,
+        none_ok=True,
+        fix="use a whole number of spans >= 1, or None to keep every span",
+    )
+    if address is not None and not isinstance(address, str):
+        raise ConfigError("Session.address", address, 'pass "auto", "host:port", or None for an embedded Ray')
+    if runtime_env is not None and not isinstance(runtime_env, dict):
+        raise ConfigError("Session.runtime_env", runtime_env, "pass a Ray runtime_env dict, e.g. {'env_vars': {...}}")
