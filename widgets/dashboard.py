@@ -1,4 +1,4 @@
-"""MetricsDashboard: an algorithm's metrics over iterations, updating while `fit` runs.
+"""MetricsDashboard: an algorithm's metrics over iterations, growing while `fit` runs.
 
     dashboard = MetricsDashboard()
     dashboard                                        # in a notebook: the charts
@@ -6,17 +6,25 @@
 
 Charts: score and rewards, KL, losses, clip fractions, response length, throughput and the
 time of each step. A chart shows whichever of its metrics the algorithm reports (verl's
-names). `MetricsDashboard.from_jsonl(path)` reads a run's metrics file (RunRecorder's).
+names). Every chart shares one iteration axis: zoom or pan one and all follow. Lines are
+smoothed (an exponential moving average, as TensorBoard's slider; raw values are the faint
+dots), legends sit beside the data and hide a line when clicked, and "export CSV" downloads
+the numbers shown. Each iteration streams one row into the charts' data source.
+`MetricsDashboard.from_jsonl(path)` reads a run's metrics file (RunRecorder's).
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import math
 from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from widgets.ui import View, escape
+from widgets import plots
+from widgets.ui import PALETTE, Action, Control, FigureParts, View, escape
 
 CHARTS = {
     "score": ("critic/score/mean", "critic/rewards/mean", "safe/cost/mean"),
@@ -26,6 +34,8 @@ CHARTS = {
     "response length": ("response_length/mean",),
     "throughput (tokens/s)": ("perf/throughput",),
 }
+STEP_TIMES = "step times (s)"
+SMOOTHED = " (smoothed)"
 
 
 class MetricsDashboard(View):
@@ -34,9 +44,17 @@ class MetricsDashboard(View):
     width, height = 10.0, 4.8
     margins = {"left": 0.05, "right": 0.99, "top": 0.93, "bottom": 0.07, "wspace": 0.3, "hspace": 0.35}
 
-    def __init__(self, history: list[dict] | None = None):
+    def __init__(self, history: list[dict] | None = None, smoothing: float = 0.0):
         super().__init__()
-        self.history: list[dict] = list(history or [])
+        _check_smoothing(smoothing)
+        self.smoothing = smoothing
+        self.history: list[dict] = []
+        self.rows: list[dict] = []
+        """One row per iteration as the charts hold it: iteration, each metric, each smoothed."""
+        self.version = 0
+        """Bumped when rows are rebuilt (new smoothing, a reloaded file): front ends start over."""
+        self._ema: dict[str, tuple[float, float]] = {}
+        self._extend(list(history or []))
 
     @classmethod
     def from_jsonl(cls, path: str | Path) -> MetricsDashboard:
@@ -45,7 +63,8 @@ class MetricsDashboard(View):
         return dashboard
 
     def load(self, path: str | Path) -> None:
-        """Replace the history with a metrics file's lines (a half-written last line is skipped)."""
+        """Take a metrics file's lines (a half-written last line is skipped): new lines stream
+        in; a file that is not the history's continuation replaces it."""
         history = []
         if Path(path).exists():
             for line in Path(path).read_text().splitlines():
@@ -53,33 +72,104 @@ class MetricsDashboard(View):
                     history.append(json.loads(line))
                 except json.JSONDecodeError:
                     continue
-        self.history = history
+        if history[: len(self.history)] != self.history:
+            self._rebuild(history)
+        else:
+            self._extend(history[len(self.history) :])
         self.changed()
 
     def update(self, metrics: dict, background: bool = False) -> None:
-        """Add one iteration's metrics and redraw (see `View.changed` for `background`)."""
-        self.history.append(dict(metrics))
-        self.changed(background)
+        """Add one iteration's metrics and stream it into the charts."""
+        self._extend([metrics])
+        self.changed()
 
     def __call__(self, algorithm=None, batch=None, metrics=None) -> None:
-        """As a `fit` callback: redraw off the loop's critical path."""
-        self.update(metrics, background=True)
+        """As a `fit` callback."""
+        if metrics is not None:
+            self.update(metrics)
+
+    def controls(self) -> list[Control]:
+        return [
+            Control(
+                "smoothing",
+                "smoothing",
+                "float",
+                (0.0, 0.95, 0.05),
+                self.smoothing,
+                "weight of earlier iterations in each line (exponential moving average, as in TensorBoard); "
+                "0 draws the raw values, which stay as faint dots",
+            )
+        ]
+
+    def set(self, **values) -> None:
+        unknown = set(values) - {"smoothing"}
+        if unknown:
+            raise ValueError(f"MetricsDashboard.set: unknown settings {sorted(unknown)}; it has 'smoothing'")
+        if "smoothing" in values:
+            _check_smoothing(values["smoothing"])
+            self.smoothing = float(values["smoothing"])
+            self._rebuild(self.history)
+        self.changed()
+
+    def actions(self) -> list[Action]:
+        return [Action("export CSV", "metrics.csv", self.csv)]
+
+    # ---- rows ----------------------------------------------------------------------------------
+    def _rebuild(self, history: list[dict]) -> None:
+        self.history, self.rows, self._ema = [], [], {}
+        self.version += 1
+        self._extend(history)
+
+    def _extend(self, history: list[dict]) -> None:
+        w = self.smoothing
+        for metrics in history:
+            self.history.append(dict(metrics))
+            row = {"iteration": metrics.get("iteration", len(self.history))}
+            for key in self.keys(metrics):
+                value = float(metrics[key])
+                row[key] = value
+                # Debiased EMA (TensorBoard's): early points are not pulled towards zero.
+                total, weight = self._ema.get(key, (0.0, 0.0))
+                if math.isfinite(value):
+                    total, weight = w * total + (1 - w) * value, w * weight + (1 - w)
+                    self._ema[key] = (total, weight)
+                row[key + SMOOTHED] = total / weight if weight else math.nan
+            self.rows.append(row)
+
+    @staticmethod
+    def keys(metrics: dict) -> list[str]:
+        """The metrics of `metrics` that a chart shows."""
+        charted = {k for keys in CHARTS.values() for k in keys}
+        return [k for k in metrics if k in charted or k.startswith("timing_s/")]
+
+    def charts(self) -> dict[str, list[str]]:
+        """{chart: metrics present in the history}, in CHARTS' order, then the step times."""
+        seen = {k for m in self.history for k in m}
+        out = {chart: [k for k in keys if k in seen] for chart, keys in CHARTS.items()}
+        out[STEP_TIMES] = sorted(k for k in seen if k.startswith("timing_s/"))
+        return out
+
+    def columns(self) -> list[str]:
+        keys = [k for keys in self.charts().values() for k in keys]
+        return ["iteration", *keys, *(k + SMOOTHED for k in keys)]
+
+    def csv(self) -> str:
+        """The numbers the charts show (raw and smoothed), one line per iteration."""
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=self.columns(), extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(self.rows)
+        return out.getvalue()
 
     def data(self) -> dict:
         """{chart: {metric: (iterations, values)}}, plus "step times" from timing_s/*."""
         its = [m.get("iteration", i + 1) for i, m in enumerate(self.history)]
         out = {}
-        for chart, keys in CHARTS.items():
-            series = {
+        for chart, keys in self.charts().items():
+            out[chart] = {
                 k: ([it for it, m in zip(its, self.history) if k in m], [m[k] for m in self.history if k in m])
                 for k in keys
             }
-            out[chart] = {k: v for k, v in series.items() if v[0]}
-        timings = sorted({k for m in self.history for k in m if k.startswith("timing_s/")})
-        out["step times (s)"] = {
-            k: ([it for it, m in zip(its, self.history) if k in m], [m[k] for m in self.history if k in m])
-            for k in timings
-        }
         return out
 
     def summary(self) -> str:
@@ -93,19 +183,101 @@ class MetricsDashboard(View):
         ]
         return escape(
             f"iteration {last.get('iteration', len(self.history)):g}: "
-            + "  ".join(f"{k.split('/')[-2] if k.endswith('/mean') else k.split('/')[-1]}={last[k]:.4g}" for k in shown)
+            + "  ".join(f"{_short(k)}={last[k]:.4g}" for k in shown)
         )
 
+    # ---- the live figure ---------------------------------------------------------------------------
+    def figure(self) -> FigureParts:
+        from bokeh.models import DataRange1d, Row
+
+        iterations = DataRange1d(name="metrics_iterations", range_padding=0.02)
+        stream = plots.Stream(self.columns(), list(self.rows), name="metrics")
+        figures, drawn = {}, set()
+        for chart in [*CHARTS, STEP_TIMES]:
+            fig = plots.new_figure(
+                chart,
+                x_range=iterations,  # one iteration axis: zoom one chart, all follow
+                height=250,
+                width=410,
+                sizing_mode="fixed",
+                tools="xpan,xwheel_zoom,box_zoom,reset,save",
+                active_scroll=None,
+                x_axis_label="iteration",
+            )
+            fig.scatter([], [])  # a chart without its metrics yet is hidden, not invalid
+            figures[chart] = fig
+        version = self.version
+
+        def add_lines() -> None:
+            for chart, keys in self.charts().items():
+                fig = figures[chart]
+                fig.visible = bool(keys) or not self.history  # charts of metrics this run reports
+                for i, key in enumerate(keys):
+                    if key in drawn:
+                        continue
+                    drawn.add(key)
+                    colour = PALETTE[i % len(PALETTE)]
+                    label = _short(key)
+                    line = fig.line(
+                        "iteration",
+                        key + SMOOTHED,
+                        source=stream.source,
+                        color=colour,
+                        line_width=2,
+                        legend_label=label,
+                    )
+                    fig.scatter("iteration", key, source=stream.source, color=colour, alpha=0.3, legend_label=label)
+                    plots.hover(
+                        fig,
+                        [line],
+                        [
+                            ("iteration", "@iteration"),
+                            (label, f"@{{{key}}}{{0.0000}}"),
+                            ("smoothed", f"@{{{key}{SMOOTHED}}}{{0.0000}}"),
+                        ],
+                        mode="vline",
+                    )
+                    plots.legend_outside(fig, "right")
+
+        def update() -> None:
+            nonlocal version
+            columns = self.columns()
+            if version != self.version or columns != stream.columns:
+                version = self.version
+                stream.columns = columns
+                stream.reset(list(self.rows))
+            else:
+                stream.rows.extend(self.rows[stream.sent :])
+                stream.send()
+            add_lines()
+
+        add_lines()
+        # A wrapping row: charts of metrics a run does not report hide without leaving holes.
+        grid = Row(children=list(figures.values()), styles={"flex-wrap": "wrap"}, sizing_mode="stretch_width")
+        return grid, update
+
+    # ---- the static picture ------------------------------------------------------------------------
     def draw(self, fig: Figure) -> None:
         d = self.data()
         axes = fig.subplots(2, 4).ravel()
         for ax, (chart, series) in zip(axes, d.items()):
             for key, (x, y) in series.items():
-                ax.plot(x, y, marker=".", label=key.removeprefix("timing_s/"))
-            ax.set_title(chart, fontsize=8)
-            ax.tick_params(labelsize=6)
+                ax.plot(x, y, marker=".", label=_short(key))
+            ax.set_title(chart, fontsize=9)
+            ax.tick_params(labelsize=7)
             if len(series) > 1:
-                ax.legend(fontsize=5)
+                ax.legend(fontsize=6)
         for ax in axes[len(d) :]:
             ax.set_axis_off()
         fig.subplots_adjust(**self.margins)
+
+
+def _short(key: str) -> str:
+    """critic/score/mean -> score/mean, actor/pg_loss -> pg_loss, timing_s/gen -> gen."""
+    parts = key.split("/")
+    return "/".join(parts[-2:]) if parts[-1] == "mean" else parts[-1]
+
+
+def _check_smoothing(value) -> None:
+    if not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ValueError(f"MetricsDashboard: smoothing must be a number in [0, 1), got {value!r}")

@@ -1,14 +1,17 @@
 """LiveTimeline: the real trace of a running session, a lane per pool and rank.
 
     timeline = LiveTimeline(session, estimate=plan)     # plan: the planner's Plan, optional
-    timeline                                            # in a notebook: the figure
-    ppo.fit(prompts, 4, callbacks=[timeline])           # refreshes after every iteration
+    timeline                                            # in a notebook: the live figure
+    ppo.fit(prompts, 4, callbacks=[timeline])           # new spans stream in after every iteration
 
-Bars are calls coloured by role; the part of a call spent fetching its inputs is pale; the
-hybrid engine's transitions (spans named `hybrid.*`: weight sync, releasing the rollout
-engine) are black. Iterations are marked where their first span starts (spans carry the
-iteration and step their algorithm launched them in). With `estimate`, the planner's bars
-for the same placement are drawn below, on the same time scale.
+Bars are calls coloured by role; the part of a call spent receiving its inputs (a data
+transfer) is pale and hatched; the hybrid engine's transitions (spans named `hybrid.*`: weight
+sync, releasing the rollout engine) are thin black bars. Iterations are marked where their
+first span starts. Scroll to zoom, drag to pan (the view follows the latest iterations until
+you do), hover a span for its role, rank, method, iteration, rows, bytes and seconds; click one
+to open its batch in a BatchInspector below (while the batch is still held: the last
+`keep_batches` iterations of a `fit` it watches) or else that iteration's metrics. With
+`estimate`, the planner's bars for the same placement are drawn below, on the same time axis.
 
 Sources: a live `Session` (spans drained as they arrive), a list of CallRecords, or a
 `trace.jsonl` written by `widgets.RunRecorder` (the panel app follows a run that way).
@@ -17,12 +20,37 @@ Sources: a live `Session` (spans drained as they arrive), a list of CallRecords,
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from matplotlib.figure import Figure
 
-from widgets.ui import View, escape, role_colour
+from widgets import plots
+from widgets.ui import FigureParts, View, escape, role_colour
 from workbench.tracing import CallRecord, load_records
+
+COLUMNS = [
+    "span",
+    "lane",
+    "role",
+    "rank",
+    "method",
+    "kind",
+    "run",
+    "iteration",
+    "step",
+    "start",
+    "fetched",
+    "end",
+    "seconds",
+    "wait",
+    "rows",
+    "bytes",
+    "colour",
+]
+MAX_SPANS = 50_000
+"""Spans a figure keeps (the oldest roll out): a long run's trace stays bounded in the browser."""
 
 
 class LiveTimeline(View):
@@ -30,21 +58,43 @@ class LiveTimeline(View):
 
     width, height = 9.0, 3.6
 
-    def __init__(self, source=None, estimate=None, last_iterations: int | None = 3, since: float | None = None):
+    def __init__(
+        self,
+        source=None,
+        estimate=None,
+        last_iterations: int | None = 3,
+        since: float | None = None,
+        keep_batches: int = 2,
+    ):
         """source: a Session, a list of CallRecords or a trace.jsonl path; estimate: a planner
-        Plan to draw beside it; last_iterations: show only the latest iterations (None: all);
-        since: only spans that started at or after this `time.time()` (a session's trace keeps
-        the spans of its earlier runs, whose iteration numbers would mix with this one's)."""
+        Plan to draw beside it; last_iterations: the figure opens on (and follows) the latest
+        iterations, the static picture shows only them (None: all); since: only spans that
+        started at or after this `time.time()` (a session's trace keeps the spans of its earlier
+        runs); keep_batches: as a `fit` callback, hold the last batches for click-through."""
         super().__init__()
+        if last_iterations is not None and (not isinstance(last_iterations, int) or last_iterations < 1):
+            raise ValueError(f"LiveTimeline: last_iterations must be a positive int or None, got {last_iterations!r}")
         self.source, self.estimate, self.last_iterations, self.since = source, estimate, last_iterations, since
+        self.keep_batches = keep_batches
         self.records: list[CallRecord] = []
+        self.rows: list[dict] = []
+        """One row per span, as the figure's sources hold them (times from `origin`)."""
+        self.origin: float | None = None
+        self._keys: set = set()
         self.refresh_seconds: list[float] = []
-        """How long each refresh held its caller (draining spans, and redrawing unless in background)."""
+        """How long each refresh held its caller (draining spans and streaming them)."""
+        self.held: dict[tuple, dict] = {}
+        """(run, iteration) -> {"metrics": ..., "batch": ...} seen as a `fit` callback."""
+        self.lookup: Callable[[str | None, int], dict] | None = None
+        """Where else to look for an iteration's batch or metrics (the app: the run's files)."""
+        self.selected: dict | None = None
+        """The span clicked last (a row)."""
+        self._below: tuple | None = None
         self.refresh()
 
+    # ---- input -------------------------------------------------------------------------------------
     def refresh(self, background: bool = False) -> None:
-        """Fetch spans that arrived since the last refresh and redraw (with `background`, on the
-        drawing thread: see `View.changed`)."""
+        """Fetch spans that arrived since the last refresh and stream them into the figures."""
         t0 = time.perf_counter()
         source = self.source
         if source is None:
@@ -57,13 +107,90 @@ class LiveTimeline(View):
             records = list(source)
         if self.since is not None:
             records = [r for r in records if r.start >= self.since]
-        self.records = sorted(records, key=lambda r: r.start)
-        self.changed(background)
+        new = [r for r in records if _key(r) not in self._keys]
+        if new:
+            self._keys.update(_key(r) for r in new)
+            self.records = sorted([*self.records, *new], key=lambda r: r.start)
+            if self.origin is None:
+                self.origin = min(r.start for r in new)
+            self.rows += [self._row(r, len(self.rows) + i) for i, r in enumerate(new)]
+            self.changed()
         self.refresh_seconds.append(time.perf_counter() - t0)
 
     def __call__(self, algorithm=None, batch=None, metrics=None) -> None:
-        """As a `fit` callback: fetch the new spans, and redraw off the loop's critical path."""
-        self.refresh(background=True)
+        """As a `fit` callback: hold the iteration's batch (the last `keep_batches`) and metrics,
+        then stream the new spans."""
+        if metrics is not None and "iteration" in metrics:
+            key = (getattr(algorithm, "run_name", None), int(metrics["iteration"]))
+            self.held[key] = {"metrics": dict(metrics), "batch": batch}
+            with_batch = [k for k, v in self.held.items() if v.get("batch") is not None]
+            for old in with_batch[: max(0, len(with_batch) - self.keep_batches)]:
+                self.held[old]["batch"] = None
+        self.refresh()
+
+    def _row(self, r: CallRecord, index: int) -> dict:
+        kind = "transition" if r.method.startswith("hybrid.") else "call"
+        rows_in, rows_out = r.extra.get("rows"), r.extra.get("rows_out")
+        rows = "-" if rows_in is None else f"{rows_in}" + (f" -> {rows_out}" if rows_out not in (None, rows_in) else "")
+        origin = self.origin or 0.0
+        return {
+            "span": index,
+            "lane": f"{r.pool} rank {r.rank}",
+            "role": r.role,
+            "rank": r.rank,
+            "method": r.method,
+            "kind": kind,
+            "run": r.extra.get("run") or "",
+            "iteration": r.extra.get("iteration", "-"),
+            "step": _step(r) or "-",
+            "start": r.start - origin,
+            "fetched": r.fetched - origin,
+            "end": r.end - origin,
+            "seconds": r.end - r.start,
+            "wait": r.fetched - r.start,
+            "rows": rows,
+            "bytes": _size(r.bytes_in + r.bytes_out) + f" (in {_size(r.bytes_in)}, out {_size(r.bytes_out)})",
+            "colour": "black" if kind == "transition" else role_colour(r.role),
+        }
+
+    # ---- click-through -----------------------------------------------------------------------------
+    def select(self, span: int | None) -> None:
+        """Open a span (a row's "span" number; None closes): its batch or its metrics below."""
+        self.selected = self.rows[span] if span is not None and 0 <= span < len(self.rows) else None
+        self.changed()
+
+    def details(self) -> dict | None:
+        """What the selected span opens: {"title", "batch" or "metrics"}, or None."""
+        row = self.selected
+        if row is None:
+            return None
+        title = f"{row['role']} rank {row['rank']}: {row['method']}"
+        if not isinstance(row["iteration"], int):
+            return {"title": title + " (not launched by an algorithm's iteration)", "metrics": None, "batch": None}
+        run, it = row["run"] or None, row["iteration"]
+        found = self.held.get((run, it)) or next((v for (_, i), v in self.held.items() if i == it), None)
+        if (found is None or found.get("batch") is None) and self.lookup is not None:
+            found = {**(found or {}), **{k: v for k, v in self.lookup(run, it).items() if v is not None}}
+        found = found or {}
+        where = f"{run + ' ' if run else ''}iteration {it}"
+        return {"title": f"{title}, {where}", "batch": found.get("batch"), "metrics": found.get("metrics")}
+
+    def below(self):
+        """The view shown under the figure: a BatchInspector of the selected span's batch, or a
+        table of its iteration's metrics."""
+        from widgets.inspector import BatchInspector, MetricsTable
+
+        if self.selected is None:
+            return None
+        if self._below is None or self._below[0] is not self.selected:  # a new click: a new view
+            d = self.details() or {}
+            view = (
+                BatchInspector(d["batch"], title=d["title"])
+                if d.get("batch") is not None
+                else MetricsTable(d.get("metrics"), title=d.get("title", ""))
+            )
+            self._below = (self.selected, view)
+        return self._below[1]
 
     # ---- what the figure shows -----------------------------------------------------------------
     def shown(self) -> list[CallRecord]:
@@ -78,9 +205,9 @@ class LiveTimeline(View):
 
     def data(self) -> dict:
         """lanes ("pool rank k"), bars (lane, role, method, start, fetched, end, kind, run,
-        iteration, step; seconds from the first span shown), iteration marks in time order
-        ((iteration, start), with "marks" naming them by run when several runs are in view), and
-        the estimate's bars."""
+        iteration, step, rows, bytes; seconds from the first span shown), iteration marks in
+        time order ((iteration, start), with "marks" naming them by run when several runs are in
+        view), and the estimate's bars."""
         records = self.shown()
         out = {
             "lanes": [],
@@ -111,12 +238,11 @@ class LiveTimeline(View):
                         "iteration": r.extra.get("iteration"),
                         "step": _step(r),
                         "call": r.extra.get("call"),
+                        "rows": r.extra.get("rows"),
+                        "bytes": r.bytes_in + r.bytes_out,
                     }
                 )
-            starts = sorted(_iteration_starts(records).items(), key=lambda item: item[1])
-            several = len({run for (run, _), _ in starts}) > 1
-            out["iterations"] = [(it, start - t0) for (_, it), start in starts]
-            out["marks"] = [f"{run} it {it}" if several else f"it {it}" for (run, it), _ in starts]
+            out["iterations"], out["marks"] = _marks(records, t0)
         if self.estimate is not None:
             plan = self.estimate
             sets = {(s.devices.start, s.devices.stop): i for i, s in enumerate(plan.sets)}
@@ -149,12 +275,157 @@ class LiveTimeline(View):
             text += f"; planner estimate {self.estimate.iteration_time:.2f} s per iteration"
         return escape(text)
 
+    # ---- the live figure ---------------------------------------------------------------------------
+    def figure(self) -> FigureParts:
+        from bokeh.layouts import column
+        from bokeh.models import FactorRange, Label, Range1d, Span, TapTool
+
+        calls = plots.Stream(COLUMNS, [r for r in self.rows if r["kind"] == "call"], MAX_SPANS, "timeline_calls")
+        hybrid = plots.Stream(COLUMNS, [r for r in self.rows if r["kind"] != "call"], MAX_SPANS, "timeline_hybrid")
+        seen = len(self.rows)
+        x_range = Range1d(0, 1, name="timeline_x")
+        lanes = FactorRange(factors=self._lanes() or ["no spans yet"], name="timeline_lanes")
+        fig = plots.new_figure(
+            "measured: drag to pan, scroll to zoom, hover a span, click it to open its batch",
+            x_range=x_range,
+            y_range=lanes,
+            height=max(220, 60 + 34 * len(lanes.factors)),
+            tools="xpan,xwheel_zoom,xbox_zoom,reset,save",
+            active_drag="xpan",
+            active_scroll="xwheel_zoom",
+            x_axis_label="seconds since the first span",
+            name="timeline",
+        )
+        fig.y_range.range_padding = 0.1
+        bars = fig.hbar(
+            y="lane", left="fetched", right="end", height=0.7, color="colour", line_color="white", source=calls.source
+        )
+        fig.hbar(  # waiting for inputs: the data transfer into the call
+            y="lane",
+            left="start",
+            right="fetched",
+            height=0.7,
+            fill_color="colour",
+            fill_alpha=0.3,
+            hatch_pattern="/",
+            hatch_color="colour",
+            hatch_alpha=0.6,
+            line_alpha=0,
+            source=calls.source,
+        )
+        switches = fig.hbar(y="lane", left="start", right="end", height=0.3, color="black", source=hybrid.source)
+        marks: dict[str, tuple] = {}  # label -> (Span, Label): one per iteration, added as they come
+        plots.hover(
+            fig,
+            [bars, switches],
+            [
+                ("span", "@role rank @rank: @method"),
+                ("iteration", "@run @iteration (step @step)"),
+                ("rows", "@rows"),
+                ("bytes moved", "@bytes"),
+                ("seconds", "@seconds{0.000} (receiving inputs @wait{0.000})"),
+            ],
+        )
+        fig.add_tools(TapTool(renderers=[bars, switches]))
+        for stream in (calls, hybrid):
+            stream.source.selected.on_change("indices", lambda attr, old, new, s=stream.source: self._tapped(s, new))
+        parts: list[Any] = [fig]
+        if self.estimate is not None:
+            parts.append(self._estimate_figure(x_range))
+        follow = {"window": None}
+
+        def update() -> None:
+            nonlocal seen
+            fresh = self.rows[seen:]
+            seen = len(self.rows)
+            calls.rows.extend(r for r in fresh if r["kind"] == "call")
+            hybrid.rows.extend(r for r in fresh if r["kind"] != "call")
+            calls.send()
+            hybrid.send()
+            factors = self._lanes()
+            if factors and list(lanes.factors) != factors:
+                lanes.factors = factors
+            for x, label in zip(*self._mark_rows()):
+                if label not in marks:
+                    marks[label] = (
+                        Span(location=x, dimension="height", line_color="grey", line_dash="dotted"),
+                        Label(
+                            x=x, y=4, x_offset=3, y_units="screen", text=label, text_font_size="9pt", text_color="grey"
+                        ),
+                    )
+                    fig.add_layout(marks[label][0])
+                    fig.add_layout(marks[label][1])
+                elif marks[label][0].location != x:  # a late span started earlier
+                    marks[label][0].location = marks[label][1].x = x
+            # Follow the latest iterations until someone pans or zooms (the range moved).
+            window = self._window()
+            if window and (follow["window"] is None or (x_range.start, x_range.end) == follow["window"]):
+                x_range.start, x_range.end = window
+                x_range.reset_start, x_range.reset_end = window
+                follow["window"] = window
+
+        update()
+        return column(*parts, sizing_mode="stretch_width"), update
+
+    def _tapped(self, source, indices: list[int]) -> None:
+        if indices:
+            self.select(int(source.data["span"][indices[0]]))
+
+    def _lanes(self) -> list[str]:
+        lanes = sorted({(r.pool, r.rank) for r in self.records})
+        return [f"{pool} rank {rank}" for pool, rank in lanes]
+
+    def _mark_rows(self) -> tuple[list[float], list[str]]:
+        origin = self.origin or 0.0
+        starts, names = _marks(self.records, origin)
+        return [s for _, s in starts], names
+
+    def _window(self) -> tuple[float, float] | None:
+        """The x range that shows the latest `last_iterations` iterations (all: None)."""
+        if not self.rows:
+            return None
+        end = max(r["end"] for r in self.rows[-2000:]) if len(self.rows) > 2000 else max(r["end"] for r in self.rows)
+        shown = self.shown()
+        start = (shown[0].start - (self.origin or 0.0)) if shown else 0.0
+        pad = max(end - start, 1e-3) * 0.02
+        return (start - pad, end + pad)
+
+    def _estimate_figure(self, x_range):
+        from bokeh.models import ColumnDataSource
+
+        d = self.data()
+        lanes = d["estimate_lanes"]
+        rows = d["estimate"]
+        source = ColumnDataSource(
+            {
+                "lane": [lanes[b["lane"]] for b in rows],
+                "call": [b["call"] for b in rows],
+                "role": [b["role"] for b in rows],
+                "start": [b["start"] for b in rows],
+                "end": [b["end"] for b in rows],
+                "seconds": [b["end"] - b["start"] for b in rows],
+                "colour": [role_colour(b["role"]) for b in rows],
+            }
+        )
+        fig = plots.new_figure(
+            "planner's estimate, one iteration (same time axis)",
+            x_range=x_range,
+            y_range=list(reversed(lanes)),
+            height=80 + 34 * len(lanes),
+            tools="xpan,xwheel_zoom,reset",
+            x_axis_label="seconds",
+        )
+        bars = fig.hbar(y="lane", left="start", right="end", height=0.7, color="colour", source=source)
+        plots.hover(fig, [bars], [("call", "@call (@role)"), ("estimated seconds", "@seconds{0.000}")])
+        return fig
+
+    # ---- the static picture ------------------------------------------------------------------------
     def draw(self, fig: Figure) -> None:
         d = self.data()
         rows = [len(d["lanes"]) or 1] + ([len(d["estimate_lanes"])] if d["estimate"] else [])
         axes = fig.subplots(len(rows), 1, sharex=True, gridspec_kw={"height_ratios": rows}, squeeze=False)[:, 0]
         ax = axes[0]
-        # One collection per (lane, colour, style): a live refresh draws hundreds of spans.
+        # One collection per (lane, colour, style): a trace holds hundreds of spans.
         groups: dict[tuple, list] = {}
         for b in d["bars"]:
             colour = "black" if b["kind"] == "transition" else role_colour(b["role"])
@@ -170,19 +441,31 @@ class LiveTimeline(View):
         ax.set_ylim(-0.7, max(len(d["lanes"]), 1) - 0.3)
         for (_, start), mark in zip(d["iterations"], d["marks"]):
             ax.axvline(start, color="grey", linewidth=0.6, linestyle=":")
-            ax.text(start, -0.6, mark, fontsize=6, color="grey")
-        ax.set_yticks(range(len(d["lanes"])), d["lanes"], fontsize=7)
+            ax.text(start, -0.6, mark, fontsize=7, color="grey")
+        ax.set_yticks(range(len(d["lanes"])), d["lanes"], fontsize=8)
         ax.invert_yaxis()
-        ax.set_title("measured (black: hybrid-engine transitions)", fontsize=8)
+        ax.set_title("measured (black: hybrid-engine transitions; pale: receiving inputs)", fontsize=9)
         if d["estimate"]:
             est = axes[1]
             for b in d["estimate"]:
                 est.barh(b["lane"], b["end"] - b["start"], left=b["start"], color=role_colour(b["role"]), height=0.8)
-            est.set_yticks(range(len(d["estimate_lanes"])), d["estimate_lanes"], fontsize=7)
+            est.set_yticks(range(len(d["estimate_lanes"])), d["estimate_lanes"], fontsize=8)
             est.invert_yaxis()
-            est.set_title("planner's estimate, one iteration", fontsize=8)
+            est.set_title("planner's estimate, one iteration", fontsize=9)
         axes[-1].set_xlabel("seconds")
         fig.subplots_adjust(**self.margins)
+
+
+def _key(record: CallRecord) -> tuple:
+    """A span's identity (a session's trace() returns every span it still holds)."""
+    return record.extra.get("call"), record.role, record.rank, record.method, record.start
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
 
 
 def _step(record: CallRecord) -> str | None:
@@ -199,3 +482,14 @@ def _iteration_starts(records: list[CallRecord]) -> dict[tuple, float]:
             key = (r.extra.get("run", ""), r.extra["iteration"])
             starts[key] = min(starts.get(key, r.start), r.start)
     return starts
+
+
+def _marks(records: list[CallRecord], t0: float) -> tuple[list[tuple], list[str]]:
+    """Iteration marks in time order: [(iteration, start - t0)], and their names ("it 3", or
+    "GRPO#1 it 3" when several runs are in `records`)."""
+    starts = sorted(_iteration_starts(records).items(), key=lambda item: item[1])
+    several = len({run for (run, _), _ in starts}) > 1
+    return (
+        [(it, start - t0) for (_, it), start in starts],
+        [f"{run} it {it}" if several else f"it {it}" for (run, it), _ in starts],
+    )
