@@ -24,7 +24,8 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from widgets import plots
-from widgets.ui import PALETTE, Action, Control, FigureParts, View, escape
+from widgets.ui import Action, Control, FigureParts, View, escape
+from workbench import steps
 
 CHARTS = {
     "score": ("critic/score/mean", "critic/rewards/mean", "safe/cost/mean"),
@@ -35,6 +36,10 @@ CHARTS = {
     "throughput (tokens/s)": ("perf/throughput",),
 }
 STEP_TIMES = "step times (s)"
+COLOURS = (
+    "#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c",
+    "#ccb974", "#64b5cd", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#17becf",
+)  # fmt: skip
 SMOOTHED = " (smoothed)"
 
 
@@ -191,67 +196,69 @@ class MetricsDashboard(View):
         from bokeh.models import DataRange1d, Row
 
         iterations = DataRange1d(name="metrics_iterations", range_padding=0.02)
-        stream = plots.Stream(self.columns(), list(self.rows), name="metrics")
-        figures, drawn = {}, set()
-        for chart in [*CHARTS, STEP_TIMES]:
-            fig = plots.new_figure(
-                chart,
-                x_range=iterations,  # one iteration axis: zoom one chart, all follow
-                height=250,
-                width=410,
-                sizing_mode="fixed",
-                tools="xpan,xwheel_zoom,box_zoom,reset,save",
-                active_scroll=None,
-                x_axis_label="iteration",
-            )
-            fig.scatter([], [])  # a chart without its metrics yet is hidden, not invalid
-            figures[chart] = fig
-        version = self.version
+        # Lines for every metric an algorithm may report are made now, hidden, and shown when
+        # their first value arrives: adding renderers to a displayed document costs ~0.5 s,
+        # showing one costs a property change.
+        expected = {chart: list(keys) for chart, keys in CHARTS.items()}
+        expected[STEP_TIMES] = [f"timing_s/{step.name}" for step in steps.STEPS] + ["timing_s/step"]
+        figures = {chart: _chart(chart, iterations) for chart in expected}
+        lines: dict[str, list] = {}  # metric -> its line, its dots and its legend item
+        stream = plots.Stream(_source_columns(expected), list(self.rows), name="metrics")
 
-        def add_lines() -> None:
-            for chart, keys in self.charts().items():
-                fig = figures[chart]
-                fig.visible = bool(keys) or not self.history  # charts of metrics this run reports
-                for i, key in enumerate(keys):
-                    if key in drawn:
-                        continue
-                    drawn.add(key)
-                    colour = PALETTE[i % len(PALETTE)]
-                    label = _short(key)
-                    line = fig.line(
-                        "iteration",
-                        key + SMOOTHED,
-                        source=stream.source,
-                        color=colour,
-                        line_width=2,
-                        legend_label=label,
-                    )
-                    fig.scatter("iteration", key, source=stream.source, color=colour, alpha=0.3, legend_label=label)
-                    plots.hover(
-                        fig,
-                        [line],
-                        [
-                            ("iteration", "@iteration"),
-                            (label, f"@{{{key}}}{{0.0000}}"),
-                            ("smoothed", f"@{{{key}{SMOOTHED}}}{{0.0000}}"),
-                        ],
-                        mode="vline",
-                    )
-                    plots.legend_outside(fig, "right")
+        def add(chart: str, key: str) -> None:
+            fig = figures[chart]
+            colour = COLOURS[len([k for k in lines if k in expected[chart]]) % len(COLOURS)]
+            label = _short(key)
+            line = fig.line(
+                "iteration", key + SMOOTHED, source=stream.source, color=colour, line_width=2, legend_label=label
+            )
+            dots = fig.scatter("iteration", key, source=stream.source, color=colour, alpha=0.3, legend_label=label)
+            hover = [("iteration", "@iteration"), (label, f"@{{{key}}}{{0.0000}}")]
+            plots.hover(fig, [line], [*hover, ("smoothed", f"@{{{key}{SMOOTHED}}}{{0.0000}}")], mode="vline")
+            item = next(i for i in fig.legend[0].items if i.label.value == label)
+            line.visible = dots.visible = item.visible = False
+            lines[key] = [line, dots, item]
+            if key not in expected[chart]:
+                expected[chart].append(key)
+
+        for chart, keys in expected.items():
+            for key in list(keys):
+                add(chart, key)
+            plots.legend_outside(figures[chart], "below", ncols=4 if chart == STEP_TIMES else 3)
+            figures[chart].legend[0].items = []
+        version = self.version
 
         def update() -> None:
             nonlocal version
-            columns = self.columns()
-            if version != self.version or columns != stream.columns:
+            present = self.charts()
+            new = [(chart, k) for chart, keys in present.items() for k in keys if k not in lines]
+            if new:  # a metric no chart expected: add its line (rare)
+                with plots.frozen(figures[STEP_TIMES]):
+                    for chart, key in new:
+                        add(chart, key)
+                stream.columns = _source_columns(expected)
+            if new or version != self.version:
                 version = self.version
-                stream.columns = columns
                 stream.reset(list(self.rows))
             else:
                 stream.rows.extend(self.rows[stream.sent :])
                 stream.send()
-            add_lines()
+            appeared = {chart: [k for k in keys if not lines[k][0].visible] for chart, keys in present.items()}
+            if any(appeared.values()):  # first values of some metrics: show their lines and legends
+                with plots.frozen(figures[STEP_TIMES]):
+                    for chart, keys in appeared.items():
+                        for key in keys:
+                            for part in lines[key]:
+                                part.visible = True
+                        fig = figures[chart]
+                        # a legend lists only what is drawn (hidden entries would still take room)
+                        fig.legend[0].items = [lines[k][2] for k in expected[chart] if lines[k][0].visible]
+            for chart, keys in present.items():
+                visible = bool(keys) or not self.history  # the charts of metrics this run reports
+                if figures[chart].visible != visible:
+                    figures[chart].visible = visible
 
-        add_lines()
+        update()
         # A wrapping row: charts of metrics a run does not report hide without leaving holes.
         grid = Row(children=list(figures.values()), styles={"flex-wrap": "wrap"}, sizing_mode="stretch_width")
         return grid, update
@@ -270,6 +277,29 @@ class MetricsDashboard(View):
         for ax in axes[len(d) :]:
             ax.set_axis_off()
         fig.subplots_adjust(**self.margins)
+
+
+def _chart(title: str, iterations):
+    from bokeh.models import BasicTicker
+
+    many = title == STEP_TIMES  # a dozen steps: twice as wide, for its legend
+    fig = plots.new_figure(
+        title,
+        x_range=iterations,  # one iteration axis: zoom one chart, all follow
+        height=330 if many else 290,
+        width=830 if many else 410,
+        sizing_mode="fixed",
+        tools="xpan,xwheel_zoom,box_zoom,reset,save",
+        active_scroll=None,
+        x_axis_label="iteration",
+    )
+    fig.xaxis.ticker = BasicTicker(min_interval=1)  # iterations are whole
+    return fig
+
+
+def _source_columns(charts: dict[str, list[str]]) -> list[str]:
+    keys = [k for keys in charts.values() for k in keys]
+    return ["iteration", *keys, *(k + SMOOTHED for k in keys)]
 
 
 def _short(key: str) -> str:

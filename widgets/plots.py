@@ -7,6 +7,8 @@ selection (a Python callback on `source.selected`), ranges shared between figure
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from bokeh.models import ColumnDataSource, HoverTool, Legend
@@ -31,14 +33,17 @@ def new_figure(title: str = "", **kwargs: Any):
     return fig
 
 
-def legend_outside(fig, where: str = "below") -> None:
-    """Move the figure's legend out of the data area; a click on an entry hides its line."""
+def legend_outside(fig, where: str = "below", ncols: int | None = None) -> None:
+    """Move the figure's legend out of the data area (in `ncols` columns); a click on an entry
+    hides its line."""
     legend = next((c for c in fig.center if isinstance(c, Legend)), None)
     if legend is None:  # none yet, or already moved (new lines join the moved one)
         return
     fig.center = [c for c in fig.center if not isinstance(c, Legend)]
     legend.location = "center" if where in ("right", "left") else "top_left"
     legend.orientation = "vertical" if where in ("right", "left") else "horizontal"
+    if ncols:
+        legend.ncols = ncols
     legend.label_text_font_size = SMALL
     legend.click_policy = "hide"
     legend.spacing = 8
@@ -78,3 +83,17 @@ class Stream:
         self.rows = rows
         self.sent = len(rows)
         self.source.data = self._columns(rows[-self.rollover :] if self.rollover else rows)
+
+
+@contextlib.contextmanager
+def frozen(model) -> Iterator[None]:
+    """Change a displayed figure's model graph (add renderers, annotations) in one go: without
+    it Bokeh re-walks the whole document after every change (~0.1 s each when lines are added
+    to a dashboard); with it, once at the end. Only for structural changes: leaving the block
+    always re-walks, and streaming rows needs none of it."""
+    document = model.document
+    if document is None:
+        yield
+        return
+    with document.models.freeze():
+        yield

@@ -278,7 +278,7 @@ class LiveTimeline(View):
     # ---- the live figure ---------------------------------------------------------------------------
     def figure(self) -> FigureParts:
         from bokeh.layouts import column
-        from bokeh.models import FactorRange, Label, Range1d, Span, TapTool
+        from bokeh.models import ColumnDataSource, FactorRange, LabelSet, Range1d, TapTool
 
         calls = plots.Stream(COLUMNS, [r for r in self.rows if r["kind"] == "call"], MAX_SPANS, "timeline_calls")
         hybrid = plots.Stream(COLUMNS, [r for r in self.rows if r["kind"] != "call"], MAX_SPANS, "timeline_hybrid")
@@ -298,7 +298,14 @@ class LiveTimeline(View):
         )
         fig.y_range.range_padding = 0.1
         bars = fig.hbar(
-            y="lane", left="fetched", right="end", height=0.7, color="colour", line_color="white", source=calls.source
+            y="lane",
+            left="fetched",
+            right="end",
+            height=0.7,
+            color="colour",
+            line_color="white",
+            source=calls.source,
+            legend_field="role",
         )
         fig.hbar(  # waiting for inputs: the data transfer into the call
             y="lane",
@@ -312,9 +319,32 @@ class LiveTimeline(View):
             hatch_alpha=0.6,
             line_alpha=0,
             source=calls.source,
+            legend_label="receiving inputs",
         )
-        switches = fig.hbar(y="lane", left="start", right="end", height=0.3, color="black", source=hybrid.source)
-        marks: dict[str, tuple] = {}  # label -> (Span, Label): one per iteration, added as they come
+        switches = fig.hbar(
+            y="lane",
+            left="start",
+            right="end",
+            height=0.3,
+            color="black",
+            source=hybrid.source,
+            legend_label="hybrid-engine transition",
+        )
+        plots.legend_outside(fig, "right")
+        marks = ColumnDataSource({"x": [], "label": []}, name="timeline_marks")
+        fig.vspan(x="x", source=marks, line_color="grey", line_dash="dotted")  # iteration starts
+        fig.add_layout(
+            LabelSet(
+                x="x",
+                y=4,
+                y_units="screen",
+                x_offset=3,
+                text="label",
+                source=marks,
+                text_font_size="9pt",
+                text_color="grey",
+            )
+        )
         plots.hover(
             fig,
             [bars, switches],
@@ -345,18 +375,9 @@ class LiveTimeline(View):
             factors = self._lanes()
             if factors and list(lanes.factors) != factors:
                 lanes.factors = factors
-            for x, label in zip(*self._mark_rows()):
-                if label not in marks:
-                    marks[label] = (
-                        Span(location=x, dimension="height", line_color="grey", line_dash="dotted"),
-                        Label(
-                            x=x, y=4, x_offset=3, y_units="screen", text=label, text_font_size="9pt", text_color="grey"
-                        ),
-                    )
-                    fig.add_layout(marks[label][0])
-                    fig.add_layout(marks[label][1])
-                elif marks[label][0].location != x:  # a late span started earlier
-                    marks[label][0].location = marks[label][1].x = x
+            starts, labels = self._mark_rows()
+            if list(marks.data["label"]) != labels or list(marks.data["x"]) != starts:
+                marks.data = {"x": starts, "label": labels}  # one row per iteration: small
             # Follow the latest iterations until someone pans or zooms (the range moved).
             window = self._window()
             if window and (follow["window"] is None or (x_range.start, x_range.end) == follow["window"]):

@@ -296,12 +296,14 @@ def _panel_widget(pn, c: Control):
     if c.kind in ("int", "float"):
         low, high, step = c.options
         kind = pn.widgets.IntSlider if c.kind == "int" else pn.widgets.FloatSlider
-        box = kind(name=c.label, start=low, end=high, step=step, value=c.value)
+        box = kind(label=c.label, start=low, end=high, step=step, value=c.value)
     elif c.kind == "steps":
-        box = pn.widgets.DiscreteSlider(name=c.label, options=_with(c.options, c.value), value=c.value)
+        box = pn.widgets.DiscreteSlider(label=c.label, options=_with(c.options, c.value), value=c.value)
     elif c.kind == "choice":
         options = dict(c.options) if isinstance(c.options, dict) else list(c.options)
-        return (box := pn.widgets.Select(name=c.label, options=options, value=c.value, description=c.help or None)), box
+        return (
+            box := pn.widgets.Select(label=c.label, options=options, value=c.value, description=c.help or None)
+        ), box
     else:
         raise ValueError(f"Control {c.name!r}: kind {c.kind!r} is not one of {KINDS}")
     shown = pn.Row(box, pn.widgets.TooltipIcon(value=c.help), visible=c.visible) if c.help else box
