@@ -87,6 +87,8 @@ class View:
     """Fixed figure margins (matplotlib's tight_layout costs more than the drawing)."""
     has_figure = True
     """False for views that are all HTML (summary() carries everything)."""
+    background_share = 0.01
+    """Unused: views stream their updates instead of redrawing on a thread (kept for old code)."""
 
     def __init__(self):
         self._listeners: list[Callable[[], None]] = []
