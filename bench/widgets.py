@@ -2,9 +2,9 @@
 
   slider_ms          - median time from a slider change in the PlacementExplorer to its updated
                        figure data: a fresh planner estimate each time (the cache is cleared) and
-                       the new rows in the Bokeh data sources of a displayed explorer (an
+                       the new rows in the Bokeh data sources of a displayed explorer (its
                        ipywidgets form, whose jupyter_bokeh widget serializes the patch a browser
-                       receives, and a panel form), on this machine's scenario (goal <= 100 ms);
+                       receives), on this machine's scenario (goal <= 100 ms);
                        `slider_data_ms` is the estimate and `data()` alone (no front end),
                        `slider_vs_planner` slider_ms over a bare planner call on the same
                        scenario, `slider_render_ms` slider_ms plus the static PNG fallback;
@@ -57,9 +57,10 @@ MOVES = (
 
 
 def displayed(view) -> None:
-    """Show a view as a notebook and the app would: both front ends, their figures live."""
+    """Show a view as a notebook does (a cell's value is its widget, the figure live through
+    jupyter_bokeh, which serializes every change for the browser). The app shows the views in
+    its own process, following the files a RunRecorder writes, not in the training process."""
     view.widget()
-    view.panel()
 
 
 def slider_latency(rounds: int) -> dict:

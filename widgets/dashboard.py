@@ -59,6 +59,7 @@ class MetricsDashboard(View):
         self.version = 0
         """Bumped when rows are rebuilt (new smoothing, a reloaded file): front ends start over."""
         self._ema: dict[str, tuple[float, float]] = {}
+        self._seen: set[str] = set()
         self._extend(list(history or []))
 
     @classmethod
@@ -121,7 +122,7 @@ class MetricsDashboard(View):
 
     # ---- rows ----------------------------------------------------------------------------------
     def _rebuild(self, history: list[dict]) -> None:
-        self.history, self.rows, self._ema = [], [], {}
+        self.history, self.rows, self._ema, self._seen = [], [], {}, set()
         self.version += 1
         self._extend(history)
 
@@ -129,6 +130,7 @@ class MetricsDashboard(View):
         w = self.smoothing
         for metrics in history:
             self.history.append(dict(metrics))
+            self._seen.update(metrics)  # metric names so far (charts() asks on every update)
             row = {"iteration": metrics.get("iteration", len(self.history))}
             for key in self.keys(metrics):
                 value = float(metrics[key])
@@ -149,7 +151,7 @@ class MetricsDashboard(View):
 
     def charts(self) -> dict[str, list[str]]:
         """{chart: metrics present in the history}, in CHARTS' order, then the step times."""
-        seen = {k for m in self.history for k in m}
+        seen = self._seen
         out = {chart: [k for k in keys if k in seen] for chart, keys in CHARTS.items()}
         out[STEP_TIMES] = sorted(k for k in seen if k.startswith("timing_s/"))
         return out

@@ -90,6 +90,7 @@ class LiveTimeline(View):
         self.selected: dict | None = None
         """The span clicked last (a row)."""
         self._below: tuple | None = None
+        self._cache: dict = {}
         self.refresh()
 
     # ---- input -------------------------------------------------------------------------------------
@@ -196,6 +197,9 @@ class LiveTimeline(View):
     def shown(self) -> list[CallRecord]:
         """The spans in view: all, or those from the first span of the last `last_iterations`
         iterations on (an iteration is one run's: a session may hold several runs' spans)."""
+        return self._cached("shown", self._shown)
+
+    def _shown(self) -> list[CallRecord]:
         records = self.records
         firsts = _iteration_starts(records)
         if self.last_iterations and len(firsts) > self.last_iterations:
@@ -260,20 +264,33 @@ class LiveTimeline(View):
         return out
 
     def summary(self) -> str:
-        d = self.data()
-        if not d["bars"]:
+        return self._cached("summary", self._summary)
+
+    def _summary(self) -> str:
+        records = self.shown()
+        if not records:
             return "no spans yet"
-        span = max(b["end"] for b in d["bars"])
-        its = [i for i, _ in d["iterations"]]
-        text = f"{d['spans']} spans on {len(d['lanes'])} lanes over {span:.2f} s"
-        runs = {b["run"] for b in d["bars"] if b["iteration"] is not None}
+        t0 = records[0].start
+        starts, marks = _marks(records, t0)
+        its = [i for i, _ in starts]
+        lanes = len({(r.pool, r.rank) for r in records})
+        text = f"{len(records)} spans on {lanes} lanes over {max(r.end for r in records) - t0:.2f} s"
+        runs = {r.extra.get("run") for r in records if r.extra.get("iteration") is not None}
         if len(runs) > 1:
-            text += f"; {len(its)} iterations, {d['marks'][0]} to {d['marks'][-1]}"
+            text += f"; {len(its)} iterations, {marks[0]} to {marks[-1]}"
         elif its:
             text += f"; iterations {its[0]}-{its[-1]}" if len(its) > 1 else f"; iteration {its[0]}"
         if self.estimate is not None:
             text += f"; planner estimate {self.estimate.iteration_time:.2f} s per iteration"
         return escape(text)
+
+    def _cached(self, name: str, compute: Callable[[], Any]) -> Any:
+        """`compute()`, once per set of spans: every front end asks after every refresh."""
+        if self._cache.get("spans") != len(self.records):
+            self._cache = {"spans": len(self.records)}
+        if name not in self._cache:
+            self._cache[name] = compute()
+        return self._cache[name]
 
     # ---- the live figure ---------------------------------------------------------------------------
     def figure(self) -> FigureParts:
@@ -376,13 +393,17 @@ class LiveTimeline(View):
             if factors and list(lanes.factors) != factors:
                 lanes.factors = factors
             starts, labels = self._mark_rows()
-            if list(marks.data["label"]) != labels or list(marks.data["x"]) != starts:
-                marks.data = {"x": starts, "label": labels}  # one row per iteration: small
+            shown_x, shown_labels = list(marks.data["x"]), list(marks.data["label"])
+            n = len(shown_x)
+            if shown_x == starts[:n] and shown_labels == labels[:n]:
+                if len(starts) > n:  # new iterations: stream their marks
+                    marks.stream({"x": starts[n:], "label": labels[n:]})
+            else:  # a late span moved a mark (rare): send them all
+                marks.data = {"x": starts, "label": labels}
             # Follow the latest iterations until someone pans or zooms (the range moved).
             window = self._window()
             if window and (follow["window"] is None or (x_range.start, x_range.end) == follow["window"]):
-                x_range.start, x_range.end = window
-                x_range.reset_start, x_range.reset_end = window
+                x_range.update(start=window[0], end=window[1])
                 follow["window"] = window
 
         update()
@@ -393,12 +414,11 @@ class LiveTimeline(View):
             self.select(int(source.data["span"][indices[0]]))
 
     def _lanes(self) -> list[str]:
-        lanes = sorted({(r.pool, r.rank) for r in self.records})
+        lanes = self._cached("lanes", lambda: sorted({(r.pool, r.rank) for r in self.records}))
         return [f"{pool} rank {rank}" for pool, rank in lanes]
 
     def _mark_rows(self) -> tuple[list[float], list[str]]:
-        origin = self.origin or 0.0
-        starts, names = _marks(self.records, origin)
+        starts, names = self._cached("marks", lambda: _marks(self.records, self.origin or 0.0))
         return [s for _, s in starts], names
 
     def _window(self) -> tuple[float, float] | None:

@@ -97,14 +97,13 @@ def test_timeline_streams_only_the_new_spans():
     assert len(calls.data["span"]) == 2
     trace += spans({"GRPO#1": 2}, ranks=3)[3:]  # iteration 2, on a third rank too
     timeline.refresh()
-    streamed = [e for e in events if isinstance(e, ColumnsStreamedEvent)]
-    assert len(streamed) == 1 and len(streamed[0].data["span"]) == 3
-    replaced = {e.model.name for e in events if isinstance(e, ColumnDataChangedEvent)}
-    assert replaced == {"timeline_marks"}  # spans are never sent whole; the iteration marks are few
+    streamed = {e.model.name: e.data for e in events if isinstance(e, ColumnsStreamedEvent)}
+    assert len(streamed["timeline_calls"]["span"]) == 3 and streamed["timeline_marks"]["label"] == ["it 2"]
+    assert not [e for e in events if isinstance(e, ColumnDataChangedEvent)]  # nothing sent whole
     assert layout.select_one({"name": "timeline_lanes"}).factors == ["pool rank 0", "pool rank 1", "pool rank 2"]
     assert calls.data["rows"][-1] == "4 -> 8" and calls.data["bytes"][-1].startswith("4.0 kB")
     timeline.refresh()  # nothing new: nothing sent
-    assert len([e for e in events if isinstance(e, ColumnsStreamedEvent)]) == 1
+    assert len([e for e in events if isinstance(e, ColumnsStreamedEvent)]) == 2
 
 
 def test_clicking_a_span_opens_its_batch_while_held_then_its_metrics():
