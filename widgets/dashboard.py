@@ -36,6 +36,20 @@ CHARTS = {
     "throughput (tokens/s)": ("perf/throughput",),
 }
 STEP_TIMES = "step times (s)"
+EMA_JS = """
+const out = new Float64Array(xs.length);
+let total = 0, norm = 0;
+for (let i = 0; i < xs.length; i++) {
+  const x = xs[i];
+  if (x != null && Number.isFinite(x)) {
+    total = weight * total + (1 - weight) * x;
+    norm = weight * norm + (1 - weight);
+  }
+  out[i] = norm > 0 ? total / norm : NaN;
+}
+return out;
+"""
+"""The debiased exponential moving average of `_extend`, over a whole column, in the browser."""
 COLOURS = (
     "#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c",
     "#ccb974", "#64b5cd", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#17becf",
@@ -195,7 +209,8 @@ class MetricsDashboard(View):
 
     # ---- the live figure ---------------------------------------------------------------------------
     def figure(self) -> FigureParts:
-        from bokeh.models import DataRange1d, Row
+        from bokeh.models import CustomJSTransform, DataRange1d, Row
+        from bokeh.transform import transform
 
         iterations = DataRange1d(name="metrics_iterations", range_padding=0.02)
         # Lines for every metric an algorithm may report are made now, hidden, and shown when
@@ -206,17 +221,19 @@ class MetricsDashboard(View):
         figures = {chart: _chart(chart, iterations) for chart in expected}
         lines: dict[str, list] = {}  # metric -> its line, its dots and its legend item
         stream = plots.Stream(_source_columns(expected), list(self.rows), name="metrics")
+        # Smoothing runs in the browser over the raw column (the same debiased EMA as `rows`):
+        # a new weight is one property change, and each iteration streams only raw values.
+        ema = CustomJSTransform(args={"weight": self.smoothing}, v_func=EMA_JS, name="metrics_smoothing")
 
         def add(chart: str, key: str) -> None:
             fig = figures[chart]
             colour = COLOURS[len([k for k in lines if k in expected[chart]]) % len(COLOURS)]
             label = _short(key)
             line = fig.line(
-                "iteration", key + SMOOTHED, source=stream.source, color=colour, line_width=2, legend_label=label
+                "iteration", transform(key, ema), source=stream.source, color=colour, line_width=2, legend_label=label
             )
             dots = fig.scatter("iteration", key, source=stream.source, color=colour, alpha=0.3, legend_label=label)
-            hover = [("iteration", "@iteration"), (label, f"@{{{key}}}{{0.0000}}")]
-            plots.hover(fig, [line], [*hover, ("smoothed", f"@{{{key}{SMOOTHED}}}{{0.0000}}")], mode="vline")
+            plots.hover(fig, [line], [("iteration", "@iteration"), (label, f"@{{{key}}}{{0.0000}}")], mode="vline")
             item = next(i for i in fig.legend[0].items if i.label.value == label)
             line.visible = dots.visible = item.visible = False
             lines[key] = [line, dots, item]
@@ -239,6 +256,8 @@ class MetricsDashboard(View):
                     for chart, key in new:
                         add(chart, key)
                 stream.columns = _source_columns(expected)
+            if ema.args["weight"] != self.smoothing:
+                ema.args = {"weight": self.smoothing}
             if new or version != self.version:
                 version = self.version
                 stream.reset(list(self.rows))
@@ -300,8 +319,7 @@ def _chart(title: str, iterations):
 
 
 def _source_columns(charts: dict[str, list[str]]) -> list[str]:
-    keys = [k for keys in charts.values() for k in keys]
-    return ["iteration", *keys, *(k + SMOOTHED for k in keys)]
+    return ["iteration", *(k for keys in charts.values() for k in keys)]
 
 
 def _short(key: str) -> str:

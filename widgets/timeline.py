@@ -19,7 +19,9 @@ Sources: a live `Session` (spans drained as they arrive), a list of CallRecords,
 
 from __future__ import annotations
 
+import threading
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -91,6 +93,8 @@ class LiveTimeline(View):
         """The span clicked last (a row)."""
         self._below: tuple | None = None
         self._cache: dict = {}
+        self.refresher = Refresher(self.refresh, f"{type(self).__name__} refresh")
+        """Runs `refresh` after each iteration of a `fit` this timeline watches, off the loop."""
         self.refresh()
 
     # ---- input -------------------------------------------------------------------------------------
@@ -120,14 +124,19 @@ class LiveTimeline(View):
 
     def __call__(self, algorithm=None, batch=None, metrics=None) -> None:
         """As a `fit` callback: hold the iteration's batch (the last `keep_batches`) and metrics,
-        then stream the new spans."""
+        and have the view's thread fetch and stream the new spans now (the loop does not wait
+        for the workers' trace to be drained; `wait_drawn()` does)."""
         if metrics is not None and "iteration" in metrics:
             key = (getattr(algorithm, "run_name", None), int(metrics["iteration"]))
             self.held[key] = {"metrics": dict(metrics), "batch": batch}
             with_batch = [k for k, v in self.held.items() if v.get("batch") is not None]
             for old in with_batch[: max(0, len(with_batch) - self.keep_batches)]:
                 self.held[old]["batch"] = None
-        self.refresh()
+        self.refresher.request()
+
+    def wait_drawn(self, timeout: float = 30.0) -> bool:
+        """Wait until the refreshes asked for by `fit` so far are done (tests, screenshots)."""
+        return self.refresher.wait(timeout)
 
     def _row(self, r: CallRecord, index: int) -> dict:
         kind = "transition" if r.method.startswith("hybrid.") else "call"
@@ -295,11 +304,12 @@ class LiveTimeline(View):
     # ---- the live figure ---------------------------------------------------------------------------
     def figure(self) -> FigureParts:
         from bokeh.layouts import column
-        from bokeh.models import ColumnDataSource, FactorRange, LabelSet, Range1d, TapTool
+        from bokeh.models import CDSView, ColumnDataSource, FactorRange, GroupFilter, LabelSet, Range1d, TapTool
 
-        calls = plots.Stream(COLUMNS, [r for r in self.rows if r["kind"] == "call"], MAX_SPANS, "timeline_calls")
-        hybrid = plots.Stream(COLUMNS, [r for r in self.rows if r["kind"] != "call"], MAX_SPANS, "timeline_hybrid")
-        seen = len(self.rows)
+        # One source for every span (one stream per refresh); each glyph draws its kind.
+        spans = plots.Stream(COLUMNS, self.rows, MAX_SPANS, "timeline_spans")  # self.rows grows: send() streams
+        calls = CDSView(filter=GroupFilter(column_name="kind", group="call"))
+        transitions = CDSView(filter=GroupFilter(column_name="kind", group="transition"))
         x_range = Range1d(0, 1, name="timeline_x")
         lanes = FactorRange(factors=self._lanes() or ["no spans yet"], name="timeline_lanes")
         fig = plots.new_figure(
@@ -321,7 +331,8 @@ class LiveTimeline(View):
             height=0.7,
             color="colour",
             line_color="white",
-            source=calls.source,
+            source=spans.source,
+            view=calls,
             legend_field="role",
         )
         fig.hbar(  # waiting for inputs: the data transfer into the call
@@ -335,7 +346,8 @@ class LiveTimeline(View):
             hatch_color="colour",
             hatch_alpha=0.6,
             line_alpha=0,
-            source=calls.source,
+            source=spans.source,
+            view=calls,
             legend_label="receiving inputs",
         )
         switches = fig.hbar(
@@ -344,7 +356,8 @@ class LiveTimeline(View):
             right="end",
             height=0.3,
             color="black",
-            source=hybrid.source,
+            source=spans.source,
+            view=transitions,
             legend_label="hybrid-engine transition",
         )
         plots.legend_outside(fig, "right")
@@ -374,21 +387,14 @@ class LiveTimeline(View):
             ],
         )
         fig.add_tools(TapTool(renderers=[bars, switches]))
-        for stream in (calls, hybrid):
-            stream.source.selected.on_change("indices", lambda attr, old, new, s=stream.source: self._tapped(s, new))
+        spans.source.selected.on_change("indices", lambda attr, old, new: self._tapped(spans.source, new))
         parts: list[Any] = [fig]
         if self.estimate is not None:
             parts.append(self._estimate_figure(x_range))
         follow = {"window": None}
 
         def update() -> None:
-            nonlocal seen
-            fresh = self.rows[seen:]
-            seen = len(self.rows)
-            calls.rows.extend(r for r in fresh if r["kind"] == "call")
-            hybrid.rows.extend(r for r in fresh if r["kind"] != "call")
-            calls.send()
-            hybrid.send()
+            spans.send()
             factors = self._lanes()
             if factors and list(lanes.factors) != factors:
                 lanes.factors = factors
@@ -495,6 +501,49 @@ class LiveTimeline(View):
             est.set_title("planner's estimate, one iteration", fontsize=9)
         axes[-1].set_xlabel("seconds")
         fig.subplots_adjust(**self.margins)
+
+
+class Refresher:
+    """Runs a refresh on its own thread after each request, so a `fit` callback returns at once
+    (draining the workers' trace is a round trip to each). Not rationed: every request is
+    served, and requests that arrive while a refresh runs are served by one more refresh."""
+
+    def __init__(self, refresh: Callable[[], None], name: str):
+        self._refresh, self._name = refresh, name
+        self._asked_for = threading.Condition()
+        self._asked = self._done = 0
+        self._thread: threading.Thread | None = None
+        self.cpu_seconds: list[float] = []
+        """CPU time of each refresh on this thread: what it takes from the run's own work."""
+        self.wall_seconds: list[float] = []
+
+    def request(self) -> None:
+        with self._asked_for:
+            self._asked += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
+                self._thread.start()
+            self._asked_for.notify_all()
+
+    def wait(self, timeout: float = 30.0) -> bool:
+        with self._asked_for:
+            return self._asked_for.wait_for(lambda: self._done >= self._asked, timeout)
+
+    def _serve(self) -> None:
+        while True:
+            with self._asked_for:
+                self._asked_for.wait_for(lambda: self._asked > self._done)
+                asked = self._asked
+            cpu, wall = time.thread_time(), time.perf_counter()
+            try:
+                self._refresh()
+            except Exception as e:  # keep serving later iterations; the loop itself is unaffected
+                warnings.warn(f"{self._name} failed: {e!r}", stacklevel=1)
+            self.cpu_seconds.append(time.thread_time() - cpu)
+            self.wall_seconds.append(time.perf_counter() - wall)
+            with self._asked_for:
+                self._done = asked
+                self._asked_for.notify_all()
 
 
 def _key(record: CallRecord) -> tuple:

@@ -33,7 +33,7 @@ X_RANGE = "(name) => { const r = Bokeh.documents[0].get_model_by_name(name); ret
 # Where on the page span `i` of the timeline is drawn (the middle of its compute part).
 SPAN_AT = """(i) => {
   const view = Bokeh.index.query_one(v => v.model.name == 'timeline');
-  const d = Bokeh.documents[0].get_model_by_name('timeline_calls').data;
+  const d = Bokeh.documents[0].get_model_by_name('timeline_spans').data;
   const box = view.canvas_view.el.getBoundingClientRect();
   return [box.left + view.frame.x_scale.compute((d.fetched[i] + d.end[i]) / 2),
           box.top + view.frame.y_scale.compute(d.lane[i])];
@@ -134,9 +134,9 @@ def test_a_timeline_span_tells_what_it_is_opens_its_batch_and_zooms(page, run):
     expect = playwright.expect
     page.get_by_text("Live timeline").first.click()
     expect(page.get_by_text(LiveTimeline(run["recorder"].trace_path).summary()).first).to_be_visible()
-    iterations = page.evaluate(DATA, ["timeline_calls", "iteration"])
-    methods = page.evaluate(DATA, ["timeline_calls", "method"])
-    ranks = page.evaluate(DATA, ["timeline_calls", "rank"])
+    iterations = page.evaluate(DATA, ["timeline_spans", "iteration"])
+    methods = page.evaluate(DATA, ["timeline_spans", "method"])
+    ranks = page.evaluate(DATA, ["timeline_spans", "rank"])
     # a span of the latest iteration: the recorder still keeps its batch
     i = max(range(len(methods)), key=lambda k: (iterations[k] if isinstance(iterations[k], int) else -1, methods[k]))
     assert methods[i] == "update_actor"  # the last step of the latest iteration
@@ -161,10 +161,10 @@ def test_a_timeline_span_tells_what_it_is_opens_its_batch_and_zooms(page, run):
 
 def test_the_live_timeline_follows_a_further_iteration(page, run):
     expect = playwright.expect
-    spans = len(page.evaluate(DATA, ["timeline_calls", "span"]))
+    spans = len(page.evaluate(DATA, ["timeline_spans", "span"]))
     run["grpo"].fit([run["prompts"]], iterations=1, log=None, callbacks=[run["recorder"]])
     expect(page.get_by_text(LiveTimeline(run["recorder"].trace_path).summary()).first).to_be_visible()
-    page.wait_for_function(f"() => ({DATA})(['timeline_calls', 'span']).length > {spans}")  # streamed in
+    page.wait_for_function(f"() => ({DATA})(['timeline_spans', 'span']).length > {spans}")  # streamed in
     page.get_by_text("Metrics").first.click()
     metrics = MetricsDashboard.from_jsonl(run["recorder"].metrics_path)
     assert metrics.history[-1]["iteration"] == run["grpo"].iteration

@@ -26,6 +26,7 @@ def test_dashboard_follows_fit(run):
 def test_timeline_shows_every_span_of_the_run_tagged_with_its_step(run):
     timeline = run["timeline"]
     assert len(timeline.refresh_seconds) >= 3  # built, then refreshed after each iteration of fit
+    assert len(timeline.refresher.wall_seconds) >= 2  # those refreshes ran on the view's thread
     timeline.refresh()  # (the browser test may have run another iteration since)
     trace = [r for r in run["session"].trace() if r.role == "actor" and r.start >= run["since"]]
     data = timeline.data()

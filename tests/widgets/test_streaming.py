@@ -92,13 +92,13 @@ def test_timeline_streams_only_the_new_spans():
     timeline = LiveTimeline(trace, last_iterations=None)
     layout, update = timeline.figure()
     timeline._listeners.append(update)
-    calls = layout.select_one({"name": "timeline_calls"})
+    calls = layout.select_one({"name": "timeline_spans"})
     events = events_of(layout)
     assert len(calls.data["span"]) == 2
     trace += spans({"GRPO#1": 2}, ranks=3)[3:]  # iteration 2, on a third rank too
     timeline.refresh()
     streamed = {e.model.name: e.data for e in events if isinstance(e, ColumnsStreamedEvent)}
-    assert len(streamed["timeline_calls"]["span"]) == 3 and streamed["timeline_marks"]["label"] == ["it 2"]
+    assert len(streamed["timeline_spans"]["span"]) == 3 and streamed["timeline_marks"]["label"] == ["it 2"]
     assert not [e for e in events if isinstance(e, ColumnDataChangedEvent)]  # nothing sent whole
     assert layout.select_one({"name": "timeline_lanes"}).factors == ["pool rank 0", "pool rank 1", "pool rank 2"]
     assert calls.data["rows"][-1] == "4 -> 8" and calls.data["bytes"][-1].startswith("4.0 kB")
@@ -121,9 +121,10 @@ def test_clicking_a_span_opens_its_batch_while_held_then_its_metrics():
     )
     for it in (1, 2, 3):
         timeline(Algorithm(), batch, {"iteration": it, "critic/score/mean": 0.5})
+    assert timeline.wait_drawn(10) and len(timeline.refresher.cpu_seconds) >= 1  # refreshed off the loop
     layout, update = timeline.figure()
     timeline._listeners.append(update)
-    calls = layout.select_one({"name": "timeline_calls"})
+    calls = layout.select_one({"name": "timeline_spans"})
     last = calls.data["span"][calls.data["iteration"].index(3)]
     calls.selected.indices = [calls.data["span"].index(last)]  # what a click in the browser does
     assert isinstance(timeline.below(), BatchInspector) and "GRPO#1 iteration 3" in timeline.below().summary()
@@ -158,4 +159,4 @@ def test_a_cell_value_carries_the_live_widget_and_a_static_picture():
     assert base64.b64decode(bundle["image/png"]).startswith(b"\x89PNG")  # a saved notebook still shows it
     assert "<img src='data:image/png;base64," in bundle["text/html"]
     page = timeline.html()
-    assert "Bokeh" in page and "timeline_calls" in page  # standalone, resources inline
+    assert "Bokeh" in page and "timeline_spans" in page  # standalone, resources inline
