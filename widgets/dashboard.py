@@ -244,12 +244,13 @@ class MetricsDashboard(View):
             for key in list(keys):
                 add(chart, key)
             plots.legend_outside(figures[chart], "below", ncols=4 if chart == STEP_TIMES else 3)
-            figures[chart].legend[0].items = []
         version = self.version
+        shown = [-1]  # metric names seen when lines were last shown
 
         def update() -> None:
             nonlocal version
-            present = self.charts()
+            grew = len(self._seen) != shown[0]  # a metric name not seen before: lines to show
+            present = self.charts() if grew else {}
             new = [(chart, k) for chart, keys in present.items() for k in keys if k not in lines]
             if new:  # a metric no chart expected: add its line (rare)
                 with plots.frozen(figures[STEP_TIMES]):
@@ -264,17 +265,14 @@ class MetricsDashboard(View):
             else:
                 stream.rows.extend(self.rows[stream.sent :])
                 stream.send()
-            appeared = {chart: [k for k in keys if not lines[k][0].visible] for chart, keys in present.items()}
-            if any(appeared.values()):  # first values of some metrics: show their lines and legends
-                with plots.frozen(figures[STEP_TIMES]):
-                    for chart, keys in appeared.items():
-                        for key in keys:
-                            for part in lines[key]:
-                                part.visible = True
-                        fig = figures[chart]
-                        # a legend lists only what is drawn (hidden entries would still take room)
-                        fig.legend[0].items = [lines[k][2] for k in expected[chart] if lines[k][0].visible]
+            if not grew:
+                return
+            shown[0] = len(self._seen)
             for chart, keys in present.items():
+                for key in keys:  # first values of a metric: show its line and legend entry
+                    if not lines[key][0].visible:
+                        for part in lines[key]:
+                            part.visible = True
                 visible = bool(keys) or not self.history  # the charts of metrics this run reports
                 if figures[chart].visible != visible:
                     figures[chart].visible = visible

@@ -304,13 +304,15 @@ class LiveTimeline(View):
     # ---- the live figure ---------------------------------------------------------------------------
     def figure(self) -> FigureParts:
         from bokeh.layouts import column
-        from bokeh.models import CDSView, ColumnDataSource, FactorRange, GroupFilter, LabelSet, Range1d, TapTool
+        from bokeh.models import CDSView, ColumnDataSource, DataRange1d, FactorRange, GroupFilter, LabelSet, TapTool
 
         # One source for every span (one stream per refresh); each glyph draws its kind.
         spans = plots.Stream(COLUMNS, self.rows, MAX_SPANS, "timeline_spans")  # self.rows grows: send() streams
         calls = CDSView(filter=GroupFilter(column_name="kind", group="call"))
         transitions = CDSView(filter=GroupFilter(column_name="kind", group="transition"))
-        x_range = Range1d(0, 1, name="timeline_x")
+        # Bokeh follows the newest spans (the last `last_iterations` iterations' width) until
+        # someone pans or zooms; reset returns to following.
+        x_range = DataRange1d(name="timeline_x", follow="end", range_padding=0.02)
         lanes = FactorRange(factors=self._lanes() or ["no spans yet"], name="timeline_lanes")
         fig = plots.new_figure(
             "measured: drag to pan, scroll to zoom, hover a span, click it to open its batch",
@@ -389,9 +391,9 @@ class LiveTimeline(View):
         fig.add_tools(TapTool(renderers=[bars, switches]))
         spans.source.selected.on_change("indices", lambda attr, old, new: self._tapped(spans.source, new))
         parts: list[Any] = [fig]
-        if self.estimate is not None:
-            parts.append(self._estimate_figure(x_range))
-        follow = {"window": None}
+        estimate = self._estimate_figure(x_range) if self.estimate is not None else None
+        if estimate is not None:
+            parts.append(estimate[0])
 
         def update() -> None:
             spans.send()
@@ -406,11 +408,12 @@ class LiveTimeline(View):
                     marks.stream({"x": starts[n:], "label": labels[n:]})
             else:  # a late span moved a mark (rare): send them all
                 marks.data = {"x": starts, "label": labels}
-            # Follow the latest iterations until someone pans or zooms (the range moved).
-            window = self._window()
-            if window and (follow["window"] is None or (x_range.start, x_range.end) == follow["window"]):
-                x_range.update(start=window[0], end=window[1])
-                follow["window"] = window
+            if estimate is not None and starts and estimate[2] != starts[-1]:
+                estimate[1](starts[-1])  # the estimate of one iteration, under the latest one
+            width = self._window_width()
+            current = x_range.follow_interval
+            if width is not None and (current is None or abs(width - current) > 0.2 * current):
+                x_range.follow_interval = width  # changes only when iterations' length does
 
         update()
         return column(*parts, sizing_mode="stretch_width"), update
@@ -427,44 +430,51 @@ class LiveTimeline(View):
         starts, names = self._cached("marks", lambda: _marks(self.records, self.origin or 0.0))
         return [s for _, s in starts], names
 
-    def _window(self) -> tuple[float, float] | None:
-        """The x range that shows the latest `last_iterations` iterations (all: None)."""
-        if not self.rows:
-            return None
-        end = max(r["end"] for r in self.rows[-2000:]) if len(self.rows) > 2000 else max(r["end"] for r in self.rows)
+    def _window_width(self) -> float | None:
+        """Seconds the latest `last_iterations` iterations take (None: show everything)."""
         shown = self.shown()
-        start = (shown[0].start - (self.origin or 0.0)) if shown else 0.0
-        pad = max(end - start, 1e-3) * 0.02
-        return (start - pad, end + pad)
+        if not shown or len(shown) == len(self.records):
+            return None
+        return max(r.end for r in shown) - shown[0].start
 
-    def _estimate_figure(self, x_range):
+    def _estimate_figure(self, x_range) -> tuple:
+        """The planner's bars of one iteration, a lane per device set, and the function that
+        moves them under the latest measured iteration (the figures share the time axis)."""
         from bokeh.models import ColumnDataSource
 
         d = self.data()
-        lanes = d["estimate_lanes"]
-        rows = d["estimate"]
-        source = ColumnDataSource(
-            {
-                "lane": [lanes[b["lane"]] for b in rows],
-                "call": [b["call"] for b in rows],
-                "role": [b["role"] for b in rows],
-                "start": [b["start"] for b in rows],
-                "end": [b["end"] for b in rows],
-                "seconds": [b["end"] - b["start"] for b in rows],
-                "colour": [role_colour(b["role"]) for b in rows],
-            }
-        )
+        lanes, bars = d["estimate_lanes"], d["estimate"]
+        columns = {
+            "lane": [lanes[b["lane"]] for b in bars],
+            "call": [b["call"] for b in bars],
+            "role": [b["role"] for b in bars],
+            "seconds": [b["end"] - b["start"] for b in bars],
+            "colour": [role_colour(b["role"]) for b in bars],
+        }
+        source = ColumnDataSource({**columns, "start": [], "end": []}, name="timeline_estimate")
         fig = plots.new_figure(
-            "planner's estimate, one iteration (same time axis)",
+            "planner's estimate of one iteration, under the latest measured one (same time axis)",
             x_range=x_range,
             y_range=list(reversed(lanes)),
             height=80 + 34 * len(lanes),
             tools="xpan,xwheel_zoom,reset",
-            x_axis_label="seconds",
+            x_axis_label="seconds since the first span",
         )
-        bars = fig.hbar(y="lane", left="start", right="end", height=0.7, color="colour", source=source)
-        plots.hover(fig, [bars], [("call", "@call (@role)"), ("estimated seconds", "@seconds{0.000}")])
-        return fig
+        glyphs = fig.hbar(y="lane", left="start", right="end", height=0.7, color="colour", source=source)
+        plots.hover(fig, [glyphs], [("call", "@call (@role)"), ("estimated seconds", "@seconds{0.000}")])
+        placed = [fig, None, None]
+
+        def place(at: float) -> None:
+            source.data = {
+                **columns,
+                "start": [at + b["start"] for b in bars],
+                "end": [at + b["end"] for b in bars],
+            }
+            placed[2] = at
+
+        place(0.0)
+        placed[1] = place
+        return placed
 
     # ---- the static picture ------------------------------------------------------------------------
     def draw(self, fig: Figure) -> None:

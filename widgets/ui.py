@@ -5,8 +5,9 @@ A view subclasses `View`: it declares `controls()`, keeps its state, computes `d
 Python: what the figure shows, testable without a browser) and writes a `summary()` line. Its
 `figure()` builds fresh Bokeh models (every front end needs its own) and an update function
 that brings them up to date: live views stream new rows into their ColumnDataSources instead
-of redrawing, so an update costs milliseconds and happens on every change, on the caller's
-thread. `draw(fig)` paints the same data with matplotlib: the static fallback (`png()`), which
+of redrawing, so an update costs milliseconds and happens on every change (the timeline,
+whose refresh drains the workers' trace, does it on its own thread after each iteration of a
+`fit`). `draw(fig)` paints the same data with matplotlib: the static fallback (`png()`), which
 a notebook's output carries beside the live widget so a saved notebook still shows a figure.
 
     view                 # a notebook cell's value: the live widget (+ a PNG for saved notebooks)
