@@ -48,6 +48,7 @@ def legend_outside(fig, where: str = "below", ncols: int | None = None) -> None:
     legend.click_policy = "hide"
     legend.spacing = 8
     legend.border_line_alpha = 0
+    legend.margin, legend.padding = 2, 2
     fig.add_layout(legend, where)
 
 
