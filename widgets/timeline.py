@@ -400,6 +400,7 @@ class LiveTimeline(View):
             factors = self._lanes()
             if factors and list(lanes.factors) != factors:
                 lanes.factors = factors
+                fig.height = max(220, 60 + 34 * len(factors))  # a lane keeps its height as pools come
             starts, labels = self._mark_rows()
             shown_x, shown_labels = list(marks.data["x"]), list(marks.data["label"])
             n = len(shown_x)
