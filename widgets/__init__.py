@@ -2,9 +2,11 @@
 
     from widgets import PlacementExplorer, LiveTimeline, MetricsDashboard, BatchInspector, ClusterView
 
-Every view computes plain figure data (`view.data()`), draws it with matplotlib, and shows
-itself as ipywidgets when it is a cell's value (`view.widget()`) or as a panel layout
-(`view.panel()`). `RunRecorder` writes a run's metrics and trace as it goes, for the app.
+Every view computes plain figure data (`view.data()`), shows it as an interactive Bokeh figure
+(hover, zoom, click; live views stream new rows into it), as ipywidgets when it is a cell's value
+(`view.widget()`) or as a panel layout (`view.panel()`), with a static PNG fallback (`view.png()`)
+for saved notebooks. `RunRecorder` writes a run's metrics, trace and last batches as it goes,
+for the app.
 """
 
 from widgets.cluster import ClusterView

@@ -4,8 +4,10 @@
     python -m workbench app --run runs/grpo      # + timeline and metrics of a run (live)
     panel serve widgets/app.py --args --run runs/grpo
 
-A run directory is what `widgets.RunRecorder` writes (`metrics.jsonl`, `trace.jsonl`); the app
-re-reads them when they change, so it follows a run in progress as well as a finished one.
+A run directory is what `widgets.RunRecorder` writes (`metrics.jsonl`, `trace.jsonl`,
+`batches/`); the app reads them when they change and streams the new spans and metrics into
+its figures, so it follows a run in progress as well as a finished one. Clicking a span of
+the timeline opens its iteration's batch (while the recorder keeps it) or its metrics.
 Bound to 127.0.0.1 unless told otherwise: the app has no authentication.
 """
 
@@ -18,6 +20,7 @@ import panel as pn
 
 from widgets.dashboard import MetricsDashboard
 from widgets.explorer import PlacementExplorer
+from widgets.recorder import batch_file, load_batch
 from widgets.timeline import LiveTimeline
 
 
@@ -28,7 +31,18 @@ class RunFiles:
         self.run_dir = Path(run_dir)
         self.timeline = LiveTimeline(self.run_dir / "trace.jsonl", last_iterations=last_iterations)
         self.dashboard = MetricsDashboard.from_jsonl(self.run_dir / "metrics.jsonl")
+        self.timeline.lookup = self.lookup
         self._stamps = self._mtimes()
+
+    def lookup(self, run: str | None, iteration: int) -> dict:
+        """An iteration's metrics, and its batch while the recorder still keeps it."""
+        metrics = next((m for m in self.dashboard.history if m.get("iteration") == iteration), None)
+        path = self.run_dir / "batches" / batch_file(run, iteration)
+        try:
+            batch = load_batch(path) if path.exists() else None
+        except (OSError, RuntimeError):  # dropped by the recorder meanwhile
+            batch = None
+        return {"metrics": metrics, "batch": batch}
 
     def _mtimes(self) -> tuple:
         return tuple(

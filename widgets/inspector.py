@@ -44,9 +44,10 @@ class BatchInspector(View):
         sort: str = "advantage (high first)",
         min_score: float | None = None,
         max_rows: int = 8,
+        title: str = "",
     ):
         super().__init__()
-        self.batch, self.tokenizer = batch, tokenizer
+        self.batch, self.tokenizer, self.title = batch, tokenizer, title
         self.field, self.sort, self.min_score, self.max_rows = field, sort, min_score, max_rows
         self._check()
 
@@ -68,14 +69,22 @@ class BatchInspector(View):
     def controls(self) -> list[Control]:
         scores = sorted(set(self._scores()))
         return [
-            Control("field", "colour by", "choice", self.fields(), self.field),
-            Control("sort", "sort", "choice", SORTS, self.sort),
+            Control(
+                "field",
+                "colour by",
+                "choice",
+                self.fields(),
+                self.field,
+                "the per-token value that shades each response token (red above zero, blue below)",
+            ),
+            Control("sort", "sort", "choice", SORTS, self.sort, "the order of the rows shown"),
             Control(
                 "min_score",
                 "min score",
                 "choice",
                 ["any", *scores],
                 "any" if self.min_score is None else self.min_score,
+                "show only rows whose score is at least this",
             ),
         ]
 
@@ -157,7 +166,8 @@ class BatchInspector(View):
     def summary(self) -> str:
         d = self.data()
         head = (
-            f"<div>{d['matching']} of {d['total']} rows; colour: {escape(d['field'])} "
+            (f"<b>batch of {escape(self.title)}</b><br>" if self.title else "")
+            + f"<div>{d['matching']} of {d['total']} rows; colour: {escape(d['field'])} "
             f"(<span style='background:{shade(d['scale'], d['scale'])}'>&nbsp;+{d['scale']:.3g}&nbsp;</span> "
             f"<span style='background:{shade(-d['scale'], d['scale'])}'>&nbsp;-{d['scale']:.3g}&nbsp;</span>)</div>"
         )
@@ -178,3 +188,31 @@ class BatchInspector(View):
             + "".join(lines)
             + "</table>"
         )
+
+
+class MetricsTable(View):
+    """One iteration's metrics as a table (what a timeline span opens once its batch is gone)."""
+
+    has_figure = False
+
+    def __init__(self, metrics: dict | None, title: str = ""):
+        super().__init__()
+        self.metrics, self.title = dict(metrics or {}), title
+
+    def set(self, **values) -> None:
+        self.changed()
+
+    def data(self) -> dict:
+        return {"title": self.title, "metrics": self.metrics}
+
+    def summary(self) -> str:
+        head = f"<b>metrics of {escape(self.title)}</b>" if self.title else "<b>metrics</b>"
+        if not self.metrics:
+            return (
+                head + "<div>no metrics or batch held for this span (the batch is kept for the last iterations)</div>"
+            )
+        rows = "".join(
+            f"<tr><td>{escape(k)}</td><td>{v:.4g}</td></tr>" if isinstance(v, (int, float)) else ""
+            for k, v in sorted(self.metrics.items())
+        )
+        return f"{head}<table><tr><th>metric</th><th>value</th></tr>{rows}</table>"

@@ -1,14 +1,17 @@
 """LiveTimeline: the real trace of a running session, a lane per pool and rank.
 
     timeline = LiveTimeline(session, estimate=plan)     # plan: the planner's Plan, optional
-    timeline                                            # in a notebook: the figure
-    ppo.fit(prompts, 4, callbacks=[timeline])           # refreshes after every iteration
+    timeline                                            # in a notebook: the live figure
+    ppo.fit(prompts, 4, callbacks=[timeline])           # new spans stream in after every iteration
 
-Bars are calls coloured by role; the part of a call spent fetching its inputs is pale; the
-hybrid engine's transitions (spans named `hybrid.*`: weight sync, releasing the rollout
-engine) are black. Iterations are marked where their first span starts (spans carry the
-iteration and step their algorithm launched them in). With `estimate`, the planner's bars
-for the same placement are drawn below, on the same time scale.
+Bars are calls coloured by role; the part of a call spent receiving its inputs (a data
+transfer) is pale and hatched; the hybrid engine's transitions (spans named `hybrid.*`: weight
+sync, releasing the rollout engine) are thin black bars. Iterations are marked where their
+first span starts. Scroll to zoom, drag to pan (the view follows the latest iterations until
+you do), hover a span for its role, rank, method, iteration, rows, bytes and seconds; click one
+to open its batch in a BatchInspector below (while the batch is still held: the last
+`keep_batches` iterations of a `fit` it watches) or else that iteration's metrics. With
+`estimate`, the planner's bars for the same placement are drawn below, on the same time axis.
 
 Sources: a live `Session` (spans drained as they arrive), a list of CallRecords, or a
 `trace.jsonl` written by `widgets.RunRecorder` (the panel app follows a run that way).
@@ -16,13 +19,40 @@ Sources: a live `Session` (spans drained as they arrive), a list of CallRecords,
 
 from __future__ import annotations
 
+import threading
 import time
+import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from matplotlib.figure import Figure
 
-from widgets.ui import View, escape, role_colour
+from widgets import plots
+from widgets.ui import FigureParts, View, escape, role_colour
 from workbench.tracing import CallRecord, load_records
+
+COLUMNS = [
+    "span",
+    "lane",
+    "role",
+    "rank",
+    "method",
+    "kind",
+    "run",
+    "iteration",
+    "step",
+    "start",
+    "fetched",
+    "end",
+    "seconds",
+    "wait",
+    "rows",
+    "bytes",
+    "colour",
+]
+MAX_SPANS = 50_000
+"""Spans a figure keeps (the oldest roll out): a long run's trace stays bounded in the browser."""
 
 
 class LiveTimeline(View):
@@ -30,21 +60,46 @@ class LiveTimeline(View):
 
     width, height = 9.0, 3.6
 
-    def __init__(self, source=None, estimate=None, last_iterations: int | None = 3, since: float | None = None):
+    def __init__(
+        self,
+        source=None,
+        estimate=None,
+        last_iterations: int | None = 3,
+        since: float | None = None,
+        keep_batches: int = 2,
+    ):
         """source: a Session, a list of CallRecords or a trace.jsonl path; estimate: a planner
-        Plan to draw beside it; last_iterations: show only the latest iterations (None: all);
-        since: only spans that started at or after this `time.time()` (a session's trace keeps
-        the spans of its earlier runs, whose iteration numbers would mix with this one's)."""
+        Plan to draw beside it; last_iterations: the figure opens on (and follows) the latest
+        iterations, the static picture shows only them (None: all); since: only spans that
+        started at or after this `time.time()` (a session's trace keeps the spans of its earlier
+        runs); keep_batches: as a `fit` callback, hold the last batches for click-through."""
         super().__init__()
+        if last_iterations is not None and (not isinstance(last_iterations, int) or last_iterations < 1):
+            raise ValueError(f"LiveTimeline: last_iterations must be a positive int or None, got {last_iterations!r}")
         self.source, self.estimate, self.last_iterations, self.since = source, estimate, last_iterations, since
+        self.keep_batches = keep_batches
         self.records: list[CallRecord] = []
+        self.rows: list[dict] = []
+        """One row per span, as the figure's sources hold them (times from `origin`)."""
+        self.origin: float | None = None
+        self._keys: set = set()
         self.refresh_seconds: list[float] = []
-        """How long each refresh held its caller (draining spans, and redrawing unless in background)."""
+        """How long each refresh held its caller (draining spans and streaming them)."""
+        self.held: dict[tuple, dict] = {}
+        """(run, iteration) -> {"metrics": ..., "batch": ...} seen as a `fit` callback."""
+        self.lookup: Callable[[str | None, int], dict] | None = None
+        """Where else to look for an iteration's batch or metrics (the app: the run's files)."""
+        self.selected: dict | None = None
+        """The span clicked last (a row)."""
+        self._below: tuple | None = None
+        self._cache: dict = {}
+        self.refresher = Refresher(self.refresh, f"{type(self).__name__} refresh")
+        """Runs `refresh` after each iteration of a `fit` this timeline watches, off the loop."""
         self.refresh()
 
+    # ---- input -------------------------------------------------------------------------------------
     def refresh(self, background: bool = False) -> None:
-        """Fetch spans that arrived since the last refresh and redraw (with `background`, on the
-        drawing thread: see `View.changed`)."""
+        """Fetch spans that arrived since the last refresh and stream them into the figures."""
         t0 = time.perf_counter()
         source = self.source
         if source is None:
@@ -57,18 +112,103 @@ class LiveTimeline(View):
             records = list(source)
         if self.since is not None:
             records = [r for r in records if r.start >= self.since]
-        self.records = sorted(records, key=lambda r: r.start)
-        self.changed(background)
+        new = [r for r in records if _key(r) not in self._keys]
+        if new:
+            self._keys.update(_key(r) for r in new)
+            self.records = sorted([*self.records, *new], key=lambda r: r.start)
+            if self.origin is None:
+                self.origin = min(r.start for r in new)
+            self.rows += [self._row(r, len(self.rows) + i) for i, r in enumerate(new)]
+            self.changed()
         self.refresh_seconds.append(time.perf_counter() - t0)
 
     def __call__(self, algorithm=None, batch=None, metrics=None) -> None:
-        """As a `fit` callback: fetch the new spans, and redraw off the loop's critical path."""
-        self.refresh(background=True)
+        """As a `fit` callback: hold the iteration's batch (the last `keep_batches`) and metrics,
+        and have the view's thread fetch and stream the new spans now (the loop does not wait
+        for the workers' trace to be drained; `wait_drawn()` does)."""
+        if metrics is not None and "iteration" in metrics:
+            key = (getattr(algorithm, "run_name", None), int(metrics["iteration"]))
+            self.held[key] = {"metrics": dict(metrics), "batch": batch}
+            with_batch = [k for k, v in self.held.items() if v.get("batch") is not None]
+            for old in with_batch[: max(0, len(with_batch) - self.keep_batches)]:
+                self.held[old]["batch"] = None
+        self.refresher.request()
+
+    def wait_drawn(self, timeout: float = 30.0) -> bool:
+        """Wait until the refreshes asked for by `fit` so far are done (tests, screenshots)."""
+        return self.refresher.wait(timeout)
+
+    def _row(self, r: CallRecord, index: int) -> dict:
+        kind = "transition" if r.method.startswith("hybrid.") else "call"
+        rows_in, rows_out = r.extra.get("rows"), r.extra.get("rows_out")
+        rows = "-" if rows_in is None else f"{rows_in}" + (f" -> {rows_out}" if rows_out not in (None, rows_in) else "")
+        origin = self.origin or 0.0
+        return {
+            "span": index,
+            "lane": f"{r.pool} rank {r.rank}",
+            "role": r.role,
+            "rank": r.rank,
+            "method": r.method,
+            "kind": kind,
+            "run": r.extra.get("run") or "",
+            "iteration": r.extra.get("iteration", "-"),
+            "step": _step(r) or "-",
+            "start": r.start - origin,
+            "fetched": r.fetched - origin,
+            "end": r.end - origin,
+            "seconds": r.end - r.start,
+            "wait": r.fetched - r.start,
+            "rows": rows,
+            "bytes": _size(r.bytes_in + r.bytes_out) + f" (in {_size(r.bytes_in)}, out {_size(r.bytes_out)})",
+            "colour": "black" if kind == "transition" else role_colour(r.role),
+        }
+
+    # ---- click-through -----------------------------------------------------------------------------
+    def select(self, span: int | None) -> None:
+        """Open a span (a row's "span" number; None closes): its batch or its metrics below."""
+        self.selected = self.rows[span] if span is not None and 0 <= span < len(self.rows) else None
+        self.changed()
+
+    def details(self) -> dict | None:
+        """What the selected span opens: {"title", "batch" or "metrics"}, or None."""
+        row = self.selected
+        if row is None:
+            return None
+        title = f"{row['role']} rank {row['rank']}: {row['method']}"
+        if not isinstance(row["iteration"], int):
+            return {"title": title + " (not launched by an algorithm's iteration)", "metrics": None, "batch": None}
+        run, it = row["run"] or None, row["iteration"]
+        found = self.held.get((run, it)) or next((v for (_, i), v in self.held.items() if i == it), None)
+        if (found is None or found.get("batch") is None) and self.lookup is not None:
+            found = {**(found or {}), **{k: v for k, v in self.lookup(run, it).items() if v is not None}}
+        found = found or {}
+        where = f"{run + ' ' if run else ''}iteration {it}"
+        return {"title": f"{title}, {where}", "batch": found.get("batch"), "metrics": found.get("metrics")}
+
+    def below(self):
+        """The view shown under the figure: a BatchInspector of the selected span's batch, or a
+        table of its iteration's metrics."""
+        from widgets.inspector import BatchInspector, MetricsTable
+
+        if self.selected is None:
+            return None
+        if self._below is None or self._below[0] is not self.selected:  # a new click: a new view
+            d = self.details() or {}
+            view = (
+                BatchInspector(d["batch"], title=d["title"])
+                if d.get("batch") is not None
+                else MetricsTable(d.get("metrics"), title=d.get("title", ""))
+            )
+            self._below = (self.selected, view)
+        return self._below[1]
 
     # ---- what the figure shows -----------------------------------------------------------------
     def shown(self) -> list[CallRecord]:
         """The spans in view: all, or those from the first span of the last `last_iterations`
         iterations on (an iteration is one run's: a session may hold several runs' spans)."""
+        return self._cached("shown", self._shown)
+
+    def _shown(self) -> list[CallRecord]:
         records = self.records
         firsts = _iteration_starts(records)
         if self.last_iterations and len(firsts) > self.last_iterations:
@@ -78,9 +218,9 @@ class LiveTimeline(View):
 
     def data(self) -> dict:
         """lanes ("pool rank k"), bars (lane, role, method, start, fetched, end, kind, run,
-        iteration, step; seconds from the first span shown), iteration marks in time order
-        ((iteration, start), with "marks" naming them by run when several runs are in view), and
-        the estimate's bars."""
+        iteration, step, rows, bytes; seconds from the first span shown), iteration marks in
+        time order ((iteration, start), with "marks" naming them by run when several runs are in
+        view), and the estimate's bars."""
         records = self.shown()
         out = {
             "lanes": [],
@@ -111,12 +251,11 @@ class LiveTimeline(View):
                         "iteration": r.extra.get("iteration"),
                         "step": _step(r),
                         "call": r.extra.get("call"),
+                        "rows": r.extra.get("rows"),
+                        "bytes": r.bytes_in + r.bytes_out,
                     }
                 )
-            starts = sorted(_iteration_starts(records).items(), key=lambda item: item[1])
-            several = len({run for (run, _), _ in starts}) > 1
-            out["iterations"] = [(it, start - t0) for (_, it), start in starts]
-            out["marks"] = [f"{run} it {it}" if several else f"it {it}" for (run, it), _ in starts]
+            out["iterations"], out["marks"] = _marks(records, t0)
         if self.estimate is not None:
             plan = self.estimate
             sets = {(s.devices.start, s.devices.stop): i for i, s in enumerate(plan.sets)}
@@ -134,27 +273,217 @@ class LiveTimeline(View):
         return out
 
     def summary(self) -> str:
-        d = self.data()
-        if not d["bars"]:
+        return self._cached("summary", self._summary)
+
+    def _summary(self) -> str:
+        records = self.shown()
+        if not records:
             return "no spans yet"
-        span = max(b["end"] for b in d["bars"])
-        its = [i for i, _ in d["iterations"]]
-        text = f"{d['spans']} spans on {len(d['lanes'])} lanes over {span:.2f} s"
-        runs = {b["run"] for b in d["bars"] if b["iteration"] is not None}
+        t0 = records[0].start
+        starts, marks = _marks(records, t0)
+        its = [i for i, _ in starts]
+        lanes = len({(r.pool, r.rank) for r in records})
+        text = f"{len(records)} spans on {lanes} lanes over {max(r.end for r in records) - t0:.2f} s"
+        runs = {r.extra.get("run") for r in records if r.extra.get("iteration") is not None}
         if len(runs) > 1:
-            text += f"; {len(its)} iterations, {d['marks'][0]} to {d['marks'][-1]}"
+            text += f"; {len(its)} iterations, {marks[0]} to {marks[-1]}"
         elif its:
             text += f"; iterations {its[0]}-{its[-1]}" if len(its) > 1 else f"; iteration {its[0]}"
         if self.estimate is not None:
             text += f"; planner estimate {self.estimate.iteration_time:.2f} s per iteration"
         return escape(text)
 
+    def _cached(self, name: str, compute: Callable[[], Any]) -> Any:
+        """`compute()`, once per set of spans: every front end asks after every refresh."""
+        if self._cache.get("spans") != len(self.records):
+            self._cache = {"spans": len(self.records)}
+        if name not in self._cache:
+            self._cache[name] = compute()
+        return self._cache[name]
+
+    # ---- the live figure ---------------------------------------------------------------------------
+    def figure(self) -> FigureParts:
+        from bokeh.layouts import column
+        from bokeh.models import CDSView, ColumnDataSource, DataRange1d, FactorRange, GroupFilter, LabelSet, TapTool
+
+        # One source for every span (one stream per refresh); each glyph draws its kind.
+        spans = plots.Stream(COLUMNS, self.rows, MAX_SPANS, "timeline_spans")  # self.rows grows: send() streams
+        calls = CDSView(filter=GroupFilter(column_name="kind", group="call"))
+        transitions = CDSView(filter=GroupFilter(column_name="kind", group="transition"))
+        # Bokeh follows the newest spans (the last `last_iterations` iterations' width) until
+        # someone pans or zooms; reset returns to following.
+        x_range = DataRange1d(name="timeline_x", follow="end", range_padding=0.02)
+        lanes = FactorRange(factors=self._lanes() or ["no spans yet"], name="timeline_lanes")
+        fig = plots.new_figure(
+            "measured: drag to pan, scroll to zoom, hover a span, click it to open its batch",
+            x_range=x_range,
+            y_range=lanes,
+            height=max(220, 60 + 34 * len(lanes.factors)),
+            tools="xpan,xwheel_zoom,xbox_zoom,reset,save",
+            active_drag="xpan",
+            active_scroll="xwheel_zoom",
+            x_axis_label="seconds since the first span",
+            name="timeline",
+        )
+        fig.y_range.range_padding = 0.1
+        bars = fig.hbar(
+            y="lane",
+            left="fetched",
+            right="end",
+            height=0.7,
+            color="colour",
+            line_color="white",
+            source=spans.source,
+            view=calls,
+            legend_field="role",
+        )
+        fig.hbar(  # waiting for inputs: the data transfer into the call
+            y="lane",
+            left="start",
+            right="fetched",
+            height=0.7,
+            fill_color="colour",
+            fill_alpha=0.3,
+            hatch_pattern="/",
+            hatch_color="colour",
+            hatch_alpha=0.6,
+            line_alpha=0,
+            source=spans.source,
+            view=calls,
+            legend_label="receiving inputs",
+        )
+        switches = fig.hbar(
+            y="lane",
+            left="start",
+            right="end",
+            height=0.3,
+            color="black",
+            source=spans.source,
+            view=transitions,
+            legend_label="hybrid-engine transition",
+        )
+        plots.legend_outside(fig, "right")
+        marks = ColumnDataSource({"x": [], "label": []}, name="timeline_marks")
+        fig.vspan(x="x", source=marks, line_color="grey", line_dash="dotted")  # iteration starts
+        fig.add_layout(
+            LabelSet(
+                x="x",
+                y=4,
+                y_units="screen",
+                x_offset=3,
+                text="label",
+                source=marks,
+                text_font_size="9pt",
+                text_color="grey",
+            )
+        )
+        plots.hover(
+            fig,
+            [bars, switches],
+            [
+                ("span", "@role rank @rank: @method"),
+                ("iteration", "@run @iteration (step @step)"),
+                ("rows", "@rows"),
+                ("bytes moved", "@bytes"),
+                ("seconds", "@seconds{0.000} (receiving inputs @wait{0.000})"),
+            ],
+        )
+        fig.add_tools(TapTool(renderers=[bars, switches]))
+        spans.source.selected.on_change("indices", lambda attr, old, new: self._tapped(spans.source, new))
+        parts: list[Any] = [fig]
+        estimate = self._estimate_figure(x_range) if self.estimate is not None else None
+        if estimate is not None:
+            parts.append(estimate[0])
+
+        def update() -> None:
+            spans.send()
+            factors = self._lanes()
+            if factors and list(lanes.factors) != factors:
+                lanes.factors = factors
+                fig.height = max(220, 60 + 34 * len(factors))  # a lane keeps its height as pools come
+            starts, labels = self._mark_rows()
+            shown_x, shown_labels = list(marks.data["x"]), list(marks.data["label"])
+            n = len(shown_x)
+            if shown_x == starts[:n] and shown_labels == labels[:n]:
+                if len(starts) > n:  # new iterations: stream their marks
+                    marks.stream({"x": starts[n:], "label": labels[n:]})
+            else:  # a late span moved a mark (rare): send them all
+                marks.data = {"x": starts, "label": labels}
+            if estimate is not None and starts and estimate[2] != starts[-1]:
+                estimate[1](starts[-1])  # the estimate of one iteration, under the latest one
+            width = self._window_width()
+            current = x_range.follow_interval
+            if width is not None and (current is None or abs(width - current) > 0.2 * current):
+                x_range.follow_interval = width  # changes only when iterations' length does
+
+        update()
+        return column(*parts, sizing_mode="stretch_width"), update
+
+    def _tapped(self, source, indices: list[int]) -> None:
+        if indices:
+            self.select(int(source.data["span"][indices[0]]))
+
+    def _lanes(self) -> list[str]:
+        lanes = self._cached("lanes", lambda: sorted({(r.pool, r.rank) for r in self.records}))
+        return [f"{pool} rank {rank}" for pool, rank in lanes]
+
+    def _mark_rows(self) -> tuple[list[float], list[str]]:
+        starts, names = self._cached("marks", lambda: _marks(self.records, self.origin or 0.0))
+        return [s for _, s in starts], names
+
+    def _window_width(self) -> float | None:
+        """Seconds the latest `last_iterations` iterations take (None: show everything)."""
+        shown = self.shown()
+        if not shown or len(shown) == len(self.records):
+            return None
+        return max(r.end for r in shown) - shown[0].start
+
+    def _estimate_figure(self, x_range) -> tuple:
+        """The planner's bars of one iteration, a lane per device set, and the function that
+        moves them under the latest measured iteration (the figures share the time axis)."""
+        from bokeh.models import ColumnDataSource
+
+        d = self.data()
+        lanes, bars = d["estimate_lanes"], d["estimate"]
+        columns = {
+            "lane": [lanes[b["lane"]] for b in bars],
+            "call": [b["call"] for b in bars],
+            "role": [b["role"] for b in bars],
+            "seconds": [b["end"] - b["start"] for b in bars],
+            "colour": [role_colour(b["role"]) for b in bars],
+        }
+        source = ColumnDataSource({**columns, "start": [], "end": []}, name="timeline_estimate")
+        fig = plots.new_figure(
+            "planner's estimate of one iteration, under the latest measured one (same time axis)",
+            x_range=x_range,
+            y_range=list(reversed(lanes)),
+            height=80 + 34 * len(lanes),
+            tools="xpan,xwheel_zoom,reset",
+            x_axis_label="seconds since the first span",
+        )
+        glyphs = fig.hbar(y="lane", left="start", right="end", height=0.7, color="colour", source=source)
+        plots.hover(fig, [glyphs], [("call", "@call (@role)"), ("estimated seconds", "@seconds{0.000}")])
+        placed = [fig, None, None]
+
+        def place(at: float) -> None:
+            source.data = {
+                **columns,
+                "start": [at + b["start"] for b in bars],
+                "end": [at + b["end"] for b in bars],
+            }
+            placed[2] = at
+
+        place(0.0)
+        placed[1] = place
+        return placed
+
+    # ---- the static picture ------------------------------------------------------------------------
     def draw(self, fig: Figure) -> None:
         d = self.data()
         rows = [len(d["lanes"]) or 1] + ([len(d["estimate_lanes"])] if d["estimate"] else [])
         axes = fig.subplots(len(rows), 1, sharex=True, gridspec_kw={"height_ratios": rows}, squeeze=False)[:, 0]
         ax = axes[0]
-        # One collection per (lane, colour, style): a live refresh draws hundreds of spans.
+        # One collection per (lane, colour, style): a trace holds hundreds of spans.
         groups: dict[tuple, list] = {}
         for b in d["bars"]:
             colour = "black" if b["kind"] == "transition" else role_colour(b["role"])
@@ -170,19 +499,74 @@ class LiveTimeline(View):
         ax.set_ylim(-0.7, max(len(d["lanes"]), 1) - 0.3)
         for (_, start), mark in zip(d["iterations"], d["marks"]):
             ax.axvline(start, color="grey", linewidth=0.6, linestyle=":")
-            ax.text(start, -0.6, mark, fontsize=6, color="grey")
-        ax.set_yticks(range(len(d["lanes"])), d["lanes"], fontsize=7)
+            ax.text(start, -0.6, mark, fontsize=7, color="grey")
+        ax.set_yticks(range(len(d["lanes"])), d["lanes"], fontsize=8)
         ax.invert_yaxis()
-        ax.set_title("measured (black: hybrid-engine transitions)", fontsize=8)
+        ax.set_title("measured (black: hybrid-engine transitions; pale: receiving inputs)", fontsize=9)
         if d["estimate"]:
             est = axes[1]
             for b in d["estimate"]:
                 est.barh(b["lane"], b["end"] - b["start"], left=b["start"], color=role_colour(b["role"]), height=0.8)
-            est.set_yticks(range(len(d["estimate_lanes"])), d["estimate_lanes"], fontsize=7)
+            est.set_yticks(range(len(d["estimate_lanes"])), d["estimate_lanes"], fontsize=8)
             est.invert_yaxis()
-            est.set_title("planner's estimate, one iteration", fontsize=8)
+            est.set_title("planner's estimate, one iteration", fontsize=9)
         axes[-1].set_xlabel("seconds")
         fig.subplots_adjust(**self.margins)
+
+
+class Refresher:
+    """Runs a refresh on its own thread after each request, so a `fit` callback returns at once
+    (draining the workers' trace is a round trip to each). Not rationed: every request is
+    served, and requests that arrive while a refresh runs are served by one more refresh."""
+
+    def __init__(self, refresh: Callable[[], None], name: str):
+        self._refresh, self._name = refresh, name
+        self._asked_for = threading.Condition()
+        self._asked = self._done = 0
+        self._thread: threading.Thread | None = None
+        self.cpu_seconds: list[float] = []
+        """CPU time of each refresh on this thread: what it takes from the run's own work."""
+        self.wall_seconds: list[float] = []
+
+    def request(self) -> None:
+        with self._asked_for:
+            self._asked += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
+                self._thread.start()
+            self._asked_for.notify_all()
+
+    def wait(self, timeout: float = 30.0) -> bool:
+        with self._asked_for:
+            return self._asked_for.wait_for(lambda: self._done >= self._asked, timeout)
+
+    def _serve(self) -> None:
+        while True:
+            with self._asked_for:
+                self._asked_for.wait_for(lambda: self._asked > self._done)
+                asked = self._asked
+            cpu, wall = time.thread_time(), time.perf_counter()
+            try:
+                self._refresh()
+            except Exception as e:  # keep serving later iterations; the loop itself is unaffected
+                warnings.warn(f"{self._name} failed: {e!r}", stacklevel=1)
+            self.cpu_seconds.append(time.thread_time() - cpu)
+            self.wall_seconds.append(time.perf_counter() - wall)
+            with self._asked_for:
+                self._done = asked
+                self._asked_for.notify_all()
+
+
+def _key(record: CallRecord) -> tuple:
+    """A span's identity (a session's trace() returns every span it still holds)."""
+    return record.extra.get("call"), record.role, record.rank, record.method, record.start
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
 
 
 def _step(record: CallRecord) -> str | None:
@@ -199,3 +583,14 @@ def _iteration_starts(records: list[CallRecord]) -> dict[tuple, float]:
             key = (r.extra.get("run", ""), r.extra["iteration"])
             starts[key] = min(starts.get(key, r.start), r.start)
     return starts
+
+
+def _marks(records: list[CallRecord], t0: float) -> tuple[list[tuple], list[str]]:
+    """Iteration marks in time order: [(iteration, start - t0)], and their names ("it 3", or
+    "GRPO#1 it 3" when several runs are in `records`)."""
+    starts = sorted(_iteration_starts(records).items(), key=lambda item: item[1])
+    several = len({run for (run, _), _ in starts}) > 1
+    return (
+        [(it, start - t0) for (_, it), start in starts],
+        [f"{run} it {it}" if several else f"it {it}" for (run, it), _ in starts],
+    )

@@ -1,19 +1,27 @@
-"""What every view shares: controls declared once, shown as ipywidgets or panel widgets, and a
-matplotlib figure rendered to PNG (an image widget updates cleanly in notebooks, under nbval,
-and in a served panel app alike).
+"""What every view shares: controls declared once, and one interactive Bokeh figure shown by
+ipywidgets in notebooks (through jupyter_bokeh) and by panel in the app.
 
 A view subclasses `View`: it declares `controls()`, keeps its state, computes `data()` (plain
-Python: what the figure shows, testable without a browser), `draw(fig)`s it and writes a
-`summary()` line. `view.widget()` is the ipywidgets form, `view.panel()` the panel form.
+Python: what the figure shows, testable without a browser) and writes a `summary()` line. Its
+`figure()` builds fresh Bokeh models (every front end needs its own) and an update function
+that brings them up to date: live views stream new rows into their ColumnDataSources instead
+of redrawing, so an update costs milliseconds and happens on every change (the timeline,
+whose refresh drains the workers' trace, does it on its own thread after each iteration of a
+`fit`). `draw(fig)` paints the same data with matplotlib: the static fallback (`png()`), which
+a notebook's output carries beside the live widget so a saved notebook still shows a figure.
+
+    view                 # a notebook cell's value: the live widget (+ a PNG for saved notebooks)
+    view.widget()        # the ipywidgets form (controls, summary, figure)
+    view.panel()         # the panel form (served by `python -m workbench app`)
+    view.html()          # a standalone interactive HTML page (Bokeh, resources inline)
 """
 
 from __future__ import annotations
 
+import base64
 import html
 import io
-import threading
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -43,34 +51,50 @@ class Control:
     """The view's setting it changes."""
     label: str
     kind: str
-    """'int' (a slider over `options`: (low, high, step)), 'choice' (a dropdown over `options`)
-    or 'steps' (a slider over the listed `options`)."""
+    """'int' (a slider over `options`: (low, high, step)), 'float' (the same, real-valued),
+    'choice' (a dropdown over `options`: a list, or a dict label -> value) or 'steps' (a slider
+    over the listed `options`)."""
     options: Any
     value: Any
+    help: str = ""
+    """What it does, in a sentence: shown as the control's tooltip."""
+    visible: bool = True
+    """False hides it (e.g. the custom placement's choices while another placement is on)."""
+
+
+KINDS = ("int", "float", "choice", "steps")
+
+
+@dataclass(frozen=True)
+class Action:
+    """A download a view offers (e.g. the dashboard's CSV export)."""
+
+    label: str
+    filename: str
+    content: Callable[[], str]
+    """The file's text, made when asked."""
+
+
+FigureParts = tuple[Any, Callable[[], None]]
+"""A Bokeh layout and the function that brings it up to date with its view."""
 
 
 class View:
-    """Base of the views: settings, figure data, figure, summary, and their two front ends."""
+    """Base of the views: settings, figure data, live figure, summary, and their front ends."""
 
     width, height = 9.0, 3.2
+    """Size in inches of the static (matplotlib) figure."""
     margins = {"left": 0.2, "right": 0.98, "top": 0.9, "bottom": 0.15, "wspace": 0.5, "hspace": 0.5}
     """Fixed figure margins (matplotlib's tight_layout costs more than the drawing)."""
     has_figure = True
-    background_share = 0.01
-    """Background redraws take at most this share of wall time: after one that took d seconds,
-    the next waits until d / share from its start. A matplotlib figure costs 0.1-0.3 s of CPU,
-    which competes with the workers on a small machine; at 0.01 a 0.12 s timeline redraws at
-    most every 10 s (every iteration, once iterations take minutes). Raise it for livelier views."""
     """False for views that are all HTML (summary() carries everything)."""
+    background_share = 0.01
+    """Unused: views stream their updates instead of redrawing on a thread (kept for old code)."""
 
     def __init__(self):
         self._listeners: list[Callable[[], None]] = []
-        self._drawing = threading.Lock()  # one redraw at a time, foreground or background
-        self._asked = threading.Condition()
-        self._redraws_asked = self._redraws_done = 0
-        self._drawer: threading.Thread | None = None
         self.redraw_seconds: list[float] = []
-        """How long each redraw of the displayed front ends took (summary and figure)."""
+        """How long each update of the displayed front ends took (summaries and figure data)."""
 
     def controls(self) -> list[Control]:
         return []
@@ -82,59 +106,41 @@ class View:
     def data(self) -> dict:
         raise NotImplementedError
 
+    def figure(self) -> FigureParts:
+        """Fresh Bokeh models showing `data()`, and their update function."""
+        raise NotImplementedError
+
     def draw(self, fig: Figure) -> None:
+        """The static fallback: the same data with matplotlib."""
         raise NotImplementedError
 
     def summary(self) -> str:
         """A short HTML fragment shown above the figure."""
         return ""
 
+    def actions(self) -> list[Action]:
+        """Downloads offered beside the controls."""
+        return []
+
+    def below(self) -> View | None:
+        """Another view shown under the figure (the timeline: the batch of the span clicked)."""
+        return None
+
     def changed(self, background: bool = False) -> None:
-        """Tell the displayed front ends to redraw: now, or with `background` (a `fit` callback)
-        on this view's drawing thread, so rendering the figure stays off the loop's critical
-        path; requests that arrive while it draws merge into one redraw of the latest state."""
+        """Bring every displayed front end up to date, now. (`background` is accepted for old
+        callers: updates stream rows into the figures' sources, cheap enough for any thread.)"""
         if not self._listeners:
             return
-        if not background:
-            self._redraw()
-            return
-        with self._asked:
-            self._redraws_asked += 1
-            if self._drawer is None:
-                self._drawer = threading.Thread(
-                    target=self._draw_when_asked, name=f"{type(self).__name__} redraw", daemon=True
-                )
-                self._drawer.start()
-            self._asked.notify_all()
-
-    def _draw_when_asked(self) -> None:
-        while True:
-            with self._asked:
-                self._asked.wait_for(lambda: self._redraws_asked > self._redraws_done)
-                asked = self._redraws_asked
-            start = time.monotonic()
-            try:
-                self._redraw()
-            except Exception as e:  # keep drawing later updates; the loop itself is unaffected
-                warnings.warn(f"{type(self).__name__}: redrawing failed: {e!r}", stacklevel=1)
-            with self._asked:
-                self._redraws_done = asked
-                self._asked.notify_all()
-            took = time.monotonic() - start
-            time.sleep(min(took / self.background_share - took, 10.0))  # requests meanwhile merge
-
-    def _redraw(self) -> None:
-        with self._drawing:
-            t0 = time.perf_counter()
-            for listener in self._listeners:
-                listener()
-            self.redraw_seconds.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        for listener in list(self._listeners):
+            listener()
+        self.redraw_seconds.append(time.perf_counter() - t0)
 
     def wait_drawn(self, timeout: float = 30.0) -> bool:
-        """Wait until the background redraws asked for so far are done (tests, screenshots)."""
-        with self._asked:
-            return self._asked.wait_for(lambda: self._redraws_done >= self._redraws_asked, timeout)
+        """Kept for old callers: updates happen when asked, so there is nothing to wait for."""
+        return True
 
+    # ---- static output -----------------------------------------------------------------------------
     def png(self, dpi: int = 80) -> bytes:
         fig = Figure(figsize=(self.width, self.height), dpi=dpi)
         self.draw(fig)
@@ -142,70 +148,169 @@ class View:
         fig.savefig(out, format="png")
         return out.getvalue()
 
+    def html(self, title: str | None = None) -> str:
+        """A standalone page: summary and the interactive figure (zoom, hover) with Bokeh's
+        resources inline, so it opens offline (no server: clicks that ask Python do nothing)."""
+        from bokeh.embed import file_html
+        from bokeh.layouts import column
+        from bokeh.models import Div
+        from bokeh.resources import INLINE
+
+        parts = [Div(text=self.summary(), sizing_mode="stretch_width")]
+        if self.has_figure:
+            parts.append(self.figure()[0])
+        page = column(*parts, sizing_mode="stretch_width")
+        return file_html(page, INLINE, title=title or type(self).__name__, suppress_callback_warning=True)
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+        """A cell's value: the live widget, with a PNG and the summary beside it for front ends
+        without the widget (a saved notebook on a web page, nbconvert): the figure stays visible."""
+        bundle = dict(self.widget()._repr_mimebundle_(include=include, exclude=exclude) or {})
+        bundle["text/html"] = self.summary()
+        if self.has_figure:
+            picture = base64.b64encode(self.png()).decode()
+            bundle["text/html"] += f"<br><img src='data:image/png;base64,{picture}'>"
+            bundle["image/png"] = picture
+        return bundle
+
     # ---- ipywidgets ------------------------------------------------------------------------------
     def widget(self):
-        """Controls, summary and figure as ipywidgets (display it in a notebook cell)."""
+        """Controls, summary and live figure as ipywidgets (the figure through jupyter_bokeh)."""
         import ipywidgets as w
 
-        inputs = []
+        boxes = {}
         for c in self.controls():
-            if c.kind == "int":
-                low, high, step = c.options
-                box = w.IntSlider(
-                    value=c.value, min=low, max=high, step=step, description=c.label, continuous_update=False
-                )
-            elif c.kind == "steps":
-                box = w.SelectionSlider(
-                    options=_with(c.options, c.value), value=c.value, description=c.label, continuous_update=False
-                )
-            else:
-                box = w.Dropdown(options=list(c.options), value=c.value, description=c.label)
-            box.style.description_width = "initial"
+            boxes[c.name] = box = _ipywidget(w, c)
             box.observe(lambda change, name=c.name: self.set(**{name: change["new"]}), names="value")
-            inputs.append(box)
         text = w.HTML(self.summary())
-        image = w.Image(value=self.png(), format="png") if self.has_figure else w.HTML("")
+        if self.has_figure:
+            from jupyter_bokeh import BokehModel
 
-        def redraw():
+            layout, update = self.figure()
+            plot = BokehModel(layout)
+        else:
+            plot, update = w.HTML(""), None
+        under = w.VBox([])
+        shown: list = [None]
+
+        def refresh():
             text.value = self.summary()
-            if self.has_figure:
-                image.value = self.png()
+            for c in self.controls():
+                if c.name in boxes:
+                    boxes[c.name].layout.display = None if c.visible else "none"
+            if update is not None:
+                update()
+            view = self.below()
+            if view is not shown[0]:
+                shown[0] = view
+                under.children = [] if view is None else [view.widget()]
 
-        self._listeners.append(redraw)
-        controls = w.GridBox(inputs, layout=w.Layout(grid_template_columns="repeat(3, 1fr)")) if inputs else w.HTML("")
-        return w.VBox([controls, text, image])
-
-    def _ipython_display_(self):
-        from IPython.display import display
-
-        display(self.widget())
+        self._listeners.append(refresh)
+        controls = (
+            w.GridBox(list(boxes.values()), layout=w.Layout(grid_template_columns="repeat(3, 1fr)"))
+            if boxes
+            else w.HTML("")
+        )
+        downloads = [_ipy_download(w, a) for a in self.actions()]
+        if downloads:
+            controls = w.VBox([controls, w.HBox(downloads)])
+        return w.VBox([controls, text, plot, under])
 
     # ---- panel -------------------------------------------------------------------------------------
     def panel(self):
         """The same view as a panel layout (served by `python -m workbench app`)."""
         import panel as pn
 
-        inputs = []
+        boxes = {}
         for c in self.controls():
-            if c.kind == "int":
-                low, high, step = c.options
-                box = pn.widgets.IntSlider(label=c.label, start=low, end=high, step=step, value=c.value)
-            elif c.kind == "steps":
-                box = pn.widgets.DiscreteSlider(label=c.label, options=_with(c.options, c.value), value=c.value)
-            else:
-                box = pn.widgets.Select(label=c.label, options=list(c.options), value=c.value)
+            box, boxes[c.name] = _panel_widget(pn, c)
             box.param.watch(lambda event, name=c.name: self.set(**{name: event.new}), "value")
-            inputs.append(box)
+            boxes[c.name].visible = c.visible
         text = pn.pane.HTML(self.summary(), sizing_mode="stretch_width")
-        image = pn.pane.PNG(self.png(), width=int(self.width * 80)) if self.has_figure else pn.Spacer(height=0)
+        if self.has_figure:
+            layout, update = self.figure()
+            plot = pn.pane.Bokeh(layout, sizing_mode="stretch_width")
+        else:
+            plot, update = pn.Spacer(height=0), None
+        under = pn.Column(sizing_mode="stretch_width")
+        shown: list = [None]
 
-        def redraw():
+        def refresh():
             text.object = self.summary()
-            if self.has_figure:
-                image.object = self.png()
+            for c in self.controls():
+                if c.name in boxes:
+                    boxes[c.name].visible = c.visible
+            if update is not None:
+                update()
+                pn.io.push_notebook(plot)  # shown in a notebook: send the changed models (served: no-op)
+            view = self.below()
+            if view is not shown[0]:
+                shown[0] = view
+                under.objects = [] if view is None else [view.panel()]
 
-        self._listeners.append(redraw)
-        return pn.Column(pn.GridBox(*inputs, ncols=3) if inputs else pn.Spacer(height=0), text, image)
+        self._listeners.append(refresh)
+        inputs = pn.GridBox(*boxes.values(), ncols=3) if boxes else pn.Spacer(height=0)
+        downloads = [
+            pn.widgets.FileDownload(
+                callback=lambda a=a: io.BytesIO(a.content().encode()), filename=a.filename, label=a.label
+            )
+            for a in self.actions()
+        ]
+        if downloads:
+            inputs = pn.Row(inputs, *downloads)
+        return pn.Column(inputs, text, plot, under, sizing_mode="stretch_width")
+
+
+def _ipywidget(w, c: Control):
+    if c.kind in ("int", "float"):
+        low, high, step = c.options
+        kind = w.IntSlider if c.kind == "int" else w.FloatSlider
+        box = kind(value=c.value, min=low, max=high, step=step, description=c.label, continuous_update=False)
+    elif c.kind == "steps":
+        box = w.SelectionSlider(
+            options=_with(c.options, c.value), value=c.value, description=c.label, continuous_update=False
+        )
+    elif c.kind == "choice":
+        options = list(c.options.items()) if isinstance(c.options, dict) else list(c.options)
+        box = w.Dropdown(options=options, value=c.value, description=c.label)
+    else:
+        raise ValueError(f"Control {c.name!r}: kind {c.kind!r} is not one of {KINDS}")
+    box.style.description_width = "initial"
+    box.tooltip = c.help or None
+    box.layout.display = None if c.visible else "none"
+    return box
+
+
+def _ipy_download(w, action: Action):
+    """A button that turns into a download link of the file made at the click."""
+    button, link = w.Button(description=action.label), w.HTML("")
+
+    def make(_):
+        data = base64.b64encode(action.content().encode()).decode()
+        link.value = f"<a download='{action.filename}' href='data:text/plain;base64,{data}'>{action.filename}</a>"
+
+    button.on_click(make)
+    return w.HBox([button, link])
+
+
+def _panel_widget(pn, c: Control):
+    """The control's panel widget, and what the layout shows: sliders have no tooltip of their
+    own, so a TooltipIcon beside them carries the help."""
+    if c.kind in ("int", "float"):
+        low, high, step = c.options
+        kind = pn.widgets.IntSlider if c.kind == "int" else pn.widgets.FloatSlider
+        box = kind(label=c.label, start=low, end=high, step=step, value=c.value)
+    elif c.kind == "steps":
+        box = pn.widgets.DiscreteSlider(label=c.label, options=_with(c.options, c.value), value=c.value)
+    elif c.kind == "choice":
+        options = dict(c.options) if isinstance(c.options, dict) else list(c.options)
+        return (
+            box := pn.widgets.Select(label=c.label, options=options, value=c.value, description=c.help or None)
+        ), box
+    else:
+        raise ValueError(f"Control {c.name!r}: kind {c.kind!r} is not one of {KINDS}")
+    shown = pn.Row(box, pn.widgets.TooltipIcon(value=c.help), visible=c.visible) if c.help else box
+    return box, shown
 
 
 def _with(options, value) -> list:

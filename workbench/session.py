@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -52,6 +53,10 @@ if TYPE_CHECKING:  # for the typed handles of Session.group (importing workers l
 # Worker processes get these unless the caller's runtime_env says otherwise: one BLAS thread
 # each (torch threads are set per worker), and quiet tokenizers.
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+_TRACE_LOCK = threading.RLock()
+"""Serializes `Session.trace()`: its drains keep pending requests in lists shared by callers."""
 
 
 class Session:
@@ -310,7 +315,8 @@ class Session:
     def _drop_group(self, role: str, reason: str = "it was removed") -> None:
         """Tear down the processes behind `role` (and any role fused with it)."""
         hostset = self.groups[role].hostset
-        self._keep_records(hostset.drain_records())
+        with _TRACE_LOCK:
+            self._keep_records(hostset.drain_records())
         hostset.shutdown()
         for name in hostset.roles:
             self.groups.pop(name, None)
@@ -354,15 +360,16 @@ class Session:
         every live worker and rule-reward scorer, in start order. They answer beside the calls
         they are running, so this is cheap while work is in flight; the host sets are asked at
         once, and all of them share `timeout` seconds."""
-        hostsets = list({id(g.hostset): g.hostset for g in self.groups.values()}.values())
-        for hostset in hostsets:
-            hostset.request_records()
-        deadline = time.monotonic() + timeout
-        for hostset in hostsets:
-            self._keep_records(hostset.drain_records(max(0.0, deadline - time.monotonic()), request=False))
-        for drain in span_sources():  # callers outside worker groups: rule-reward scorers
-            self._keep_records(drain(max(0.0, deadline - time.monotonic())))
-        return list(self.records)
+        with _TRACE_LOCK:  # one drain at a time: a live timeline drains on its own thread
+            hostsets = list({id(g.hostset): g.hostset for g in self.groups.values()}.values())
+            for hostset in hostsets:
+                hostset.request_records()
+            deadline = time.monotonic() + timeout
+            for hostset in hostsets:
+                self._keep_records(hostset.drain_records(max(0.0, deadline - time.monotonic()), request=False))
+            for drain in span_sources():  # callers outside worker groups: rule-reward scorers
+                self._keep_records(drain(max(0.0, deadline - time.monotonic())))
+            return list(self.records)
 
     def _keep_records(self, new: list[CallRecord]) -> None:
         """Add drained spans, in start order, keeping the newest max_trace_records."""

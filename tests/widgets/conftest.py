@@ -59,6 +59,7 @@ def run(shared_session, tmp_path_factory):
         log=None,
         callbacks=[dashboard, timeline, recorder, lambda algo, batch, m: batches.append(batch)],
     )
+    assert timeline.wait_drawn(60)  # its refreshes run on the view's thread
     yield {
         "session": s,
         "since": since,

@@ -86,3 +86,52 @@ def test_widget_and_panel_forms_follow_the_view():
     assert explorer.scenario.response_len == 128 and text.value != before
     layout = explorer.panel()
     assert layout is not None
+
+
+def test_every_control_says_what_it_does_and_custom_groups_show_only_for_custom():
+    explorer = PlacementExplorer(algorithm="GRPO")
+    assert all(c.help for c in explorer.controls())
+    assert not [c for c in explorer.controls() if c.name.startswith("set_") and c.visible]
+    explorer.set(placement="custom", set_reward=1)
+    shown = {c.name for c in explorer.controls() if c.visible and c.name.startswith("set_")}
+    assert shown == {"set_actor", "set_reference", "set_reward"}  # GRPO's models, no critic
+    assert sorted(m["set"] for m in explorer.data()["memory"]) == ["actor+reference", "reward"]
+
+
+def test_the_figure_data_follows_a_slider_and_compares_two_placements():
+    explorer = PlacementExplorer(compare="standalone")
+    layout, update = explorer.figure()
+    explorer._listeners.append(update)
+    bars = layout.select_one({"name": "explorer_bars"})
+    before = list(bars.data["end"])
+    explorer.set(response_len=256)
+    assert bars.data["end"] != before and max(bars.data["end"]) == pytest.approx(explorer.data()["iteration_s"])
+    other = layout.select_one({"name": "explorer_compare_bars"})
+    assert len(set(other.data["lane"])) == 4  # standalone: a lane per model
+    assert "compared with the standalone placement" in explorer.summary()
+    # the hover's breakdown: compute + switch to the generation layout = the call's time
+    for seconds, compute, switch in zip(bars.data["seconds"], bars.data["compute"], bars.data["reshard"]):
+        assert compute + switch == pytest.approx(seconds)
+
+
+def test_memory_is_readable_for_a_tiny_model_on_a_big_device():
+    explorer = PlacementExplorer(device="H100")  # tiny-1m models: a sliver of 80 GiB
+    layout, _ = explorer.figure()
+    memory = layout.select_one({"name": "explorer_memory"})
+    plot = layout.select_one({"name": "explorer_memory_plot"})
+    used, capacity = memory.data["used"][0], memory.data["capacity"][0]
+    assert used / capacity < 1e-3
+    assert plot.x_scale.__class__.__name__ == "LogScale" and plot.x_range.start < used < capacity < plot.x_range.end
+    assert memory.data["share"][0].endswith("%") and memory.data["share"][0] != "0%"
+
+
+def test_bad_settings_are_named():
+    explorer = PlacementExplorer()
+    with pytest.raises(ValueError, match="unknown settings \\['gpus'\\]"):
+        explorer.set(gpus=4)
+    with pytest.raises(ValueError, match="PlacementExplorer.device='TPU'"):
+        explorer.set(device="TPU")
+    with pytest.raises(ValueError, match="PlacementExplorer.compare='best'"):
+        PlacementExplorer(compare="best")
+    with pytest.raises(ValueError, match="PlacementExplorer.machines=0"):
+        PlacementExplorer(machines=0)

@@ -7,7 +7,9 @@ import json
 import pytest
 
 from widgets import BatchInspector, ClusterView, LiveTimeline, MetricsDashboard
+from widgets.app import RunFiles
 from widgets.inspector import shade
+from widgets.recorder import load_batch
 from workbench.tracing import load_records
 
 
@@ -24,6 +26,7 @@ def test_dashboard_follows_fit(run):
 def test_timeline_shows_every_span_of_the_run_tagged_with_its_step(run):
     timeline = run["timeline"]
     assert len(timeline.refresh_seconds) >= 3  # built, then refreshed after each iteration of fit
+    assert len(timeline.refresher.wall_seconds) >= 2  # those refreshes ran on the view's thread
     timeline.refresh()  # (the browser test may have run another iteration since)
     trace = [r for r in run["session"].trace() if r.role == "actor" and r.start >= run["since"]]
     data = timeline.data()
@@ -91,6 +94,26 @@ def test_recorder_writes_metrics_and_every_span(run):
     assert MetricsDashboard.from_jsonl(recorder.metrics_path).data()["score"]["critic/score/mean"][1] == [
         line["critic/score/mean"] for line in lines
     ]
+
+
+def test_recorder_keeps_the_last_batches_for_the_app(run):
+    recorder, grpo = run["recorder"], run["grpo"]
+    saved = sorted((recorder.run_dir / "batches").glob("*.pt"), key=lambda p: p.stat().st_mtime_ns)
+    assert len(saved) == 2  # keep_batches: the last two iterations
+    batch = load_batch(saved[-1])
+    assert sorted(batch.keys()) == sorted(run["batch"].keys()) and len(batch) == len(run["batch"])
+    files = RunFiles(recorder.run_dir)
+    newest = files.lookup(grpo.run_name, grpo.iteration)
+    assert newest["batch"] is not None and newest["metrics"]["iteration"] == grpo.iteration
+    oldest = files.lookup(grpo.run_name, 1)  # its batch is gone, its metrics stay
+    assert oldest["batch"] is None and oldest["metrics"]["iteration"] == 1
+
+
+def test_spans_carry_rows_and_bytes(run):
+    timeline = run["timeline"]
+    generate = [r for r in timeline.records if r.method == "generate_sequences"]
+    assert generate and all(r.extra["rows"] > 0 and r.extra["rows_out"] == 2 * r.extra["rows"] for r in generate)
+    assert all(r.bytes_in > 0 for r in generate)
 
 
 def test_a_callback_returning_false_stops_fit(run):
