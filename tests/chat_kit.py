@@ -20,6 +20,13 @@ CHATML = (
 END_OF_TURN = "<|im_end|>"
 
 
+def add_chatml(tokenizer):
+    """`tokenizer` with `<|im_start|>` / `<|im_end|>` as special tokens and the ChatML template."""
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", END_OF_TURN]})
+    tokenizer.chat_template = CHATML
+    return tokenizer
+
+
 def make_tiny_chat(directory: Path, seed: int = 0) -> Path:
     """The 1m tiny kit plus ChatML: two special tokens (embedding rows appended), the template,
     and a generation config whose eos is `<|im_end|>`. Cached like make_tiny."""
@@ -29,9 +36,7 @@ def make_tiny_chat(directory: Path, seed: int = 0) -> Path:
     if (directory / "config.json").exists():
         return directory
     base = make_tiny("1m", directory.parent / f"{directory.name}-base", seed=seed)
-    tokenizer = AutoTokenizer.from_pretrained(base)
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", END_OF_TURN]})
-    tokenizer.chat_template = CHATML
+    tokenizer = add_chatml(AutoTokenizer.from_pretrained(base))
     model = AutoModelForCausalLM.from_pretrained(base)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
