@@ -84,7 +84,7 @@ def within(got: torch.Tensor, exact: torch.Tensor, tolerance: float = 1e-6) -> b
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_chunked_log_probs_equal_the_full_softmax_and_its_gradients(monkeypatch, temperature):
     logits, tokens = large_vocab_logits()
-    monkeypatch.setattr(forward, "CHUNK_ELEMENTS", 4 * logits.shape[-1])  # 15 positions: chunks of 4, 4, 4, 3
+    monkeypatch.setitem(forward.CHUNK_ELEMENTS, "cpu", 4 * logits.shape[-1])  # 15 positions: chunks of 4, 4, 4, 3
     weights = torch.randn(2, *tokens.shape, generator=torch.Generator().manual_seed(1))
     results = {}
     # The full softmax in float64 is the truth; fp32 one-shot and chunked are both measured against it.
@@ -107,7 +107,7 @@ def test_chunked_log_probs_equal_the_full_softmax_and_its_gradients(monkeypatch,
 
 def test_chunked_log_probs_without_entropy_and_from_bf16(monkeypatch):
     logits, tokens = large_vocab_logits(rows=2, r=3, vocab=9000)
-    monkeypatch.setattr(forward, "CHUNK_ELEMENTS", 2 * logits.shape[-1])
+    monkeypatch.setitem(forward.CHUNK_ELEMENTS, "cpu", 2 * logits.shape[-1])
     leaf = logits.bfloat16().requires_grad_()
     log_probs, entropy = forward.token_log_probs(leaf, tokens)  # 9000 >= CHUNKED_VOCAB: chunked by default
     assert entropy is None and log_probs.dtype == torch.float32

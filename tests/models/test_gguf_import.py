@@ -70,3 +70,11 @@ def test_command_line_prints_the_directory_or_the_error(gguf_file, tmp_path, cap
     with pytest.raises(SystemExit) as exit_info:
         import_model([str(tmp_path / "missing.gguf")])
     assert exit_info.value.code == 1 and "missing.gguf' does not exist" in capsys.readouterr().err
+
+
+def test_a_directory_of_other_files_is_left_alone(gguf_file, tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "notes.txt").write_text("mine")
+    with pytest.raises(GGUFImportError, match=r"already holds files that are not a GGUF import \(\['notes.txt'\]\)"):
+        import_gguf(gguf_file, out=tmp_path / "m")
+    assert (tmp_path / "m" / "notes.txt").read_text() == "mine"

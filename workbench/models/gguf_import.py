@@ -104,8 +104,14 @@ def import_gguf(
         _convert(path, staging)
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         if directory.exists():
-            shutil.rmtree(directory)
-        os.replace(staging, directory)
+            if _read_manifest(directory) == manifest:  # another process finished the same import first
+                return directory
+            shutil.rmtree(directory)  # an import of an older file or importer version
+        try:
+            os.replace(staging, directory)
+        except OSError:
+            if _read_manifest(directory) != manifest:  # lost a race to something else
+                raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return directory
