@@ -26,6 +26,7 @@ def test_import_round_trips_logits_tokenizer_and_template(chat_dir, gguf_file, t
         expected, got = source.model(ids).logits, imported.model(ids).logits
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     assert imported.tokenizer.chat_template == CHATML
+    assert imported.tokenizer.model_max_length == imported.model.config.max_position_embeddings == 512
     end = imported.tokenizer.convert_tokens_to_ids(END_OF_TURN)
     assert imported.model.generation_config.eos_token_id == [end, source.tokenizer.eos_token_id]
 

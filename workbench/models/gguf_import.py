@@ -169,6 +169,7 @@ def _convert(path: Path, out: Path) -> None:
     # transformers drops llama.cpp's flags for the tokens framing every text; keep them.
     tokenizer.add_bos_token = bool(metadata.get("tokenizer.ggml.add_bos_token", False))
     tokenizer.add_eos_token = bool(metadata.get("tokenizer.ggml.add_eos_token", False))
+    tokenizer.model_max_length = config.max_position_embeddings  # GGUF names no limit for the tokenizer
     with torch.device("meta"):  # only its parameter names, to map the file's tensors onto
         skeleton = AutoModelForCausalLM.from_config(config)
     tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=skeleton)["tensors"]
