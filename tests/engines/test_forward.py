@@ -8,6 +8,7 @@ import torch
 import torch._dynamo
 
 from workbench import Batch
+from workbench.engines import forward
 from workbench.engines.forward import response_log_probs, sequence_nll, trim_padding
 from workbench.models import load, make_tiny
 
@@ -65,3 +66,78 @@ def test_a_compiled_forward_does_not_recompile_when_the_trimming_changes(tmp_pat
         for prompt_pad, response_len in ((0, 5), (2, 3), (0, 5), (1, 4)):  # untrimmed slices were views
             log_probs, _ = response_log_probs(model, batch(prompt_pad, response_len))
             assert torch.isfinite(log_probs).all()
+
+
+# ---- chunked log-probs: a real vocabulary without B x R x V fp32 at once -------------------------
+def large_vocab_logits(rows=3, r=5, vocab=50_000, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    logits = 3 * torch.randn(rows, r, vocab, generator=generator)
+    return logits, torch.randint(0, vocab, (rows, r), generator=generator)
+
+
+def within(got: torch.Tensor, exact: torch.Tensor, tolerance: float = 1e-6) -> bool:
+    """|got - exact| <= tolerance, relative to the largest |exact| (log-probs of -20 are only
+    exact to ~2e-6 in fp32: one unit in the last place)."""
+    return bool((got.double() - exact).abs().max() <= tolerance * max(1.0, exact.abs().max().item()))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_log_probs_equal_the_full_softmax_and_its_gradients(monkeypatch, temperature):
+    logits, tokens = large_vocab_logits()
+    monkeypatch.setitem(forward.CHUNK_ELEMENTS, "cpu", 4 * logits.shape[-1])  # 15 positions: chunks of 4, 4, 4, 3
+    weights = torch.randn(2, *tokens.shape, generator=torch.Generator().manual_seed(1))
+    results = {}
+    # The full softmax in float64 is the truth; fp32 one-shot and chunked are both measured against it.
+    for how in ("exact", "full", "chunked"):
+        leaf = logits.to(torch.float64 if how == "exact" else torch.float32).clone().requires_grad_()
+        if how == "exact":
+            log_p = torch.log_softmax(leaf / temperature, -1)
+            log_probs, entropy = log_p.gather(-1, tokens[..., None])[..., 0], -(log_p.exp() * log_p).sum(-1)
+        else:
+            log_probs, entropy = forward.token_log_probs(leaf, tokens, temperature, True, chunked=how == "chunked")
+        ((weights[0] * log_probs).sum() + (weights[1] * entropy).sum()).backward()
+        results[how] = log_probs.detach(), entropy.detach(), leaf.grad
+    for name, exact, full, chunked in zip(("log_probs", "entropy", "gradient"), *results.values()):
+        assert chunked.dtype == torch.float32 and chunked.shape == exact.shape, name
+        assert within(chunked, exact), name
+        # no worse than the one-shot fp32 log_softmax it replaces
+        assert (chunked.double() - exact).abs().max() <= (full.double() - exact).abs().max() + 1e-9, name
+    assert results["exact"][2].abs().max() > 1e-3  # the gradients compared are not all zero
+
+
+def test_chunked_log_probs_without_entropy_and_from_bf16(monkeypatch):
+    logits, tokens = large_vocab_logits(rows=2, r=3, vocab=9000)
+    monkeypatch.setitem(forward.CHUNK_ELEMENTS, "cpu", 2 * logits.shape[-1])
+    leaf = logits.bfloat16().requires_grad_()
+    log_probs, entropy = forward.token_log_probs(leaf, tokens)  # 9000 >= CHUNKED_VOCAB: chunked by default
+    assert entropy is None and log_probs.dtype == torch.float32
+    assert within(log_probs, torch.log_softmax(leaf.double(), -1).gather(-1, tokens[..., None])[..., 0])
+    log_probs.sum().backward()
+    assert leaf.grad.dtype == torch.bfloat16 and torch.isfinite(leaf.grad).all()
+
+
+def test_the_tiny_kits_vocabulary_keeps_the_one_shot_log_softmax(monkeypatch):
+    def refuse(*args):
+        raise AssertionError("a 262-token vocabulary took the chunked path")
+
+    monkeypatch.setattr(forward.ChunkedLogProbs, "apply", refuse)
+    logits, tokens = large_vocab_logits(vocab=262)
+    log_probs, entropy = forward.token_log_probs(logits, tokens, with_entropy=True)
+    log_p = torch.log_softmax(logits, -1)
+    assert torch.equal(log_probs, log_p.gather(-1, tokens[..., None])[..., 0])
+    assert torch.equal(entropy, -(log_p.exp() * log_p).sum(-1))
+
+
+def test_pretraining_nll_of_a_large_vocabulary_is_chunked_and_equal():
+    logits, input_ids = large_vocab_logits(rows=2, r=6, vocab=20_000)
+
+    class Fixed(torch.nn.Module):
+        def forward(self, input_ids, attention_mask):
+            return SimpleNamespace(logits=logits)
+
+    loss_mask = torch.tensor([[0, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1]])
+    got = sequence_nll(Fixed(), input_ids, torch.ones_like(input_ids), loss_mask)
+    exact = logits.double()[:, :-1].transpose(1, 2)
+    nll = torch.nn.functional.cross_entropy(exact, input_ids[:, 1:], reduction="none")
+    mask = loss_mask[:, 1:].float()
+    assert within(got, ((nll * mask).sum(1) / mask.sum(1)).double())

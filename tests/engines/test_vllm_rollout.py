@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from workbench.data.prompts import tokenize_prompts
+from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig
 from workbench.engines.vllm_rollout import VLLMRollout, VLLMRolloutConfig
 from workbench.models import load_tokenizer, make_tiny
@@ -217,6 +218,20 @@ def test_eos_ends_the_response_and_padding_follows(rollout, hf_model, prompts, t
         assert (responses[row, length:] == pad).all() and (log_probs[row, length:] == 0).all()
     assert torch.equal(responses, hf_greedy(model, prompts, R, tokenizer))
     assert (log_probs - hf_log_probs(model, batch, 1.0)).abs().max().item() <= TOL
+
+
+def test_stop_strings_and_ids_end_responses_as_in_the_hf_rollout(rollout, hf_model, prompts, tokenizer):
+    R = 16
+    greedy = rollout.generate(prompts, SamplingConfig(max_new_tokens=R, greedy=True))["responses"]
+    pairs = [tokenizer.decode(row[k : k + 2]) for row in greedy[2:] for k in range(2, R - 1)]
+    stop = next(p for p in pairs if len(p) == 2 and p.isascii() and p.isprintable() and p.strip() == p)
+    sampling = SamplingConfig(max_new_tokens=R, greedy=True, stop=(stop,), stop_token_ids=(int(greedy[0, 5]),))
+    got = rollout.generate(prompts, sampling)
+    hf = HFRollout(hf_model, tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer=tokenizer)
+    expected = hf.generate(prompts, sampling)
+    assert got["response_mask"].sum(1).tolist() == expected["response_mask"].sum(1).tolist()
+    assert expected["response_mask"][0].sum() <= 6 and (expected["response_mask"].sum(1) < R).sum() >= 2
+    assert torch.equal(got["responses"], expected["responses"])
 
 
 def test_clear_errors(rollout, prompts, hf_model):

@@ -6,6 +6,8 @@ from workbench.data.prompts import (
     PromptLoader,
     PromptLoaderConfig,
     load_prompts,
+    prompt_ids,
+    render_prompt,
     tokenize_prompts,
     write_arithmetic,
     write_jsonl,

@@ -1,6 +1,11 @@
 """Prompt datasets: rows of `prompt` / `ground_truth` from JSONL or Parquet, and the loader
 that turns them into Batches of left-padded token ids for generation.
 
+A prompt is text, or a chat: a list of messages `{"role": "system"|"user"|..., "content": str}`,
+rendered with the tokenizer's chat template and the opening of the assistant's reply
+(`add_generation_prompt=True`), so the model answers in its own turn (`render_prompt` shows the
+text it sees). Plain text goes through the tokenizer as it is (the tiny kit's `Q: 1+8=? A:`).
+
 A row may carry more columns (e.g. `data_source`, `uid`); they are kept. The Batch a loader
 yields has tensors `input_ids`, `attention_mask`, `position_ids` (B x T, left-padded, so
 every prompt ends at the last column where generation continues) and the columns `prompt`,
@@ -66,9 +71,7 @@ def load_prompts(
                     f"{str(path)!r} row {i}: missing column {key!r}; columns found: {sorted(row)}. "
                     f"Name the file's columns with load_prompts(path, prompt_key=..., ground_truth_key=...)"
                 )
-        if not isinstance(row[prompt_key], str):
-            kind = type(row[prompt_key]).__name__
-            raise PromptDataError(f"{str(path)!r} row {i}: {prompt_key!r} must be text, got {kind}")
+        check_prompt(row[prompt_key], f"{str(path)!r} row {i}: {prompt_key!r}")
         out = {k: v for k, v in row.items() if k not in (prompt_key, ground_truth_key)}
         out["prompt"], out["ground_truth"] = row[prompt_key], str(row[ground_truth_key])
         renamed.append(out)
@@ -120,6 +123,57 @@ def write_arithmetic(
     return write_jsonl(rows, path)
 
 
+# ---- chat prompts ------------------------------------------------------------------------------
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def check_prompt(prompt: Any, where: str) -> None:
+    """Refuse a prompt that is neither text nor a list of {"role", "content"} messages."""
+    if isinstance(prompt, str):
+        return
+    example = '[{"role": "user", "content": "What is 2+3?"}]'
+    if not isinstance(prompt, list) or not prompt:
+        kind = type(prompt).__name__ if not isinstance(prompt, list) else "an empty list"
+        raise PromptDataError(f"{where} must be text or a list of chat messages like {example}, got {kind}")
+    for j, message in enumerate(prompt):
+        if (
+            not isinstance(message, dict)
+            or not isinstance(message.get("role"), str)
+            or not isinstance(message.get("content"), str)
+        ):
+            raise PromptDataError(
+                f"{where}, message {j}: {message!r} is not a chat message; each needs a text 'role' "
+                f"(one of {list(ROLES)}) and a text 'content', like {example}"
+            )
+
+
+def render_prompt(prompt: str | list[dict[str, str]], tokenizer) -> str:
+    """The text the model sees: a chat rendered with the tokenizer's template and the opening
+    of the assistant's turn; plain text as it is."""
+    if isinstance(prompt, str):
+        return prompt
+    _check_template(tokenizer)
+    return tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+
+
+def prompt_ids(prompt: str | list[dict[str, str]], tokenizer) -> list[int]:
+    """Token ids of one prompt: text through the tokenizer (its special tokens, e.g. <s>,
+    added), a chat through its template (which writes every special token itself)."""
+    if isinstance(prompt, str):
+        return tokenizer(prompt)["input_ids"]
+    _check_template(tokenizer)
+    return list(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False))
+
+
+def _check_template(tokenizer) -> None:
+    if not getattr(tokenizer, "chat_template", None):
+        raise PromptDataError(
+            "chat prompts need a tokenizer with a chat template, and this one has none. Use a chat "
+            "model's tokenizer (e.g. one imported with workbench.models.import_gguf), set "
+            "tokenizer.chat_template, or give the prompts as text"
+        )
+
+
 # ---- tokenizing into Batches -------------------------------------------------------------------
 @dataclass
 class PromptLoaderConfig:
@@ -148,7 +202,7 @@ def tokenize_prompts(
     pad_to_max_length: bool = False,
     indices: list[int] | None = None,
 ) -> Batch:
-    """One Batch of left-padded prompts.
+    """One Batch of left-padded prompts (text or chat messages: see `prompt_ids`).
 
     position_ids count real tokens only (0 at the first non-pad token), the convention
     HF and vLLM use for left-padded generation. `indices` are the rows' places in their
@@ -163,12 +217,13 @@ def tokenize_prompts(
     indices = list(range(len(rows))) if indices is None else indices
     encoded, truncated = [], 0
     for index, row in zip(indices, rows):
-        ids = tokenizer(row["prompt"])["input_ids"]
+        check_prompt(row["prompt"], f"prompt row {index}")
+        ids = prompt_ids(row["prompt"], tokenizer)
         if len(ids) > max_prompt_length:
             if overlong == "refuse":
                 raise PromptDataError(
                     f"prompt row {index} is {len(ids)} tokens, over max_prompt_length={max_prompt_length} "
-                    f"(starts {row['prompt'][:40]!r}). Raise max_prompt_length, or set "
+                    f"(starts {render_prompt(row['prompt'], tokenizer)[:40]!r}). Raise max_prompt_length, or set "
                     f"overlong='truncate' to keep its last {max_prompt_length} tokens"
                 )
             ids, truncated = ids[-max_prompt_length:], truncated + 1
@@ -215,12 +270,18 @@ class PromptLoader:
     def check_lengths(self) -> None:
         """Refuse an overlong prompt now, before any epoch starts, rather than mid-run."""
         limit = self.cfg.max_prompt_length
-        lengths = [len(ids) for ids in self.tokenizer([r["prompt"] for r in self.rows])["input_ids"]]
+        texts = [r["prompt"] for r in self.rows if isinstance(r["prompt"], str)]
+        encoded = iter(self.tokenizer(texts)["input_ids"] if texts else [])  # text rows in one call
+        lengths = [
+            len(next(encoded) if isinstance(r["prompt"], str) else prompt_ids(r["prompt"], self.tokenizer))
+            for r in self.rows
+        ]
         for index, length in enumerate(lengths):
             if length > limit:
                 raise PromptDataError(
                     f"prompt row {index} is {length} tokens, over max_prompt_length={limit} "
-                    f"(starts {self.rows[index]['prompt'][:40]!r}; {sum(n > limit for n in lengths)} "
+                    f"(starts {render_prompt(self.rows[index]['prompt'], self.tokenizer)[:40]!r}; "
+                    f"{sum(n > limit for n in lengths)} "
                     f"rows are too long). Raise max_prompt_length, or set overlong='truncate' "
                     f"to keep their last {limit} tokens"
                 )

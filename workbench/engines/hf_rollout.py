@@ -20,7 +20,7 @@ import torch
 from workbench import checks
 from workbench.data.batch import Batch
 from workbench.engines.forward import token_log_probs
-from workbench.engines.rollout import SamplingConfig, join_prompt_and_response, mask_after_eos
+from workbench.engines.rollout import SamplingConfig, join_prompt_and_response, mask_after_eos, mask_after_stop
 
 CACHES = ("dynamic", "static")
 
@@ -55,10 +55,14 @@ class HFRollout:
         pad_token_id: int,
         eos_token_id: int | list[int],
         config: HFRolloutConfig | None = None,
+        tokenizer=None,
     ):
+        """eos_token_id: the id(s) that end a response (`end_token_ids` gives a model's);
+        tokenizer: needed only for SamplingConfig.stop (stop strings are found in text)."""
         self.model = model.eval()
         self.pad_token_id, self.eos_token_id = pad_token_id, eos_token_id
         self.config = config or HFRolloutConfig()
+        self.tokenizer = tokenizer
 
     def _decoding(self) -> dict:
         """generate() arguments for the configured cache and compilation."""
@@ -82,6 +86,15 @@ class HFRollout:
     def generate(self, prompts: Batch, sampling: SamplingConfig) -> Batch:
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
+        stopping = {}
+        if sampling.stop:
+            if self.tokenizer is None:
+                raise ValueError(
+                    f"SamplingConfig.stop={list(sampling.stop)} needs the tokenizer to find stop strings in "
+                    f"text: make the rollout with HFRollout(..., tokenizer=tokenizer)"
+                )
+            stopping = {"stop_strings": list(sampling.stop), "tokenizer": self.tokenizer}
+        end_ids = sampling.end_ids(self.eos_token_id)
         temperature = 1.0 if sampling.greedy else sampling.temperature
         input_ids, attention_mask = prompts["input_ids"], prompts["attention_mask"]
         if self.config.static:  # one compiled shape for prompts of similar length
@@ -99,9 +112,10 @@ class HFRollout:
             min_new_tokens=0,
             num_return_sequences=sampling.n,
             pad_token_id=self.pad_token_id,
-            eos_token_id=self.eos_token_id,
+            eos_token_id=end_ids if sampling.stop_token_ids else self.eos_token_id,
             output_logits=True,  # raw logits, before temperature and top-p/top-k
             return_dict_in_generate=True,
+            **stopping,
             **self._decoding(),
         )
         prompt_len = input_ids.shape[1]
@@ -112,7 +126,8 @@ class HFRollout:
         if missing:  # every row stopped early: pad to the fixed response length
             responses = torch.nn.functional.pad(responses, (0, missing), value=self.pad_token_id)
             log_probs = torch.nn.functional.pad(log_probs, (0, missing))
-        response_mask = mask_after_eos(responses, self.eos_token_id)
+        response_mask = mask_after_eos(responses, end_ids)
+        response_mask = mask_after_stop(responses, response_mask, sampling.stop, self.tokenizer)
         responses = torch.where(response_mask.bool(), responses, self.pad_token_id)
         return join_prompt_and_response(prompts, responses, response_mask, log_probs, sampling.n)
 

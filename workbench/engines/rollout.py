@@ -4,7 +4,9 @@ Input: a Batch of prompts with left-padded `input_ids` and `attention_mask` (B x
 Output: a Batch of B*n rows (each prompt's n samples adjacent), holding the prompt fields
 repeated, plus:
   responses          B*n x R  generated token ids, right-padded with pad_token_id
-  response_mask      B*n x R  1 for generated tokens (up to and including EOS), 0 after
+  response_mask      B*n x R  1 for generated tokens (up to and including the one that ends the
+                              response: an EOS or stop token id, or the token that completes a
+                              stop string), 0 after
   rollout_log_probs  B*n x R  log-prob of each generated token under log_softmax(logits / T)
                               (T = temperature, 1 when greedy; before top-p/top-k truncation,
                               so training forwards reproduce it), 0 where masked
@@ -24,6 +26,7 @@ import torch
 
 from workbench import checks
 from workbench.data.batch import Batch
+from workbench.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,12 @@ class SamplingConfig:
 
     max_new_tokens: int = 32
     """Response length R (responses stop early at EOS and are padded to R)."""
+    stop: tuple[str, ...] = ()
+    """Stop strings: a response ends at the token that completes one of them (kept, like EOS),
+    e.g. ("\\n\\n",) or ("Q:",) to end a plain-text answer before the next question."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Token ids that end a response besides the model's EOS, e.g. a chat template's end of
+    turn (`<|im_end|>`) when the tokenizer's eos is another token."""
     temperature: float = 1.0
     """Softmax temperature; ignored when greedy."""
     top_p: float = 1.0
@@ -64,6 +73,17 @@ class SamplingConfig:
         checks.whole("SamplingConfig", "top_k", self.top_k, low=0, fix="use a whole number >= 0 (0 = off)")
         if self.seed is not None:
             checks.whole("SamplingConfig", "seed", self.seed, low=0, fix="use a whole number >= 0, or None")
+        if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
+            raise ConfigError("SamplingConfig.stop", self.stop, 'use a list of non-empty strings, e.g. ["\\n\\n"]')
+        if not all(checks.is_whole(i, low=0) for i in self.stop_token_ids):
+            raise ConfigError("SamplingConfig.stop_token_ids", self.stop_token_ids, "use a list of token ids >= 0")
+        object.__setattr__(self, "stop", tuple(self.stop))  # lists from YAML or callers: hashable
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+
+    def end_ids(self, eos_token_id: int | list[int] | None) -> list[int]:
+        """The token ids that end a response: the model's eos id(s), then stop_token_ids."""
+        eos = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+        return eos + [i for i in self.stop_token_ids if i not in eos]
 
 
 def stream_seed(seed: int, *parts: int) -> int:
@@ -107,12 +127,51 @@ def join_prompt_and_response(
     return out
 
 
+def end_token_ids(model, tokenizer) -> int | list[int]:
+    """The ids that end a response of `model`: the tokenizer's eos and the generation config's
+    (an imported chat model lists its template's end of turn there, workbench.models.import_gguf)."""
+    listed = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    listed = [] if listed is None else [listed] if isinstance(listed, int) else list(listed)
+    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    ids += [i for i in listed if i not in ids]
+    return ids[0] if len(ids) == 1 else ids
+
+
 def mask_after_eos(responses: torch.Tensor, eos_token_id: int | list[int]) -> torch.Tensor:
     """1 up to and including the first EOS of each row, 0 after."""
     eos = torch.as_tensor(eos_token_id if isinstance(eos_token_id, list) else [eos_token_id], device=responses.device)
     is_eos = torch.isin(responses, eos)
     after_eos = (is_eos.cumsum(dim=1) - is_eos.long()) > 0
     return (~after_eos).long()
+
+
+def mask_after_stop(responses: torch.Tensor, mask: torch.Tensor, stop: tuple[str, ...], tokenizer) -> torch.Tensor:
+    """`mask` cut after the token that completes a stop string (see `first_stop`)."""
+    if not stop:
+        return mask
+    mask = mask.clone()
+    for row, (ids, kept) in enumerate(zip(responses.tolist(), mask.sum(1).tolist())):
+        end = first_stop(ids[:kept], stop, tokenizer)
+        if end is not None:
+            mask[row, end + 1 :] = 0
+    return mask
+
+
+def first_stop(ids: list[int], stop: tuple[str, ...], tokenizer) -> int | None:
+    """The first k whose text ids[: k + 1] contains a stop string, or None: found by bisection
+    (containing one is monotone in k), so a row costs log2(R) decodes."""
+
+    def stopped(k: int) -> bool:
+        text = tokenizer.decode(ids[: k + 1], skip_special_tokens=False)
+        return any(s in text for s in stop)
+
+    if not ids or not stopped(len(ids) - 1):
+        return None
+    low, high = 0, len(ids) - 1  # the first stopping token lies in [low, high]
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if stopped(middle) else (middle + 1, high)
+    return low
 
 
 def response_texts(batch: Batch, tokenizer) -> list[str]:

@@ -31,7 +31,7 @@ import torch
 
 from workbench import checks
 from workbench.data.batch import Batch
-from workbench.engines.rollout import SamplingConfig, join_prompt_and_response
+from workbench.engines.rollout import SamplingConfig, join_prompt_and_response, mask_after_stop
 
 _GREEDY_EPS = 1e-5  # vLLM treats temperature below this as greedy (sampler._SAMPLING_EPS)
 
@@ -186,8 +186,12 @@ class VLLMRollout:
                     [step[token].logprob for step, token in zip(sample.logprobs, ids)]
                 )
                 lengths[row] = len(ids)
-        # vLLM stops after the first EOS and keeps it, so the generated length is the mask.
+        # vLLM stops after the first EOS (the tokenizer's, the generation config's, stop_token_ids)
+        # or stop string and keeps it, so the generated length is the mask; cutting it again at a
+        # stop string by the rollout contract's own rule (mask_after_stop) keeps it HF's.
         response_mask = (torch.arange(length) < lengths[:, None]).long()
+        response_mask = mask_after_stop(responses, response_mask, sampling.stop, self.llm.get_tokenizer())
+        responses = torch.where(response_mask.bool(), responses, self.pad_token_id)
         return join_prompt_and_response(prompts, responses, response_mask, log_probs, n)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -262,7 +266,10 @@ class VLLMRollout:
             top_k=0 if sampling.greedy else sampling.top_k,
             seed=seed,
             logprobs=0,  # the sampled token's value only
-            detokenize=False,
+            stop=list(sampling.stop) or None,
+            stop_token_ids=list(sampling.stop_token_ids) or None,
+            include_stop_str_in_output=True,  # the text through the stop string, as HF keeps it
+            detokenize=bool(sampling.stop),  # vLLM finds stop strings in the detokenized text
         )
 
 

@@ -1,5 +1,7 @@
-"""Model kit: load any local Hugging Face causal-LM directory, and the built-in tiny kit."""
+"""Model kit: load any local Hugging Face causal-LM directory, import a GGUF file as one, and the
+built-in tiny kit."""
 
+from workbench.models.gguf_import import GGUFImportError, end_of_turn_ids, import_gguf, resolve_gguf
 from workbench.models.load import (
     LoadConfig,
     LoadedModel,
@@ -16,18 +18,22 @@ from workbench.models.tiny import SIZES, TinySize, count_parameters, make_tiny, 
 
 __all__ = [
     "SIZES",
+    "GGUFImportError",
     "LoadConfig",
     "LoadedModel",
     "ModelLoadError",
     "TinySize",
     "check_causal_lm",
     "count_parameters",
+    "end_of_turn_ids",
     "ensure_pad_token",
+    "import_gguf",
     "load",
     "load_config",
     "load_tokenizer",
     "make_tiny",
     "resolve_dtype",
+    "resolve_gguf",
     "save",
     "tiny_config",
     "train_tokenizer",

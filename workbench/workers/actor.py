@@ -32,7 +32,7 @@ from workbench.engines.backends import BACKENDS, check_data_parallel_only, make_
 from workbench.engines.contract import Forward, LossFn, OptimConfig, check_training_fields, needs
 from workbench.engines.forward import model_outputs, response_log_probs, sequence_nll
 from workbench.engines.hf_rollout import HFRollout, HFRolloutConfig
-from workbench.engines.rollout import SamplingConfig, response_texts, stream_seed
+from workbench.engines.rollout import SamplingConfig, end_token_ids, response_texts, stream_seed
 from workbench.engines.tensor_parallel import check_tensor_parallel_layout, parallelize
 from workbench.engines.vllm_rollout import VLLMRolloutConfig
 from workbench.errors import ConfigError
@@ -184,7 +184,11 @@ class ActorRolloutRefWorker(Worker):
         self.hybrid = None
         if tensor_parallel and config.rollout == "hf":
             self.rollout = HFRollout(
-                self._generation_model(model), self.tokenizer.pad_token_id, self.tokenizer.eos_token_id, config.hf
+                self._generation_model(model),
+                self.tokenizer.pad_token_id,
+                end_token_ids(model, self.tokenizer),
+                config.hf,
+                tokenizer=self.tokenizer,
             )
         else:
             self.rollout = self._make_rollout(model)
@@ -251,7 +255,8 @@ class ActorRolloutRefWorker(Worker):
     def _make_rollout(self, model):
         cfg = self.config
         if cfg.rollout == "hf":
-            return HFRollout(copy.deepcopy(model), self.tokenizer.pad_token_id, self.tokenizer.eos_token_id, cfg.hf)
+            pad, eos = self.tokenizer.pad_token_id, end_token_ids(model, self.tokenizer)
+            return HFRollout(copy.deepcopy(model), pad, eos, cfg.hf, tokenizer=self.tokenizer)
         if cfg.rollout == "vllm":
             from workbench.engines.vllm_rollout import VLLMRollout  # heavy import, only when used
 
