@@ -18,15 +18,13 @@ renamed into place, so a half-written import is never found.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
 from workbench.models.load import ModelLoadError, check_causal_lm
+from workbench.models.publish import publish, read_manifest
 
 IMPORT_VERSION = 1  # bump when the output changes: cached imports are redone
 MANIFEST = "gguf_import.json"
@@ -97,31 +95,11 @@ def import_gguf(
             f"({sorted(os.listdir(directory))[:6]}); choose another output directory"
         )
 
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    staging.chmod(0o755)
-    try:
-        _convert(path, staging)
-        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        if directory.exists():
-            if _read_manifest(directory) == manifest:  # another process finished the same import first
-                return directory
-            shutil.rmtree(directory)  # an import of an older file or importer version
-        try:
-            os.replace(staging, directory)
-        except OSError:
-            if _read_manifest(directory) != manifest:  # lost a race to something else
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return directory
+    return publish(directory, manifest, MANIFEST, lambda staging: _convert(path, staging))
 
 
 def _read_manifest(directory: Path) -> dict | None:
-    try:
-        return json.loads((directory / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
+    return read_manifest(directory, MANIFEST)
 
 
 def _metadata(path: Path) -> dict:

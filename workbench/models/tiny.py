@@ -11,16 +11,14 @@ before BPE so each digit is always exactly one token.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from workbench.data.arithmetic import corpus
+from workbench.models.publish import publish, read_manifest
 
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 KIT_VERSION = 1  # bump when the tokenizer recipe or init changes: cached dirs are rebuilt
@@ -143,24 +141,7 @@ def make_tiny(size: str | TinySize, directory: str | os.PathLike, seed: int = 0,
             f"pass overwrite=True to replace it or choose another directory"
         )
 
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    staging.chmod(0o755)  # mkdtemp makes it private; a checkpoint is ordinary readable data
-    try:
-        _build(size, seed, staging)
-        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        if directory.exists():
-            if _read_manifest(directory) == manifest:  # another process finished first
-                return directory
-            shutil.rmtree(directory)
-        try:
-            os.replace(staging, directory)
-        except OSError:
-            if _read_manifest(directory) != manifest:  # lost a race to something else
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return directory
+    return publish(directory, manifest, MANIFEST, lambda staging: _build(size, seed, staging))
 
 
 def _build(size: str | TinySize, seed: int, out: Path) -> None:
@@ -191,7 +172,4 @@ def _size(size: str | TinySize) -> TinySize:
 
 
 def _read_manifest(directory: Path) -> dict | None:
-    try:
-        return json.loads((directory / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
+    return read_manifest(directory, MANIFEST)
