@@ -35,7 +35,7 @@ sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).re
 
 from algorithms import GRPO, Groups, GRPOConfig
 from widgets import LiveTimeline, MetricsDashboard, PlacementExplorer
-from widgets.planning import cluster_for, dataflow_for, estimate, model_specs
+from widgets.planning import cluster_for, dataflow_for, estimate, model_specs, workload_for
 from workbench import (
     ActorConfig,
     ActorRolloutRefWorker,
@@ -47,7 +47,7 @@ from workbench import (
     tokenize_prompts,
 )
 from workbench.models import load, make_tiny
-from workbench.planner import AutoMapper, Workload
+from workbench.planner import AutoMapper
 
 MOVES = (
     [("response_len", v) for v in (16, 64, 128, 256, 32)]
@@ -82,14 +82,7 @@ def slider_latency(rounds: int) -> dict:
             # The bare planner on the same scenario: auto-mapping from scratch.
             s = explorer.scenario
             flow = dataflow_for(s.algorithm)
-            wl = Workload(
-                global_batch=s.global_batch,
-                n_samples=s.n_samples,
-                prompt_len=s.prompt_len,
-                response_len=s.response_len,
-                ppo_mini_batches=min(8, s.global_batch),
-                micro_batch_size=min(8, s.global_batch * s.n_samples),
-            )
+            wl = workload_for(s)
             t0 = time.perf_counter()
             AutoMapper(flow, flow.model_specs(model_specs(s, flow.models)), wl, cluster_for(s)).run()
             bare.append(time.perf_counter() - t0)

@@ -103,6 +103,18 @@ def dataflow_for(algorithm: str):
     return dataflow_preset(ALGORITHMS[algorithm])
 
 
+def workload_for(s: Scenario) -> Workload:
+    """The scenario's batch shape as the planner's Workload (at most 8 mini- and micro-batches)."""
+    return Workload(
+        global_batch=s.global_batch,
+        n_samples=s.n_samples,
+        prompt_len=s.prompt_len,
+        response_len=s.response_len,
+        ppo_mini_batches=min(8, s.global_batch),
+        micro_batch_size=min(8, s.global_batch * s.n_samples),
+    )
+
+
 def model_specs(s: Scenario, models: tuple[str, ...]) -> dict:
     preset = {"actor": s.actor, "reference": s.actor, "critic": s.critic, "cost_critic": s.critic}
     return {m: model_preset(preset.get(m, s.reward)) for m in models}
@@ -132,14 +144,7 @@ def estimate(s: Scenario) -> Estimate:
     checks.one_of("Scenario", "placement", s.placement, PLACEMENTS)
     flow = dataflow_for(s.algorithm)
     cluster = cluster_for(s)
-    workload = Workload(
-        global_batch=s.global_batch,
-        n_samples=s.n_samples,
-        prompt_len=s.prompt_len,
-        response_len=s.response_len,
-        ppo_mini_batches=min(8, s.global_batch),
-        micro_batch_size=min(8, s.global_batch * s.n_samples),
-    )
+    workload = workload_for(s)
     mapper = AutoMapper(flow, flow.model_specs(model_specs(s, flow.models)), workload, cluster)
     try:
         mapper.check_each_model_fits()
