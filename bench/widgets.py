@@ -17,7 +17,12 @@
                        after every iteration (`views_updates` counts them);
                        `timeline_overhead` and `dashboard_overhead` split it, and
                        `timeline_ab_slowdown` is the measured difference against unwatched blocks
-                       of iterations alternating in the same run (noisy here).
+                       of iterations alternating in the same run (noisy here);
+  long_run_refresh   - the timeline's refresh CPU (median ms, displayed) when the run it follows
+                       already holds `long_run_spans` spans (the session's default trace limit):
+                       the real run's spans repeated, handed over by a cursor as a session's
+                       `spans_since` does; `long_run_growth` is it over the same refresh at the
+                       run's start (goal: about 1, the cost of the new spans, not of the run).
 Last line: one JSON object.
 """
 
@@ -27,6 +32,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 # Run as a script, this file's folder comes first on sys.path and its name would shadow the
@@ -138,6 +144,7 @@ def timeline_overhead(pairs: int, block: int, workdir: Path) -> dict:
         grpo.fit([prompts], iterations=iterations, log=None, callbacks=[watch_timeline, watch_dashboard])
         continuous = time.perf_counter() - t0
         assert timeline.wait_drawn(60)  # the last iteration's spans are streamed
+        run_spans = list(timeline.records)
         refresh_cpu, refresh_wall = list(timeline.refresher.cpu_seconds), list(timeline.refresher.wall_seconds)
         updates = min(len(timeline.redraw_seconds), len(dashboard.redraw_seconds))
         assert len(watch_timeline.seconds) == len(watch_dashboard.seconds) == iterations
@@ -175,6 +182,60 @@ def timeline_overhead(pairs: int, block: int, workdir: Path) -> dict:
         "timeline_spans": timeline.data()["spans"],
         "pairs": pairs,
         "block": block,
+        **long_run_refresh(run_spans, iterations, 20_000),
+    }
+
+
+class Repeated:
+    """A session's `spans_since` over a run's spans repeated with shifted times and iterations:
+    a long run without waiting for one."""
+
+    def __init__(self, spans: list, iterations: int):
+        self.spans, self.iterations, self.handed = spans, iterations, []
+        self.length = max(r.end for r in spans) - min(r.start for r in spans)
+
+    def grow(self, times: int) -> None:
+        for _ in range(times):
+            k = len(self.handed) // len(self.spans)
+            self.handed += [
+                replace(
+                    r,
+                    start=r.start + k * self.length,
+                    fetched=r.fetched + k * self.length,
+                    end=r.end + k * self.length,
+                    extra={**r.extra, "iteration": r.extra.get("iteration", 0) + k * self.iterations},
+                )
+                for r in self.spans
+            ]
+
+    def spans_since(self, cursor: int = 0):
+        return self.handed[cursor:], len(self.handed)
+
+
+def long_run_refresh(spans: list, iterations: int, total: int) -> dict:
+    """Refresh CPU of a displayed timeline at a run's start and once it holds `total` spans."""
+    source = Repeated(spans, iterations)
+    timeline = LiveTimeline(source)
+    displayed(timeline)
+
+    def refreshes(n: int) -> float:
+        cpu = []
+        for _ in range(n):
+            source.grow(1)
+            t0 = time.thread_time()
+            timeline.refresh()
+            cpu.append(time.thread_time() - t0)
+        return statistics.median(cpu)
+
+    early = refreshes(20)
+    source.grow(max(0, total // len(spans) - 40))
+    timeline.refresh()
+    late = refreshes(20)
+    return {
+        "long_run_refresh_ms": round(late * 1e3, 3),
+        "long_run_first_refresh_ms": round(early * 1e3, 3),
+        "long_run_growth": round(late / early, 2),
+        "long_run_spans": len(timeline.records),
     }
 
 
@@ -201,6 +262,11 @@ def main() -> None:
         f"per iteration (medians). Measured A/B: "
         f"{result['iteration_watched_s']} s per iteration watched, {result['iteration_s']} s not "
         f"({result['timeline_ab_slowdown']:+.1%}; noisy on a shared machine)"
+    )
+    print(
+        f"a long run: the timeline's refresh took {result['long_run_refresh_ms']} ms of CPU once it held "
+        f"{result['long_run_spans']} spans, {result['long_run_growth']}x its {result['long_run_first_refresh_ms']} ms "
+        "at the start"
     )
     result |= {
         "goal_slider_ms": 100,

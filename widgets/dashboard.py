@@ -209,7 +209,7 @@ class MetricsDashboard(View):
 
     # ---- the live figure ---------------------------------------------------------------------------
     def figure(self) -> FigureParts:
-        from bokeh.models import CustomJSTransform, DataRange1d, Row
+        from bokeh.models import CustomJSTransform, DataRange1d, HoverTool, Row
         from bokeh.transform import transform
 
         iterations = DataRange1d(name="metrics_iterations", range_padding=0.02)
@@ -230,10 +230,19 @@ class MetricsDashboard(View):
             colour = COLOURS[len([k for k in lines if k in expected[chart]]) % len(COLOURS)]
             label = _short(key)
             line = fig.line(
-                "iteration", transform(key, ema), source=stream.source, color=colour, line_width=2, legend_label=label
+                "iteration",
+                transform(key, ema),
+                source=stream.source,
+                color=colour,
+                line_width=2,
+                legend_label=label,
+                name=key,  # the chart's one hover tool reads the raw value by it (@$name)
             )
             dots = fig.scatter("iteration", key, source=stream.source, color=colour, alpha=0.3, legend_label=label)
-            plots.hover(fig, [line], [("iteration", "@iteration"), (label, f"@{{{key}}}{{0.0000}}")], mode="vline")
+            for renderer in (line, dots):  # the browser derives these: fewer models to sync per update
+                renderer.nonselection_glyph = renderer.muted_glyph = "auto"
+            tool = fig.select_one({"type": HoverTool})
+            tool.renderers = [*tool.renderers, line]
             item = next(i for i in fig.legend[0].items if i.label.value == label)
             line.visible = dots.visible = item.visible = False
             lines[key] = [line, dots, item]
@@ -313,6 +322,8 @@ def _chart(title: str, iterations):
         x_axis_label="iteration",
     )
     fig.xaxis.ticker = BasicTicker(min_interval=1)  # iterations are whole
+    # One hover tool per chart, for all its lines (each names its metric column).
+    plots.hover(fig, [], [("iteration", "@iteration"), ("$name", "@$name{0.0000}")], mode="vline")
     return fig
 
 

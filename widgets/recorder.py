@@ -40,7 +40,7 @@ class RunRecorder:
         self.trace_path = self.run_dir / "trace.jsonl"
         self.metrics_path.write_text("")
         self.trace_path.write_text("")
-        self._keys: set = set()  # spans already written
+        self._cursor = 0  # session.spans_since's: the spans written so far
 
     def __call__(self, algorithm=None, batch=None, metrics=None) -> None:
         if batch is not None and metrics is not None and "iteration" in metrics and self.keep_batches:
@@ -65,18 +65,10 @@ class RunRecorder:
         """Append the spans that arrived since the last call."""
         if self.session is None:
             return
-        records = self.session.trace()
-        new = [r for r in records if r.start >= self.since and _span_key(r) not in self._keys]
-        # Every span the session still holds is written now; remembering just those keeps this
-        # set as bounded as the session's own (Session.max_trace_records).
-        self._keys = {_span_key(r) for r in records}
-        save_records(new, self.trace_path, append=True)
-
-
-def _span_key(record) -> tuple:
-    """A span's identity: session.trace() keeps spans in start order, and a late one may start
-    before spans already written, so a position cannot tell new from old."""
-    return record.extra.get("call"), record.rank, record.method, record.start
+        new, self._cursor = self.session.spans_since(self._cursor)
+        save_records(
+            sorted((r for r in new if r.start >= self.since), key=lambda r: r.start), self.trace_path, append=True
+        )
 
 
 def batch_file(run: str | None, iteration: int) -> str:

@@ -19,6 +19,7 @@ Sources: a live `Session` (spans drained as they arrive), a list of CallRecords,
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 import warnings
@@ -82,7 +83,11 @@ class LiveTimeline(View):
         self.rows: list[dict] = []
         """One row per span, as the figure's sources hold them (times from `origin`)."""
         self.origin: float | None = None
-        self._keys: set = set()
+        self._keys: set = set()  # spans already shown (a file or list source is read whole each time)
+        self._cursor = 0  # a session source: spans_since's cursor
+        # Kept up to date span by span, so a refresh costs the new spans, not the whole run.
+        self._marks = IterationMarks()
+        self._lane_set: set[tuple] = set()  # (pool, rank)
         self.refresh_seconds: list[float] = []
         """How long each refresh held its caller (draining spans and streaming them)."""
         self.held: dict[tuple, dict] = {}
@@ -104,20 +109,28 @@ class LiveTimeline(View):
         source = self.source
         if source is None:
             records = []
-        elif hasattr(source, "trace"):
-            records = source.trace()
+        elif hasattr(source, "spans_since"):  # a session: only the spans new since last time
+            records, self._cursor = source.spans_since(self._cursor)
         elif isinstance(source, (str, Path)):
             records = load_records(source) if Path(source).exists() else []
         else:
             records = list(source)
         if self.since is not None:
             records = [r for r in records if r.start >= self.since]
-        new = [r for r in records if _key(r) not in self._keys]
-        if new:
+        if hasattr(source, "spans_since"):
+            new = records  # the cursor never hands a span over twice
+        else:
+            new = [r for r in records if _key(r) not in self._keys]
             self._keys.update(_key(r) for r in new)
-            self.records = sorted([*self.records, *new], key=lambda r: r.start)
+        if new:
+            new.sort(key=_start)
+            # New spans start near the end: re-sort only the tail they fall into.
+            at = bisect.bisect_right(self.records, new[0].start, key=_start)
+            self.records[at:] = sorted([*self.records[at:], *new], key=_start)
             if self.origin is None:
-                self.origin = min(r.start for r in new)
+                self.origin = new[0].start
+            self._marks.add(new)
+            self._lane_set.update((r.pool, r.rank) for r in new)
             self.rows += [self._row(r, len(self.rows) + i) for i, r in enumerate(new)]
             self.changed()
         self.refresh_seconds.append(time.perf_counter() - t0)
@@ -210,10 +223,9 @@ class LiveTimeline(View):
 
     def _shown(self) -> list[CallRecord]:
         records = self.records
-        firsts = _iteration_starts(records)
-        if self.last_iterations and len(firsts) > self.last_iterations:
-            first = sorted(firsts.values())[-self.last_iterations]
-            records = [r for r in records if r.start >= first]
+        if self.last_iterations and len(self._marks.order) > self.last_iterations:
+            first = self._marks.order[-self.last_iterations][0]
+            records = records[bisect.bisect_left(records, first, key=_start) :]
         return records
 
     def data(self) -> dict:
@@ -255,7 +267,7 @@ class LiveTimeline(View):
                         "bytes": r.bytes_in + r.bytes_out,
                     }
                 )
-            out["iterations"], out["marks"] = _marks(records, t0)
+            out["iterations"], out["marks"] = IterationMarks(records).rows(t0)
         if self.estimate is not None:
             plan = self.estimate
             sets = {(s.devices.start, s.devices.stop): i for i, s in enumerate(plan.sets)}
@@ -280,7 +292,7 @@ class LiveTimeline(View):
         if not records:
             return "no spans yet"
         t0 = records[0].start
-        starts, marks = _marks(records, t0)
+        starts, marks = IterationMarks(records).rows(t0)
         its = [i for i, _ in starts]
         lanes = len({(r.pool, r.rank) for r in records})
         text = f"{len(records)} spans on {lanes} lanes over {max(r.end for r in records) - t0:.2f} s"
@@ -395,22 +407,24 @@ class LiveTimeline(View):
         if estimate is not None:
             parts.append(estimate[0])
 
+        marks_sent = [-1]  # the marks' version this figure shows
+
         def update() -> None:
             spans.send()
             factors = self._lanes()
             if factors and list(lanes.factors) != factors:
                 lanes.factors = factors
                 fig.height = max(220, 60 + 34 * len(factors))  # a lane keeps its height as pools come
-            starts, labels = self._mark_rows()
-            shown_x, shown_labels = list(marks.data["x"]), list(marks.data["label"])
-            n = len(shown_x)
-            if shown_x == starts[:n] and shown_labels == labels[:n]:
-                if len(starts) > n:  # new iterations: stream their marks
-                    marks.stream({"x": starts[n:], "label": labels[n:]})
-            else:  # a late span moved a mark (rare): send them all
+            if self._marks.version != marks_sent[0]:  # a late span moved a mark (rare): send them all
+                starts, labels = self._mark_rows()
                 marks.data = {"x": starts, "label": labels}
-            if estimate is not None and starts and estimate[2] != starts[-1]:
-                estimate[1](starts[-1])  # the estimate of one iteration, under the latest one
+            elif len(self._marks.order) > len(marks.data["x"]):  # new iterations: stream their marks
+                starts, labels = self._mark_rows(len(marks.data["x"]))
+                marks.stream({"x": starts, "label": labels})
+            marks_sent[0] = self._marks.version
+            latest = self._marks.order[-1][0] - (self.origin or 0.0) if self._marks.order else None
+            if estimate is not None and latest is not None and estimate[2] != latest:
+                estimate[1](latest)  # the estimate of one iteration, under the latest one
             width = self._window_width()
             current = x_range.follow_interval
             if width is not None and (current is None or abs(width - current) > 0.2 * current):
@@ -424,11 +438,12 @@ class LiveTimeline(View):
             self.select(int(source.data["span"][indices[0]]))
 
     def _lanes(self) -> list[str]:
-        lanes = self._cached("lanes", lambda: sorted({(r.pool, r.rank) for r in self.records}))
+        lanes = self._cached("lanes", lambda: sorted(self._lane_set))
         return [f"{pool} rank {rank}" for pool, rank in lanes]
 
-    def _mark_rows(self) -> tuple[list[float], list[str]]:
-        starts, names = self._cached("marks", lambda: _marks(self.records, self.origin or 0.0))
+    def _mark_rows(self, first: int = 0) -> tuple[list[float], list[str]]:
+        """Iteration marks from the `first`th on: x (seconds since the first span), label."""
+        starts, names = self._marks.rows(self.origin or 0.0, first)
         return [s for _, s in starts], names
 
     def _window_width(self) -> float | None:
@@ -557,6 +572,10 @@ class Refresher:
                 self._asked_for.notify_all()
 
 
+def _start(record: CallRecord) -> float:
+    return record.start
+
+
 def _key(record: CallRecord) -> tuple:
     """A span's identity (a session's trace() returns every span it still holds)."""
     return record.extra.get("call"), record.role, record.rank, record.method, record.start
@@ -575,22 +594,50 @@ def _step(record: CallRecord) -> str | None:
     return record.extra.get("step", record.extra.get("stage"))
 
 
-def _iteration_starts(records: list[CallRecord]) -> dict[tuple, float]:
-    """{(run, iteration): when its first span started}, for spans an algorithm tagged."""
-    starts: dict[tuple, float] = {}
-    for r in records:
-        if "iteration" in r.extra:
+class IterationMarks:
+    """Where each (run, iteration) begins: its first span's start, for spans an algorithm
+    tagged, kept in time order span by span (a live refresh costs its new spans, not the run)."""
+
+    def __init__(self, records: list[CallRecord] = ()):
+        self.first: dict[tuple, float] = {}
+        self.order: list[tuple[float, tuple]] = []
+        """(start, (run, iteration)) in time order."""
+        self.runs: set = set()
+        self.version = 0
+        """Counts changes other than a mark added at the end (a front end then resends all)."""
+        self.add(records)
+
+    def add(self, records: list[CallRecord]) -> None:
+        for r in records:
+            if "iteration" not in r.extra:
+                continue
             key = (r.extra.get("run", ""), r.extra["iteration"])
-            starts[key] = min(starts.get(key, r.start), r.start)
-    return starts
+            old = self.first.get(key)
+            if old is not None and r.start >= old:
+                continue
+            if old is not None:  # a late span started this iteration earlier: its mark moves
+                at = bisect.bisect_left(self.order, old, key=_first)
+                while self.order[at][1] != key:
+                    at += 1
+                del self.order[at]
+            renamed = len(self.runs) == 1 and key[0] not in self.runs  # labels now name their run
+            self.runs.add(key[0])
+            self.first[key] = r.start
+            at = bisect.bisect_right(self.order, r.start, key=_first)
+            self.order.insert(at, (r.start, key))
+            if old is not None or renamed or at < len(self.order) - 1:
+                self.version += 1
+
+    def rows(self, t0: float, first: int = 0) -> tuple[list[tuple], list[str]]:
+        """Marks from the `first`th on: [(iteration, start - t0)], and their names ("it 3", or
+        "GRPO#1 it 3" when several runs are in view)."""
+        several = len(self.runs) > 1
+        marks = self.order[first:]
+        return (
+            [(it, start - t0) for start, (_, it) in marks],
+            [f"{run} it {it}" if several else f"it {it}" for _, (run, it) in marks],
+        )
 
 
-def _marks(records: list[CallRecord], t0: float) -> tuple[list[tuple], list[str]]:
-    """Iteration marks in time order: [(iteration, start - t0)], and their names ("it 3", or
-    "GRPO#1 it 3" when several runs are in `records`)."""
-    starts = sorted(_iteration_starts(records).items(), key=lambda item: item[1])
-    several = len({run for (run, _), _ in starts}) > 1
-    return (
-        [(it, start - t0) for (_, it), start in starts],
-        [f"{run} it {it}" if several else f"it {it}" for (run, it), _ in starts],
-    )
+def _first(mark: tuple[float, tuple]) -> float:
+    return mark[0]

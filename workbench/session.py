@@ -25,6 +25,7 @@ whatever the workbench asks; Ray's token authentication (on by default) guards t
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import os
 import sys
@@ -102,6 +103,9 @@ class Session:
             """The newest trace spans drained so far, in start order (see max_trace_records)."""
             self.dropped_records = 0
             """Spans dropped from `records` to keep it within max_trace_records."""
+            self.spans_arrived = 0
+            """Spans drained since the session began: the cursor `spans_since` counts in."""
+            self._arrivals: list[CallRecord] = []  # the newest spans, in the order they arrived
             self._handles: dict[str, WorkerGroup] = {}  # newest handle per role, live or removed
             self._pool_versions = itertools.count()
             self.owns_ray = False
@@ -361,23 +365,43 @@ class Session:
         they are running, so this is cheap while work is in flight; the host sets are asked at
         once, and all of them share `timeout` seconds."""
         with _TRACE_LOCK:  # one drain at a time: a live timeline drains on its own thread
-            hostsets = list({id(g.hostset): g.hostset for g in self.groups.values()}.values())
-            for hostset in hostsets:
-                hostset.request_records()
-            deadline = time.monotonic() + timeout
-            for hostset in hostsets:
-                self._keep_records(hostset.drain_records(max(0.0, deadline - time.monotonic()), request=False))
-            for drain in span_sources():  # callers outside worker groups: rule-reward scorers
-                self._keep_records(drain(max(0.0, deadline - time.monotonic())))
+            self._drain(timeout)
             return list(self.records)
+
+    def spans_since(self, cursor: int = 0, timeout: float = 10.0) -> tuple[list[CallRecord], int]:
+        """The spans drained after `cursor` (in arrival order), and the cursor to pass next
+        time: what a view that follows a long run needs, at the cost of the new spans only
+        (`trace()` copies every span held). Spans already dropped (max_trace_records) are not
+        returned; `cursor=0` gives every span still held."""
+        with _TRACE_LOCK:
+            self._drain(timeout)
+            new = min(self.spans_arrived - cursor, len(self._arrivals))
+            return (self._arrivals[-new:] if new > 0 else []), self.spans_arrived
+
+    def _drain(self, timeout: float) -> None:
+        hostsets = list({id(g.hostset): g.hostset for g in self.groups.values()}.values())
+        for hostset in hostsets:
+            hostset.request_records()
+        deadline = time.monotonic() + timeout
+        for hostset in hostsets:
+            self._keep_records(hostset.drain_records(max(0.0, deadline - time.monotonic()), request=False))
+        for drain in span_sources():  # callers outside worker groups: rule-reward scorers
+            self._keep_records(drain(max(0.0, deadline - time.monotonic())))
 
     def _keep_records(self, new: list[CallRecord]) -> None:
         """Add drained spans, in start order, keeping the newest max_trace_records."""
-        self.records += new
-        self.records.sort(key=lambda r: r.start)
+        if not new:
+            return
+        new = sorted(new, key=_start)
+        # New spans start near the end: re-sort only the tail they fall into, not every span held.
+        at = bisect.bisect_right(self.records, new[0].start, key=_start)
+        self.records[at:] = sorted([*self.records[at:], *new], key=_start)
+        self._arrivals += new
+        self.spans_arrived += len(new)
         excess = len(self.records) - self.max_trace_records if self.max_trace_records is not None else 0
         if excess > 0:
             del self.records[:excess]
+            del self._arrivals[:excess]  # as many as `records`: the newest arrivals
             self.dropped_records += excess
 
     def save_trace(self, path: str | Path) -> Path:
@@ -450,3 +474,7 @@ def _check_arguments(num_devices, address, threads_per_worker, max_colocate, run
         raise ConfigError("Session.address", address, 'pass "auto", "host:port", or None for an embedded Ray')
     if runtime_env is not None and not isinstance(runtime_env, dict):
         raise ConfigError("Session.runtime_env", runtime_env, "pass a Ray runtime_env dict, e.g. {'env_vars': {...}}")
+
+
+def _start(record: CallRecord) -> float:
+    return record.start

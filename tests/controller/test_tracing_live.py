@@ -112,6 +112,26 @@ def test_the_session_keeps_only_the_newest_spans_up_to_its_limit(session):
         session.max_trace_records = limit
 
 
+def test_spans_since_hands_over_each_span_once_and_skips_dropped_ones(session):
+    group = session.group("cursor", EchoWorker, session.pool("two", 2))
+    _, cursor = session.spans_since()
+    group.double(rows(4)).get()
+    first, cursor = session.spans_since(cursor)
+    assert sorted((r.role, r.rank) for r in first) == [("cursor", 0), ("cursor", 1)]
+    again, same = session.spans_since(cursor)
+    assert again == [] and same == cursor  # nothing new: nothing handed over twice
+    limit = session.max_trace_records
+    try:
+        session.max_trace_records = 4
+        for _ in range(4):  # 8 spans past the cursor, the session keeps 4
+            group.double(rows(4)).get()
+        kept, newer = session.spans_since(cursor)
+        assert newer == cursor + 8 and len(kept) == 4
+        assert {id(r) for r in kept} == {id(r) for r in session.trace()}  # the newest, as trace() holds
+    finally:
+        session.max_trace_records = limit
+
+
 def test_call_tags_are_kept_only_until_every_rank_span_is_drained(session):
     group = session.group("tag_drop", EchoWorker, session.pool("two", 2))
     hostset = group.hostset

@@ -3,6 +3,7 @@ caller's thread, instead of redrawing; a timeline keeps runs apart and opens a c
 batch. No Ray: spans and metrics are made up here."""
 
 import base64
+from dataclasses import replace
 
 import pytest
 import torch
@@ -160,3 +161,32 @@ def test_a_cell_value_carries_the_live_widget_and_a_static_picture():
     assert "<img src='data:image/png;base64," in bundle["text/html"]
     page = timeline.html()
     assert "Bokeh" in page and "timeline_spans" in page  # standalone, resources inline
+
+
+class Arrivals:
+    """A session's `spans_since` over a list that grows: what a live session hands a view."""
+
+    def __init__(self):
+        self.spans: list[CallRecord] = []
+        self.asked: list[int] = []
+
+    def spans_since(self, cursor: int = 0):
+        self.asked.append(cursor)
+        return self.spans[cursor:], len(self.spans)
+
+
+def test_a_followed_session_is_read_from_the_cursor_and_kept_in_order():
+    session = Arrivals()
+    every = spans({"GRPO#1": 6})
+    session.spans = every[:7]  # iterations 1-4, but rank 1's span of iteration 4 is late
+    timeline = LiveTimeline(session, last_iterations=2)
+    # Iterations 5-6 arrive with it (a slow rank's drain answered now); it started first.
+    session.spans += [*every[8:], replace(every[7], start=every[7].start - 0.5)]
+    timeline.refresh()
+    assert session.asked == [0, 7]  # the second refresh asked only for what came after
+    assert [r.start for r in timeline.records] == sorted(r.start for r in timeline.records)
+    assert len(timeline.records) == len(timeline.rows) == 12
+    whole = LiveTimeline(list(timeline.records), last_iterations=2)  # the same spans, read at once
+    assert timeline.shown() == whole.shown() and [r.extra["iteration"] for r in timeline.shown()] == [5, 5, 6, 6]
+    assert timeline.data()["marks"] == whole.data()["marks"] and timeline.summary() == whole.summary()
+    assert timeline._mark_rows() == whole._mark_rows() and timeline._lanes() == whole._lanes()
