@@ -5,13 +5,16 @@
 Each row shows its prompt, response, score (and cost), and the response's tokens shaded by
 one per-token column: log-prob, reference log-prob, KL (old - ref), value or advantage.
 Red is above zero, blue below, the shade scaled by the largest magnitude of that column in
-the whole batch, so rows compare. Filter by score, sort by mean advantage.
+the whole batch, so rows compare. Filter by score, sort by mean advantage. A chat prompt is
+shown as its conversation (system, user, then the response as the assistant's turn) rather
+than as the template's text.
 """
 
 from __future__ import annotations
 
 from widgets.ui import Control, View, escape
 from workbench import checks
+from workbench.data.prompts import conversation, show_conversation
 
 TOKEN_FIELDS = {
     "advantage": "advantages",
@@ -120,11 +123,15 @@ class BatchInspector(View):
         for i in range(len(b)):
             if self.min_score is not None and scores[i] < self.min_score:
                 continue
+            prompt = b["prompt"][i] if "prompt" in b.keys() else ""
+            response = str(b["response_text"][i]) if "response_text" in b.keys() else ""
+            messages = conversation(prompt, response)
             rows.append(
                 {
                     "index": i,
-                    "prompt": str(b["prompt"][i]) if "prompt" in b.keys() else "",
-                    "response": str(b["response_text"][i]) if "response_text" in b.keys() else "",
+                    "prompt": show_conversation(messages[:-1]) if messages else str(prompt),
+                    "messages": messages,
+                    "response": response,
                     "score": scores[i],
                     "cost": float(b["costs"][i]) if "costs" in b.keys() else None,
                     "advantage": advantage[i],
@@ -178,8 +185,13 @@ class BatchInspector(View):
                 for t in r["tokens"]
             )
             cost = f" cost {r['cost']:.3g}" if r["cost"] is not None else ""
+            if r["messages"]:  # a chat: its turns, the response coloured as the assistant's
+                prompt = "<br>".join(f"<b>{escape(m['role'])}:</b> {escape(m['content'])}" for m in r["messages"][:-1])
+                tokens = f"<b>assistant:</b> {tokens}"
+            else:
+                prompt = escape(r["prompt"])
             lines.append(
-                f"<tr><td>{r['index']}</td><td><code>{escape(r['prompt'])}</code></td>"
+                f"<tr><td>{r['index']}</td><td><code>{prompt}</code></td>"
                 f"<td><code>{tokens}</code></td><td>{r['score']:.3g}{cost}</td><td>{r['advantage']:+.3f}</td></tr>"
             )
         return (

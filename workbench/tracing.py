@@ -8,6 +8,10 @@ adds tags of your own to the calls a block of code issues. The same records feed
 widget and the planner's calibration.
 Open an exported file at https://ui.perfetto.dev or chrome://tracing; `save_records` /
 `load_records` keep them whole (JSON lines) for the panel app.
+
+Every worker call's span also carries its process's memory high-water marks
+(`process_memory`: peak RSS, and the CUDA allocator's peak on a GPU); `memory_metrics` turns
+the latest of them into one figure per role and rank (`perf/peak_rss_gib/actor/rank0`, ...).
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import contextlib
 import contextvars
 import itertools
 import json
+import resource
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -175,3 +181,37 @@ def text_timeline(records: Iterable[CallRecord], width: int = 60) -> str:
     lines = [f"{f'{p} rank {k}':<{label}} |{''.join(cells)}|" for (p, k), cells in sorted(rows.items())]
     legend = ", ".join(f"{c}={role}" for role, c in letters.items())
     return "\n".join([*lines, f"{'':<{label}}  0 s{'':>{width - 10}}{t1 - t0:.2f} s", f"legend: {legend}"])
+
+
+# ---- memory per process ----------------------------------------------------------------------------
+GIB = 2**30
+
+
+def process_memory() -> dict[str, int]:
+    """This process's memory high-water marks: `peak_rss_bytes` (the kernel's maximum resident
+    set since the process started), and `cuda_peak_bytes` (torch's allocator peak) where CUDA is
+    in use. A few microseconds: cheap enough for every call."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out = {"peak_rss_bytes": peak if sys.platform == "darwin" else peak * 1024}  # Linux counts KiB
+    torch = sys.modules.get("torch")  # only where torch is loaded already: tracing imports no torch
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda_peak_bytes"] = int(torch.cuda.max_memory_allocated())
+    return out
+
+
+def memory_metrics(records: Iterable[CallRecord]) -> dict[str, float]:
+    """One peak per role and rank from the spans' process_memory figures, the latest span of each
+    winning: `perf/peak_rss_gib/<role>/rank<r>` and, on GPUs, `perf/cuda_peak_gib/<role>/rank<r>`.
+    Roles fused in one process (actor + reference, critic + cost critic) report that process's."""
+    latest: dict[tuple[str, int], CallRecord] = {}
+    for record in records:
+        if "peak_rss_bytes" in record.extra:
+            key = (record.role, record.rank)
+            if key not in latest or record.end >= latest[key].end:
+                latest[key] = record
+    out = {}
+    for (role, rank), record in sorted(latest.items()):
+        out[f"perf/peak_rss_gib/{role}/rank{rank}"] = record.extra["peak_rss_bytes"] / GIB
+        if "cuda_peak_bytes" in record.extra:
+            out[f"perf/cuda_peak_gib/{role}/rank{rank}"] = record.extra["cuda_peak_bytes"] / GIB
+    return out

@@ -141,3 +141,24 @@ def test_shipped_configs_load(name):
     assert config.algorithm_name == name and config.name == name
     rows = 8 * config.sampling.n
     assert config.actor.mini_batch_size == rows  # one optimizer step per iteration
+
+
+@pytest.mark.parametrize("name, algorithm", [("smollm2_grpo", "grpo"), ("smollm2_ppo", "ppo")])
+def test_smollm2_configs_load_and_validate_without_the_model(name, algorithm, tmp_path):
+    from workbench.models.gguf_import import DEFAULT_CACHE, PACKAGES
+    from workbench.run import build
+
+    config = load_config(ROOT / "configs" / f"{name}.yaml")
+    assert config.algorithm_name == algorithm and config.name == name and config.data.task == "arithmetic_chat"
+    stem = Path(PACKAGES["smollm2"][1]).stem
+    assert build.model_dir(config) == DEFAULT_CACHE / stem  # where `import-model smollm2` puts it
+    assert config.actor.mini_batch_size == config.data.loader.batch_size * config.sampling.n  # one step
+    build.algorithm_config(config)  # sampling against the algorithm
+    assert ("critic" in build.required_roles(config)) == (algorithm == "ppo")
+    train, held_out = build.prompt_rows(config)
+    assert all(isinstance(row["prompt"], list) for row in train + held_out)
+    assert config.data.loader.max_prompt_length >= 48  # SmolLM2's template makes these prompts ~38 tokens
+    moved = load_config(ROOT / "configs" / f"{name}.yaml", [f"model.path={tmp_path}"])
+    assert build.model_dir(moved) == tmp_path
+    with pytest.raises(ConfigError, match=r"actor\.load\.compute_dtype=.*'float32', 'bfloat16'"):
+        load_config(ROOT / "configs" / f"{name}.yaml", ["actor.load.compute_dtype=bf16"])

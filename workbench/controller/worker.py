@@ -27,7 +27,7 @@ from workbench.controller.future import RemoteSlice, describe_output
 from workbench.controller.mesh import Coord, Mesh
 from workbench.controller.register import registered_methods
 from workbench.data.batch import PAD_KEY, Batch
-from workbench.tracing import CallRecord
+from workbench.tracing import CallRecord, process_memory
 
 
 @dataclass(frozen=True)
@@ -264,8 +264,14 @@ class WorkerHost:
                     bytes_in=bytes_in,
                     bytes_out=meta_out.nbytes if meta_out else 0,
                     ok=ok,
-                    # Rows in and out: what a timeline's hover shows beside the bytes.
-                    extra={**tags, "rows": rows_in, "rows_out": meta_out.rows if meta_out else None},
+                    # Rows in and out: what a timeline's hover shows beside the bytes; the
+                    # process's memory peaks so far (every role's memory, per process).
+                    extra={
+                        **tags,
+                        "rows": rows_in,
+                        "rows_out": meta_out.rows if meta_out else None,
+                        **process_memory(),
+                    },
                 )
             )
             self.current.clear()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from workbench import checks
 
@@ -102,6 +102,13 @@ def generate(cfg: ArithmeticConfig, n: int, seed: int = 0) -> list[Problem]:
         answer = str(evaluate(operands, operators))
         problems.append(Problem(cfg.template.format(expression=expression), answer, expression))
     return problems
+
+
+def harder(cfg: ArithmeticConfig) -> ArithmeticConfig:
+    """A harder split of `cfg`'s task: every operand one digit longer than `cfg`'s longest
+    (same operations and count). No expression of it can be one of `cfg`'s, so a held-out set
+    drawn from it is disjoint from training by construction, whatever the seeds."""
+    return replace(cfg, min_digits=cfg.digits + 1, digits=cfg.digits + 1)
 
 
 # ---- rewards -------------------------------------------------------------------------------

@@ -156,6 +156,19 @@ def render_prompt(prompt: str | list[dict[str, str]], tokenizer) -> str:
     return tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
 
 
+def conversation(prompt: str | list[dict[str, str]], response: str) -> list[dict[str, str]] | None:
+    """A chat prompt with the response as the assistant's turn (what logs and the batch
+    inspector show); None for a text prompt, which has no turns."""
+    if isinstance(prompt, str):
+        return None
+    return [*({"role": m["role"], "content": m["content"]} for m in prompt), {"role": "assistant", "content": response}]
+
+
+def show_conversation(messages: list[dict[str, str]]) -> str:
+    """Messages as `role: content` lines, e.g. `user: What is 2 + 3?`."""
+    return "\n".join(f"{m['role']}: {m['content']}" for m in messages)
+
+
 def prompt_ids(prompt: str | list[dict[str, str]], tokenizer) -> list[int]:
     """Token ids of one prompt: text through the tokenizer (its special tokens, e.g. <s>,
     added), a chat through its template (which writes every special token itself)."""

@@ -2,6 +2,10 @@
 
 A rule-reward worker is configured with `task: arithmetic` and looks the functions up
 here; a notebook can register its own task (e.g. a GSM8K-style checker) the same way.
+
+    arithmetic        `Q: 37+48=? A:` text prompts, the leading integer of the response scored
+    arithmetic_chat   the same problems as a chat (system + user), the assistant's text scored
+                      strictly: the number alone (workbench.data.arithmetic_chat)
 """
 
 from __future__ import annotations
@@ -9,7 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from workbench.data import arithmetic
+from workbench.data import arithmetic, arithmetic_chat
+
+
+def text_prompt(problem: arithmetic.Problem) -> str:
+    """A problem's own text (its ArithmeticConfig.template filled in)."""
+    return problem.prompt
 
 
 @dataclass(frozen=True)
@@ -21,6 +30,8 @@ class Task:
     """`score(response_text, ground_truth) -> float`, the rule reward."""
     cost: Callable[[str], float] | None = None
     """`cost(response_text) -> float` (> 0 is unsafe), for Safe-RLHF; None if not defined."""
+    prompt: Callable[[arithmetic.Problem], str | list[dict[str, str]]] = text_prompt
+    """How a generated arithmetic problem is put to the model: text, or chat messages."""
 
 
 TASKS: dict[str, Task] = {}
@@ -39,3 +50,4 @@ def get_task(name: str) -> Task:
 
 
 register_task(Task("arithmetic", arithmetic.score, arithmetic.cost))
+register_task(Task("arithmetic_chat", arithmetic_chat.score, prompt=arithmetic_chat.messages))

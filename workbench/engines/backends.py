@@ -40,15 +40,18 @@ def make_engine(
     micro_batch_size: int = 1,
     mini_batch_size: int = 1,
     tp_mesh=None,
+    compute_dtype: torch.dtype | None = None,
 ):
     """A training engine over `model` for the data-parallel ranks of `dp_mesh` (and, for "3d",
     the tensor-parallel ranks of `tp_mesh`).
 
     micro_batch_size / mini_batch_size (rows per rank) only fill DeepSpeed's batch bookkeeping;
     the arithmetic of a step is the same in both engines (rows-weighted gradient accumulation).
+    compute_dtype: torch.bfloat16 for bf16 mixed precision (FSDP2, DeepSpeed); None: each
+    engine's default (bf16 on GPUs that have it).
     """
     if backend == "fsdp":
-        return FSDPEngine(model, optim, dp_mesh)
+        return FSDPEngine(model, optim, dp_mesh, compute_dtype)
     if backend == "3d":
         from workbench.engines.tensor_parallel import TensorParallelEngine
 
@@ -57,7 +60,8 @@ def make_engine(
         from workbench.engines.deepspeed_engine import DeepSpeedEngine  # imports deepspeed: slow
 
         steps = max(1, math.ceil(mini_batch_size / micro_batch_size))
+        bf16 = None if compute_dtype is None else compute_dtype == torch.bfloat16
         return DeepSpeedEngine(
-            model, optim, zero_stage, dp_mesh, micro_batch_size=micro_batch_size, accumulation_steps=steps
+            model, optim, zero_stage, dp_mesh, micro_batch_size=micro_batch_size, accumulation_steps=steps, bf16=bf16
         )
     raise ValueError(f"unknown training backend {backend!r}; use one of {', '.join(map(repr, BACKENDS))}")

@@ -32,11 +32,17 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 class FSDPEngine:
-    def __init__(self, model: torch.nn.Module, optim: OptimConfig, dp_mesh=None):
-        # bf16 compute with fp32 master weights and gradient reduction where the GPU has bf16;
-        # plain fp32 on CPU (the CPU path is the correctness reference).
+    def __init__(
+        self, model: torch.nn.Module, optim: OptimConfig, dp_mesh=None, compute_dtype: torch.dtype | None = None
+    ):
+        """compute_dtype: bf16 computes forwards and backwards in bf16 with the parameters (master
+        weights) and the gradient reduction in their own dtype; None: bf16 where the GPU has it,
+        the parameters' dtype on CPU (the CPU path is the correctness reference)."""
+        if compute_dtype is None:
+            gpu_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+            compute_dtype = torch.bfloat16 if gpu_bf16 else None
         mp = MixedPrecisionPolicy()
-        if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        if compute_dtype == torch.bfloat16:
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         for layer in decoder_layers(model):
             fully_shard(layer, mesh=dp_mesh, mp_policy=mp)

@@ -26,6 +26,7 @@ from workbench import checks
 from workbench.errors import ConfigError, WorkbenchError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+COMPUTE_DTYPES = ("auto", "float32", "bfloat16")
 
 
 class ModelLoadError(WorkbenchError):
@@ -54,6 +55,17 @@ class LoadConfig:
     ~30% less at 1M. The first forwards of each kind (with and without gradients) compile
     first, a minute or more per process, so it pays in long runs. Generation is compiled on
     its own (HFRolloutConfig.compile). Trained models: DeepSpeed ZeRO-1/2 only."""
+    gradient_checkpointing: bool = False
+    """Trained models recompute each decoder layer's activations in the backward pass instead
+    of keeping them (transformers' gradient_checkpointing_enable, non-reentrant): activation
+    memory falls from every layer's to about one layer's, for roughly a third more compute per
+    step. Only training forwards change; generation and no-grad scoring run as before."""
+    compute_dtype: str = "auto"
+    """dtype of a trained model's forwards and backwards, while its parameters and optimizer
+    state stay in `dtype` (mixed precision): "bfloat16" (FSDP2 casts each layer's parameters
+    as it gathers them and reduces gradients in fp32; DeepSpeed runs its bf16 mode), "float32",
+    or "auto" = bfloat16 on a GPU that supports it, float32 on CPU. Workers check that their
+    device runs bf16 matmuls before they build the engine."""
 
     def __post_init__(self):
         if not isinstance(self.dtype, torch.dtype):
@@ -66,6 +78,8 @@ class LoadConfig:
         if not isinstance(self.device, str) or not self.device:
             raise ConfigError("LoadConfig.device", self.device, "use a device name such as 'cpu' or 'cuda'")
         checks.of_type("LoadConfig", "compile", self.compile, bool, "use True or False")
+        checks.of_type("LoadConfig", "gradient_checkpointing", self.gradient_checkpointing, bool, "use True or False")
+        checks.one_of("LoadConfig", "compute_dtype", self.compute_dtype, COMPUTE_DTYPES)
 
 
 @dataclass
@@ -113,6 +127,68 @@ def check_compiled_training(owner: str, cfg: LoadConfig, backend: str, zero_stag
             f"compiled training runs with backend='deepspeed' and zero_stage 1 or 2 (here backend="
             f"{backend!r}, zero_stage={zero_stage}); use that backend, or compile=False",
         )
+
+
+def check_training_precision(owner: str, cfg: LoadConfig, backend: str) -> None:
+    """bf16 compute is wired into the FSDP2 and DeepSpeed engines; tensor parallelism trains in
+    the parameters' dtype."""
+    if cfg.compute_dtype == "bfloat16" and backend == "3d":
+        raise ConfigError(
+            f"{owner}.load.compute_dtype",
+            "bfloat16",
+            "backend='3d' computes in the parameters' dtype; use backend 'fsdp' or 'deepspeed' for bf16 "
+            "compute, or load.dtype='bfloat16' for bf16 parameters",
+        )
+
+
+def training_dtype(cfg: LoadConfig, device: str | torch.device, owner: str = "LoadConfig") -> torch.dtype:
+    """The dtype a trained model computes in on `device` (see LoadConfig.compute_dtype); a
+    ConfigError when bfloat16 is asked of a device that cannot run it."""
+    device = torch.device(device)
+    if cfg.compute_dtype == "float32":
+        return torch.float32
+    if device.type == "cuda":
+        supported = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        if cfg.compute_dtype == "auto" or supported:
+            return torch.bfloat16 if supported else torch.float32
+        raise ConfigError(
+            f"{owner}.load.compute_dtype",
+            "bfloat16",
+            f"this GPU ({torch.cuda.get_device_name(device)}) has no bf16 support; use 'float32' or 'auto'",
+        )
+    if cfg.compute_dtype == "auto":
+        return torch.float32  # the CPU path is the fp32 correctness reference
+    if not cpu_runs_bf16():
+        raise ConfigError(
+            f"{owner}.load.compute_dtype",
+            "bfloat16",
+            f"torch {torch.__version__} cannot multiply bf16 matrices on this CPU; use 'float32' or 'auto'",
+        )
+    return torch.bfloat16
+
+
+def cpu_runs_bf16() -> bool:
+    """Whether a bf16 matmul runs here and agrees with fp32 (builds without bf16 kernels raise)."""
+    a = torch.arange(16, dtype=torch.float32).reshape(4, 4) / 16
+    try:
+        product = (a.bfloat16() @ a.bfloat16()).float()
+    except RuntimeError:
+        return False
+    return bool(torch.allclose(product, a @ a, rtol=2e-2, atol=1e-2))
+
+
+def enable_gradient_checkpointing(model, cfg: LoadConfig, path: Path | str = "") -> None:
+    """Turn on activation recomputation for training forwards when cfg asks (see LoadConfig)."""
+    if not cfg.gradient_checkpointing:
+        return
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ModelLoadError(
+            f"LoadConfig.gradient_checkpointing=True, but the {type(model).__name__} of {str(path)!r} does "
+            f"not support gradient checkpointing in transformers; set gradient_checkpointing=False"
+        )
+    # Non-reentrant: works with FSDP2 and with inputs that do not require gradients (the
+    # reentrant variant silently drops parameter gradients when no input requires grad).
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: str = "cpu") -> torch.dtype:
@@ -238,6 +314,7 @@ def load(path: str | os.PathLike, cfg: LoadConfig | None = None) -> LoadedModel:
         path, dtype=resolve_dtype(cfg.dtype, cfg.device), trust_remote_code=cfg.trust_remote_code, **kwargs
     )
     model.to(cfg.device).eval()
+    enable_gradient_checkpointing(model, cfg, path)
     # Generation and loss code read pad ids from the model; keep them in step with the tokenizer.
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id

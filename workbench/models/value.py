@@ -19,6 +19,7 @@ from workbench.models.load import (
     LoadedModel,
     ModelLoadError,
     check_directory,
+    enable_gradient_checkpointing,
     load_tokenizer,
     resolve_dtype,
 )
@@ -54,6 +55,7 @@ def load_value_model(path: str | os.PathLike, cfg: LoadConfig | None = None) -> 
         hf_logging.set_verbosity(verbosity)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
+    enable_gradient_checkpointing(model, cfg, path)
     return LoadedModel(model.to(cfg.device).eval(), tokenizer, path, fixes)
 
 

@@ -3,6 +3,7 @@ their pools, and the algorithm that drives them."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 from algorithms import ALGORITHMS, Algorithm, Groups
 from workbench.data import arithmetic
 from workbench.data.prompts import PromptLoader, load_prompts, tokenize_prompts
-from workbench.data.tasks import get_task
+from workbench.data.tasks import Task, get_task
 from workbench.errors import ConfigError
 from workbench.run.config import FROM_MODEL, RunConfig
 from workbench.session import Session
@@ -22,7 +23,7 @@ from workbench.workers.rule_reward import RuleReward
 def model_dir(config: RunConfig) -> Path:
     """The policy's directory: model.path, or the arithmetic kit's starting policy (made once, cached)."""
     if config.model.path:
-        return Path(config.model.path)
+        return Path(config.model.path).expanduser()
     from workbench.stages.arithmetic_policy import DEFAULT_CACHE, arithmetic_policy
 
     return arithmetic_policy(
@@ -35,19 +36,21 @@ def model_dir(config: RunConfig) -> Path:
 
 def prompt_rows(config: RunConfig) -> tuple[list[dict], list[dict]]:
     """Training and held-out rows (prompt, ground_truth): from files, or generated arithmetic
-    problems where no training problem shares an expression with a held-out one."""
-    data = config.data
+    problems, put to the model the task's way (text or chat), where no training problem shares
+    a prompt with a held-out one (data.held_out="harder" draws those one digit longer)."""
+    data, put = config.data, task_of(config).prompt
     held_out = load_prompts(data.eval_file) if data.eval_file else None
     if held_out is None:
-        problems = arithmetic.generate(data.arithmetic, data.eval_size, seed=data.seed + 1)
-        held_out = [{"prompt": p.prompt, "ground_truth": p.ground_truth} for p in problems]
+        difficulty = arithmetic.harder(data.arithmetic) if data.held_out == "harder" else data.arithmetic
+        problems = arithmetic.generate(difficulty, data.eval_size, seed=data.seed + 1)
+        held_out = [{"prompt": put(p), "ground_truth": p.ground_truth} for p in problems]
     if data.train_file:
         return load_prompts(data.train_file), held_out
-    seen = {row["prompt"] for row in held_out}
+    seen = {_key(row["prompt"]) for row in held_out}
     train = [
-        {"prompt": p.prompt, "ground_truth": p.ground_truth}
+        {"prompt": put(p), "ground_truth": p.ground_truth}
         for p in arithmetic.generate(data.arithmetic, data.train_size, seed=data.seed)
-        if p.prompt not in seen
+        if _key(put(p)) not in seen
     ]
     if not train:
         raise ConfigError(
@@ -57,6 +60,18 @@ def prompt_rows(config: RunConfig) -> tuple[list[dict], list[dict]]:
             "draw more (data.train_size) or harder ones (data.arithmetic.digits)",
         )
     return train, held_out
+
+
+def _key(prompt) -> str:
+    """A hashable stand-in for a prompt (chat prompts are lists of dicts)."""
+    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
+
+
+def task_of(config: RunConfig) -> Task:
+    try:
+        return get_task(config.data.task)
+    except KeyError as error:
+        raise ConfigError("data.task", config.data.task, str(error.args[0])) from None
 
 
 def prompt_data(config: RunConfig, tokenizer) -> tuple[PromptLoader, Any]:
@@ -106,10 +121,7 @@ def devices_needed(config: RunConfig) -> int:
 def algorithm(config: RunConfig, session: Session, policy: Path) -> Algorithm:
     """Pools and groups per the placement, the rule reward (and cost), and the algorithm."""
     roles, place = required_roles(config), config.placement
-    try:
-        task = get_task(config.data.task)
-    except KeyError as error:
-        raise ConfigError("data.task", config.data.task, str(error.args[0])) from None
+    task = task_of(config)
     timeout = config.data.reward_timeout
     groups = Groups(reward=RuleReward(task.score, timeout=timeout))
     if "cost" in roles:

@@ -31,6 +31,7 @@ from workbench.errors import ConfigError
 from workbench.workers.actor import ActorConfig
 from workbench.workers.critic import CriticConfig
 
+HELD_OUT = ("same", "harder")
 FROM_MODEL = "<model>"
 """actor.model_path / critic.model_path placeholder: take the directory from the model section."""
 
@@ -59,7 +60,8 @@ class DataSection:
 
     task: str = "arithmetic"
     """A task registered in workbench.data.tasks: its `score` is the reward, its `cost` the
-    Safe-RLHF cost."""
+    Safe-RLHF cost, its `prompt` how generated problems are put (`arithmetic_chat`: as chat
+    messages, for models with a chat template)."""
     train_file: str = ""
     """Training prompts, JSONL or Parquet (columns prompt, ground_truth); empty: `train_size`
     arithmetic problems drawn with `arithmetic` (none shares an expression with the held-out set)."""
@@ -69,6 +71,10 @@ class DataSection:
     """Generated training problems (when `train_file` is empty)."""
     eval_size: int = 32
     """Generated held-out problems (when `eval_file` is empty)."""
+    held_out: str = "same"
+    """Difficulty of the generated held-out problems: "same" as training (none shares an
+    expression with a training problem), or "harder" (every operand one digit longer than
+    training's longest, workbench.data.arithmetic.harder: disjoint by construction)."""
     seed: int = 0
     """Seed of the generated problems (held-out ones use seed + 1)."""
     arithmetic: ArithmeticConfig = field(default_factory=lambda: ArithmeticConfig(digits=1))
@@ -227,6 +233,7 @@ class RunConfig:
                     True,
                     "the wandb package is not installed (pip install wandb), or set logging.wandb=false",
                 ) from None
+        checks.one_of("data", "held_out", self.data.held_out, HELD_OUT)
         checks.real(
             "data", "reward_timeout", self.data.reward_timeout, 0, low_open=True, fix="give the seconds allowed, > 0"
         )

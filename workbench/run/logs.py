@@ -3,7 +3,10 @@
 metrics.jsonl   one JSON object per iteration (and per evaluation), `iteration` first
 tensorboard/    event files, one scalar per metric, stepped by iteration
 rollouts.jsonl  every k iterations, one object per response row: prompt, response, ground
-                truth, score (cost), the response's tokens with their advantages (and returns)
+                truth, score (cost), the response's tokens with their advantages (and returns).
+                A chat prompt's row also has `messages`, the conversation with the response as
+                the assistant's turn, and its `prompt` is the text the model saw (the template's
+                markers kept); `response` is the assistant's text, as the reward read it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 import torch
 
 from workbench.data.batch import Batch
+from workbench.data.prompts import conversation, render_prompt
 
 
 class MetricLog:
@@ -85,12 +89,20 @@ def rollout_rows(batch: Batch, tokenizer, iteration: int, limit: int = 0) -> lis
     prompt_ids, prompt_mask = _prompt_part(batch)
     for i in range(count):
         ids = batch["responses"][i][mask[i]].tolist()
+        prompt = batch["prompt"][i] if "prompt" in batch else None
+        response = tokenizer.decode(ids, skip_special_tokens=True)
+        chat = prompt is not None and not isinstance(prompt, str)
         row = {
             "iteration": iteration,
             "row": i,
             "uid": _column(batch, "uid", i),
-            "prompt": tokenizer.decode(prompt_ids[i][prompt_mask[i]].tolist(), skip_special_tokens=True),
-            "response": tokenizer.decode(ids, skip_special_tokens=True),
+            "prompt": (
+                render_prompt(prompt, tokenizer)
+                if chat
+                else tokenizer.decode(prompt_ids[i][prompt_mask[i]].tolist(), skip_special_tokens=True)
+            ),
+            **({"messages": conversation(prompt, response)} if chat else {}),
+            "response": response,
             "ground_truth": _column(batch, "ground_truth", i),
         }
         for key in ("scores", "costs"):

@@ -5,6 +5,9 @@ loop the runner drives itself, one `algorithm.step(batch)` per iteration:
 
     step -> rollout log (every k) -> held-out evaluation (every k) -> metrics row -> checkpoint (every k) -> callbacks
 
+Each metrics row also holds every role's peak memory per process (`perf/peak_rss_gib/actor/rank0`,
+...: workbench.tracing.memory_metrics over the iteration's spans).
+
 Faults. A worker process that dies (WorkerDiedError, or a group found removed) is restarted on
 its pool (`session.recover`), every group and the driver are reloaded from the last checkpoint,
 and the run goes on from there: the failed iteration is redone, not skipped (`run/redone`,
@@ -16,6 +19,7 @@ error naming the function and the row.
 
 from __future__ import annotations
 
+import itertools
 import random
 import shutil
 import sys
@@ -37,7 +41,7 @@ from workbench.run.checkpoint import RunCheckpointer
 from workbench.run.config import RunConfig, load_config
 from workbench.run.logs import MetricLog, last_logged_iteration, rollout_rows, write_rows
 from workbench.session import Session
-from workbench.tracing import save_chrome_trace, save_records, tags
+from workbench.tracing import memory_metrics, save_chrome_trace, save_records, tags
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "rollouts.jsonl", "trace.json", "trace.jsonl", "tensorboard", "hf")
 """What a run writes in its output directory (a fresh run replaces these, and nothing else)."""
@@ -167,10 +171,12 @@ class Runner:
     def _iteration(self, prompts, log: MetricLog, bar) -> bool:
         """One iteration and what follows it; True when a callback asks to stop."""
         cfg, algo = self.config, self.algorithm
+        started = time.time()
         batch, metrics = self._guarded(self._step, prompts)
         it = algo.iteration
         metrics = {
             **metrics,
+            **self.memory(since=started),
             "run/recoveries": float(self.recoveries),
             "run/redone": float(it <= self.redo_until),
             "run/reward_retries": float(self.reward_retries),
@@ -281,6 +287,12 @@ class Runner:
         self.evaluations.append({"iteration": algo.iteration, **out})
         return out
 
+    def memory(self, since: float = 0.0) -> dict[str, float]:
+        """Each role's peak memory per process (rank), from the spans of calls started after
+        `since`: `perf/peak_rss_gib/<role>/rank<r>` (and `perf/cuda_peak_gib/...` on GPUs)."""
+        recent = itertools.takewhile(lambda r: r.start >= since, reversed(self.session.trace()))
+        return memory_metrics(recent)
+
     def save(self) -> Path:
         """A whole-run checkpoint at the current iteration."""
         extra = {
@@ -390,7 +402,8 @@ def main(argv: list[str]) -> None:
         print(
             "usage: python -m workbench run CONFIG.yaml [dotted.field=value ...]\n"
             "  e.g. python -m workbench run configs/ppo.yaml iterations=20 sampling.n=4 actor.optim.lr=3e-5\n"
-            "  configs/: ppo.yaml, grpo.yaml, safe_rlhf.yaml; fields: workbench/run/config.py"
+            "  configs/: ppo.yaml, grpo.yaml, safe_rlhf.yaml, smollm2_grpo.yaml, smollm2_ppo.yaml\n"
+            "  fields: workbench/run/config.py"
         )
         sys.exit(0 if argv else 2)
     try:

@@ -43,9 +43,11 @@ from workbench.models.load import (
     check_compiled_training,
     check_model_dir,
     check_positions,
+    check_training_precision,
     compile_forward,
     for_worker,
     load,
+    training_dtype,
 )
 from workbench.workers.updates import (
     check_mini_batch_splits,
@@ -119,6 +121,7 @@ class ActorConfig:
         checks.of_type("ActorConfig", "load", self.load, LoadConfig, "pass a workbench.models.load.LoadConfig")
         if self.train:
             check_compiled_training("ActorConfig", self.load, self.backend, self.zero_stage)
+            check_training_precision("ActorConfig", self.load, self.backend)
         elif self.load.compile and self.backend == "3d":
             raise ConfigError(
                 "ActorConfig.load.compile",
@@ -204,6 +207,7 @@ class ActorRolloutRefWorker(Worker):
                 micro_batch_size=config.micro_batch_size,
                 mini_batch_size=self._rows_per_step(),
                 tp_mesh=tp_mesh,
+                compute_dtype=training_dtype(config.load, self.device, "ActorConfig"),
             )
         if tensor_parallel and config.rollout == "hf":
             self._switched = self.engine.model if self.engine is not None else parallelize(model, tp_mesh)

@@ -16,7 +16,15 @@ from workbench.engines.forward import model_outputs, response_values
 from workbench.engines.kept_forward import KeptForwards
 from workbench.engines.tensor_parallel import check_tensor_parallel_layout
 from workbench.errors import ConfigError
-from workbench.models.load import LoadConfig, check_compiled_training, check_model_dir, compile_forward, for_worker
+from workbench.models.load import (
+    LoadConfig,
+    check_compiled_training,
+    check_model_dir,
+    check_training_precision,
+    compile_forward,
+    for_worker,
+    training_dtype,
+)
 from workbench.models.value import load_value_model
 from workbench.workers.updates import (
     check_mini_batch_splits,
@@ -58,6 +66,7 @@ class CriticConfig:
         check_training_fields("CriticConfig", self)
         checks.of_type("CriticConfig", "load", self.load, LoadConfig, "pass a workbench.models.load.LoadConfig")
         check_compiled_training("CriticConfig", self.load, self.backend, self.zero_stage)
+        check_training_precision("CriticConfig", self.load, self.backend)
         checks.of_type("CriticConfig", "reuse_values_forward", self.reuse_values_forward, bool, "use True or False")
         if self.reuse_values_forward:
             if self.epochs != 1:
@@ -124,6 +133,7 @@ class CriticWorker(Worker):
             micro_batch_size=config.micro_batch_size,
             mini_batch_size=max(1, config.mini_batch_size // self.mesh.dp),
             tp_mesh=self.device_mesh["tp"] if config.backend == "3d" and self.mesh.tp > 1 else None,
+            compute_dtype=training_dtype(config.load, self.device, "CriticConfig"),
         )
         self.kept: KeptForwards | None = None  # compute_values' training forward; dropped when the weights change
 
