@@ -41,6 +41,7 @@ _LAZY = {
     "RuleReward": "workbench.workers.rule_reward",
     "SamplingConfig": "workbench.engines.rollout",
     "OptimConfig": "workbench.engines.contract",
+    "LoRAConfig": "workbench.models.lora",
     "arithmetic": "workbench.data",
     "tokenize_prompts": "workbench.data.prompts",
     "PromptLoader": "workbench.data.prompts",

@@ -92,7 +92,12 @@ class Loader:
         if origin in (typing.Union, types.UnionType):
             if value is None and type(None) in args:
                 return None
-            for arm in (a for a in args if a is not type(None)):
+            arms = [a for a in args if a is not type(None)]
+            sections = [a for a in arms if dataclasses.is_dataclass(a)]
+            if isinstance(value, Mapping) and len(sections) == 1:
+                # A mapping for an optional section (`lora: {rank: 8}`): its own error, with its field.
+                return self.convert(value, sections[0], where, current)
+            for arm in arms:
                 try:
                     return self.convert(value, arm, where, current)
                 except ConfigError:

@@ -18,6 +18,7 @@ FSDP's), clips and updates. The batch-size entries of the config are then bookke
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -27,6 +28,7 @@ from workbench import checks
 from workbench.data.batch import Batch
 from workbench.engines.accumulation import NonFiniteStep, finite_everywhere, micro_batch_weights
 from workbench.engines.contract import Forward, LossFn, OptimConfig
+from workbench.models.lora import trainable_parameters
 
 # DeepSpeed JIT-compiles a shared-memory comm op (~2 min on 2 cores) the first time a process
 # builds its comm backend, into TORCH_EXTENSIONS_DIR (default: under the home directory, which
@@ -93,8 +95,10 @@ class DeepSpeedEngine:
             "steps_per_print": 2**31 - 1,
             "wall_clock_breakdown": False,
         }
+        # Only what trains: under LoRA the frozen base gets no gradients and no Adam states.
+        self.frozen = any(not p.requires_grad for p in model.parameters())
         optimizer = torch.optim.AdamW(
-            model.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
+            trainable_parameters(model), lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
         )
         self.model, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
         self.optim, self.zero_stage = optim, zero_stage
@@ -125,17 +129,18 @@ class DeepSpeedEngine:
         return {**totals, "grad_norm": float(grad_norm), "lr": self.model.get_lr()[0]}
 
     @torch.no_grad()
-    def iter_full_weights(self):
-        """(name, unsharded tensor) under the HF names, one at a time. ZeRO-1/2 keep full
-        parameters on every rank, so those tensors are the live weights (read them before the
-        next step); ZeRO-3 gathers one parameter at a time (a collective: every rank must consume
-        the iterator to the end) and yields copies."""
+    def iter_full_weights(self, only: Callable[[str], bool] | None = None):
+        """(name, unsharded tensor) under the HF names (those `only` accepts), one at a time.
+        ZeRO-1/2 keep full parameters on every rank, so those tensors are the live weights (read
+        them before the next step); ZeRO-3 gathers one parameter at a time (a collective: every
+        rank must consume the iterator to the end) and yields copies."""
         module = self.model.module
+        state = {name: value for name, value in module.state_dict().items() if only is None or only(name)}
         if self.zero_stage < 3:
-            yield from ((name, value.detach()) for name, value in module.state_dict().items())
+            yield from ((name, value.detach()) for name, value in state.items())
             return
         params = dict(module.named_parameters())
-        for name, value in module.state_dict().items():
+        for name, value in state.items():
             if name in params:
                 with deepspeed.zero.GatheredParameters([params[name]]):
                     yield name, params[name].detach().clone()
@@ -155,10 +160,11 @@ class DeepSpeedEngine:
 
     def save(self, path: str) -> None:
         """Model + optimizer state (DeepSpeed's layout: each rank writes its optimizer partition)."""
-        self.model.save_checkpoint(path, tag=CHECKPOINT_TAG)
+        # Under LoRA only what trains: the frozen base is the model directory's.
+        self.model.save_checkpoint(path, tag=CHECKPOINT_TAG, exclude_frozen_parameters=self.frozen)
 
     def load(self, path: str) -> None:
-        loaded, _ = self.model.load_checkpoint(path, tag=CHECKPOINT_TAG)
+        loaded, _ = self.model.load_checkpoint(path, tag=CHECKPOINT_TAG, load_module_strict=not self.frozen)
         if loaded is None:
             raise FileNotFoundError(
                 f"DeepSpeedEngine.load: no DeepSpeed checkpoint under {path!r} (tag {CHECKPOINT_TAG!r})"

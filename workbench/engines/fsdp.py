@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 
 import torch
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -19,6 +20,7 @@ from workbench.data.batch import Batch
 from workbench.engines.accumulation import NonFiniteStep, accumulate_gradients
 from workbench.engines.checkpoint import load_sharded, save_sharded
 from workbench.engines.contract import Forward, LossFn, OptimConfig  # noqa: F401  (re-exported: older imports)
+from workbench.models.lora import trainable_parameters
 
 # Value heads (AutoModelForTokenClassification) return a view; FSDP2 warns that an in-place
 # op on it would skip its hooks. Losses here never modify model outputs in place.
@@ -27,6 +29,8 @@ warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a v
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The repeated blocks of an HF causal LM (model.model.layers for Llama-style models)."""
+    if hasattr(model, "get_base_model"):  # a peft-wrapped model: its blocks are the base's
+        model = model.get_base_model()
     inner = getattr(model, "model", model)
     return list(getattr(inner, "layers", []))
 
@@ -49,8 +53,9 @@ class FSDPEngine:
         fully_shard(model, mesh=dp_mesh, mp_policy=mp)
         self.model, self.optim = model, optim
         self.dp_group = dp_mesh.get_group() if dp_mesh is not None else None
+        # Only what trains: under LoRA the frozen base gets no gradients and no Adam states.
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
+            trainable_parameters(model), lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay
         )
 
     def train_step(self, loss_fn: LossFn, micro_batches: list[Batch], forward: Forward) -> dict[str, float]:
@@ -71,12 +76,14 @@ class FSDPEngine:
         return {**totals, "grad_norm": float(grad_norm), "lr": self.optimizer.param_groups[0]["lr"]}
 
     @torch.no_grad()
-    def iter_full_weights(self):
-        """(name, unsharded tensor) of every parameter and buffer, one at a time: each is
-        all-gathered when it is reached, so peak memory is one full tensor, not the model.
-        Every rank must consume the iterator to the end (the gathers are collectives)."""
+    def iter_full_weights(self, only: Callable[[str], bool] | None = None):
+        """(name, unsharded tensor) of every parameter and buffer (those whose name `only`
+        accepts), one at a time: each is all-gathered when it is reached, so peak memory is one
+        full tensor, not the model. Every rank must consume the iterator to the end (the gathers
+        are collectives)."""
         for name, value in self.model.state_dict().items():
-            yield name, (value.full_tensor() if isinstance(value, DTensor) else value).detach()
+            if only is None or only(name):
+                yield name, (value.full_tensor() if isinstance(value, DTensor) else value).detach()
 
     def full_weights(self) -> dict[str, torch.Tensor]:
         """Every parameter and buffer unsharded, on every rank."""

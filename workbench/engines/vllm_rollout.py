@@ -14,6 +14,11 @@ shifted logits: SamplingConfig has none.
 
 The engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): `load_weights` hands
 the worker a plain iterator of tensors, and a trainer in the same process shares its memory.
+
+With LoRA (`VLLMRollout(..., lora=LoRAConfig)`) the engine keeps the frozen base and applies the
+trained adapter itself (vLLM's LoRA support): `load_adapter` writes the adapter tensors (a few MB
+at most) to a private directory and every later request names it (`LoRARequest`, reloaded in
+place), so the base weights are never sent again.
 """
 
 from __future__ import annotations
@@ -121,7 +126,8 @@ class VLLMRollout:
     >>> rollout.load_weights(model.state_dict().items())   # after a training step
     """
 
-    def __init__(self, model_dir: str | os.PathLike, cfg: VLLMRolloutConfig | None = None):
+    def __init__(self, model_dir: str | os.PathLike, cfg: VLLMRolloutConfig | None = None, lora=None):
+        """lora: a workbench.models.lora.LoRAConfig when the trained weights are adapters."""
         from workbench.models.load import load_config, load_tokenizer
 
         self.cfg = cfg = cfg or VLLMRolloutConfig()
@@ -148,6 +154,12 @@ class VLLMRollout:
                 f"HF rollout backend."
             ) from error
 
+        self.lora, self._lora_request, self._adapter_dir = lora, None, None
+        if lora is not None:
+            ranks = [r for r in _VLLM_LORA_RANKS if r >= lora.rank]
+            if not ranks:
+                raise ValueError(f"VLLMRollout: vLLM takes LoRA ranks up to {_VLLM_LORA_RANKS[-1]}, not {lora.rank}")
+            kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=ranks[0])
         self.llm = LLM(
             model=str(self.model_dir),
             max_model_len=cfg.max_model_len,
@@ -172,7 +184,12 @@ class VLLMRollout:
         self._wake()
         token_lists = self._prompt_tokens(prompts, sampling.max_new_tokens)
         params = [self._sampling_params(sampling, i) for i in range(len(token_lists))]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in token_lists], params, use_tqdm=False)
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=ids) for ids in token_lists],
+            params,
+            use_tqdm=False,
+            lora_request=self._lora_request,
+        )
 
         n, length = sampling.n, sampling.max_new_tokens
         responses = torch.full((len(token_lists) * n, length), self.pad_token_id, dtype=torch.long)
@@ -204,6 +221,28 @@ class VLLMRollout:
         # after loading and a direct load would hit the emptied originals.
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
         self.llm.reset_prefix_cache()  # cached prefix KV was computed with the old weights
+        self.last_load_seconds = time.perf_counter() - start
+
+    def load_adapter(self, adapters: dict[str, torch.Tensor]) -> None:
+        """Use these LoRA adapter tensors (peft's file names, `workbench.models.lora.adapter_weights`)
+        from the next generation on; the base weights stay as they are."""
+        from vllm.lora.request import LoRARequest
+
+        from workbench.models.lora import write_adapter
+
+        if self.lora is None:
+            raise RuntimeError("VLLMRollout.load_adapter: the engine was started without lora=LoRAConfig(...)")
+        start = time.perf_counter()
+        self._wake()
+        if self._adapter_dir is None:
+            self._adapter_dir = tempfile.mkdtemp(prefix="adapter-", dir=os.environ["VLLM_CACHE_ROOT"])
+        write_adapter(adapters, self.lora, self._adapter_dir)
+        # Loaded now, in place of the cached one under the same id (load_inplace). Requests then
+        # name it without load_inplace: vLLM applies a request's adapter at every step, and with
+        # the flag it would read the directory again each time.
+        self.llm.llm_engine.add_lora(LoRARequest("trained", 1, self._adapter_dir, load_inplace=True))
+        self._lora_request = LoRARequest("trained", 1, self._adapter_dir)
+        self.llm.reset_prefix_cache()  # cached prefix KV was computed with the old adapter
         self.last_load_seconds = time.perf_counter() - start
 
     def release(self) -> None:
@@ -273,6 +312,8 @@ class VLLMRollout:
         )
 
 
+_VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The max_lora_rank values vLLM accepts (vllm.config.lora.MaxLoRARanks)."""
 _FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 

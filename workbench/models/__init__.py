@@ -14,12 +14,14 @@ from workbench.models.load import (
     resolve_dtype,
     save,
 )
+from workbench.models.lora import LoRAConfig
 from workbench.models.tiny import SIZES, TinySize, count_parameters, make_tiny, tiny_config, train_tokenizer
 
 __all__ = [
     "SIZES",
     "GGUFImportError",
     "LoadConfig",
+    "LoRAConfig",
     "LoadedModel",
     "ModelLoadError",
     "TinySize",

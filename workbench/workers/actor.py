@@ -8,7 +8,12 @@ Otherwise the rollout engine holds its own generation copy, and before a generat
 follows an update every rank streams the full weights into it one tensor at a time (each
 gathered from the shards as it is reached, loaded in place: no restart, no disk, no gathered
 copy of the whole model). Each sync is recorded in the trace (`hybrid.sync_weights`, with its
-seconds and memory).
+seconds, bytes and memory).
+
+With `lora` set (workbench.models.lora) the base stays frozen and only the adapters train: the
+reference policy is the same module with its adapters disabled (no second copy), a sync moves
+the adapter tensors alone (into the HF rollout's copy, or to vLLM as a LoRA adapter), and
+checkpoints hold the adapters and their optimizer state.
 
 With `train=False, rollout=None, reference=True` the same class is a plain reference worker.
 """
@@ -48,6 +53,16 @@ from workbench.models.load import (
     for_worker,
     load,
     training_dtype,
+)
+from workbench.models.lora import (
+    LoRAConfig,
+    adapter_weights,
+    apply_lora,
+    check_lora,
+    check_targets,
+    is_trained,
+    peft_model,
+    save_lora,
 )
 from workbench.workers.updates import (
     check_mini_batch_splits,
@@ -97,6 +112,10 @@ class ActorConfig:
     vllm: VLLMRolloutConfig = field(default_factory=lambda: VLLMRolloutConfig(cpu_threads_bind="per-rank"))
     """vLLM engine settings when rollout="vllm"; cpu_threads_bind="per-rank" pins rank r's
     engine to core r mod cores (several ranks on one machine must not share cores)."""
+    lora: LoRAConfig | None = None
+    """Train low-rank adapters on a frozen base instead of every weight (None: full fine-tuning).
+    The reference policy is then the base itself (adapters disabled). Backends "fsdp" and
+    "deepspeed"."""
     check_weight_sync: bool = True
     """backend="3d": after every switch to the generation layout, compare a per-tensor checksum of
     the generation pieces with the training pieces (WeightSyncError on a mismatch)."""
@@ -130,6 +149,11 @@ class ActorConfig:
             )
         checks.of_type("ActorConfig", "hf", self.hf, HFRolloutConfig, "pass an HFRolloutConfig")
         checks.of_type("ActorConfig", "vllm", self.vllm, VLLMRolloutConfig, "pass a VLLMRolloutConfig")
+        check_lora("ActorConfig", self.lora, self.backend, self.train)
+        if self.lora is not None and self.load.compile:
+            raise ConfigError(
+                "ActorConfig.load.compile", True, "compiled forwards are not wired with LoRA; use compile=False"
+            )
         if not (self.train or self.rollout or self.reference):
             raise ConfigError(
                 "ActorConfig(train, rollout, reference)",
@@ -147,6 +171,7 @@ class ActorConfig:
             check_data_parallel_only("ActorRolloutRefWorker", mesh, role)
         check_mini_batch_splits("ActorConfig", self.mini_batch_size, mesh.dp, role)
         check_model_dir(self.model_path, "ActorConfig.model_path", "causal", self.load.trust_remote_code)
+        check_targets("ActorConfig", self.lora, self.model_path)
 
     def check_rows(self, rows: int, role: str) -> None:
         """An update over `rows` rows takes equal mini-batches."""
@@ -177,10 +202,12 @@ class ActorRolloutRefWorker(Worker):
         loaded = load(config.model_path, for_worker(config.load, self.device, config.train))
         self.tokenizer = loaded.tokenizer
         model = loaded.model
+        if config.lora is not None:  # before any copy or sharding: every copy has the adapters
+            model = apply_lora(model, config.lora)
         tensor_parallel = config.backend == "3d" and self.mesh.tp > 1
         tp_mesh = self.device_mesh["tp"] if tensor_parallel else None
         self.reference = None
-        if config.reference:  # cut like the training weights where those are cut
+        if config.reference and config.lora is None:  # cut like the training weights where those are cut
             self.reference = compile_forward(
                 parallelize(copy.deepcopy(model), tp_mesh).eval().requires_grad_(False), config.load
             )
@@ -271,7 +298,7 @@ class ActorRolloutRefWorker(Worker):
                 if cfg.vllm.cpu_threads_bind == "per-rank"
                 else cfg.vllm
             )
-            return VLLMRollout(cfg.model_path, engine)
+            return VLLMRollout(cfg.model_path, engine, lora=cfg.lora)
         return None
 
     # ---- rollout (hybrid engine) -------------------------------------------------------------
@@ -302,10 +329,24 @@ class ActorRolloutRefWorker(Worker):
         if self.engine is None or self.shares_weights or self.rollout_version == self.version:
             return
         start = time.time()
-        self.rollout.load_weights(self.engine.iter_full_weights())
+        moved = _Counted()
+        if self.config.lora is None:
+            self.rollout.load_weights(moved(self.engine.iter_full_weights()))
+        elif self.config.rollout == "vllm":  # the base never changes: vLLM applies the adapter itself
+            self.rollout.load_adapter(adapter_weights(moved(self.engine.iter_full_weights(only=is_trained))))
+        else:  # the HF copy is the peft model too: same names, adapters only
+            self.rollout.load_weights(moved(self.engine.iter_full_weights(only=is_trained)))
         peak_rss = psutil.Process().memory_info().rss
         self.rollout_version = self.version
-        self.record_span("hybrid.sync_weights", start, time.time(), peak_rss_bytes=peak_rss, version=self.version)
+        self.record_span(
+            "hybrid.sync_weights",
+            start,
+            time.time(),
+            peak_rss_bytes=peak_rss,
+            version=self.version,
+            bytes_loaded=moved.bytes,
+            tensors=moved.tensors,
+        )
 
     # ---- forwards ----------------------------------------------------------------------------
     @register(THREE_D_PROTO)
@@ -329,9 +370,13 @@ class ActorRolloutRefWorker(Worker):
 
     @register(THREE_D_PROTO)
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
-        if self.reference is None:
+        if not self.config.reference:
             raise RuntimeError("this worker holds no reference copy (ActorConfig.reference=False)")
-        log_probs, _ = self._forward(self.reference, batch)
+        if self.config.lora is not None:  # the reference is the frozen base: adapters off
+            with peft_model(self.engine.model).disable_adapter():
+                log_probs, _ = self._forward(self.engine.model, batch)
+        else:
+            log_probs, _ = self._forward(self.reference, batch)
         return Batch({"ref_log_probs": log_probs})
 
     @torch.no_grad()
@@ -399,14 +444,36 @@ class ActorRolloutRefWorker(Worker):
         return path
 
     @register(ONE_TO_ALL)
-    def export_hf(self, path: str) -> str:
-        """The current weights as a normal Hugging Face checkpoint directory (rank 0 writes)."""
-        weights = self.engine.full_weights() if self.engine else None
+    def export_hf(self, path: str, merged: bool = False) -> str:
+        """The current weights as a normal Hugging Face checkpoint directory (rank 0 writes).
+        With LoRA: a peft adapter directory (`PeftModel.from_pretrained(base, path)` loads it),
+        or with merged=True the base with the adapters merged in, as a plain model directory."""
+        cfg = self.config
+        if cfg.lora is not None:
+            adapters = dict(self.engine.iter_full_weights(only=is_trained))  # a collective: every rank
+            if self.rank == 0:  # the base comes from its directory: only the adapters travel
+                save_lora(load(cfg.model_path, cfg.load).model, cfg.lora, adapters, path, merged)
+        else:
+            weights = self.engine.full_weights() if self.engine else None
+            if self.rank == 0:
+                model = load(cfg.model_path, cfg.load).model  # an unsharded template
+                if weights is not None:
+                    model.load_state_dict(weights)
+                model.save_pretrained(path)
         if self.rank == 0:
-            model = load(self.config.model_path, self.config.load).model  # an unsharded template
-            if weights is not None:
-                model.load_state_dict(weights)
-            model.save_pretrained(path)
             self.tokenizer.save_pretrained(path)
         dist.barrier()
         return path
+
+
+class _Counted:
+    """Wraps a (name, tensor) stream and counts what passes: the bytes a weight sync moved."""
+
+    def __init__(self):
+        self.bytes = self.tensors = 0
+
+    def __call__(self, named):
+        for name, tensor in named:
+            self.bytes += tensor.numel() * tensor.element_size()
+            self.tensors += 1
+            yield name, tensor

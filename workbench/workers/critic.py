@@ -1,4 +1,6 @@
-"""CriticWorker: values per response token, and the value-function update (FSDP2)."""
+"""CriticWorker: values per response token, and the value-function update (FSDP2 or DeepSpeed).
+
+With `lora` set the trunk stays frozen: its adapters and the (new) value head train."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from workbench.models.load import (
     for_worker,
     training_dtype,
 )
+from workbench.models.lora import LoRAConfig, apply_lora, check_lora, check_targets, is_trained, save_lora
 from workbench.models.value import load_value_model
 from workbench.workers.updates import (
     check_mini_batch_splits,
@@ -57,6 +60,9 @@ class CriticConfig:
     saving one forward of the critic per iteration (workbench.engines.kept_forward). Exact where
     allowed: one epoch, and every update one optimizer step (rows <= mini_batch_size); other
     updates are refused. Holds the forward's activations from compute_values to update_critic."""
+    lora: LoRAConfig | None = None
+    """Train low-rank adapters on the frozen trunk, plus the whole value head (None: train every
+    weight). Backends "fsdp" and "deepspeed"."""
 
     def __post_init__(self):
         checks.one_of(
@@ -67,6 +73,11 @@ class CriticConfig:
         checks.of_type("CriticConfig", "load", self.load, LoadConfig, "pass a workbench.models.load.LoadConfig")
         check_compiled_training("CriticConfig", self.load, self.backend, self.zero_stage)
         check_training_precision("CriticConfig", self.load, self.backend)
+        check_lora("CriticConfig", self.lora, self.backend, train=True)
+        if self.lora is not None and self.load.compile:
+            raise ConfigError(
+                "CriticConfig.load.compile", True, "compiled forwards are not wired with LoRA; use compile=False"
+            )
         checks.of_type("CriticConfig", "reuse_values_forward", self.reuse_values_forward, bool, "use True or False")
         if self.reuse_values_forward:
             if self.epochs != 1:
@@ -94,6 +105,7 @@ class CriticConfig:
             check_data_parallel_only("CriticWorker", mesh, role)
         check_mini_batch_splits("CriticConfig", self.mini_batch_size, mesh.dp, role)
         check_model_dir(self.model_path, "CriticConfig.model_path", "value", self.load.trust_remote_code)
+        check_targets("CriticConfig", self.lora, self.model_path, value_head=True)
 
     def check_rows(self, rows: int, role: str) -> None:
         check_rows_split("CriticConfig", self.mini_batch_size, rows, role)
@@ -124,8 +136,11 @@ class CriticWorker(Worker):
                 f"the value model at {config.model_path} uses dropout, so its training forward is not "
                 "the values' forward; turn reuse_values_forward off (or set the dropout to 0)",
             )
+        model = loaded.model
+        if config.lora is not None:  # before sharding; the value head is new, so it trains whole
+            model = apply_lora(model, config.lora, trained_heads=VALUE_HEADS)
         self.engine = make_engine(
-            compile_forward(loaded.model, config.load),
+            compile_forward(model, config.load),
             config.optim,
             self.device_mesh["dp"],
             backend=config.backend,
@@ -196,9 +211,19 @@ class CriticWorker(Worker):
         return path
 
     @register(ONE_TO_ALL)
-    def export_hf(self, path: str) -> str:
+    def export_hf(self, path: str, merged: bool = False) -> str:
         """The value model as a Hugging Face token-classification directory (rank 0 writes);
-        `workbench.models.value.load_value_model` or AutoModelForTokenClassification loads it."""
+        `workbench.models.value.load_value_model` or AutoModelForTokenClassification loads it.
+        With LoRA: a peft adapter directory (adapters and the value head), or the merged model
+        with merged=True."""
+        cfg = self.config
+        if cfg.lora is not None:
+            adapters = dict(self.engine.iter_full_weights(only=is_trained))  # a collective: every rank
+            if self.rank == 0:
+                base = load_value_model(cfg.model_path, cfg.load).model
+                save_lora(base, cfg.lora, adapters, path, merged, trained_heads=VALUE_HEADS)
+            dist.barrier()
+            return path
         weights = self.engine.full_weights()
         if self.rank == 0:
             model = load_value_model(self.config.model_path, self.config.load).model  # an unsharded template
@@ -206,6 +231,10 @@ class CriticWorker(Worker):
             model.save_pretrained(path)
         dist.barrier()
         return path
+
+
+VALUE_HEADS = ("score",)
+"""The value head of AutoModelForTokenClassification's Llama-style models (trained whole under LoRA)."""
 
 
 def has_dropout(model: torch.nn.Module) -> bool:
