@@ -117,7 +117,9 @@ def test_bad_lora_settings_are_refused(make, where):
 
 def test_unknown_target_modules_are_refused_on_the_driver(tiny_dir):
     config = ActorConfig(model_path=str(tiny_dir), lora=LoRAConfig(target_modules=("q_proj", "qkv")))
-    with pytest.raises(ConfigError, match=r"ActorConfig.lora.target_modules=.*no linear layer named \['qkv'\].*'o_proj'"):
+    with pytest.raises(
+        ConfigError, match=r"ActorConfig.lora.target_modules=.*no linear layer named \['qkv'\].*'o_proj'"
+    ):
         config.check_layout(Mesh(dp=2), "actor")
     critic = CriticConfig(model_path=str(tiny_dir), lora=LoRAConfig(target_modules=("score",)))
     with pytest.raises(ConfigError, match=r"CriticConfig.lora.target_modules=\['score'\]"):
