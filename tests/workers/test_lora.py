@@ -114,3 +114,33 @@ def test_lora_critic_trains_adapters_and_head(session, model_dir, tmp_path):
 
     saved = load_file(tmp_path / "critic" / "adapter_model.safetensors")
     assert any(".lora_A." in k for k in saved) and any("score" in k for k in saved)  # adapters + the value head
+
+
+def test_lora_vllm_rollout_gets_the_adapter(session, model_dir, tmp_path):
+    """vLLM keeps the base and applies the trained adapter itself (its LoRA support)."""
+    from workbench.engines.vllm_rollout import VLLMRolloutConfig
+
+    config = ActorConfig(
+        model_path=model_dir,
+        rollout="vllm",
+        optim=OPTIM,
+        mini_batch_size=8,
+        micro_batch_size=4,
+        lora=LORA,
+        vllm=VLLMRolloutConfig(max_model_len=128, cpu_threads_bind="per-rank"),
+    )
+    actor = session.group("actor", ActorRolloutRefWorker, session.pool("lora_vllm", 1), config)
+    tokenizer = load(model_dir).tokenizer
+    greedy = SamplingConfig(max_new_tokens=10, greedy=True)
+    batch = actor.generate_sequences(prompts(tokenizer), greedy).get()
+    for _ in range(2):
+        actor.update_actor(batch.union(advantages_for(batch)), losses.reinforce_loss).get()
+    since = max(r.end for r in session.trace())
+    after = actor.generate_sequences(prompts(tokenizer), greedy).get()
+    merged = AutoModelForCausalLM.from_pretrained(actor.export_hf(str(tmp_path / "merged"), merged=True).get()[0])
+    expected = HFRollout(merged, tokenizer.pad_token_id, tokenizer.eos_token_id).generate(prompts(tokenizer), greedy)
+    assert not torch.equal(expected["responses"], batch["responses"])  # the update changed greedy decoding
+    assert torch.equal(after["responses"], expected["responses"])
+    assert (after["rollout_log_probs"] - expected["rollout_log_probs"]).abs().max() <= 1e-3
+    syncs = [r for r in session.trace() if r.method == "hybrid.sync_weights" and r.start >= since]
+    assert [r.extra["bytes_loaded"] for r in syncs] == [adapter_bytes(model_dir)]
