@@ -97,3 +97,23 @@ def test_frozen_models_are_kept_like_the_workers_keep_them():
         assert static_memory(SPEC, s, False, sharding).params == pytest.approx(M / 2)
     trained = static_memory(SPEC, s, True, "full")
     assert trained.params == pytest.approx(M / 8) and trained.grads == pytest.approx(M / 8 * 2)
+
+
+def test_lora_keeps_gradients_and_adam_states_for_the_adapters_only():
+    full, lora = SPEC, SPEC.with_lora(16)
+    assert lora.param_count == full.param_count and lora.trainable_params == lora.adapter_params
+    # r·(in + out) per projection: q, o (h→h), k, v (h→kv), gate, up (h→I), down (I→h)
+    h, i = SPEC.hidden, SPEC.intermediate
+    assert lora.adapter_params == SPEC.n_layers * 16 * (4 * 2 * h + 3 * (h + i))  # no GQA: kv = h
+    s = Mesh(1, 1, 8)
+    for sharding in ("optimizer", "full"):
+        a, b = static_memory(full, s, True, sharding), static_memory(lora, s, True, sharding)
+        assert b.grads == pytest.approx(a.grads * lora.trainable_params / full.param_count)
+        assert b.optimizer == pytest.approx(a.optimizer * lora.trainable_params / full.param_count)
+        assert b.static < a.static / 2  # the goal for an actor process, here in the model
+    assert static_memory(full.with_lora(0), s, True) == static_memory(full, s, True)
+    assert static_memory(lora, s, False) == static_memory(full, s, False)  # frozen: nothing changes
+    critic = SPEC.as_value_model().with_lora(8)
+    assert critic.trainable_params == critic.adapter_params + critic.hidden  # the new value head trains whole
+    with pytest.raises(ValueError, match=r"with_lora\(rank=-1\)"):
+        SPEC.with_lora(-1)

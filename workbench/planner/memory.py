@@ -74,12 +74,21 @@ def static_memory(spec: ModelSpec, s: Mesh, trained: bool, sharding: str = "opti
     replicated over data-parallel ranks, Adam states sharded. "full" (FSDP / ZeRO-3, what the
     workbench's workers train with): everything sharded over all devices. Frozen models are
     kept as the workers keep them under either: whole on every data-parallel rank, cut only by
-    tensor and pipeline parallelism (no gathers in their forwards)."""
+    tensor and pipeline parallelism (no gathers in their forwards). A LoRA-trained model
+    (spec.lora_rank > 0) keeps gradients and Adam states for its adapters only."""
     shard = spec.param_count / s.model_parallel
     if not trained:
         return MemoryBreakdown(params=shard * WEIGHT_BYTES)
-    per_dp = shard / s.dp if sharding == "full" else shard
-    return MemoryBreakdown(params=per_dp * WEIGHT_BYTES, grads=per_dp * GRAD_BYTES, optimizer=shard / s.dp * ADAM_BYTES)
+    # Under LoRA (spec.lora_rank) only the adapters have gradients and Adam states; the frozen
+    # base is kept like the trained weights (sharded the same way), plus the adapters themselves.
+    trained_shard = spec.trainable_params / s.model_parallel
+    adapters = spec.adapter_params / s.model_parallel
+    per_dp = 1 / s.dp if sharding == "full" else 1.0
+    return MemoryBreakdown(
+        params=(shard + adapters) * per_dp * WEIGHT_BYTES,
+        grads=trained_shard * per_dp * GRAD_BYTES,
+        optimizer=trained_shard / s.dp * ADAM_BYTES,
+    )
 
 
 TransitionMethod = Literal["deepspeed_chat", "vanilla", "hybridflow"]

@@ -125,7 +125,7 @@ class Simulator:
         if train:
             # Adam is memory-bound: every optimizer step reads this device's gradients, reads
             # and writes its master weights and both moments, and writes the weights.
-            params = spec.param_count / s.world_size
+            params = spec.trainable_params / s.world_size  # under LoRA: the adapters only
             total += steps * params * OPTIMIZER_STEP_BYTES / (c.memory_bandwidth * c.bandwidth_efficiency)
         if s.dp > 1 and wl.param_sharding == "full" and trained:
             # FSDP / ZeRO-3: per micro-batch, one all-gather of every layer's parameters per

@@ -37,6 +37,10 @@ class ModelSpec:
     """Vocabulary size."""
     value_head: bool = False
     """True for critic / reward / cost models: a scalar head replaces the LM head."""
+    lora_rank: int = 0
+    """Trained with LoRA adapters of this rank on every projection of each block (q, k, v, o,
+    gate, up, down; workbench.models.lora's default targets), the base frozen; 0: every weight
+    trains. Sizes the gradients and Adam states (`trainable_params`)."""
 
     @property
     def head_dim(self) -> int:
@@ -66,6 +70,27 @@ class ModelSpec:
         """Embedding + blocks (with two RMSNorm vectors each) + final norm + head (untied)."""
         h = self.hidden
         return self.vocab * h + self.n_layers * (self.layer_matmul_params + 2 * h) + h + self.head_params
+
+    @property
+    def adapter_params(self) -> int:
+        """LoRA parameters: r·(in + out) for each adapted projection of each block."""
+        h, kv, inter = self.hidden, self.kv_dim, self.intermediate
+        per_layer = 2 * (h + h) + 2 * (h + kv) + 3 * (h + inter)  # q, o; k, v; gate, up, down
+        return self.n_layers * self.lora_rank * per_layer
+
+    @property
+    def trainable_params(self) -> int:
+        """What gets gradients and Adam states when the model trains: everything, or under LoRA
+        the adapters (plus a value model's new head, which trains whole)."""
+        if not self.lora_rank:
+            return self.param_count
+        return self.adapter_params + (self.head_params if self.value_head else 0)
+
+    def with_lora(self, rank: int) -> ModelSpec:
+        """The same model trained with LoRA adapters of `rank` (0: full fine-tuning)."""
+        if not (isinstance(rank, int) and rank >= 0):
+            raise ValueError(f"ModelSpec.with_lora(rank={rank!r}): use a whole number >= 0 (0 = full fine-tuning)")
+        return dataclasses.replace(self, lora_rank=rank)
 
     def forward_flops_per_token(self, context: float) -> float:
         """2·(matmul params) + 4·L·context·h: dense matmuls plus QKᵀ and AV over `context`
