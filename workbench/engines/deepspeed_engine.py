@@ -147,6 +147,16 @@ class DeepSpeedEngine:
             else:
                 yield name, value.detach()
 
+    @torch.no_grad()
+    def gather_weights(self, only: Callable[[str], bool]) -> dict[str, torch.Tensor]:
+        """Whole copies of the few small parameters whose names `only` accepts (LoRA adapters), on
+        every rank; under ZeRO-3 gathered together, not one collective per tensor."""
+        params = [(name, p) for name, p in self.model.module.named_parameters() if only(name)]
+        if self.zero_stage < 3:
+            return {name: p.detach().clone() for name, p in params}
+        with deepspeed.zero.GatheredParameters([p for _, p in params]):
+            return {name: p.detach().clone() for name, p in params}
+
     def full_weights(self) -> dict[str, torch.Tensor]:
         """Every parameter and buffer unsharded, on every rank, under the HF names."""
         return dict(self.iter_full_weights())

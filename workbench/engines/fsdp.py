@@ -13,8 +13,9 @@ import warnings
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 
 from workbench.data.batch import Batch
 from workbench.engines.accumulation import NonFiniteStep, accumulate_gradients
@@ -84,6 +85,23 @@ class FSDPEngine:
         for name, value in self.model.state_dict().items():
             if only is None or only(name):
                 yield name, (value.full_tensor() if isinstance(value, DTensor) else value).detach()
+
+    @torch.no_grad()
+    def gather_weights(self, only: Callable[[str], bool]) -> dict[str, torch.Tensor]:
+        """Whole copies of the few small tensors whose names `only` accepts (LoRA adapters), on
+        every rank, in one collective: gathered one by one (`iter_full_weights`) they would pay a
+        collective's latency each (~2 ms on gloo; 140 adapters of a 10-layer model took 0.3 s)."""
+        state = {name: value for name, value in self.model.state_dict().items() if only(name)}
+        sharded = {name: value for name, value in state.items() if isinstance(value, DTensor)}
+        world = dist.get_world_size(self.dp_group) if self.dp_group is not None else 1
+        if world == 1 or any(value.placements != (Shard(0),) for value in sharded.values()):
+            return dict(self.iter_full_weights(only))
+        pieces: list = [None] * world  # each rank's dim-0 shards, in rank order: cat gives the whole
+        local = {name: value.to_local().detach().cpu() for name, value in sharded.items()}
+        dist.all_gather_object(pieces, local, group=self.dp_group)
+        device = next(iter(state.values())).device if state else torch.device("cpu")
+        whole = {name: torch.cat([piece[name] for piece in pieces]).to(device) for name in sharded}
+        return {name: whole.get(name, value.detach()) for name, value in state.items()}
 
     def full_weights(self) -> dict[str, torch.Tensor]:
         """Every parameter and buffer unsharded, on every rank."""

@@ -333,9 +333,9 @@ class ActorRolloutRefWorker(Worker):
         if self.config.lora is None:
             self.rollout.load_weights(moved(self.engine.iter_full_weights()))
         elif self.config.rollout == "vllm":  # the base never changes: vLLM applies the adapter itself
-            self.rollout.load_adapter(adapter_weights(moved(self.engine.iter_full_weights(only=is_trained))))
+            self.rollout.load_adapter(adapter_weights(moved(self.engine.gather_weights(is_trained).items())))
         else:  # the HF copy is the peft model too: same names, adapters only
-            self.rollout.load_weights(moved(self.engine.iter_full_weights(only=is_trained)))
+            self.rollout.load_weights(moved(self.engine.gather_weights(is_trained).items()))
         peak_rss = psutil.Process().memory_info().rss
         self.rollout_version = self.version
         self.record_span(
@@ -450,7 +450,7 @@ class ActorRolloutRefWorker(Worker):
         or with merged=True the base with the adapters merged in, as a plain model directory."""
         cfg = self.config
         if cfg.lora is not None:
-            adapters = dict(self.engine.iter_full_weights(only=is_trained))  # a collective: every rank
+            adapters = self.engine.gather_weights(is_trained)  # a collective: every rank
             if self.rank == 0:  # the base comes from its directory: only the adapters travel
                 save_lora(load(cfg.model_path, cfg.load).model, cfg.lora, adapters, path, merged)
         else:

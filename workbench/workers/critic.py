@@ -218,7 +218,7 @@ class CriticWorker(Worker):
         with merged=True."""
         cfg = self.config
         if cfg.lora is not None:
-            adapters = dict(self.engine.iter_full_weights(only=is_trained))  # a collective: every rank
+            adapters = self.engine.gather_weights(is_trained)  # a collective: every rank
             if self.rank == 0:
                 base = load_value_model(cfg.model_path, cfg.load).model
                 save_lora(base, cfg.lora, adapters, path, merged, trained_heads=VALUE_HEADS)
