@@ -117,12 +117,9 @@ def apply_lora(model: torch.nn.Module, lora: LoRAConfig, trained_heads: Iterable
         target_modules=list(lora.target_modules),
         modules_to_save=list(trained_heads) or None,
     )
-    wrapped = get_peft_model(model, config, adapter_name=ADAPTER)
-    if getattr(model, "is_gradient_checkpointing", False):
-        # Reentrant checkpointing passes gradients only to inputs that need them; the frozen
-        # embedding's output does not, so the adapters would get none.
-        model.enable_input_require_grads()
-    return wrapped
+    # LoadConfig.gradient_checkpointing is non-reentrant, so adapters behind the frozen embedding
+    # get their gradients without peft's enable_input_require_grads.
+    return get_peft_model(model, config, adapter_name=ADAPTER)
 
 
 def peft_model(module: torch.nn.Module):
