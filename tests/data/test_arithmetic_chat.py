@@ -1,5 +1,5 @@
 """The chat variant of the arithmetic task: problems as system + user messages, the assistant's
-text scored strictly (the number alone), and a harder held-out split disjoint by construction."""
+text graded by its final number, and a harder held-out split disjoint by construction."""
 
 import pytest
 
@@ -16,27 +16,24 @@ from workbench.run.config import load_config
     "response, expected",
     [
         ("85", 1.0),
-        (" 85", 1.0),
-        ("85.", 1.0),
-        ("\n 85.\n", 1.0),
+        (" 85.\n", 1.0),
+        ("The answer is 85.", 1.0),
+        ("37 + 48 = 85", 1.0),
+        ("**85**", 1.0),
         ("85.0", 0.0),
-        ("85..", 0.0),
-        ("The answer is 85.", 0.0),
-        ("37 + 48 = 85", 0.0),
-        ("85 apples", 0.0),
         ("085", 0.0),
-        ("+85", 0.0),
         ("84", 0.0),
+        ("85 + 1 = 86", 0.0),
+        ("To add 37 and 48, we", 0.0),
         ("", 0.0),
-        ("**85**", 0.0),
     ],
 )
-def test_the_number_alone_scores_whitespace_and_a_full_stop_allowed(response, expected):
+def test_the_final_number_is_the_answer(response, expected):
     assert arithmetic_chat.score(response, "85") == expected
 
 
 def test_negative_answers_and_a_registered_task():
-    assert arithmetic_chat.score(" -12.", "-12") == 1.0 and arithmetic_chat.score("- 12", "-12") == 0.0
+    assert arithmetic_chat.score("3 - 15 = -12", "-12") == 1.0 and arithmetic_chat.score("- 12", "-12") == 0.0
     task = get_task("arithmetic_chat")
     assert task.score is arithmetic_chat.score and task.cost is None
     assert get_task("arithmetic").prompt(arithmetic.Problem("Q: 1+2=? A:", "3", "1+2")) == "Q: 1+2=? A:"
@@ -46,13 +43,14 @@ def test_problems_become_a_system_line_and_a_question():
     problem = arithmetic.generate(arithmetic.ArithmeticConfig(digits=2, operations=("+", "-", "*"), num_operands=3), 1)[
         0
     ]
-    system, user = arithmetic_chat.messages(problem)
-    assert system == {"role": "system", "content": arithmetic_chat.SYSTEM}
+    (user,) = arithmetic_chat.messages(problem)  # no system line: the template's own
+    system, _ = arithmetic_chat.messages(problem, system="Be brief.")
+    assert system == {"role": "system", "content": "Be brief."}
     assert user["role"] == "user" and user["content"].endswith("? Answer with the number only.")
     assert user["content"].replace(" ", "").removeprefix("Whatis").startswith(problem.expression)
     assert arithmetic_chat.spaced("-3+4*-2") == "-3 + 4 * -2"  # a sign stays with its number
     tokenizer = add_chatml(train_tokenizer())
-    rendered = render_prompt(arithmetic_chat.messages(problem), tokenizer)
+    rendered = render_prompt(arithmetic_chat.messages(problem, system="Be brief."), tokenizer)
     assert rendered.startswith("<|im_start|>system\n") and rendered.endswith("<|im_start|>assistant\n")
 
 
@@ -82,7 +80,7 @@ def test_a_run_config_draws_chat_rows_and_a_disjoint_harder_held_out_set():
     )
     train, held_out = build.prompt_rows(config)
     assert len(held_out) == 50 and all(isinstance(r["prompt"], list) for r in train + held_out)
-    questions = lambda rows: {r["prompt"][1]["content"] for r in rows}  # noqa: E731
+    questions = lambda rows: {r["prompt"][-1]["content"] for r in rows}  # noqa: E731
     assert not questions(train) & questions(held_out)
     assert all(len(r["ground_truth"]) <= 2 for r in train)  # sums of one-digit operands
     assert min(int(r["ground_truth"]) for r in held_out) >= 20  # two-digit operands

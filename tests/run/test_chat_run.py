@@ -57,11 +57,11 @@ def test_the_rollout_log_shows_the_conversation_and_the_assistants_text(chat_run
     rows = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     assert len(rows) == 8
     for row in rows:
-        system, user, assistant = row["messages"]
-        assert system["role"] == "system" and user["content"].startswith("What is ")
+        user, assistant = row["messages"]  # no system line of the task's own
+        assert user["role"] == "user" and user["content"].startswith("What is ")
         assert assistant == {"role": "assistant", "content": row["response"]}
         assert END_OF_TURN not in row["response"]  # the end of turn ends the response, it is not text
-        assert row["prompt"].startswith("<|im_start|>system\n") and row["prompt"].endswith("<|im_start|>assistant\n")
+        assert row["prompt"].startswith("<|im_start|>") and row["prompt"].endswith("<|im_start|>assistant\n")
 
 
 def test_rewards_read_the_assistants_text_and_the_inspector_shows_turns(chat_run):
@@ -71,7 +71,7 @@ def test_rewards_read_the_assistants_text_and_the_inspector_shows_turns(chat_run
     texts, truths = list(batch["response_text"]), list(batch["ground_truth"])
     assert batch["scores"].tolist() == [score(t, g) for t, g in zip(texts, truths)]
     html = BatchInspector(batch, sort="none").summary()
-    assert "<b>system:</b>" in html and "<b>user:</b> What is" in html and "<b>assistant:</b>" in html
+    assert "<b>user:</b> What is" in html and "<b>assistant:</b>" in html
 
 
 def test_every_metrics_row_reports_each_roles_peak_memory_per_process(chat_run):

@@ -1,18 +1,19 @@
 """The arithmetic task for chat models: the same problems, put as a conversation.
 
-    messages(problem)  ->  [{"role": "system", "content": SYSTEM},
-                            {"role": "user", "content": "What is 37 + 48? Answer with the number only."}]
-    score(" 85.", "85")  ->  1.0
+    messages(problem)  ->  [{"role": "user", "content": "What is 37 + 48? Answer with the number only."}]
+    score("37 + 48 = 85", "85")  ->  1.0
 
 The prompt is a chat (rendered with the model's template by workbench.data.prompts), so an
-instruct model answers in its own turn instead of continuing a `Q: ... A:` text. The rule
-reward reads the assistant's text (the response decoded without special tokens, so an
-end-of-turn token such as `<|im_end|>` is not part of it) and is strict about form: the
-number alone, allowing surrounding whitespace and one trailing full stop ("85", " 85.\\n").
-Anything else scores 0, however right the number in it: "The answer is 85", "37 + 48 = 85",
-"85 apples", "85.0", "+85", "085". The instruction asks for the number only, and following it is
-part of the task (as in the baseline check of issue 23, where answers like
-`27 + 82 = 198` were counted wrong).
+instruct model answers in its own turn instead of continuing a `Q: ... A:` text. No system line
+by default: the model's template supplies its own (SmolLM2's), and a line of ours such as "You
+are a careful calculator." made SmolLM2-135M-Instruct explain instead of answer.
+
+The rule reward reads the assistant's text (the response decoded without special tokens, so an
+end-of-turn token such as `<|im_end|>` is not part of it) and grades its final number, as
+GSM8K-style checkers do: "85", "The answer is 85.", "37 + 48 = 85" and "**85**" are right;
+"85.0", "085", "84", "85 + 1 = 86" and "" are not. The instruction's "number only" is not
+enforced: SmolLM2 answers `37 + 48 = 85` far more often than `85`, and a strict form left it
+with no right sample at all to learn from (0 of 128 sampled at temperature 1, issue 23).
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ import re
 
 from workbench.data.arithmetic import Problem
 
-SYSTEM = "You are a careful calculator."
-"""The system line of every chat prompt."""
+SYSTEM: str | None = None
+"""The system line of every chat prompt (None: the template's own default)."""
 QUESTION = "What is {expression}? Answer with the number only."
 """The user's turn; `{expression}` is the problem's with spaced operators, e.g. `37 + 48`."""
 
-_ANSWER = re.compile(r"\s*(-?\d+)\.?\s*")
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 def spaced(expression: str) -> str:
@@ -34,22 +35,18 @@ def spaced(expression: str) -> str:
     return re.sub(r"(?<=\d)([+\-*])", r" \1 ", expression)
 
 
-def messages(problem: Problem, system: str = SYSTEM) -> list[dict[str, str]]:
-    """The problem as a chat: a system line and the user's question."""
-    return [
-        {"role": "system", "content": system},
-        {"role": "user", "content": QUESTION.format(expression=spaced(problem.expression))},
-    ]
+def messages(problem: Problem, system: str | None = SYSTEM) -> list[dict[str, str]]:
+    """The problem as a chat: a system line (when given) and the user's question."""
+    question = {"role": "user", "content": QUESTION.format(expression=spaced(problem.expression))}
+    return [{"role": "system", "content": system}, question] if system else [question]
 
 
 def extract_answer(response: str) -> str | None:
-    """The number when the response is that number alone (whitespace and one trailing full
-    stop allowed), else None."""
-    match = _ANSWER.fullmatch(response)
-    return match.group(1) if match else None
+    """The response's final number as written ("85", "-12", "85.0"), or None without one."""
+    numbers = _NUMBER.findall(response)
+    return numbers[-1] if numbers else None
 
 
 def score(response: str, ground_truth: str) -> float:
-    """1.0 when the assistant's text is exactly the answer (see the module docstring), else 0.0."""
-    answer = extract_answer(response)
-    return 1.0 if answer is not None and answer == ground_truth.strip() else 0.0
+    """1.0 when the assistant's final number is the answer exactly (see the module docstring)."""
+    return 1.0 if extract_answer(response) == ground_truth.strip() else 0.0
