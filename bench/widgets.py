@@ -20,9 +20,10 @@
                        of iterations alternating in the same run (noisy here);
   long_run_refresh   - the timeline's refresh CPU (median ms, displayed) when the run it follows
                        already holds `long_run_spans` spans (the session's default trace limit):
-                       the real run's spans repeated, handed over by a cursor as a session's
-                       `spans_since` does; `long_run_growth` is it over the same refresh at the
-                       run's start (goal: about 1, the cost of the new spans, not of the run).
+                       the real run's last iteration repeated, one iteration per refresh,
+                       handed over by a cursor as a session's `spans_since` does;
+                       `long_run_growth` is it over the same refresh at the run's start (goal:
+                       about 1, the cost of the new spans, not of the run).
 Last line: one JSON object.
 """
 
@@ -110,12 +111,13 @@ class Timed:
     """A fit callback, timed: what it holds the loop for, every iteration."""
 
     def __init__(self, callback):
-        self.callback, self.seconds = callback, []
+        self.callback, self.seconds, self.cpu_seconds = callback, [], []
 
     def __call__(self, algorithm, batch, metrics):
-        t0 = time.perf_counter()
+        t0, cpu = time.perf_counter(), time.thread_time()
         self.callback(algorithm, batch, metrics)
         self.seconds.append(time.perf_counter() - t0)
+        self.cpu_seconds.append(time.thread_time() - cpu)
 
 
 def timeline_overhead(pairs: int, block: int, workdir: Path) -> dict:
@@ -144,7 +146,8 @@ def timeline_overhead(pairs: int, block: int, workdir: Path) -> dict:
         grpo.fit([prompts], iterations=iterations, log=None, callbacks=[watch_timeline, watch_dashboard])
         continuous = time.perf_counter() - t0
         assert timeline.wait_drawn(60)  # the last iteration's spans are streamed
-        run_spans = list(timeline.records)
+        last = timeline._marks.order[-1][0]  # the last iteration's spans: what a refresh gets
+        run_spans = [r for r in timeline.records if r.start >= last]
         refresh_cpu, refresh_wall = list(timeline.refresher.cpu_seconds), list(timeline.refresher.wall_seconds)
         updates = min(len(timeline.redraw_seconds), len(dashboard.redraw_seconds))
         assert len(watch_timeline.seconds) == len(watch_dashboard.seconds) == iterations
@@ -174,6 +177,7 @@ def timeline_overhead(pairs: int, block: int, workdir: Path) -> dict:
         "timeline_refresh_cpu_ms": round(med(refresh_cpu) * 1e3, 2),
         "timeline_refreshes": len(refresh_wall),
         "dashboard_update_ms": round(med(watch_dashboard.seconds) * 1e3, 2),
+        "dashboard_update_cpu_ms": round(med(watch_dashboard.cpu_seconds) * 1e3, 2),
         "timeline_redraw_ms": round(med(redraws) * 1e3, 2) if redraws else 0.0,
         "timeline_redraws": len(redraws),
         "watched_run_s": round(continuous, 2),
@@ -182,7 +186,7 @@ def timeline_overhead(pairs: int, block: int, workdir: Path) -> dict:
         "timeline_spans": timeline.data()["spans"],
         "pairs": pairs,
         "block": block,
-        **long_run_refresh(run_spans, iterations, 20_000),
+        **long_run_refresh(run_spans, 1, 20_000),
     }
 
 
@@ -203,7 +207,9 @@ class Repeated:
                     start=r.start + k * self.length,
                     fetched=r.fetched + k * self.length,
                     end=r.end + k * self.length,
-                    extra={**r.extra, "iteration": r.extra.get("iteration", 0) + k * self.iterations},
+                    extra={**r.extra, "iteration": r.extra["iteration"] + k * self.iterations}
+                    if "iteration" in r.extra
+                    else r.extra,
                 )
                 for r in self.spans
             ]
