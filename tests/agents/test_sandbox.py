@@ -1,0 +1,88 @@
+"""Tool sandboxes: real child processes under real limits. A tool that sleeps, loops, writes
+outside its directory, opens a socket, starts a process, allocates without bound or kills its
+own process is stopped and named, and the next call runs in a fresh (or the same) process."""
+
+import os
+import time
+
+import pytest
+
+from workbench.agents import Sandbox, SandboxLimits, ToolError, calculator, python
+from workbench.errors import ConfigError
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with Sandbox(SandboxLimits(seconds=1.5, memory_mib=256)) as box:
+        yield box
+
+
+def test_a_call_runs_in_a_long_lived_child(sandbox):
+    assert sandbox.call(calculator, ("123 * 45",)) == "5535"
+    pid = sandbox.pid
+    assert pid is not None and pid != os.getpid()
+    assert sandbox.call(python, ("print(sum(range(10)))",)) == "45\n"
+    assert sandbox.pid == pid  # no process per call
+
+
+@pytest.mark.parametrize(
+    "code, kind, words",
+    [
+        ("import time\ntime.sleep(30)", "timeout", "took more than 1.5 s"),
+        ("while True:\n    pass", "timeout", "took more than 1.5 s"),
+        ("x = []\nwhile True:\n    x.append(bytearray(10**7))", "memory", "memory_mib=256"),
+        ("import os\nos._exit(3)", "crashed", "exit code 3"),
+        ("import socket\nsocket.create_connection(('127.0.0.1', 9))", "blocked", "no network"),
+        ("import subprocess\nsubprocess.run(['true'])", "blocked", "no new processes"),
+        ("import os\nos.system('true')", "blocked", "no new processes"),
+        ("open('/tmp/workbench-escape.txt', 'w').write('x')", "blocked", "/tmp/workbench-escape.txt"),
+        ("import os\nos.remove('/etc/hostname')", "blocked", "only inside the scratch directory"),
+        ("try:\n    open('/tmp/workbench-escape.txt', 'a')\nexcept OSError:\n    pass", "blocked", "scratch"),
+        ("raise RuntimeError('broken tool')", "raised", "broken tool"),
+    ],
+)
+def test_a_misbehaving_tool_is_stopped_named_and_the_next_call_runs(sandbox, code, kind, words):
+    started = time.monotonic()
+    with pytest.raises(ToolError) as err:
+        sandbox.call(python, (code,))
+    assert err.value.kind == kind and err.value.tool == "python" and words in str(err.value)
+    assert time.monotonic() - started < 15
+    assert not os.path.exists("/tmp/workbench-escape.txt")
+    assert sandbox.call(calculator, ("6 * 7",)) == "42"  # the next call is unaffected
+
+
+def test_a_tool_writes_and_reads_in_its_own_scratch_directory(sandbox):
+    assert sandbox.call(python, ("open('notes.txt', 'w').write('kept')\nprint(open('notes.txt').read())",)) == "kept\n"
+    assert (sandbox.scratch / "notes.txt").read_text() == "kept"
+
+
+def test_the_calculator_computes_arithmetic_and_nothing_else(sandbox):
+    assert sandbox.call(calculator, ("(2 + 3) ** 2 / 5",)) == "5"
+    assert sandbox.call(calculator, ("7 / 2",)) == "3.5" and sandbox.call(calculator, ("-3 * -4 % 5",)) == "2"
+    for bad, words in [
+        ("__import__('os').system('true')", "only numbers"),
+        ("abs(-3)", "only numbers"),
+        ("2 ** 10 ** 10", "too large"),
+        ("12 +", "not an arithmetic expression"),
+        ("1 / 0", "ZeroDivisionError"),
+    ]:
+        with pytest.raises(ToolError, match=words) as err:
+            sandbox.call(calculator, (bad,))
+        assert err.value.kind == "raised"
+
+
+def test_limits_are_checked_where_they_are_set():
+    with pytest.raises(ConfigError, match="SandboxLimits.seconds"):
+        SandboxLimits(seconds=0)
+    with pytest.raises(ConfigError, match="SandboxLimits.memory_mib"):
+        SandboxLimits(memory_mib=8)
+
+
+def test_closing_stops_the_process_and_removes_its_directory():
+    box = Sandbox(SandboxLimits(seconds=5))
+    assert box.call(calculator, ("1 + 1",)) == "2"
+    pid, scratch = box.pid, box.scratch
+    box.close()
+    assert not scratch.exists()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)

@@ -1,0 +1,138 @@
+"""Environments: what a policy acts in over several turns.
+
+    env = ToolEnvironment({"calculator": calculator}, score=arithmetic_chat.score)
+    state = env.start({"ground_truth": "5535"})
+    env.step(state, '<tool_call>{"name": "calculator", "arguments": {"expression": "123*45"}}</tool_call>')
+        -> Observation(text="5535", reward=0.0, done=False, info={"tool": "calculator"})
+    env.step(state, "The answer is 5535.")
+        -> Observation(text=None, reward=1.0, done=True, info={})
+
+An environment starts an episode from a prompt row (`start`), and answers each of the policy's
+turns (`step`, given the turn's text) with an Observation: text to show the policy next (in the
+chat template's tool role), a reward, and whether the episode ended. A researcher's own
+environment is a subclass in a notebook cell. Tools run in a ToolBox's sandbox process, never in
+the caller's: a tool that hangs, crashes or misbehaves becomes an error observation the policy
+sees (and a count in the metrics), and the episode goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from workbench.agents.sandbox import Sandbox, SandboxLimits, ToolError
+from workbench.errors import ConfigError
+
+TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+"""A tool call in the policy's text: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
+(the Hermes / Qwen convention many chat templates use)."""
+TOOL_CALL_END = "</tool_call>"
+"""The stop string that ends a policy turn that calls a tool."""
+
+
+@dataclass
+class Observation:
+    """The environment's answer to one policy turn."""
+
+    text: str | None
+    """Shown to the policy before its next turn (None: nothing, e.g. the episode ended)."""
+    reward: float = 0.0
+    done: bool = False
+    info: dict = field(default_factory=dict)
+    """What happened, for metrics: {"tool": name}, {"tool_error": kind}, ..."""
+
+
+class Environment:
+    """One episode per prompt row. Subclass and define `step`; `start` keeps the row by default."""
+
+    def start(self, row: dict) -> Any:
+        """The episode's state, from its prompt row (the row's columns: ground_truth, ...)."""
+        return dict(row)
+
+    def step(self, state: Any, text: str) -> Observation:
+        raise NotImplementedError(f"{type(self).__name__}.step(state, text) -> Observation is not defined")
+
+    def close(self) -> None:
+        """Release what the environment holds (sandboxes)."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict
+
+
+def parse_tool_call(text: str) -> ToolCall | str | None:
+    """The first tool call in `text`; None when there is none; a string saying what is wrong
+    when there is one that cannot be read (the policy is told so, and can try again)."""
+    match = TOOL_CALL.search(text)
+    if match is None:
+        return None
+    try:
+        call = json.loads(match.group(1))
+    except json.JSONDecodeError as err:
+        return f"the tool call is not JSON ({err.msg} at character {err.pos})"
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return 'a tool call is {"name": "...", "arguments": {...}}'
+    arguments = call.get("arguments", {})
+    if not isinstance(arguments, dict):
+        return "the tool call's arguments must be an object of named values"
+    return ToolCall(call["name"], arguments)
+
+
+class ToolBox:
+    """Named tools and the sandbox process they run in (started on the first call, kept)."""
+
+    def __init__(self, tools: dict[str, Callable[..., str]], limits: SandboxLimits | None = None):
+        bad = [name for name, fn in tools.items() if not (isinstance(name, str) and callable(fn))]
+        if not tools or bad:
+            raise ConfigError("ToolBox.tools", tools, "give {name: function}, e.g. {'calculator': calculator}")
+        self.tools, self.limits = dict(tools), limits or SandboxLimits()
+        self._sandbox: Sandbox | None = None
+
+    def call(self, name: str, arguments: dict) -> str:
+        """The tool's answer as text; ToolError when the call fails (unknown tool, bad
+        arguments, a failure in the sandbox)."""
+        if name not in self.tools:
+            raise ToolError(name, "unknown", f"is not a tool here; the tools are {sorted(self.tools)}")
+        if self._sandbox is None:
+            self._sandbox = Sandbox(self.limits, name="tools")
+        return str(self._sandbox.call(self.tools[name], kwargs=arguments, tool=name))
+
+    def close(self) -> None:
+        if self._sandbox is not None:
+            self._sandbox.close()
+            self._sandbox = None
+
+
+class ToolEnvironment(Environment):
+    """Tools until an answer: a turn with a tool call gets the tool's answer (or its error) as
+    the observation; a turn without one is the final answer, scored by `score(text,
+    row["ground_truth"])` (the task's rule, e.g. arithmetic_chat.score)."""
+
+    def __init__(
+        self,
+        tools: dict[str, Callable[..., str]],
+        score: Callable[[str, str], float],
+        limits: SandboxLimits | None = None,
+        truth_key: str = "ground_truth",
+    ):
+        self.toolbox = ToolBox(tools, limits)
+        self.score, self.truth_key = score, truth_key
+
+    def step(self, state: dict, text: str) -> Observation:
+        call = parse_tool_call(text)
+        if call is None:  # the final answer
+            return Observation(None, float(self.score(text, str(state[self.truth_key]))), done=True)
+        if isinstance(call, str):
+            return Observation(f"error: {call}", info={"tool_error": "format"})
+        try:
+            return Observation(self.toolbox.call(call.name, call.arguments), info={"tool": call.name})
+        except ToolError as err:  # the policy reads what went wrong, and may try again
+            return Observation(f"error: {err}", info={"tool": call.name, "tool_error": err.kind})
+
+    def close(self) -> None:
+        self.toolbox.close()
