@@ -33,8 +33,10 @@ from algorithms.guard import finite_batch
 from algorithms.losses import ActorLoss, CriticLoss
 from algorithms.metrics import data_metrics, format_line, throughput
 from workbench import checks, config_loader, steps
+from workbench.agents.env import Environment
 from workbench.clock import StepClock
 from workbench.data.batch import Batch
+from workbench.engines.multi_turn import EpisodeConfig
 from workbench.engines.rollout import SamplingConfig, stream_seed
 from workbench.errors import ConfigError
 from workbench.models.load import resolve_dtype
@@ -86,6 +88,12 @@ class AlgoConfig:
     forward), or "auto" = "rollout" where that is exact — the update is on-policy (one epoch,
     one mini-batch per batch, so the ratio is 1 at its only step) and the rollout computes its
     log-probs like training does (HF rollout, fp32) — and "recompute" elsewhere."""
+    env: Environment | None = None
+    """Sample multi-turn episodes in this environment (the actor's generate_episodes: policy
+    turns and tool observations, the observations masked out of the loss) instead of single
+    responses; score them with workbench.workers.episode_reward.EpisodeReward as the reward."""
+    episode: EpisodeConfig = field(default_factory=EpisodeConfig)
+    """Turn and token limits of an episode, when `env` is set."""
 
     def __post_init__(self):
         self.validate()
@@ -94,6 +102,9 @@ class AlgoConfig:
         """Every field checked (again, for a config edited in place: Algorithm does so at each step)."""
         owner = type(self).__name__
         checks.of_type(owner, "sampling", self.sampling, SamplingConfig, "pass a SamplingConfig(...)")
+        if self.env is not None:
+            checks.of_type(owner, "env", self.env, Environment, "pass a workbench.agents.Environment, or None")
+        checks.of_type(owner, "episode", self.episode, EpisodeConfig, "pass an EpisodeConfig(max_turns=...)")
         self.sampling.__post_init__()  # frozen, but a replaced field may bypass nothing: re-check
         for name, registry in (("estimator", core.ADVANTAGES), ("policy_loss", core.POLICY_LOSSES)):
             value = getattr(self, name)
@@ -270,6 +281,9 @@ class Algorithm:
             sampling = replace(sampling, seed=stream_seed(sampling.seed, self.iteration))
         if new_iteration:
             self.start_iteration(prompts, sampling)
+        if self.config.env is not None:
+            episodes = self.groups.actor.generate_episodes(prompts, self.config.env, sampling, self.config.episode)
+            return self.clock.launch(step, episodes)
         return self.clock.launch(step, self.groups.actor.generate_sequences(prompts, sampling))
 
     def start_iteration(self, prompts: Batch, sampling: SamplingConfig | None = None) -> None:

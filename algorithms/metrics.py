@@ -49,6 +49,14 @@ def data_metrics(batch) -> dict[str, float]:
     stats("response_length", length)
     out["response_length/clip_ratio"] = float((length == mask.shape[1]).float().mean())
     prompt_length = batch["attention_mask"].sum(-1) - length
+    if "turns" in batch:  # multi-turn episodes (workbench.engines.multi_turn)
+        observed = batch["observation_tokens"]
+        prompt_length = prompt_length - observed
+        stats("episode/turns", batch["turns"])
+        stats("episode/length", length + observed)  # policy and observation tokens
+        out["episode/tool_calls"] = float(batch["tool_calls"].sum())
+        out["episode/tool_errors"] = float(batch["tool_errors"].sum())
+        out["episode/observation_tokens/mean"] = float(observed.mean())
     out["prompt_length/mean"] = float(prompt_length.float().mean())
     out["perf/total_tokens"] = float(batch["attention_mask"].sum())
     return out

@@ -39,6 +39,8 @@ _LAZY = {
     "RewardModelWorker": "workbench.workers.reward",
     "CostModelWorker": "workbench.workers.reward",
     "RuleReward": "workbench.workers.rule_reward",
+    "EpisodeReward": "workbench.workers.episode_reward",
+    "EpisodeConfig": "workbench.engines.multi_turn",
     "SamplingConfig": "workbench.engines.rollout",
     "OptimConfig": "workbench.engines.contract",
     "LoRAConfig": "workbench.models.lora",

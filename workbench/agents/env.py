@@ -84,28 +84,38 @@ def parse_tool_call(text: str) -> ToolCall | str | None:
 
 
 class ToolBox:
-    """Named tools and the sandbox process they run in (started on the first call, kept)."""
+    """Named tools and the sandbox process they run in: one per process and limits, started on
+    the first call and kept (an environment sent to a worker with every call finds the same
+    sandbox there, not a new process per call)."""
 
     def __init__(self, tools: dict[str, Callable[..., str]], limits: SandboxLimits | None = None):
         bad = [name for name, fn in tools.items() if not (isinstance(name, str) and callable(fn))]
         if not tools or bad:
             raise ConfigError("ToolBox.tools", tools, "give {name: function}, e.g. {'calculator': calculator}")
         self.tools, self.limits = dict(tools), limits or SandboxLimits()
-        self._sandbox: Sandbox | None = None
 
     def call(self, name: str, arguments: dict) -> str:
         """The tool's answer as text; ToolError when the call fails (unknown tool, bad
         arguments, a failure in the sandbox)."""
         if name not in self.tools:
             raise ToolError(name, "unknown", f"is not a tool here; the tools are {sorted(self.tools)}")
-        if self._sandbox is None:
-            self._sandbox = Sandbox(self.limits, name="tools")
-        return str(self._sandbox.call(self.tools[name], kwargs=arguments, tool=name))
+        return str(sandbox_for(self.limits).call(self.tools[name], kwargs=arguments, tool=name))
 
     def close(self) -> None:
-        if self._sandbox is not None:
-            self._sandbox.close()
-            self._sandbox = None
+        """Stop this process's sandbox for these limits (the next call starts a fresh one)."""
+        sandbox = _sandboxes.pop(self.limits, None)
+        if sandbox is not None:
+            sandbox.close()
+
+
+_sandboxes: dict[SandboxLimits, Sandbox] = {}
+
+
+def sandbox_for(limits: SandboxLimits) -> Sandbox:
+    """This process's long-lived sandbox for `limits`."""
+    if limits not in _sandboxes:
+        _sandboxes[limits] = Sandbox(limits, name="tools")
+    return _sandboxes[limits]
 
 
 class ToolEnvironment(Environment):

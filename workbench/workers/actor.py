@@ -31,12 +31,14 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from workbench import checks
+from workbench.agents.env import Environment
 from workbench.controller import ONE_TO_ALL, THREE_D_ALL_MICRO_DP, THREE_D_PROTO, THREE_D_REDUCED, Worker, register
 from workbench.data.batch import Batch
 from workbench.engines.backends import BACKENDS, check_data_parallel_only, make_engine
 from workbench.engines.contract import Forward, LossFn, OptimConfig, check_training_fields, needs
 from workbench.engines.forward import model_outputs, response_log_probs, sequence_nll
 from workbench.engines.hf_rollout import HFRollout, HFRolloutConfig
+from workbench.engines.multi_turn import EpisodeConfig, run_episodes
 from workbench.engines.rollout import SamplingConfig, end_token_ids, response_texts, stream_seed
 from workbench.engines.tensor_parallel import check_tensor_parallel_layout, parallelize
 from workbench.engines.vllm_rollout import VLLMRolloutConfig
@@ -191,6 +193,18 @@ class ActorConfig:
             check_positions(
                 limit, batch["input_ids"].shape[1], sampling.max_new_tokens, "ActorConfig.model_path", self.model_path
             )
+        elif method == "generate_episodes":
+            env = args[1] if len(args) > 1 else kwargs.get("env")
+            if not isinstance(env, Environment):
+                raise ConfigError(
+                    f"{role}.generate_episodes(env=...)",
+                    env,
+                    "give a workbench.agents.Environment (e.g. ToolEnvironment)",
+                )
+            if self.rollout != "hf":
+                raise ConfigError(
+                    "ActorConfig.rollout", self.rollout, "multi-turn episodes run on the HF rollout: set rollout='hf'"
+                )
         elif method == "update_actor" and "old_log_probs" in batch:
             self.check_rows(batch.num_valid, role)
 
@@ -316,6 +330,29 @@ class ActorRolloutRefWorker(Worker):
             self.hybrid.to_training()
         self.record_span("hybrid.release", start, time.time(), rss_bytes=psutil.Process().memory_info().rss)
         out["response_text"] = response_texts(out, self.tokenizer)
+        return out
+
+    @register(THREE_D_ALL_MICRO_DP)
+    def generate_episodes(
+        self,
+        prompts: Batch,
+        env: Environment,
+        sampling: SamplingConfig = SamplingConfig(),
+        episodes: EpisodeConfig = EpisodeConfig(),
+    ) -> Batch:
+        """`sampling.n` multi-turn episodes per prompt in `env` (workbench.engines.multi_turn):
+        the policy's turns and the environment's observations as one trajectory per row, the
+        observations masked out of the loss. Runs on the HF rollout."""
+        self._sync_rollout_weights()
+        if sampling.seed is not None:  # as generate_sequences: a stream per generation replica
+            sampling = replace(sampling, seed=stream_seed(sampling.seed, self.mesh.gen_replica(self.rank)))
+        out = run_episodes(self.rollout, self.tokenizer, prompts, env, sampling, episodes)
+        start = time.time()
+        self.rollout.release()
+        if self.hybrid is not None:
+            self.hybrid.to_training()
+        self.record_span("hybrid.release", start, time.time(), rss_bytes=psutil.Process().memory_info().rss)
+        out["response_text"] = response_texts(out, self.tokenizer)  # the policy's turns, observations left out
         return out
 
     def _sync_rollout_weights(self) -> None:

@@ -1,0 +1,75 @@
+"""GRPO over multi-turn episodes on real worker groups: the actor runs the episodes (policy
+turns and a sandboxed tool's observations), the environment's reward is the score, the update
+trains on the policy's tokens only, and the metrics count turns, tool calls and observations."""
+
+import pytest
+from transformers import AutoTokenizer
+
+from algorithms import GRPO, Groups, GRPOConfig
+from tests.chat_kit import make_tiny_chat
+from workbench import ActorConfig, ActorRolloutRefWorker, OptimConfig, SamplingConfig
+from workbench.agents import Environment, Observation, SandboxLimits, ToolBox, calculator
+from workbench.data.prompts import tokenize_prompts
+from workbench.engines.multi_turn import EpisodeConfig
+from workbench.errors import ConfigError
+from workbench.workers.episode_reward import EpisodeReward
+
+
+class AskTwice(Environment):
+    """Every episode calls the calculator on its first turn (whatever the policy wrote: the tiny
+    model writes no tool calls) and is judged on its second: 1 when the final turn is short."""
+
+    def __init__(self):
+        self.toolbox = ToolBox({"calculator": calculator}, SandboxLimits(seconds=5))
+
+    def start(self, row):
+        return {"turn": 0, "question": row["ground_truth"]}
+
+    def step(self, state, text):
+        state["turn"] += 1
+        if state["turn"] == 1:
+            return Observation(
+                self.toolbox.call("calculator", {"expression": state["question"]}), info={"tool": "calc"}
+            )
+        return Observation(None, reward=float(len(text) < 12), done=True)
+
+
+@pytest.fixture(scope="module")
+def actor(shared_session, tmp_path_factory):
+    directory = make_tiny_chat(tmp_path_factory.mktemp("episodes") / "tiny-chat")
+    config = ActorConfig(model_path=str(directory), reference=True, optim=OptimConfig(lr=1e-4), mini_batch_size=8)
+    group = shared_session.group("episode_actor", ActorRolloutRefWorker, shared_session.pool("episode_pool", 2), config)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    rows = [
+        {"prompt": [{"role": "user", "content": f"What is {a} * {b}?"}], "ground_truth": f"{a}*{b}"}
+        for a, b in [(12, 3), (7, 8)]
+    ]
+    yield group, tokenize_prompts(rows, tokenizer, max_prompt_length=48)
+    shared_session.clear()
+
+
+def test_grpo_trains_on_episodes_and_counts_their_turns(actor):
+    group, prompts = actor
+    config = GRPOConfig(
+        sampling=SamplingConfig(max_new_tokens=8, n=4, seed=0),
+        env=AskTwice(),
+        episode=EpisodeConfig(max_turns=3, turn_tokens=8, max_tokens=64),
+    )
+    grpo = GRPO(Groups(actor=group, reference=group, reward=EpisodeReward()), config)
+    history = grpo.fit([prompts], iterations=2, log=None)
+    for metrics in history:
+        assert metrics["episode/turns/mean"] == 2.0 and metrics["episode/tool_calls"] == 8.0
+        assert metrics["episode/tool_errors"] == 0.0 and metrics["episode/observation_tokens/mean"] > 0
+        assert metrics["episode/length/mean"] > metrics["response_length/mean"]  # observations are not trained on
+        assert (
+            "actor/pg_loss" in metrics
+            and metrics["prompt_length/mean"] == prompts["attention_mask"].sum(1).float().mean()
+        )
+
+
+def test_bad_episode_settings_are_refused_on_the_driver(actor):
+    group, prompts = actor
+    with pytest.raises(ConfigError, match="generate_episodes"):
+        group.generate_episodes(prompts, "calculator", SamplingConfig(max_new_tokens=4))
+    with pytest.raises(ConfigError, match="GRPOConfig.env"):
+        GRPOConfig(env="calculator")
