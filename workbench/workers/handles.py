@@ -22,10 +22,12 @@ from workbench.controller.future import DataFuture
 from workbench.data.batch import Batch
 
 if TYPE_CHECKING:
+    from workbench.agents.env import Environment
     from workbench.controller.mesh import Mesh
     from workbench.controller.register import Registration
     from workbench.controller.worker_group import HostSet
     from workbench.engines.contract import LossFn
+    from workbench.engines.multi_turn import EpisodeConfig
     from workbench.engines.rollout import SamplingConfig
 
 Rows = Batch | DataFuture
@@ -55,6 +57,9 @@ class ActorHandle(GroupHandle, Protocol):
     the `reference` role when the actor's processes hold the reference copy."""
 
     def generate_sequences(self, prompts: Rows, sampling: SamplingConfig = ...) -> DataFuture[Batch]: ...
+    def generate_episodes(
+        self, prompts: Rows, env: Environment, sampling: SamplingConfig = ..., episodes: EpisodeConfig = ...
+    ) -> DataFuture[Batch]: ...
     def compute_log_prob(self, batch: Rows) -> DataFuture[Batch]: ...
     def compute_loss(self, batch: Rows) -> DataFuture[Batch]: ...
     def compute_ref_log_prob(self, batch: Rows) -> DataFuture[Batch]: ...
