@@ -25,6 +25,8 @@ TOKEN_FIELDS = {
     "return": "returns",
 }
 SORTS = ("none", "advantage (high first)", "advantage (low first)", "score (high first)")
+OBSERVED = "#e6e6e6"
+"""The background of tokens a row holds but is not trained on (a multi-turn row's observations)."""
 
 
 def shade(value: float, scale: float) -> str:
@@ -149,16 +151,25 @@ class BatchInspector(View):
         return float(valid.abs().max()) if valid.numel() else 0.0
 
     def tokens(self, index: int) -> list[dict]:
-        """Response tokens of one row: text, value of the shown column, colour."""
+        """Response tokens of one row: text, value of the shown column, colour, and whether it is
+        trained on. A multi-turn row also shows its observation tokens (attended, not trained:
+        value None, grey)."""
         mask = self.batch["response_mask"][index].bool()
-        ids = self.batch["responses"][index][mask].tolist()
-        values = self.values()[index][mask].tolist()
+        shown = mask
+        if "attention_mask" in self.batch.keys():  # every real token of the response part
+            shown = self.batch["attention_mask"][index, -mask.shape[0] :].bool() | mask
+        ids = self.batch["responses"][index][shown].tolist()
+        trained = mask[shown].tolist()
+        values = self.values()[index][shown].tolist()
         if self.tokenizer is not None:
             texts = [self.tokenizer.decode([t]) for t in ids]
         else:
             texts = [str(t) for t in ids]
         scale = self.scale()
-        return [{"text": t, "value": v, "colour": shade(v, scale)} for t, v in zip(texts, values)]
+        return [
+            {"text": t, "value": v if k else None, "colour": shade(v, scale) if k else OBSERVED, "trained": k}
+            for t, v, k in zip(texts, values, trained)
+        ]
 
     def data(self) -> dict:
         rows = self.rows()[: self.max_rows]
@@ -182,6 +193,9 @@ class BatchInspector(View):
         for r in d["rows"]:
             tokens = "".join(
                 f"<span title='{t['value']:.4g}' style='background:{t['colour']}'>{escape(t['text'])}</span>"
+                if t["trained"]
+                else f"<span title='observation: not trained' style='background:{t['colour']};color:#666'>"
+                f"{escape(t['text'])}</span>"
                 for t in r["tokens"]
             )
             cost = f" cost {r['cost']:.3g}" if r["cost"] is not None else ""
