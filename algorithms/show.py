@@ -7,9 +7,10 @@ from algorithms.core import masked_mean
 
 def rollout_table(batch, rows: int = 6, width: int = 16) -> str:
     """prompt | response | score | advantage (mean over the response) | response length,
-    one line per row, for whichever of these columns the batch has so far."""
+    one line per row, for whichever of these columns the batch has so far. A chat prompt shows
+    its last turn (the question; `widgets.BatchInspector` shows every turn)."""
     mask = batch["response_mask"].float()
-    columns = {"prompt": lambda i: repr(str(batch["prompt"][i]))[:width]}
+    columns = {"prompt": lambda i: repr(_question(batch["prompt"][i]))[:width]}
     if "response_text" in batch:
         columns["response"] = lambda i: repr(str(batch["response_text"][i]))[:width]
     if "scores" in batch:
@@ -23,3 +24,7 @@ def rollout_table(batch, rows: int = 6, width: int = 16) -> str:
     lines = ["  ".join(column[r].ljust(w) for column, w in zip(cells, widths)).rstrip() for r in range(len(cells[0]))]
     more = f"\n... {len(batch) - rows} more rows" if len(batch) > rows else ""
     return "\n".join(lines) + more
+
+
+def _question(prompt) -> str:
+    return str(prompt[-1]["content"]) if isinstance(prompt, list) and prompt else str(prompt)

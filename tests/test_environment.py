@@ -22,3 +22,11 @@ def test_environment_yml_matches_pyproject():
     assert python == ["python=3.11"] and project["requires-python"].startswith(">=3.11")
     assert set(pip) == pinned, f"only in pyproject: {pinned - set(pip)}; only in environment.yml: {set(pip) - pinned}"
     assert all("==" in d for d in pinned), "every dependency is pinned"
+
+
+def test_makefile_installs_the_opt_in_model_files():
+    """The notebooks need the opt-in extras' files: the Makefile installs each pin --no-deps."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    makefile = (ROOT / "Makefile").read_text()
+    missing = [d for name in OPT_IN for d in extras[name] if f"--no-deps {d}\n" not in makefile]
+    assert not missing, f"the Makefile's environment step does not install {missing} (pip install --no-deps ...)"

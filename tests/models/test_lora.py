@@ -19,6 +19,7 @@ from workbench.models.lora import (
     LoRAConfig,
     adapter_weights,
     apply_lora,
+    count_trainable,
     is_trained,
     merged_weights,
     save_lora,
@@ -56,6 +57,12 @@ def test_only_adapters_are_trainable_and_they_moved(trained, tiny_dir):
     untouched = apply_lora(load(tiny_dir).model, LORA).state_dict()
     changed = {n for n, v in model.state_dict().items() if not torch.equal(v, untouched[n])}
     assert changed and all(is_trained(n) for n in changed)
+
+
+def test_count_trainable_matches_the_adapted_model(trained, tiny_dir):
+    _, model, _ = trained
+    real = (sum(p.numel() for p in trainable_parameters(model)), sum(p.numel() for p in model.parameters()))
+    assert count_trainable(tiny_dir, LORA) == real
 
 
 @torch.no_grad()

@@ -104,6 +104,16 @@ def linear_names(model_path: str | os.PathLike, value_head: bool = False) -> set
     return {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)} - head
 
 
+def count_trainable(model_path: str | os.PathLike, lora: LoRAConfig) -> tuple[int, int]:
+    """(trainable, all) parameters of the model at `model_path` with `lora`'s adapters, as peft's
+    print_trainable_parameters counts them; built on the meta device (no weights read)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = apply_lora(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path)), lora)
+    return sum(p.numel() for p in trainable_parameters(model)), sum(p.numel() for p in model.parameters())
+
+
 def apply_lora(model: torch.nn.Module, lora: LoRAConfig, trained_heads: Iterable[str] = ()):
     """`model` wrapped by peft with fresh adapters (B = 0: at first it computes the base model
     exactly), everything else frozen. `trained_heads`: whole modules trained beside the adapters
