@@ -5,9 +5,9 @@ trains on the policy's tokens only, and the metrics count turns, tool calls and 
 import pytest
 from transformers import AutoTokenizer
 
-from algorithms import GRPO, Groups, GRPOConfig
+from algorithms import GRPO, PPO, Groups, GRPOConfig, PPOConfig, ReinforcePP, ReinforcePPConfig
 from tests.chat_kit import make_tiny_chat
-from workbench import ActorConfig, ActorRolloutRefWorker, OptimConfig, SamplingConfig
+from workbench import ActorConfig, ActorRolloutRefWorker, CriticConfig, CriticWorker, OptimConfig, SamplingConfig
 from workbench.agents import Environment, Observation, SandboxLimits, ToolBox, calculator
 from workbench.data.prompts import tokenize_prompts
 from workbench.engines.multi_turn import EpisodeConfig
@@ -65,6 +65,40 @@ def test_grpo_trains_on_episodes_and_counts_their_turns(actor):
             "actor/pg_loss" in metrics
             and metrics["prompt_length/mean"] == prompts["attention_mask"].sum(1).float().mean()
         )
+
+
+@pytest.mark.parametrize("name", ["ppo", "reinforce_pp"])
+def test_ppo_and_reinforce_pp_train_on_episodes_too(shared_session, actor, name):
+    group, prompts = actor
+    sampling = SamplingConfig(max_new_tokens=8, n=2, seed=1)
+    episode = EpisodeConfig(max_turns=2, turn_tokens=8, max_tokens=48)
+    if name == "ppo":
+        critic = shared_session.group(
+            "episode_critic",
+            CriticWorker,
+            shared_session.pool("episode_critic_pool", 1),
+            CriticConfig(model_path=group.config.model_path, optim=OptimConfig(lr=1e-4)),
+        )
+        algorithm = PPO(
+            Groups(actor=group, critic=critic, reference=group, reward=EpisodeReward()),
+            PPOConfig(sampling=sampling, env=AskTwice(), episode=episode),
+        )
+    else:
+        algorithm = ReinforcePP(
+            Groups(actor=group, reference=group, reward=EpisodeReward()),
+            ReinforcePPConfig(sampling=sampling, env=AskTwice(), episode=episode),
+        )
+    batch, metrics = algorithm.step(prompts)
+    policy, attended = batch["response_mask"].bool(), batch["attention_mask"][:, -policy_width(batch) :].bool()
+    assert metrics["episode/turns/mean"] == 2.0 and (attended & ~policy).any()
+    assert not batch["advantages"][~policy].any()  # credit only on the policy's tokens
+    assert batch["advantages"][policy].abs().sum() > 0 and "actor/pg_loss" in metrics
+    if name == "ppo":
+        assert "critic/vf_loss" in metrics
+
+
+def policy_width(batch) -> int:
+    return batch["response_mask"].shape[1]
 
 
 def test_bad_episode_settings_are_refused_on_the_driver(actor):
