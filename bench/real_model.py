@@ -33,7 +33,8 @@ The workbench's placement: `--devices 1` (default) is one worker process holding
 with all the threads; `--devices 2` is two data-parallel processes of one thread each (DeepSpeed
 ZeRO-2). One process is the default at 135M: data parallelism all-reduces 135M fp32 gradients
 (0.54 GB) over gloo every step and runs the 49k-vocabulary generation at half the batch per
-process, while one process does neither (measured: see the notes next to the results).
+process, while one process does neither (reasoning, not yet measured at 135M: compare with
+`--devices 2` on a quiet machine).
 
 Outputs under `--out` (default bench/results/real_model/): accuracy_vs_wallclock.png (both sides
 on one chart), result.json; a table is printed, and the last line is one JSON object: start and
@@ -168,11 +169,13 @@ def run_workbench(session, args, setting: Setting, data: dict[str, Path], points
     runner = ClockedRunner(workbench_config(args, setting, data, args.runs / f"workbench_{setting}"), session, points)
     runner.run()
     history = runner.history
-    parts = {k.removeprefix("timing_s/"): v for k, v in _medians(history, "timing_s/").items()}
+    steady = history[1:] or history  # the first iteration warms up (allocations, Adam states)
+    parts = {k.removeprefix("timing_s/"): v for k, v in _medians(steady, "timing_s/").items()}
     return {
         "setting": str(setting),
         "curve": runner.curve,
         "steps": len(history),
+        "first_step_s": round(history[0]["timing_s/step"], 3) if history else None,
         "step_s": parts.pop("step", 0.0),
         "parts_s": parts,
         "first_prompt_ids": data["first_prompt_ids"],
@@ -235,13 +238,14 @@ def summary(side: dict, target: float) -> dict:
         "gain_points": round(100 * (curve[-1]["acc"] - curve[0]["acc"]), 1),
         "seconds_to_trl_final": seconds_to_reach(curve, target),
         "steps": side["steps"],
+        "first_step_s": side["first_step_s"],
         "step_s": side["step_s"],
         "parts_s": side["parts_s"],
         "curve": curve,
     }
 
 
-def plot(ours: dict, trl: dict, path: Path, title: str) -> None:
+def plot(ours: dict, trl: dict, points: list[float], path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -253,6 +257,8 @@ def plot(ours: dict, trl: dict, path: Path, title: str) -> None:
         ax.plot(
             [p["seconds"] for p in curve], [100 * p["acc"] for p in curve], "o-", label=f"{label} ({side['setting']})"
         )
+    for x in points:  # the fixed points; each evaluation lands at the first step end after one
+        ax.axvline(x, color="grey", lw=0.5, alpha=0.4)
     start = ours["curve"][0]["acc"]
     ax.axhline(100 * start + GOAL_POINTS, color="grey", ls="--", lw=1, label=f"start + {GOAL_POINTS:g} points")
     ax.set_xlabel("training wall-clock seconds (evaluations excluded)")
@@ -276,7 +282,10 @@ def table(ours: dict, trl: dict) -> str:
         lines.append(f"{i:>5} {cells[0]} {cells[1]}")
     for name, side in (("workbench", ours), ("TRL", trl)):
         parts = ", ".join(f"{k} {v:.2f}" for k, v in side["parts_s"].items())
-        lines.append(f"{name}: {side['setting']}, {side['steps']} steps, {side['step_s']:.2f} s/step ({parts})")
+        lines.append(
+            f"{name}: {side['setting']}, {side['steps']} steps; first {side['first_step_s'] or 0:.2f} s, then "
+            f"median {side['step_s']:.2f} s/step ({parts})"
+        )
     return "\n".join(lines)
 
 
@@ -398,9 +407,10 @@ def main() -> None:
     plot(
         ours,
         trl,
+        points,
         png,
-        f"GRPO, SmolLM2-135M-Instruct, one-digit sums as chat: {args.prompts} prompts x {args.samples} samples, "
-        f"{args.tokens} tokens, {args.threads} threads per side",
+        f"GRPO on SmolLM2-135M-Instruct, one-digit sums as chat\n{args.prompts} prompts x {args.samples} samples, "
+        f"{args.tokens} new tokens, {args.threads} threads per side, fp32",
     )
     print(table(ours, trl))
     gains = result["workbench"]["gain_points"], result["trl"]["gain_points"]
@@ -437,7 +447,10 @@ def main() -> None:
         **{f"{side}_seconds_to_trl_final": result[side]["seconds_to_trl_final"] for side in result},
         "goals": goals,
         "same_prompt_tokens": same_prompt,
-        "per_step_s": {side: {"step": result[side]["step_s"], **result[side]["parts_s"]} for side in result},
+        "per_step_s": {
+            side: {"first": result[side]["first_step_s"], "step": result[side]["step_s"], **result[side]["parts_s"]}
+            for side in result
+        },
         "steps": {side: result[side]["steps"] for side in result},
         "settings": settings,
         "loadavg_start": [round(x, 2) for x in load0],

@@ -205,8 +205,10 @@ def median(values: list[float]) -> float:
 
 
 n = min(len(timer.step_seconds), len(profile.seconds["prepare"]))
-parts = {k: v[:n] for k, v in profile.seconds.items()}
-update = [s - p for s, p in zip(timer.step_seconds, parts["prepare"])]
+first = 1 if n > 1 else 0  # the first step warms up; medians over the rest
+parts = {k: v[first:n] for k, v in profile.seconds.items()}
+steps = timer.step_seconds[first:n]
+update = [s - p for s, p in zip(steps, parts["prepare"])]
 other = [
     p - g - r - lp for p, g, r, lp in zip(parts["prepare"], parts["generate"], parts["reward"], parts["log_probs"])
 ]
@@ -214,7 +216,8 @@ result = {
     "peer": "trl.GRPOTrainer",
     "curve": timer.curve,
     "steps": len(timer.step_seconds),
-    "step_s": median(timer.step_seconds),
+    "first_step_s": round(timer.step_seconds[0], 3) if timer.step_seconds else None,
+    "step_s": median(steps),
     "parts_s": {
         "generate": median(parts["generate"]),
         "log_probs": median(parts["log_probs"]),
