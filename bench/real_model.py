@@ -10,7 +10,8 @@ chat messages, rendered by each side's tokenizer with the model's template; the 
 first prompt's token ids are equal), the same reward rule (the TRL side imports the same
 arithmetic_chat module from this repository), samples per prompt, prompts per step, max new
 tokens, temperature 1.0, one optimizer step per batch (AdamW, constant learning rate, the same
-gradient clipping and weight decay), the same KL coefficient (`--kl`, default 0: TRL 1.16's
+gradient clipping and weight decay, no gradient checkpointing: TRL 1.16 turns it on by default,
+the workbench's config off), the same KL coefficient (`--kl`, default 0: TRL 1.16's
 default, and no reference forward on either side), fp32, and the same cores: `--threads` torch
 threads in all. The workbench runs configs/smollm2_grpo.yaml through its headless runner
 (workbench.run.Runner); TRL 1.16's GRPOTrainer runs in its own virtualenv (.cache/peers/, built
@@ -206,6 +207,7 @@ def run_trl(args, setting: Setting, train: list[dict], held_out: list[dict], poi
         "kl": args.kl,
         "weight_decay": optim.weight_decay,
         "grad_clip": optim.grad_clip,
+        "gradient_checkpointing": base_config(args).actor.load.gradient_checkpointing,
         "lora": _lora_settings(args) if setting.lora else None,
         "points": points,
     }

@@ -158,6 +158,7 @@ args = GRPOConfig(
     warmup_steps=0,
     weight_decay=cfg["weight_decay"],
     max_grad_norm=cfg["grad_clip"],
+    gradient_checkpointing=cfg["gradient_checkpointing"],  # TRL 1.16 defaults to True; the workbench's config to False
     beta=cfg["kl"],
     max_steps=10**6,  # the clock stops training
     logging_steps=1,
