@@ -33,18 +33,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from bench import peer_env
+
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "bench"
-PEERS = ROOT / ".cache" / "peers"
 PEER_REQUIREMENTS = {"grpo": "trl==1.16.0", "ppo": "trl==1.12.0"}
 CASES = {  # size -> new tokens
     "1m": 16,
@@ -54,43 +52,8 @@ CASES = {  # size -> new tokens
 
 
 # ---- the peers -------------------------------------------------------------------------------
-def peer_python(requirement: str) -> Path:
-    """A virtualenv holding torch (the CPU pin) and `requirement`, built once under .cache/peers."""
-    venv = PEERS / requirement.replace("==", "-")
-    python = venv / "bin" / "python"
-    stamp = venv / ".installed"
-    if not stamp.exists():
-        print(f"building the peer environment {venv} ({requirement}) ...", flush=True)
-        subprocess.run(["python3.11", "-m", "venv", str(venv)], check=True)
-        pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-        subprocess.run([*pip, "torch==2.13.0"], check=True)  # the CPU wheel first, as the Makefile does
-        subprocess.run([*pip, requirement], check=True)
-        stamp.touch()
-    return python
-
-
 def run_peer(algo: str, settings: dict) -> dict:
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(settings, f)
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": str(settings["threads"]),
-        "TOKENIZERS_PARALLELISM": "false",
-        "HF_HUB_OFFLINE": "1",
-        "PYTHONPATH": str(ROOT / "bench" / "peers"),
-    }
-    script = ROOT / "bench" / "peers" / f"trl_{algo}.py"
-    out = subprocess.run(
-        [str(peer_python(PEER_REQUIREMENTS[algo])), str(script), f.name],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tempfile.gettempdir(),
-    )
-    os.unlink(f.name)
-    if out.returncode != 0:
-        raise RuntimeError(f"TRL {algo} peer failed:\n{out.stderr[-4000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return peer_env.run_peer(f"trl_{algo}.py", PEER_REQUIREMENTS[algo], settings, settings["threads"])
 
 
 # ---- the workbench ---------------------------------------------------------------------------
@@ -374,7 +337,7 @@ def main() -> None:
     from workbench import Session
 
     for algo in args.algos.split(","):
-        peer_python(PEER_REQUIREMENTS[algo])
+        peer_env.peer_python(PEER_REQUIREMENTS[algo])
     results = {}
     devices = PLACEMENTS[args.placement][0]
     with Session(num_devices=devices, threads_per_worker=max(1, args.threads // devices)) as session:

@@ -7,10 +7,11 @@ sees it), and prints one JSON line per run.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import sys
 import time
+import types
 from pathlib import Path
 
 import torch
@@ -24,13 +25,23 @@ def settings() -> dict:
     return cfg
 
 
+def task_module(repo: str, name: str):
+    """A stdlib-only module of the workbench (e.g. "workbench.data.arithmetic_chat"), imported
+    from the repository without running the packages' __init__s (they pull in Ray and torch
+    workers): the same task code, hence the same reward, in the peer's environment."""
+    parts = name.split(".")
+    for i in range(1, len(parts)):  # bare package objects: submodule imports resolve through __path__
+        package = ".".join(parts[:i])
+        if package not in sys.modules:
+            module = types.ModuleType(package)
+            module.__path__ = [str(Path(repo, *parts[:i]))]
+            sys.modules[package] = module
+    return importlib.import_module(name)
+
+
 def arithmetic_module(repo: str):
-    """The workbench's arithmetic task module (stdlib only), loaded by path: the same reward."""
-    spec = importlib.util.spec_from_file_location("wb_arithmetic", Path(repo) / "workbench" / "data" / "arithmetic.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    """The workbench's arithmetic task module: the same reward as the workbench's runs."""
+    return task_module(repo, "workbench.data.arithmetic")
 
 
 class StepTimer(TrainerCallback):
