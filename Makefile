@@ -46,7 +46,7 @@ test: lint
 
 bench: $(STAMP)
 	@# gpu_check.py needs a GPU machine (see README, Benchmarks)
-	@for script in $(filter-out bench/gpu_check.py,$(wildcard bench/*.py)); do echo "== $$script"; $(BIN)/python $$script || exit 1; done
+	@for script in $(filter-out bench/gpu_check.py bench/peer_env.py,$(wildcard bench/*.py)); do echo "== $$script"; $(BIN)/python $$script || exit 1; done
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

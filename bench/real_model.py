@@ -56,9 +56,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import peer_env  # bench/peer_env.py: run as `python bench/<script>.py`, this folder is on sys.path
 import torch
 
-from bench import peer_env
 from workbench.data.prompts import prompt_ids, write_jsonl
 from workbench.run import build
 from workbench.run.config import RunConfig, load_config

@@ -37,9 +37,8 @@ import statistics
 import time
 from pathlib import Path
 
+import peer_env  # bench/peer_env.py: run as `python bench/<script>.py`, this folder is on sys.path
 import torch
-
-from bench import peer_env
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".cache" / "bench"
