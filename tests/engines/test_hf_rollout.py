@@ -5,7 +5,7 @@ import torch
 
 from workbench.data.prompts import tokenize_prompts
 from workbench.engines.forward import response_log_probs
-from workbench.engines.hf_rollout import HFRollout, HFRolloutConfig
+from workbench.engines.hf_rollout import HFRollout, HFRolloutConfig, weightless_copy
 from workbench.engines.rollout import SamplingConfig, mask_after_eos
 from workbench.models import load, make_tiny
 
@@ -76,3 +76,31 @@ def test_sampling_config_rejects_nonsense():
         SamplingConfig(temperature=0)
     with pytest.raises(ValueError, match="top_p"):
         SamplingConfig(top_p=1.5)
+
+
+def test_weightless_copy_holds_no_weights_until_shared_or_materialized(tmp_path):
+    """The trained actor's rollout skeleton: no weight memory at first (a full copy there set the
+    process's peak), then the same generations once shared with or filled from the weights."""
+    loaded = load(make_tiny("1m", tmp_path / "m", seed=5))
+    model, tok = loaded.model, loaded.tokenizer
+    model.lm_head.weight = model.model.embed_tokens.weight  # tied, as SmolLM2's are
+    rows = [{"prompt": p, "ground_truth": "0"} for p in ("Q: 1+2=? A:", "Q: 7*8=? A:")]
+    prompts = tokenize_prompts(rows, tok, max_prompt_length=32)
+    greedy = SamplingConfig(max_new_tokens=8, greedy=True)
+    expected = HFRollout(model, tok.pad_token_id, tok.eos_token_id).generate(prompts, greedy)
+
+    skeleton = weightless_copy(model)
+    storage = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in skeleton.parameters()}
+    assert sum(storage.values()) <= 4 * len(storage)  # one element per parameter
+    assert skeleton.lm_head.weight is skeleton.model.embed_tokens.weight  # ties survive the copy
+
+    shared = HFRollout(skeleton, tok.pad_token_id, tok.eos_token_id)
+    shared.share_weights({n: p.detach() for n, p in model.named_parameters()})
+    assert torch.equal(shared.generate(prompts, greedy)["responses"], expected["responses"])
+
+    filled = HFRollout(weightless_copy(model), tok.pad_token_id, tok.eos_token_id)
+    filled.materialize(model.state_dict().items())
+    assert all(p.data_ptr() not in {q.data_ptr() for q in model.parameters()} for p in filled.model.parameters())
+    assert torch.equal(filled.generate(prompts, greedy)["responses"], expected["responses"])
+    with pytest.raises(KeyError, match="not given"):
+        HFRollout(weightless_copy(model), tok.pad_token_id, tok.eos_token_id).materialize([])

@@ -12,6 +12,7 @@ of `prompt_bucket` tokens, so batches of similar prompts share one compiled shap
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -133,12 +134,28 @@ class HFRollout:
 
     @torch.no_grad()
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        params = dict(self.model.named_parameters())
-        params.update(dict(self.model.named_buffers()))
+        # Every name, tied ones included: a state dict names a tied head (`lm_head.weight`) too.
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        params.update(dict(self.model.named_buffers(remove_duplicate=False)))
         for name, tensor in named_tensors:
             if name not in params:
                 raise KeyError(f"rollout model has no weight named {name!r}")
             params[name].copy_(tensor)
+
+    @torch.no_grad()
+    def materialize(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Give a `weightless_copy`'s parameters storage of their own, filled from `named_tensors`
+        (every parameter must come): the engine's generation copy when it cannot share the
+        training tensors (sharded ranks)."""
+        params = dict(self.model.named_parameters())  # tied parameters once
+        for param in params.values():
+            param.data = torch.empty(param.shape, dtype=param.dtype, device=param.device)
+        loaded = set()
+        for name, tensor in named_tensors:
+            self.load_weights([(name, tensor)])
+            loaded.add(name)
+        if missing := sorted(set(params) - loaded):
+            raise KeyError(f"rollout weights {missing[:5]} were not given: they would stay uninitialised")
 
     @torch.no_grad()
     def share_weights(self, live: dict[str, torch.Tensor]) -> None:
@@ -153,3 +170,13 @@ class HFRollout:
 
     def release(self) -> None:
         """HF frees its KV cache when generate returns; the weights stay for the next call."""
+
+
+def weightless_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy of `model` whose parameters hold no memory (each a one-element tensor
+    expanded to its shape; tied parameters stay tied): the generation module's skeleton, whose
+    parameters `HFRollout.share_weights` points at the training tensors or `materialize` fills.
+    A full copy there would be freed again at once, but it would set the process's peak memory
+    (one model's worth: 0.5 GiB at 135M parameters)."""
+    memo = {id(p): torch.nn.Parameter(p.new_empty(()).expand(p.shape), requires_grad=False) for p in model.parameters()}
+    return copy.deepcopy(model, memo)

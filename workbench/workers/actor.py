@@ -37,7 +37,7 @@ from workbench.data.batch import Batch
 from workbench.engines.backends import BACKENDS, check_data_parallel_only, make_engine
 from workbench.engines.contract import Forward, LossFn, OptimConfig, check_training_fields, needs
 from workbench.engines.forward import model_outputs, response_log_probs, sequence_nll
-from workbench.engines.hf_rollout import HFRollout, HFRolloutConfig
+from workbench.engines.hf_rollout import HFRollout, HFRolloutConfig, weightless_copy
 from workbench.engines.multi_turn import EpisodeConfig, run_episodes
 from workbench.engines.rollout import SamplingConfig, end_token_ids, response_texts, stream_seed
 from workbench.engines.tensor_parallel import check_tensor_parallel_layout, parallelize
@@ -257,8 +257,10 @@ class ActorRolloutRefWorker(Worker):
         if self.engine is not None and self.hybrid is None and isinstance(self.rollout, HFRollout):
             live = self.engine.shared_full_weights()
             if live is not None:
-                self.rollout.share_weights(live)  # frees the generation copy's tensors
+                self.rollout.share_weights(live)
                 self.shares_weights = True
+            else:  # sharded: the rollout holds its own copy, gathered one tensor at a time
+                self.rollout.materialize(self.engine.iter_full_weights())
         self.version = 0  # bumped by every update; the rollout copy is synced lazily
         self.rollout_version = 0
         self.updates = 0
@@ -301,7 +303,10 @@ class ActorRolloutRefWorker(Worker):
         cfg = self.config
         if cfg.rollout == "hf":
             pad, eos = self.tokenizer.pad_token_id, end_token_ids(model, self.tokenizer)
-            return HFRollout(copy.deepcopy(model), pad, eos, cfg.hf, tokenizer=self.tokenizer)
+            # A trained model's rollout gets its weights once the engine exists (shared with the
+            # training tensors, or gathered from them): no full copy now.
+            gen = weightless_copy(model) if cfg.train else copy.deepcopy(model)
+            return HFRollout(gen, pad, eos, cfg.hf, tokenizer=self.tokenizer)
         if cfg.rollout == "vllm":
             from workbench.engines.vllm_rollout import VLLMRollout  # heavy import, only when used
 
