@@ -16,6 +16,7 @@ from workbench.engines.forward import model_outputs
 from workbench.errors import ConfigError
 from workbench.models import make_tiny
 from workbench.models.load import LoadConfig, ModelLoadError, enable_gradient_checkpointing, load, training_dtype
+from workbench.models.lora import LoRAConfig, apply_lora, is_trained
 from workbench.workers.actor import ActorConfig
 
 
@@ -52,9 +53,14 @@ def forward(model, micro_batch):
     return model_outputs(model, micro_batch, NLL.needs)
 
 
-def one_step(tiny, load_cfg: LoadConfig, compute_dtype=None):
+def one_step(tiny, load_cfg: LoadConfig, compute_dtype=None, lora: LoRAConfig | None = None):
     loaded = load(tiny, load_cfg)
     torch.manual_seed(0)
+    if lora is not None:
+        loaded.model = apply_lora(loaded.model, lora)
+        for name, p in loaded.model.named_parameters():  # B != 0: A gets gradients in the first step too
+            if ".lora_B." in name:
+                p.data.normal_(0, 0.02)
     engine = make_engine(loaded.model, OptimConfig(lr=1e-2), None, compute_dtype=compute_dtype)
     engine.model.train()
     batch = text_batch(loaded.tokenizer)
@@ -86,6 +92,35 @@ def test_gradient_checkpointing_through_the_fsdp_engine_steps_like_without(tiny,
     assert metrics["grad_norm"] == pytest.approx(plain_metrics["grad_norm"], rel=1e-5)
     for name, value in weights.items():
         torch.testing.assert_close(value, plain_weights[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_lora_step_with_gradient_checkpointing_equals_one_without(tiny, group):
+    """LoRA behind a frozen embedding: non-reentrant recomputation still gives the adapters (and
+    only them) their gradients, the same as without it."""
+    lora = LoRAConfig(rank=4, alpha=8.0)
+    plain_metrics, plain_weights, _ = one_step(tiny, LoadConfig(), lora=lora)
+    metrics, weights, model = one_step(tiny, LoadConfig(gradient_checkpointing=True), lora=lora)
+    assert model.base_model.model.is_gradient_checkpointing
+    assert metrics["loss"] == pytest.approx(plain_metrics["loss"], abs=1e-6)
+    assert metrics["grad_norm"] > 0 and metrics["grad_norm"] == pytest.approx(plain_metrics["grad_norm"], rel=1e-5)
+    initial = dict(apply_lora(load(tiny).model, lora).named_parameters())
+    for name, value in weights.items():
+        torch.testing.assert_close(value, plain_weights[name], rtol=1e-5, atol=1e-6, msg=name)
+        if name in initial and not is_trained(name):
+            assert torch.equal(value, initial[name].detach()), name  # the frozen base did not move
+
+
+def test_a_lora_bf16_step_keeps_fp32_adapters_and_the_base_unchanged(tiny, group):
+    lora = LoRAConfig(rank=4, alpha=8.0)
+    fp32_metrics, _, _ = one_step(tiny, LoadConfig(), compute_dtype=torch.float32, lora=lora)
+    metrics, weights, _ = one_step(tiny, LoadConfig(compute_dtype="bfloat16"), compute_dtype=torch.bfloat16, lora=lora)
+    assert metrics["loss"] == pytest.approx(fp32_metrics["loss"], rel=2e-2)
+    initial = dict(apply_lora(load(tiny).model, lora).named_parameters())
+    for name, value in weights.items():
+        if value.is_floating_point():
+            assert value.dtype == torch.float32, name
+        if name in initial and not is_trained(name):
+            assert torch.equal(value, initial[name].detach()), name
 
 
 def test_a_bf16_step_computes_in_bf16_and_keeps_fp32_master_weights(tiny, group):
