@@ -116,3 +116,22 @@ def test_collectives_cross_machines_where_the_runtime_puts_the_ranks(monkeypatch
     hops.clear()
     sim.train(spec, Mesh(4, 4, 1))  # one replica over both machines: its hops cross
     assert hops == [True]
+
+
+def test_a_lora_weight_sync_moves_the_adapters_only():
+    """Under LoRA the frozen base stays in the generation engine: a sync copies the adapters
+    (gathered in one collective from FSDP shards), a reallocation sends only them."""
+    opt, full = sims()
+    lora = SPEC.with_lora(8)
+    dp2, one = Mesh(1, 1, 2), Mesh(1, 1, 1)
+    adapters = lora.adapter_params * full.dtype_bytes
+    assert lora.synced_params == lora.adapter_params < SPEC.param_count == SPEC.synced_params
+    assert opt.reshard_time(lora, one, one) == pytest.approx(opt.weight_copy_time(adapters))
+    assert opt.reshard_time(lora, one, one) < opt.reshard_time(SPEC, one, one) * 0.2
+    gather = full.allreduce(adapters / 2, 2, n_ops=1)
+    assert full.reshard_time(lora, dp2, dp2) - opt.reshard_time(lora, dp2, dp2) == pytest.approx(gather)
+    latency = opt.cluster.collective_latency
+    moved = opt.realloc_time(lora, dp2, (0, 2), one, (2, 3)) - latency
+    assert moved == pytest.approx(
+        (opt.realloc_time(SPEC, dp2, (0, 2), one, (2, 3)) - latency) * adapters / (SPEC.param_count * opt.dtype_bytes)
+    )

@@ -162,3 +162,26 @@ def test_smollm2_configs_load_and_validate_without_the_model(name, algorithm, tm
     assert build.model_dir(moved) == tmp_path
     with pytest.raises(ConfigError, match=r"actor\.load\.compute_dtype=.*'float32', 'bfloat16'"):
         load_config(ROOT / "configs" / f"{name}.yaml", ["actor.load.compute_dtype=bf16"])
+
+
+def test_model_specs_carry_the_actor_and_critic_lora_to_the_planner(tmp_path):
+    """The planner's shapes of a run's models: LoRA ranks from actor.lora / critic.lora, so the
+    memory estimate keeps gradients and Adam states for the adapters only and a weight sync
+    moves just them."""
+    from workbench.controller.mesh import Mesh
+    from workbench.models import make_tiny
+    from workbench.planner.memory import static_memory
+    from workbench.run import build
+
+    policy = make_tiny("1m", tmp_path / "policy")
+    config = load_config(ROOT / "configs" / "ppo.yaml", ["actor.lora={rank: 8}", "critic.lora={rank: 4}"])
+    specs = build.model_specs(config, policy)
+    assert specs["actor"].lora_rank == 8 and not specs["actor"].value_head
+    assert specs["critic"].lora_rank == 4 and specs["critic"].value_head
+    assert specs["reference"].lora_rank == 0  # frozen: nothing to train
+    full = build.model_specs(load_config(ROOT / "configs" / "ppo.yaml"), policy)
+    assert full["actor"].lora_rank == 0 and full["actor"].vocab == specs["actor"].vocab == 262
+    one = Mesh(1, 1, 1)
+    lora_mem, full_mem = static_memory(specs["actor"], one, True), static_memory(full["actor"], one, True)
+    assert lora_mem.grads == specs["actor"].adapter_params * full_mem.grads / full["actor"].param_count
+    assert lora_mem.optimizer < full_mem.optimizer / 10 and lora_mem.params > full_mem.params  # + the adapters

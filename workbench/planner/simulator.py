@@ -226,26 +226,29 @@ class Simulator:
 
     def _reshard(self, spec: ModelSpec, train: Mesh, gen: Mesh, method: str) -> float:
         t = transition(spec, train, gen, method)
+        # Under LoRA only the adapters move (ModelSpec.synced_params), gathered in one collective
+        # (the engines' gather_weights); the frozen base stays in the generation engine.
+        share = spec.synced_params / spec.param_count
         gather = 0.0
         if self.wl.param_sharding == "full" and train.dp > 1:
             # Table 2 assumes data-parallel replicas hold whole training shards; FSDP / ZeRO-3
             # ranks hold 1/dp of one, so each first all-gathers its generation shard (one
             # gather per layer, half an all-reduce's volume each).
-            shard = spec.param_count / gen.model_parallel * self.dtype_bytes
+            shard = spec.synced_params / gen.model_parallel * self.dtype_bytes
             gather = self.allreduce(
                 shard / 2,
                 train.dp,
-                n_ops=spec.n_layers + 1,
+                n_ops=1 if spec.lora_rank else spec.n_layers + 1,
                 members_per_node=train.dp_peers_per_node(self.cluster.devices_per_node),
             )
         crosses = _gather_crosses(train.with_generation(gen, method), self.cluster.devices_per_node)
         return (
             gather
-            + self.weight_copy_time(t.generation_params * self._widen)
+            + self.weight_copy_time(t.generation_params * share * self._widen)
             + (
                 0.0
                 if t.comm_bytes <= 0
-                else t.comm_bytes * self._widen / self.link_bandwidth(crosses) + self.cluster.collective_latency
+                else t.comm_bytes * share * self._widen / self.link_bandwidth(crosses) + self.cluster.collective_latency
             )
         )
 
@@ -263,7 +266,7 @@ class Simulator:
         device of a finer-or-equal layout (then it equals the HybridFlow formula)."""
         if src == dst and src_devs == dst_devs:
             return 0.0
-        m = spec.param_count * self.dtype_bytes
+        m = spec.synced_params * self.dtype_bytes  # under LoRA the adapters: the base moved once
         need = m / dst.model_parallel
         inside = src_devs[0] <= dst_devs[0] and dst_devs[1] <= src_devs[1]
         if inside and src.model_parallel % dst.model_parallel == 0:

@@ -86,6 +86,13 @@ class ModelSpec:
             return self.param_count
         return self.adapter_params + (self.head_params if self.value_head else 0)
 
+    @property
+    def synced_params(self) -> int:
+        """What a weight sync into a generation engine moves after each update: every weight, or
+        under LoRA the adapters alone (the frozen base is there once for all; the runtime's
+        `hybrid.sync_weights` moves just them)."""
+        return self.adapter_params if self.lora_rank else self.param_count
+
     def with_lora(self, rank: int) -> ModelSpec:
         """The same model trained with LoRA adapters of `rank` (0: full fine-tuning)."""
         if not (isinstance(rank, int) and rank >= 0):

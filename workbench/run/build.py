@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from algorithms import ALGORITHMS, Algorithm, Groups
 from workbench.data import arithmetic
@@ -18,6 +18,9 @@ from workbench.session import Session
 from workbench.workers.actor import ActorRolloutRefWorker
 from workbench.workers.critic import CriticWorker
 from workbench.workers.rule_reward import RuleReward
+
+if TYPE_CHECKING:
+    from workbench.planner.specs import ModelSpec
 
 
 def model_dir(config: RunConfig) -> Path:
@@ -118,6 +121,38 @@ def devices_needed(config: RunConfig) -> int:
     return config.placement.actor_devices + (config.placement.critic_devices if critic else 0)
 
 
+def critic_path(config: RunConfig, policy: Path) -> str:
+    """The critics' starting directory: critic.model_path, else model.critic_path, else the policy's."""
+    if config.critic.model_path != FROM_MODEL:
+        return config.critic.model_path
+    return config.model.critic_path or str(policy)
+
+
+def model_specs(config: RunConfig, policy: Path) -> dict[str, ModelSpec]:
+    """The planner's shape of each model role of the run (read from the directories' configs, no
+    weights), with the actor's and critics' LoRA ranks (`ModelSpec.with_lora`): their memory
+    estimate then keeps gradients and Adam states for the adapters alone, and their weight syncs
+    move just the adapters. The reference is the frozen policy (under actor LoRA it lives in the
+    actor's module: adapters off)."""
+    from workbench.models.load import load_config
+    from workbench.planner.specs import ModelSpec  # the planner loads only when asked
+
+    def spec(path, lora, value: bool = False) -> ModelSpec:
+        base = ModelSpec.from_hf_config(load_config(path), Path(path).name)
+        base = base.as_value_model() if value else base
+        return base.with_lora(lora.rank if lora is not None else 0)
+
+    actor_path = str(policy) if config.actor.model_path == FROM_MODEL else config.actor.model_path
+    roles = required_roles(config)
+    specs = {"actor": spec(actor_path, config.actor.lora)}
+    if "reference" in roles:
+        specs["reference"] = spec(actor_path, None)
+    for role in ("critic", "cost_critic"):
+        if role in roles:
+            specs[role] = spec(critic_path(config, policy), config.critic.lora, value=True)
+    return specs
+
+
 def algorithm(config: RunConfig, session: Session, policy: Path) -> Algorithm:
     """Pools and groups per the placement, the rule reward (and cost), and the algorithm."""
     roles, place = required_roles(config), config.placement
@@ -143,12 +178,7 @@ def algorithm(config: RunConfig, session: Session, policy: Path) -> Algorithm:
     if "reference" in roles:
         groups.reference = groups.actor  # the reference copy lives in the actor's processes
     if "critic" in roles:
-        critic_path = (
-            config.model.critic_path or str(policy)
-            if config.critic.model_path == FROM_MODEL
-            else config.critic.model_path
-        )
-        critic_config = replace(config.critic, model_path=critic_path)
+        critic_config = replace(config.critic, model_path=critic_path(config, policy))
         pool = session.pool("critic_pool", place.critic_devices) if place.critic_devices else actor_pool
         critics = {"critic": (CriticWorker, critic_config)}
         if "cost_critic" in roles:
