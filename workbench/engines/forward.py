@@ -54,11 +54,32 @@ def pad_responses(values: torch.Tensor, r: int) -> torch.Tensor:
 def response_logits(model: torch.nn.Module, batch: Batch | dict) -> torch.Tensor:
     """Logits that predict each response token: B x R x V."""
     responses = batch["responses"]
-    logits = model(
-        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]
-    ).logits
     r = responses.shape[1]
+    # Only the last r + 1 positions go through the LM head where the model can (transformers'
+    # logits_to_keep): the prompt's logits were computed and dropped, 2-3x the response's with
+    # chat prompts (B x 40 x 49k fp32 and its gradient for SmolLM2), and as much head matmul.
+    keep = {"logits_to_keep": r + 1} if keeps_logits(model) else {}
+    logits = model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        position_ids=batch["position_ids"],
+        **keep,
+    ).logits
     return logits[:, -r - 1 : -1]
+
+
+def keeps_logits(model: torch.nn.Module) -> bool:
+    """Whether the causal LM inside `model` (DeepSpeed's `.module`, a peft wrapper) takes
+    `logits_to_keep` (transformers' own models do; remote code may not)."""
+    import inspect
+
+    inner = getattr(model, "module", model)
+    inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+    forward = getattr(inner, "forward", None)
+    try:
+        return forward is not None and "logits_to_keep" in inspect.signature(forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 CHUNKED_VOCAB = 8192
