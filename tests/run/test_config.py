@@ -170,16 +170,18 @@ def test_model_specs_carry_the_actor_and_critic_lora_to_the_planner(tmp_path):
     moves just them."""
     from workbench.controller.mesh import Mesh
     from workbench.models import make_tiny
+    from workbench.planner import specs_from_models
     from workbench.planner.memory import static_memory
     from workbench.run import build
 
     policy = make_tiny("1m", tmp_path / "policy")
     config = load_config(ROOT / "configs" / "ppo.yaml", ["actor.lora={rank: 8}", "critic.lora={rank: 4}"])
-    specs = build.model_specs(config, policy)
+    assert build.planner_models(config, policy)["critic"] == (str(policy), 4, True)
+    specs = specs_from_models(build.planner_models(config, policy))
     assert specs["actor"].lora_rank == 8 and not specs["actor"].value_head
     assert specs["critic"].lora_rank == 4 and specs["critic"].value_head
     assert specs["reference"].lora_rank == 0  # frozen: nothing to train
-    full = build.model_specs(load_config(ROOT / "configs" / "ppo.yaml"), policy)
+    full = specs_from_models(build.planner_models(load_config(ROOT / "configs" / "ppo.yaml"), policy))
     assert full["actor"].lora_rank == 0 and full["actor"].vocab == specs["actor"].vocab == 262
     one = Mesh(1, 1, 1)
     lora_mem, full_mem = static_memory(specs["actor"], one, True), static_memory(full["actor"], one, True)

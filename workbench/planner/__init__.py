@@ -37,7 +37,7 @@ from workbench.planner.report import GanttBar, execution_gantt, execution_table
 from workbench.planner.schedule import Schedule, TaskGraph, time_cost
 from workbench.planner.search import Convergence, PlanSpace, SearchResult, exhaustive, mcmc, multi_chain, search
 from workbench.planner.simulator import Simulator
-from workbench.planner.specs import MODEL_PRESETS, ClusterSpec, ModelSpec, Workload, model_preset
+from workbench.planner.specs import MODEL_PRESETS, ClusterSpec, ModelSpec, Workload, model_preset, specs_from_models
 from workbench.planner.strategy import deprecated_parallel_strategy, strategies
 
 __all__ = [
@@ -83,6 +83,7 @@ __all__ = [
     "mesh",
     "multi_chain",
     "model_preset",
+    "specs_from_models",
     "search",
     "set_partitions",
     "static_memory",

@@ -9,6 +9,7 @@ testbed and workload (see `/work/shared/reference/hybridflow.md` §5).
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Literal
 
@@ -122,6 +123,15 @@ class ModelSpec:
             config.vocab_size,
         )
 
+    @classmethod
+    def from_model_dir(cls, path, lora_rank: int = 0, value_head: bool = False) -> ModelSpec:
+        """The shape of the model in a Hugging Face directory (its config only: no weights
+        read), trained with LoRA adapters of `lora_rank` (0: full fine-tuning, or frozen)."""
+        from workbench.models.load import load_config
+
+        spec = cls.from_hf_config(load_config(path), os.path.basename(os.path.normpath(path)))
+        return (spec.as_value_model() if value_head else spec).with_lora(lora_rank)
+
     def as_value_model(self) -> ModelSpec:
         """The same trunk with a scalar head (critic, reward, cost models)."""
         if self.value_head:
@@ -152,6 +162,12 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         ModelSpec("tiny-30m", 10, 512, 8, 8, 1280, 262),
     ]
 }
+
+
+def specs_from_models(models: dict[str, tuple[str, int, bool]]) -> dict[str, ModelSpec]:
+    """ModelSpecs per role from (model directory, LoRA rank, value head), e.g. a run config's
+    (`workbench.run.build.planner_models`), for `Dataflow.model_specs`."""
+    return {role: ModelSpec.from_model_dir(path, rank, value) for role, (path, rank, value) in models.items()}
 
 
 def model_preset(name: str) -> ModelSpec:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from algorithms import ALGORITHMS, Algorithm, Groups
 from workbench.data import arithmetic
@@ -18,9 +18,6 @@ from workbench.session import Session
 from workbench.workers.actor import ActorRolloutRefWorker
 from workbench.workers.critic import CriticWorker
 from workbench.workers.rule_reward import RuleReward
-
-if TYPE_CHECKING:
-    from workbench.planner.specs import ModelSpec
 
 
 def model_dir(config: RunConfig) -> Path:
@@ -128,29 +125,23 @@ def critic_path(config: RunConfig, policy: Path) -> str:
     return config.model.critic_path or str(policy)
 
 
-def model_specs(config: RunConfig, policy: Path) -> dict[str, ModelSpec]:
-    """The planner's shape of each model role of the run (read from the directories' configs, no
-    weights), with the actor's and critics' LoRA ranks (`ModelSpec.with_lora`): their memory
-    estimate then keeps gradients and Adam states for the adapters alone, and their weight syncs
-    move just the adapters. The reference is the frozen policy (under actor LoRA it lives in the
-    actor's module: adapters off)."""
-    from workbench.models.load import load_config
-    from workbench.planner.specs import ModelSpec  # the planner loads only when asked
-
-    def spec(path, lora, value: bool = False) -> ModelSpec:
-        base = ModelSpec.from_hf_config(load_config(path), Path(path).name)
-        base = base.as_value_model() if value else base
-        return base.with_lora(lora.rank if lora is not None else 0)
-
+def planner_models(config: RunConfig, policy: Path) -> dict[str, tuple[str, int, bool]]:
+    """What the planner needs to know of each model role of the run: (model directory, LoRA rank,
+    value head). The rank is the actor's / critics' `lora.rank` (0: every weight trains, or a
+    frozen model), so `workbench.planner.specs_from_models` gives ModelSpecs whose memory
+    estimate keeps gradients and Adam states for the adapters alone and whose weight syncs move
+    just them. The reference is the frozen policy (under actor LoRA it lives in the actor's
+    module, adapters off). Plain values: the planner and the run are sibling layers."""
+    rank = lambda lora: lora.rank if lora is not None else 0  # noqa: E731
     actor_path = str(policy) if config.actor.model_path == FROM_MODEL else config.actor.model_path
     roles = required_roles(config)
-    specs = {"actor": spec(actor_path, config.actor.lora)}
+    models = {"actor": (actor_path, rank(config.actor.lora), False)}
     if "reference" in roles:
-        specs["reference"] = spec(actor_path, None)
+        models["reference"] = (actor_path, 0, False)
     for role in ("critic", "cost_critic"):
         if role in roles:
-            specs[role] = spec(critic_path(config, policy), config.critic.lora, value=True)
-    return specs
+            models[role] = (critic_path(config, policy), rank(config.critic.lora), True)
+    return models
 
 
 def algorithm(config: RunConfig, session: Session, policy: Path) -> Algorithm:

@@ -117,7 +117,9 @@ class ActorConfig:
     lora: LoRAConfig | None = None
     """Train low-rank adapters on a frozen base instead of every weight (None: full fine-tuning).
     The reference policy is then the base itself (adapters disabled). Backends "fsdp" and
-    "deepspeed"."""
+    "deepspeed". Combines with load.gradient_checkpointing (the same step, recomputed) and
+    load.compute_dtype="bfloat16" (FSDP2: fp32 adapters and base, bf16 compute; DeepSpeed's bf16
+    mode casts every parameter, the frozen base too, to bf16)."""
     check_weight_sync: bool = True
     """backend="3d": after every switch to the generation layout, compare a per-tensor checksum of
     the generation pieces with the training pieces (WeightSyncError on a mismatch)."""
