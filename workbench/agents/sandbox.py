@@ -16,11 +16,9 @@ Every failure is a ToolError naming the tool, what went wrong (`kind`) and how t
 from __future__ import annotations
 
 import os
-import pickle
 import select
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
@@ -31,6 +29,7 @@ from typing import Any
 import cloudpickle
 
 from workbench import checks
+from workbench.agents.sandbox_child import read_message, write_message
 from workbench.errors import WorkbenchError
 
 CHILD = Path(__file__).with_name("sandbox_child.py")
@@ -83,7 +82,7 @@ class Sandbox:
         tool = tool or getattr(fn, "__name__", repr(fn))
         child = self._running()
         try:
-            _write(child.stdin, (cloudpickle.dumps(fn), tuple(args), dict(kwargs or {})))
+            write_message(child.stdin, (cloudpickle.dumps(fn), tuple(args), dict(kwargs or {})), cloudpickle.dumps)
         except (BrokenPipeError, OSError):
             self._kill()
             raise ToolError(
@@ -139,7 +138,7 @@ class Sandbox:
             self.starts += 1
             # Its start (interpreter, cloudpickle) is not the tool's time: wait for it apart.
             ready, _, _ = select.select([self._child.stdout], [], [], START_TIMEOUT)
-            if not ready or _read(self._child.stdout) != ("ready",):
+            if not ready or read_message(self._child.stdout) != ("ready",):
                 self._kill()
                 raise ToolError(self.name, "crashed", f"could not start its sandbox process within {START_TIMEOUT} s")
         return self._child
@@ -155,7 +154,7 @@ class Sandbox:
                 f"took more than {seconds} s; its sandbox process was killed (make the call cheaper, or raise "
                 f"SandboxLimits.seconds)",
             )
-        answer = _read(child.stdout)
+        answer = read_message(child.stdout)
         if answer is None:  # the process ended mid-call: a crash, or the kernel's OOM killer
             code = child.wait(5)
             self._child = None
@@ -177,17 +176,3 @@ class Sandbox:
         for stream in (child.stdin, child.stdout):
             if stream is not None:
                 stream.close()
-
-
-def _write(stream, message) -> None:
-    data = cloudpickle.dumps(message)
-    stream.write(struct.pack(">I", len(data)) + data)
-    stream.flush()
-
-
-def _read(stream):
-    header = stream.read(4)
-    if len(header) < 4:
-        return None
-    (size,) = struct.unpack(">I", header)
-    return pickle.loads(stream.read(size))

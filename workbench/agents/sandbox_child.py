@@ -1,6 +1,7 @@
-"""The program a tool sandbox runs (started by workbench.agents.sandbox as a script, never
-imported by the workbench): it loads nothing but the standard library and cloudpickle, so it
-starts in a fraction of a second, and a tool's memory limit is not eaten by torch.
+"""The program a tool sandbox runs (started by workbench.agents.sandbox as a script; the
+workbench imports only its two message functions): it loads nothing but the standard library
+and cloudpickle, so it starts in a fraction of a second, and a tool's memory limit is not eaten
+by torch.
 
 At start it takes its limits from the command line, moves into its scratch directory, caps its
 memory (RLIMIT_AS), cuts itself off the network where the kernel allows (a network namespace of
@@ -38,8 +39,8 @@ def read_message(stream):
     return pickle.loads(stream.read(size))
 
 
-def write_message(stream, message) -> None:
-    data = pickle.dumps(message)
+def write_message(stream, message, dumps=pickle.dumps) -> None:
+    data = dumps(message)
     stream.write(struct.pack(">I", len(data)) + data)
     stream.flush()
 
