@@ -10,12 +10,35 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+import tempfile
 import time
 import types
 from pathlib import Path
 
 import torch
 from transformers import TrainerCallback
+
+
+def grpo_arguments(**settings) -> dict:
+    """GRPOConfig's arguments that both GRPO peers share (CPU, fp32, one optimizer step per
+    generation, a log line per step, nothing saved), with each peer's own `settings`."""
+    shared = dict(
+        output_dir=tempfile.mkdtemp(),
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,
+        num_iterations=1,
+        top_p=1.0,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        log_completions=False,
+    )
+    return shared | settings
 
 
 def settings() -> dict:

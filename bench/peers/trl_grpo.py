@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import tempfile
-
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
-from trl_common import StepTimer, arithmetic_module, report, settings
+from trl_common import StepTimer, arithmetic_module, grpo_arguments, report, settings
 
 cfg = settings()
 arithmetic = arithmetic_module(cfg["repo"])
@@ -30,28 +28,16 @@ class TokenCounter(StepTimer):
 
 timer = TokenCounter()
 args = GRPOConfig(
-    output_dir=tempfile.mkdtemp(),
-    use_cpu=True,
-    bf16=False,
-    fp16=False,
-    seed=cfg["seed"],
-    per_device_train_batch_size=cfg["rows"],
-    num_generations=cfg["n"],
-    gradient_accumulation_steps=1,
-    steps_per_generation=1,
-    num_iterations=1,
-    max_completion_length=cfg["new_tokens"],
-    temperature=cfg["temperature"],
-    top_p=1.0,
-    learning_rate=cfg["lr"],
-    beta=0.0,
-    max_steps=cfg["steps"],
-    logging_steps=1,
-    report_to=[],
-    save_strategy="no",
-    disable_tqdm=True,
-    dataloader_num_workers=0,
-    log_completions=False,
+    **grpo_arguments(
+        seed=cfg["seed"],
+        per_device_train_batch_size=cfg["rows"],
+        num_generations=cfg["n"],
+        max_completion_length=cfg["new_tokens"],
+        temperature=cfg["temperature"],
+        learning_rate=cfg["lr"],
+        beta=0.0,
+        max_steps=cfg["steps"],
+    )
 )
 trainer = GRPOTrainer(
     model=model,

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import tempfile
 import time
 from collections import defaultdict
 
@@ -22,7 +21,7 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
-from trl_common import settings, task_module
+from trl_common import grpo_arguments, settings, task_module
 
 cfg = settings()
 chat = task_module(cfg["repo"], "workbench.data.arithmetic_chat")
@@ -139,34 +138,24 @@ class Profile:
 
 timer = Clock()
 args = GRPOConfig(
-    output_dir=tempfile.mkdtemp(),
-    use_cpu=True,
-    bf16=False,
-    fp16=False,
-    seed=cfg["seed"],
-    per_device_train_batch_size=cfg["prompts"] * cfg["n"],
-    num_generations=cfg["n"],
-    gradient_accumulation_steps=1,
-    steps_per_generation=1,
-    num_iterations=1,
-    shuffle_dataset=False,  # the bench gives both sides the same prompts in the same order
-    max_completion_length=cfg["tokens"],
-    temperature=cfg["temperature"],
-    top_p=1.0,
-    learning_rate=cfg["lr"],
-    lr_scheduler_type="constant",  # the workbench's optimizer has no schedule
-    warmup_steps=0,
-    weight_decay=cfg["weight_decay"],
-    max_grad_norm=cfg["grad_clip"],
-    gradient_checkpointing=cfg["gradient_checkpointing"],  # TRL 1.16 defaults to True; the workbench's config to False
-    beta=cfg["kl"],
-    max_steps=10**6,  # the clock stops training
-    logging_steps=1,
-    report_to=[],
-    save_strategy="no",
-    disable_tqdm=True,
-    dataloader_num_workers=0,
-    log_completions=False,
+    **grpo_arguments(
+        seed=cfg["seed"],
+        per_device_train_batch_size=cfg["prompts"] * cfg["n"],
+        num_generations=cfg["n"],
+        shuffle_dataset=False,  # the bench gives both sides the same prompts in the same order
+        max_completion_length=cfg["tokens"],
+        temperature=cfg["temperature"],
+        learning_rate=cfg["lr"],
+        lr_scheduler_type="constant",  # the workbench's optimizer has no schedule
+        warmup_steps=0,
+        weight_decay=cfg["weight_decay"],
+        max_grad_norm=cfg["grad_clip"],
+        gradient_checkpointing=cfg[
+            "gradient_checkpointing"
+        ],  # TRL 1.16 defaults to True; the workbench's config to False
+        beta=cfg["kl"],
+        max_steps=10**6,  # the clock stops training
+    )
 )
 peft_config = None
 if cfg["lora"]:
