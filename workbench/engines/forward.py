@@ -14,6 +14,8 @@ vocabularies (the tiny kit's 262) keep the one-shot log_softmax, bit for bit as 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -71,14 +73,19 @@ def response_logits(model: torch.nn.Module, batch: Batch | dict) -> torch.Tensor
 def keeps_logits(model: torch.nn.Module) -> bool:
     """Whether the causal LM inside `model` (DeepSpeed's `.module`, a peft wrapper) takes
     `logits_to_keep` (transformers' own models do; remote code may not)."""
-    import inspect
-
     inner = getattr(model, "module", model)
     inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
-    forward = getattr(inner, "forward", None)
+    return _forward_takes_logits_to_keep(type(inner))
+
+
+@functools.cache
+def _forward_takes_logits_to_keep(cls: type) -> bool:
+    """Per model class, once (every training and scoring forward asks)."""
+    import inspect
+
     try:
-        return forward is not None and "logits_to_keep" in inspect.signature(forward).parameters
-    except (TypeError, ValueError):
+        return "logits_to_keep" in inspect.signature(cls.forward).parameters
+    except (AttributeError, TypeError, ValueError):
         return False
 
 

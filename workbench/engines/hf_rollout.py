@@ -158,10 +158,14 @@ class HFRollout:
         params = dict(self.model.named_parameters())  # tied parameters once
         for param in params.values():
             param.data = torch.empty(param.shape, dtype=param.dtype, device=param.device)
-        loaded = set()
-        for name, tensor in named_tensors:
-            self.load_weights([(name, tensor)])
-            loaded.add(name)
+        loaded: set[str] = set()
+
+        def noted():
+            for name, tensor in named_tensors:
+                loaded.add(name)
+                yield name, tensor
+
+        self.load_weights(noted())
         if missing := sorted(set(params) - loaded):
             raise KeyError(f"rollout weights {missing[:5]} were not given: they would stay uninitialised")
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import psutil
@@ -327,17 +328,7 @@ class ActorRolloutRefWorker(Worker):
     def generate_sequences(self, prompts: Batch, sampling: SamplingConfig = SamplingConfig()) -> Batch:
         if self.rollout is None:
             raise RuntimeError("this worker has no rollout engine (ActorConfig.rollout=None)")
-        self._sync_rollout_weights()
-        if sampling.seed is not None:  # distinct but reproducible streams per generation replica
-            sampling = replace(sampling, seed=stream_seed(sampling.seed, self.mesh.gen_replica(self.rank)))
-        out = self.rollout.generate(prompts, sampling)
-        start = time.time()
-        self.rollout.release()  # back to the training layout: generation-only memory goes
-        if self.hybrid is not None:
-            self.hybrid.to_training()
-        self.record_span("hybrid.release", start, time.time(), rss_bytes=psutil.Process().memory_info().rss)
-        out["response_text"] = response_texts(out, self.tokenizer)
-        return out
+        return self._generate(lambda seeded: self.rollout.generate(prompts, seeded), sampling)
 
     @register(THREE_D_ALL_MICRO_DP)
     def generate_episodes(
@@ -349,17 +340,25 @@ class ActorRolloutRefWorker(Worker):
     ) -> Batch:
         """`sampling.n` multi-turn episodes per prompt in `env` (workbench.engines.multi_turn):
         the policy's turns and the environment's observations as one trajectory per row, the
-        observations masked out of the loss. Runs on the HF rollout."""
+        observations masked out of the loss (`response_text`: the policy's turns). Runs on the
+        HF rollout."""
+        return self._generate(
+            lambda seeded: run_episodes(self.rollout, self.tokenizer, prompts, env, seeded, episodes), sampling
+        )
+
+    def _generate(self, produce: Callable[[SamplingConfig], Batch], sampling: SamplingConfig) -> Batch:
+        """One generation of either kind: weights synced in, a seed stream per generation
+        replica (distinct but reproducible), `produce(sampling)`, then back to the training layout."""
         self._sync_rollout_weights()
-        if sampling.seed is not None:  # as generate_sequences: a stream per generation replica
+        if sampling.seed is not None:
             sampling = replace(sampling, seed=stream_seed(sampling.seed, self.mesh.gen_replica(self.rank)))
-        out = run_episodes(self.rollout, self.tokenizer, prompts, env, sampling, episodes)
+        out = produce(sampling)
         start = time.time()
-        self.rollout.release()
+        self.rollout.release()  # back to the training layout: generation-only memory goes
         if self.hybrid is not None:
             self.hybrid.to_training()
         self.record_span("hybrid.release", start, time.time(), rss_bytes=psutil.Process().memory_info().rss)
-        out["response_text"] = response_texts(out, self.tokenizer)  # the policy's turns, observations left out
+        out["response_text"] = response_texts(out, self.tokenizer)
         return out
 
     def _sync_rollout_weights(self) -> None:
