@@ -45,8 +45,8 @@ test: lint
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
-	@# gpu_check.py needs a GPU machine (see README, Benchmarks)
-	@for script in $(filter-out bench/gpu_check.py bench/peer_env.py,$(wildcard bench/*.py)); do echo "== $$script"; $(BIN)/python $$script || exit 1; done
+	@# bench/gpu_*.py are for a GPU machine (see README, Benchmarks): bench/gpu_run.sh runs them there
+	@for script in $(filter-out bench/gpu_%.py bench/peer_env.py,$(wildcard bench/*.py)); do echo "== $$script"; $(BIN)/python $$script || exit 1; done
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
