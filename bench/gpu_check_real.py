@@ -463,6 +463,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cpu", action="store_true", help="run on the CPU: a dry run where no GPU is")
     parser.add_argument("--threads", type=int, default=min(8, os.cpu_count() or 1), help="torch threads here")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="run these sections alone (e.g. chat, lora)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     report = Report()
@@ -482,6 +483,8 @@ def main() -> int:
             ("chat", check_chat, (report, session, chat)),
         ]
         for name, section, section_args in sections:
+            if args.only and not any(name.startswith(wanted) for wanted in args.only):
+                continue
             run_section(report, session, name, section, section_args)
         report.results["torch"] = torch.__version__
         report.results["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None

@@ -94,6 +94,7 @@ def run_episodes(
         for ids, mask, row in zip(rows["input_ids"], rows["attention_mask"], columns)
     ]
     end_ids = set(sampling.end_ids(rollout.eos_token_id))
+    device = rows["input_ids"].device  # the worker's (a GPU's): every tensor built here goes there
     for turn in range(config.max_turns):
         active = [e for e in episodes if not e.done and len(e.response) < config.max_tokens]
         if not active:
@@ -106,7 +107,7 @@ def run_episodes(
             stop=tuple(dict.fromkeys([*sampling.stop, *config.stop])),
             seed=None if sampling.seed is None else sampling.seed + turn,
         )
-        out = rollout.generate(_left_padded(active, rollout.pad_token_id), turn_sampling)
+        out = rollout.generate(_left_padded(active, rollout.pad_token_id, device), turn_sampling)
         for e, ids, mask, log_probs in zip(active, out["responses"], out["response_mask"], out["rollout_log_probs"]):
             kept = int(mask.sum())
             room = config.max_tokens - len(e.response)
@@ -133,7 +134,7 @@ def run_episodes(
     return _batch(rows, episodes, rollout.pad_token_id)
 
 
-def _left_padded(episodes: list[_Episode], pad: int) -> Batch:
+def _left_padded(episodes: list[_Episode], pad: int, device: torch.device) -> Batch:
     """Each episode's context so far (prompt + response), left-padded into one batch."""
     contexts = [e.prompt + e.response for e in episodes]
     width = max(len(c) for c in contexts)
@@ -142,7 +143,7 @@ def _left_padded(episodes: list[_Episode], pad: int) -> Batch:
     for row, context in enumerate(contexts):
         ids[row, width - len(context) :] = torch.tensor(context)
         mask[row, width - len(context) :] = 1
-    return Batch({"input_ids": ids, "attention_mask": mask})
+    return Batch({"input_ids": ids.to(device), "attention_mask": mask.to(device)})
 
 
 def _batch(rows: Batch, episodes: list[_Episode], pad: int) -> Batch:
@@ -161,7 +162,7 @@ def _batch(rows: Batch, episodes: list[_Episode], pad: int) -> Batch:
         policy[row, :length] = torch.tensor(e.policy, dtype=torch.long)
         log_probs[row, :length] = torch.tensor(e.log_probs)
         turn_ends[row, : len(e.turn_ends)] = torch.tensor(e.turn_ends)
-    prompt_mask = rows["attention_mask"]
+    prompt_ids, prompt_mask = rows["input_ids"].cpu(), rows["attention_mask"].cpu()
     attention_mask = torch.cat([prompt_mask, attended], dim=1)
     figures = {
         "episode_reward": [e.reward for e in episodes],
@@ -172,7 +173,7 @@ def _batch(rows: Batch, episodes: list[_Episode], pad: int) -> Batch:
     }
     return Batch(
         {
-            "input_ids": torch.cat([rows["input_ids"], responses], dim=1),
+            "input_ids": torch.cat([prompt_ids, responses], dim=1),
             "attention_mask": attention_mask,
             "position_ids": (attention_mask.cumsum(dim=1) - 1).clamp(min=0),
             "responses": responses,
@@ -183,4 +184,4 @@ def _batch(rows: Batch, episodes: list[_Episode], pad: int) -> Batch:
         },
         rows.columns,
         rows.info,
-    )
+    ).to(rows["input_ids"].device)
