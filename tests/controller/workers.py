@@ -46,6 +46,7 @@ class EchoWorker(Worker):
             "pid": os.getpid(),
             "node": ray.get_runtime_context().get_node_id(),
             "world": dist.get_world_size(),
+            "nice": os.nice(0),
         }
 
     @register(ONE_TO_ALL)
