@@ -21,7 +21,9 @@ R = 16
 @pytest.fixture(scope="module")
 def chat(tmp_path_factory):
     torch.set_num_threads(1)
-    loaded = load(make_tiny_chat(tmp_path_factory.mktemp("chat") / "tiny-chat"))
+    # A seed whose greedy answers differ between rows (a random tiny model often repeats one
+    # token whatever it is asked): the end-of-turn test needs rows that end at different places.
+    loaded = load(make_tiny_chat(tmp_path_factory.mktemp("chat") / "tiny-chat", seed=2))
     questions = ("What is 1+2?", "What is 10+20?", "What is 7*8?", "Say hi.")
     rows = [{"prompt": [{"role": "user", "content": q}], "ground_truth": "0"} for q in questions]
     prompts = tokenize_prompts(rows, loaded.tokenizer, max_prompt_length=64)
@@ -78,10 +80,11 @@ def test_stop_token_ids_end_responses_too(chat):
 
 
 def two_printable_tokens(tok, ids: list[int]) -> str:
-    """Text of the first two adjacent tokens (after the first two) that decode to plain ASCII."""
+    """Text of the first two adjacent tokens (after the first two) that decode to plain ASCII
+    (a few characters: the chat kit's tokenizer merges some)."""
     for k in range(2, len(ids) - 1):
         text = tok.decode(ids[k : k + 2])
-        if len(text) == 2 and text.isascii() and text.isprintable() and text.strip() == text:
+        if 2 <= len(text) <= 8 and text.isascii() and text.isprintable() and text.strip() == text:
             return text
     raise AssertionError("no printable pair: pick another seed")
 
