@@ -26,8 +26,11 @@ def test_the_held_out_split_shares_no_problem_with_training():
     assert len(train) == 300 and len(heldout) == 64
     assert len({p.expression for p in train}) == 300 and len({p.expression for p in heldout}) == 64
     assert not {p.expression for p in train} & {p.expression for p in heldout}
+    more_train, fewer_heldout = tool_multiply.split(MultiplyConfig(), 500, 16, seed=0)
+    assert fewer_heldout == heldout[:16] and more_train[:300] == train  # nested: one reserve, one stream
+    assert not {p.expression for p in more_train} & {p.expression for p in heldout}
     with pytest.raises(ValueError, match="distinct problems"):
-        tool_multiply.split(MultiplyConfig(digits=(1, 1)), 100, 10)
+        tool_multiply.split(MultiplyConfig(digits=(1, 1)), 100, 10)  # 81 products in all
     with pytest.raises(ValueError, match="MultiplyConfig.digits"):
         MultiplyConfig(digits=(3,))
 

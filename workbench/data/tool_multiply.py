@@ -71,10 +71,18 @@ def generate(cfg: MultiplyConfig, n: int, seed: int = 0) -> list[Problem]:
     return problems
 
 
+RESERVED = 256
+"""Held-out problems set aside whatever a split asks for: a split's held-out problems are the
+first of them, and no split's training problems are any of them (so a model trained on one
+split is never evaluated on its own training problems under another)."""
+
+
 def split(cfg: MultiplyConfig, n_train: int, n_heldout: int, seed: int = 0) -> tuple[list[Problem], list[Problem]]:
     """Training and held-out problems, distinct within each and sharing no expression: the
-    held-out ones are drawn first (their own seed) and training draws skip them."""
-    heldout = _distinct(generate(cfg, 4 * n_heldout + 16, seed=2 * seed + 1), n_heldout, set())
+    held-out ones come from their own seed (the first `n_heldout` of `RESERVED` set aside) and
+    training draws skip every reserved one."""
+    reserve = max(n_heldout, RESERVED)
+    heldout = _distinct(generate(cfg, 4 * reserve + 16, seed=2 * seed + 1), reserve, set())
     seen = {p.expression for p in heldout}
     train = _distinct(generate(cfg, 4 * n_train + 16, seed=2 * seed), n_train, seen)
     if len(train) < n_train or len(heldout) < n_heldout:
@@ -82,7 +90,7 @@ def split(cfg: MultiplyConfig, n_train: int, n_heldout: int, seed: int = 0) -> t
             f"tool_multiply.split: only {len(train)} training and {len(heldout)} held-out distinct problems of "
             f"digits {cfg.digits}; ask for fewer, or longer factors"
         )
-    return train, heldout
+    return train, heldout[:n_heldout]
 
 
 def _distinct(problems: list[Problem], n: int, taken: set[str]) -> list[Problem]:
