@@ -59,6 +59,8 @@ def test_observations_are_rendered_by_the_template_and_masked_out(kit):
     batch = episodes(kit)
     assert batch["turns"].tolist() == [1, 1, 3, 3, 2, 2] and batch["episode_reward"].tolist() == [1, 1, 3, 3, 2, 2]
     mask, attended = batch["response_mask"], batch["attention_mask"][:, -batch["responses"].shape[1] :]
+    # Fixed widths, whatever the episodes' lengths: the batches of several ranks join.
+    assert batch["responses"].shape[1] == EpisodeConfig().max_tokens and batch["turn_ends"].shape[1] == 4
     for row in range(len(batch)):
         observed = int(batch["observation_tokens"][row])
         assert int(attended[row].sum()) == int(mask[row].sum()) + observed  # every real token is attended

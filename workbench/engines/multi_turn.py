@@ -15,10 +15,11 @@ Trajectories stay token ids from end to end: a turn's sampled ids are appended a
 observation's ids as its template renders them; nothing is decoded and re-encoded (text is
 decoded only to show the environment), so training scores exactly the tokens that were
 sampled. The batch that comes back has the layout of a single-turn rollout (left-padded prompt,
-right-padded response) with `response_mask` 1 on the policy's tokens only (0 on observations
-and template tokens), `attention_mask` 1 on every real token, the rollout's log-probs on the
-policy's tokens, `turn_ends` (each policy turn's last position in the response, -1 padded), and
-per-episode `episode_reward`, `turns`, `tool_calls`, `tool_errors`, `observation_tokens`.
+right-padded response of R = EpisodeConfig.max_tokens columns) with `response_mask` 1 on the
+policy's tokens only (0 on observations and template tokens), `attention_mask` 1 on every real
+token, the rollout's log-probs on the policy's tokens, `turn_ends` (each policy turn's last
+position in the response, -1 padded to max_turns), and per-episode `episode_reward`, `turns`,
+`tool_calls`, `tool_errors`, `observation_tokens`.
 """
 
 from __future__ import annotations
@@ -302,7 +303,7 @@ class Episodes:
                 f"Episodes.batch(): {sum(not e.done for e in self._episodes)} episode(s) are still running after "
                 f"{self.turns} turn(s); step on (next(episodes), or episodes.run()) until episodes.done"
             )
-        return _batch(self.rows, self._episodes, self.rollout.pad_token_id)
+        return _batch(self.rows, self._episodes, self.rollout.pad_token_id, self.config)
 
     def prompt(self, row: int):
         """Episode `row`'s prompt: its chat (the prompt column) where the rows carry one, else its text."""
@@ -339,15 +340,17 @@ def _left_padded(episodes: list[_Episode], pad: int) -> Batch:
     return Batch({"input_ids": ids, "attention_mask": mask})
 
 
-def _batch(rows: Batch, episodes: list[_Episode], pad: int) -> Batch:
-    width = max(1, max(len(e.response) for e in episodes))
+def _batch(rows: Batch, episodes: list[_Episode], pad: int, config: EpisodeConfig) -> Batch:
+    # Fixed widths (the episode's budgets), as a single-turn rollout pads to max_new_tokens: the
+    # batches of several ranks (or calls) join whatever their episodes' lengths. Forwards skip
+    # columns that are padding in every row, so the padding costs nothing there.
+    width, turns = config.max_tokens, config.max_turns
     n = len(episodes)
     responses = torch.full((n, width), pad, dtype=torch.long)
     attended = torch.zeros((n, width), dtype=torch.long)
     policy = torch.zeros((n, width), dtype=torch.long)
     log_probs = torch.zeros((n, width))
-    turns = max(len(e.turn_ends) for e in episodes)
-    turn_ends = torch.full((n, max(1, turns)), -1, dtype=torch.long)
+    turn_ends = torch.full((n, turns), -1, dtype=torch.long)
     for row, e in enumerate(episodes):
         length = len(e.response)
         responses[row, :length] = torch.tensor(e.response, dtype=torch.long)
