@@ -9,27 +9,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from algorithms.core import ppo_clip
 from tests.chat_kit import END_OF_TURN, make_tiny_chat
-from workbench.agents import Environment, Observation
+from tests.engines.envs import Replies
 from workbench.data.prompts import tokenize_prompts
 from workbench.engines.forward import pad_responses, response_log_probs, response_logits, token_log_probs, trim_padding
 from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.multi_turn import EpisodeConfig, Episodes, conversation_ids, observation_ids, run_episodes
 from workbench.engines.rollout import SamplingConfig, end_token_ids
-
-
-class Replies(Environment):
-    """Answers every turn with an observation until the row's turns (its ground_truth) are done;
-    the reward is the number of turns taken."""
-
-    def start(self, row):
-        return {"left": int(row["ground_truth"]), "taken": 0}
-
-    def step(self, state, text):
-        state["left"] -= 1
-        state["taken"] += 1
-        if state["left"] == 0:
-            return Observation(None, reward=float(state["taken"]), done=True)
-        return Observation(f"result {state['taken']}: ok", info={"tool": "probe"})
 
 
 @pytest.fixture(scope="module")

@@ -128,9 +128,10 @@ def join_prompt_and_response(
 
 
 def end_token_ids(model, tokenizer) -> int | list[int]:
-    """The ids that end a response of `model`: the tokenizer's eos and the generation config's
-    (an imported chat model lists its template's end of turn there, workbench.models.import_gguf)."""
-    listed = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    """The ids that end a response of `model` (a model, or its GenerationConfig): the tokenizer's
+    eos and the generation config's (an imported chat model lists its template's end of turn
+    there, workbench.models.import_gguf)."""
+    listed = getattr(getattr(model, "generation_config", model), "eos_token_id", None)
     listed = [] if listed is None else [listed] if isinstance(listed, int) else list(listed)
     ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     ids += [i for i in listed if i not in ids]
