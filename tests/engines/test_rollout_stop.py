@@ -121,3 +121,15 @@ def test_stop_strings_need_the_tokenizer_and_sane_settings(chat):
     with pytest.raises(ConfigError, match="SamplingConfig.stop_token_ids"):
         SamplingConfig(stop_token_ids=(-1,))
     assert SamplingConfig(stop=["\n\n"]).stop == ("\n\n",)  # lists (from YAML) become tuples
+
+
+def test_min_new_tokens_holds_the_end_back(chat):
+    """A response ends no earlier than min_new_tokens (a baseline of an exact token count)."""
+    loaded, prompts, _, baseline = chat
+    tok, x = loaded.tokenizer, int(baseline[1, 1])
+    rollout = HFRollout(loaded.model, tok.pad_token_id, tok.eos_token_id)
+    early = rollout.generate(prompts, SamplingConfig(max_new_tokens=R, seed=SEED, stop_token_ids=(x,)))
+    held = rollout.generate(prompts, SamplingConfig(max_new_tokens=R, seed=SEED, stop_token_ids=(x,), min_new_tokens=6))
+    assert early["response_mask"][1].sum() == 2 and held["response_mask"].sum(1).min() >= 6
+    with pytest.raises(ConfigError, match="SamplingConfig.min_new_tokens=9: use at most max_new_tokens=8"):
+        SamplingConfig(max_new_tokens=8, min_new_tokens=9)

@@ -33,7 +33,7 @@ from workbench import checks
 from workbench.agents.env import TOOL_CALL_END, Environment, Observation
 from workbench.data.batch import Batch
 from workbench.data.prompts import prompt_ids
-from workbench.engines.rollout import SamplingConfig, stream_seed
+from workbench.engines.rollout import SamplingConfig, left_padded, stream_seed
 
 
 @dataclass(frozen=True)
@@ -230,6 +230,8 @@ class Episodes:
             for ids, mask, row in zip(self.rows["input_ids"], self.rows["attention_mask"], columns)
         ]
         self._end_ids = set(sampling.end_ids(rollout.eos_token_id))
+        turns = getattr(rollout, "turns", None)  # an engine that carries episodes from turn to turn
+        self._turns = turns() if turns is not None else None
         self.turns = 0
         """Turns run so far."""
 
@@ -256,7 +258,12 @@ class Episodes:
             seed=None if self.sampling.seed is None else stream_seed(self.sampling.seed, turn),
         )
         started = time.time()
-        out = self.rollout.generate(_left_padded([e for _, e in active], self.rollout.pad_token_id), turn_sampling)
+        contexts = [e.prompt + e.response for _, e in active]
+        if self._turns is not None:  # the engine continues each episode from its last turn (HF: its KV cache)
+            out = self._turns.generate([row for row, _ in active], contexts, turn_sampling)
+        else:  # vLLM finds the shared prefix in its own prefix cache
+            ids, mask = left_padded(contexts, self.rollout.pad_token_id)
+            out = self.rollout.generate(Batch({"input_ids": ids, "attention_mask": mask}), turn_sampling)
         generated = time.time()
         steps = []
         for (row, e), ids, mask, log_probs in zip(
@@ -326,18 +333,6 @@ def run_episodes(
 ) -> Batch:
     """`sampling.n` episodes per prompt row, run turn by turn to the end (see `Episodes`)."""
     return Episodes(rollout, tokenizer, prompts, env, sampling, config).run()
-
-
-def _left_padded(episodes: list[_Episode], pad: int) -> Batch:
-    """Each episode's context so far (prompt + response), left-padded into one batch."""
-    contexts = [e.prompt + e.response for e in episodes]
-    width = max(len(c) for c in contexts)
-    ids = torch.full((len(contexts), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(contexts), width), dtype=torch.long)
-    for row, context in enumerate(contexts):
-        ids[row, width - len(context) :] = torch.tensor(context)
-        mask[row, width - len(context) :] = 1
-    return Batch({"input_ids": ids, "attention_mask": mask})
 
 
 def _batch(rows: Batch, episodes: list[_Episode], pad: int, config: EpisodeConfig) -> Batch:

@@ -312,6 +312,7 @@ class VLLMRollout:
         return SamplingParams(
             n=sampling.n,
             max_tokens=sampling.max_new_tokens,
+            min_tokens=sampling.min_new_tokens,
             temperature=0.0 if sampling.greedy else sampling.temperature,
             top_p=1.0 if sampling.greedy else sampling.top_p,
             top_k=0 if sampling.greedy else sampling.top_k,
