@@ -82,9 +82,17 @@ _PROBE = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "\x
 
 
 def _probe(tokenizer) -> tuple[str, str]:
-    """The probe conversation rendered, and what closes its assistant turn (e.g. "<|im_end|>\n")."""
-    before = tokenizer.apply_chat_template(_PROBE, tokenize=False)
-    return before, before[before.index("\x00") + 1 :]
+    """The probe conversation rendered, and what closes its assistant turn (e.g. "<|im_end|>\n"):
+    the same for every observation, so rendered once per template (and the special tokens it
+    may write)."""
+    key = (tokenizer.chat_template, str(tokenizer.special_tokens_map))
+    if key not in _probes:
+        before = tokenizer.apply_chat_template(_PROBE, tokenize=False)
+        _probes[key] = (before, before[before.index("\x00") + 1 :])
+    return _probes[key]
+
+
+_probes: dict[tuple, tuple[str, str]] = {}
 
 
 def conversation_ids(tokenizer, messages: list[dict[str, str]], tool_role: str = "tool") -> tuple[list[int], list[int]]:
@@ -189,11 +197,8 @@ class Turn:
         return sum("tool_error" in s.observation.info for s in self.steps)
 
     def __str__(self) -> str:
-        seconds = self.generation[1] - self.generation[0], self.tools[1] - self.tools[0]
-        lines = [
-            f"turn {self.index + 1}: {len(self.steps)} episode(s), generation {seconds[0]:.2f} s, "
-            f"tools {seconds[1]:.3f} s"
-        ]
+        """Each episode's turn: what the model said, what the environment answered."""
+        lines = [f"turn {self.index + 1}: {len(self.steps)} episode(s)"]
         for s in self.steps:
             lines.append(f"  [{s.episode}] model: {s.text}")
             if s.observation.text is not None and not s.ended:
