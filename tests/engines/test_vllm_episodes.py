@@ -34,7 +34,7 @@ def vllm_actor(shared_session, tmp_path_factory):
         model_path=str(directory),
         rollout="vllm",
         vllm=VLLMRolloutConfig(
-            max_model_len=160, max_num_seqs=16, cache_root=str(tmp_path_factory.mktemp("vllm-cache"))
+            max_model_len=160, max_num_seqs=64, cache_root=str(tmp_path_factory.mktemp("vllm-cache"))
         ),
     )
     group = shared_session.group("vllm_episodes", ActorRolloutRefWorker, shared_session.pool("vllm_ep_pool", 1), config)
@@ -83,3 +83,16 @@ def test_an_episode_that_cannot_fit_the_engine_is_refused_on_the_driver(vllm_act
     group, _, prompts = vllm_actor
     with pytest.raises(ConfigError, match="VLLMRolloutConfig.max_model_len"):
         group.generate_episodes(prompts, envs.Replies(), SamplingConfig(), EpisodeConfig(max_tokens=150))
+
+
+def test_seeded_sampling_of_more_prompt_tokens_than_one_default_prefill_step(vllm_actor):
+    """64 contexts of ~90 tokens: more than vLLM's CPU default of 4096 tokens per step. Had vLLM
+    split a prefill over steps, a seeded request's discarded sample would rewind its generator,
+    which CPU generators cannot do (RuntimeError: CPU Generator does not use offset)."""
+    group, tokenizer, _ = vllm_actor
+    long = " ".join(["word"] * 20)
+    rows = [{"prompt": [{"role": "user", "content": f"{i} {long}"}], "ground_truth": "1"} for i in range(64)]
+    prompts = tokenize_prompts(rows, tokenizer, max_prompt_length=120)
+    assert int(prompts["attention_mask"].sum()) > 4096
+    first, again = (group.generate_sequences(prompts, SamplingConfig(max_new_tokens=4, seed=5)).get() for _ in range(2))
+    assert torch.equal(first["responses"], again["responses"])

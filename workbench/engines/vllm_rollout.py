@@ -125,6 +125,11 @@ def _device_settings(cfg: VLLMRolloutConfig) -> tuple[dict[str, str], dict]:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kv_cache_gib)
         env["VLLM_CPU_OMP_THREADS_BIND"] = cfg.cpu_threads_bind
         kwargs["dtype"] = "float32" if cfg.dtype == "auto" else cfg.dtype
+        # Room for every scheduled sequence's whole prompt in one step. With vLLM's CPU default
+        # (4096 tokens) a larger batch has a prefill split over steps, the sample of a partial
+        # step is discarded, and a seeded request then rewinds its generator, which a CPU
+        # generator cannot do ("CPU Generator does not use offset").
+        kwargs["max_num_batched_tokens"] = max(cfg.max_num_seqs * cfg.max_model_len, 4096)
     return env, kwargs
 
 
