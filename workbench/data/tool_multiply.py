@@ -94,7 +94,7 @@ def split(cfg: MultiplyConfig, n_train: int, n_heldout: int, seed: int = 0) -> t
 
 
 def _distinct(problems: list[Problem], n: int, taken: set[str]) -> list[Problem]:
-    out = []
+    out: list[Problem] = []
     for p in problems:
         if p.expression not in taken and len(out) < n:
             taken.add(p.expression)
