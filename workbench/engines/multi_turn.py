@@ -270,17 +270,18 @@ class Episodes:
             ids, mask = left_padded(contexts, self.rollout.pad_token_id)
             out = self.rollout.generate(Batch({"input_ids": ids, "attention_mask": mask}), turn_sampling)
         generated = time.time()
+        kept = [
+            min(int(n), config.max_tokens - len(e.response)) for n, (_, e) in zip(out["response_mask"].sum(1), active)
+        ]
+        sampled = [ids[:n].tolist() for ids, n in zip(out["responses"], kept)]
+        texts = self.tokenizer.batch_decode(sampled, skip_special_tokens=True)  # what the environment reads
         steps = []
-        for (row, e), ids, mask, log_probs in zip(
-            active, out["responses"], out["response_mask"], out["rollout_log_probs"]
-        ):
-            kept = min(int(mask.sum()), config.max_tokens - len(e.response))
-            ids, log_probs = ids[:kept].tolist(), log_probs[:kept].tolist()
+        for (row, e), ids, n, text, log_probs in zip(active, sampled, kept, texts, out["rollout_log_probs"]):
+            log_probs = log_probs[:n].tolist()
             e.response += ids
             e.policy += [True] * len(ids)
             e.log_probs += log_probs
             e.turn_ends.append(len(e.response) - 1)
-            text = self.tokenizer.decode(ids, skip_special_tokens=True)
             observation = self.env.step(e.state, text)
             e.reward += float(observation.reward)
             e.tool_calls += "tool" in observation.info
