@@ -179,7 +179,8 @@ def main() -> None:
             ),
         )
         before = evaluate(actor, tokenizer, heldout, env)
-        print("SFT only:", json.dumps(before))
+        start_label = "SFT only" if args.model is None else "before RL"
+        print(f"{start_label}:", json.dumps(before))
         grpo = GRPO(
             Groups(actor=actor, reward=EpisodeReward()),
             GRPOConfig(
@@ -203,7 +204,7 @@ def main() -> None:
                 f"  {m['timing_s/step']:.1f} s"
             )
         after = evaluate(actor, tokenizer, heldout, env)
-        print("SFT + RL:", json.dumps(after))
+        print(f"{'SFT + RL' if args.model is None else 'after RL'}:", json.dumps(after))
         pid = next(r.pid for r in session.trace() if r.role == "actor" and r.method == "generate_episodes")
         speed = throughput(actor, Clock(pid), tokenizer, heldout, env, args.rounds, args.seed + 1000)
         print("throughput:", json.dumps(speed))
