@@ -235,8 +235,8 @@ class Episodes:
             for ids, mask, row in zip(self.rows["input_ids"], self.rows["attention_mask"], columns)
         ]
         self._end_ids = set(sampling.end_ids(rollout.eos_token_id))
-        turns = getattr(rollout, "turns", None)  # an engine that carries episodes from turn to turn
-        self._turns = turns() if turns is not None else None
+        continued = getattr(rollout, "turns", None)  # an engine that carries episodes from turn to turn
+        self._continued = continued() if continued is not None else None
         self.turns = 0
         """Turns run so far."""
 
@@ -264,8 +264,8 @@ class Episodes:
         )
         started = time.time()
         contexts = [e.prompt + e.response for _, e in active]
-        if self._turns is not None:  # the engine continues each episode from its last turn (HF: its KV cache)
-            out = self._turns.generate([row for row, _ in active], contexts, turn_sampling)
+        if self._continued is not None:  # each episode continues from its last turn (HF: its KV cache)
+            out = self._continued.generate([row for row, _ in active], contexts, turn_sampling)
         else:  # vLLM finds the shared prefix in its own prefix cache
             ids, mask = left_padded(contexts, self.rollout.pad_token_id)
             out = self.rollout.generate(Batch({"input_ids": ids, "attention_mask": mask}), turn_sampling)
