@@ -1,7 +1,7 @@
-"""Test helpers for real-model paths without a download: the tiny kit with a ChatML template
-(`<|im_start|>` / `<|im_end|>` added as special tokens), and a GGUF file written from any HF
-Llama directory the way llama.cpp's converter writes one (fp32 tensors, q/k rows permuted, a
-byte-level BPE tokenizer as `tokenizer.ggml.*` metadata)."""
+"""Test helpers for real-model paths without a download: the tiny chat kit (the package's own,
+`make_tiny(size, dir, chat=True)`: a ChatML template, `<|im_start|>` / `<|im_end|>` as special
+tokens), and a GGUF file written from any HF Llama directory the way llama.cpp's converter writes
+one (fp32 tensors, q/k rows permuted, a byte-level BPE tokenizer as `tokenizer.ggml.*` metadata)."""
 
 from __future__ import annotations
 
@@ -11,40 +11,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from workbench.models import make_tiny
+from workbench.models.tiny import CHATML, END_OF_TURN, add_chatml, make_tiny
 
-CHATML = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-END_OF_TURN = "<|im_end|>"
-
-
-def add_chatml(tokenizer):
-    """`tokenizer` with `<|im_start|>` / `<|im_end|>` as special tokens and the ChatML template."""
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", END_OF_TURN]})
-    tokenizer.chat_template = CHATML
-    return tokenizer
+__all__ = ["CHATML", "END_OF_TURN", "add_chatml", "make_tiny_chat", "write_gguf"]
 
 
 def make_tiny_chat(directory: Path, seed: int = 0) -> Path:
-    """The 1m tiny kit plus ChatML: two special tokens (embedding rows appended), the template,
-    and a generation config whose eos is `<|im_end|>`. Cached like make_tiny."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    directory = Path(directory)
-    if (directory / "config.json").exists():
-        return directory
-    base = make_tiny("1m", directory.parent / f"{directory.name}-base", seed=seed)
-    tokenizer = add_chatml(AutoTokenizer.from_pretrained(base))
-    model = AutoModelForCausalLM.from_pretrained(base)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
-    model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids(END_OF_TURN)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
+    """The 1m chat kit (cached like make_tiny)."""
+    return make_tiny("1m", directory, seed=seed, chat=True)
 
 
 def _permute(weights: np.ndarray, n_head: int) -> np.ndarray:

@@ -12,6 +12,8 @@ than as the template's text.
 
 from __future__ import annotations
 
+import itertools
+
 from widgets.ui import Control, View, escape
 from workbench import checks
 from workbench.data.prompts import conversation, show_conversation
@@ -63,13 +65,15 @@ class BatchInspector(View):
 
     def fields(self) -> list[str]:
         keys = set(self.batch.keys())
-        out = [name for name, key in TOKEN_FIELDS.items() if key in keys]
+        out = [name for name in TOKEN_FIELDS if self._column(name) in keys]
         if {"old_log_probs", "ref_log_probs"} <= keys:
             out.append("KL (old - ref)")
         return sorted(out, key=list(TOKEN_FIELDS).index)
 
     def _scores(self) -> list[float]:
-        return [float(x) for x in self.batch["scores"]] if "scores" in self.batch.keys() else [0.0] * len(self.batch)
+        # Episodes fresh from a multi-turn rollout carry their environment's reward until scored.
+        key = next((k for k in ("scores", "episode_reward") if k in self.batch.keys()), None)
+        return [float(x) for x in self.batch[key]] if key else [0.0] * len(self.batch)
 
     def controls(self) -> list[Control]:
         scores = sorted(set(self._scores()))
@@ -109,8 +113,14 @@ class BatchInspector(View):
         if field == "KL (old - ref)":
             values = self.batch["old_log_probs"] - self.batch["ref_log_probs"]
         else:
-            values = self.batch[TOKEN_FIELDS[field]]
+            values = self.batch[self._column(field)]
         return values.float() * mask
+
+    def _column(self, field: str) -> str | None:
+        key = TOKEN_FIELDS[field]
+        if key == "old_log_probs" and key not in self.batch.keys():  # a fresh rollout: its own log-probs
+            return "rollout_log_probs"
+        return key
 
     def rows(self) -> list[dict]:
         """Rows after filtering and sorting: index, prompt, response, score, cost, mean advantage."""
@@ -170,6 +180,17 @@ class BatchInspector(View):
             {"text": t, "value": v if k else None, "colour": shade(v, scale) if k else OBSERVED, "trained": k}
             for t, v, k in zip(texts, values, trained)
         ]
+
+    def marked(self, index: int, marks: tuple[str, str] = ("⟦", "⟧")) -> str:
+        """One row's response as text with the mask drawn in: the tokens trained on as they are,
+        each run of the others (a multi-turn row's observations and the template around them)
+        between `marks`; newlines written as \\n, so a row reads on one line."""
+        runs = itertools.groupby(self.tokens(index), key=lambda token: token["trained"])
+        parts = []
+        for trained, tokens in runs:
+            text = "".join(token["text"] for token in tokens).replace("\n", "\\n")
+            parts.append(text if trained else f"{marks[0]}{text}{marks[1]}")
+        return "".join(parts)
 
     def data(self) -> dict:
         rows = self.rows()[: self.max_rows]

@@ -6,12 +6,15 @@
 
 Bars are calls coloured by role; the part of a call spent receiving its inputs (a data
 transfer) is pale and hatched; the hybrid engine's transitions (spans named `hybrid.*`: weight
-sync, releasing the rollout engine) are thin black bars. Iterations are marked where their
-first span starts. Scroll to zoom, drag to pan (the view follows the latest iterations until
-you do), hover a span for its role, rank, method, iteration, rows, bytes and seconds; click one
-to open its batch in a BatchInspector below (while the batch is still held: the last
-`keep_batches` iterations of a `fit` it watches) or else that iteration's metrics. With
-`estimate`, the planner's bars for the same placement are drawn below, on the same time axis.
+sync, releasing the rollout engine) are thin black bars. A multi-turn rollout's turns are thin
+bars inside its call: each turn's batched generation (`episode.generate`, light blue) and the
+tool calls after it (`episode.tools`, amber), so generation, tools and training (the update
+calls) read apart. Iterations are marked where their first span starts. Scroll to zoom, drag
+to pan (the view follows the latest iterations until you do), hover a span for its role, rank,
+method, iteration, rows, bytes and seconds; click one to open its batch in a BatchInspector
+below (while the batch is still held: the last `keep_batches` iterations of a `fit` it
+watches) or else that iteration's metrics. With `estimate`, the planner's bars for the same
+placement are drawn below, on the same time axis.
 
 Sources: a live `Session` (spans drained as they arrive), a list of CallRecords, or a
 `trace.jsonl` written by `widgets.RunRecorder` (the panel app follows a run that way).
@@ -52,6 +55,11 @@ COLUMNS = [
     "bytes",
     "colour",
 ]
+INNER_SPANS = {
+    "episode.generate": ("generation", "#5fb3e6", "policy turn (generation)"),
+    "episode.tools": ("tool", "#f2b701", "tool calls"),
+}
+"""Spans a worker records inside a call, by name: (kind, colour, legend)."""
 MAX_SPANS = 50_000
 """Spans a figure keeps (the oldest roll out): a long run's trace stays bounded in the browser."""
 
@@ -152,7 +160,7 @@ class LiveTimeline(View):
         return self.refresher.wait(timeout)
 
     def _row(self, r: CallRecord, index: int) -> dict:
-        kind = "transition" if r.method.startswith("hybrid.") else "call"
+        kind = span_kind(r.method)
         rows_in, rows_out = r.extra.get("rows"), r.extra.get("rows_out")
         rows = "-" if rows_in is None else f"{rows_in}" + (f" -> {rows_out}" if rows_out not in (None, rows_in) else "")
         origin = self.origin or 0.0
@@ -173,7 +181,7 @@ class LiveTimeline(View):
             "wait": r.fetched - r.start,
             "rows": rows,
             "bytes": _size(r.bytes_in + r.bytes_out) + f" (in {_size(r.bytes_in)}, out {_size(r.bytes_out)})",
-            "colour": "black" if kind == "transition" else role_colour(r.role),
+            "colour": span_colour(kind, r.role),
         }
 
     # ---- click-through -----------------------------------------------------------------------------
@@ -249,7 +257,7 @@ class LiveTimeline(View):
             lane_of = {lane: i for i, lane in enumerate(lanes)}
             out["lanes"] = [f"{pool} rank {rank}" for pool, rank in lanes]
             for r in records:
-                kind = "transition" if r.method.startswith("hybrid.") else "call"
+                kind = span_kind(r.method)
                 out["bars"].append(
                     {
                         "lane": lane_of[(r.pool, r.rank)],
@@ -374,6 +382,19 @@ class LiveTimeline(View):
             view=transitions,
             legend_label="hybrid-engine transition",
         )
+        inner = [
+            fig.hbar(
+                y="lane",
+                left="start",
+                right="end",
+                height=0.3,
+                color="colour",
+                source=spans.source,
+                view=CDSView(filter=GroupFilter(column_name="kind", group=kind)),
+                legend_label=legend,
+            )
+            for kind, _, legend in INNER_SPANS.values()
+        ]
         plots.legend_outside(fig, "right")
         marks = ColumnDataSource({"x": [], "label": []}, name="timeline_marks")
         fig.vspan(x="x", source=marks, line_color="grey", line_dash="dotted")  # iteration starts
@@ -391,7 +412,7 @@ class LiveTimeline(View):
         )
         plots.hover(
             fig,
-            [bars, switches],
+            [bars, switches, *inner],
             [
                 ("span", "@role rank @rank: @method"),
                 ("iteration", "@run @iteration (step @step)"),
@@ -400,7 +421,7 @@ class LiveTimeline(View):
                 ("seconds", "@seconds{0.000} (receiving inputs @wait{0.000})"),
             ],
         )
-        fig.add_tools(TapTool(renderers=[bars, switches]))
+        fig.add_tools(TapTool(renderers=[bars, switches, *inner]))
         spans.source.selected.on_change("indices", lambda attr, old, new: self._tapped(spans.source, new))
         parts: list[Any] = [fig]
         estimate = self._estimate_figure(x_range) if self.estimate is not None else None
@@ -501,7 +522,7 @@ class LiveTimeline(View):
         # One collection per (lane, colour, style): a trace holds hundreds of spans.
         groups: dict[tuple, list] = {}
         for b in d["bars"]:
-            colour = "black" if b["kind"] == "transition" else role_colour(b["role"])
+            colour = span_colour(b["kind"], b["role"])
             if b["fetched"] > b["start"]:  # waiting for inputs: pale
                 groups.setdefault((b["lane"], colour, 0.3, 0.8), []).append((b["start"], b["fetched"] - b["start"]))
             height = 0.8 if b["kind"] == "call" else 0.4
@@ -517,7 +538,11 @@ class LiveTimeline(View):
             ax.text(start, -0.6, mark, fontsize=7, color="grey")
         ax.set_yticks(range(len(d["lanes"])), d["lanes"], fontsize=8)
         ax.invert_yaxis()
-        ax.set_title("measured (black: hybrid-engine transitions; pale: receiving inputs)", fontsize=9)
+        ax.set_title(
+            "measured (black: hybrid-engine transitions; light blue / amber: an episode's generation / tool calls; "
+            "pale: receiving inputs)",
+            fontsize=9,
+        )
         if d["estimate"]:
             est = axes[1]
             for b in d["estimate"]:
@@ -641,3 +666,17 @@ class IterationMarks:
 
 def _first(mark: tuple[float, tuple]) -> float:
     return mark[0]
+
+
+def span_kind(method: str) -> str:
+    """What a span is drawn as: "call" (a driver call), "transition" (the hybrid engine's
+    `hybrid.*`), or an inner span's kind ("generation", "tool": INNER_SPANS)."""
+    if method.startswith("hybrid."):
+        return "transition"
+    return INNER_SPANS[method][0] if method in INNER_SPANS else "call"
+
+
+def span_colour(kind: str, role: str) -> str:
+    if kind == "transition":
+        return "black"
+    return next((colour for k, colour, _ in INNER_SPANS.values() if k == kind), None) or role_colour(role)

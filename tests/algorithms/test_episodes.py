@@ -2,13 +2,16 @@
 turns and a sandboxed tool's observations), the environment's reward is the score, the update
 trains on the policy's tokens only, and the metrics count turns, tool calls and observations."""
 
+import os
+import time
+
 import pytest
 from transformers import AutoTokenizer
 
 from algorithms import GRPO, PPO, Groups, GRPOConfig, PPOConfig, ReinforcePP, ReinforcePPConfig
 from tests.chat_kit import make_tiny_chat
 from workbench import ActorConfig, ActorRolloutRefWorker, CriticConfig, CriticWorker, OptimConfig, SamplingConfig
-from workbench.agents import Environment, Observation, SandboxLimits, ToolBox, calculator
+from workbench.agents import Environment, Observation, SandboxLimits, ToolBox, ToolError, calculator, python
 from workbench.data.prompts import tokenize_prompts
 from workbench.engines.multi_turn import EpisodeConfig
 from workbench.errors import ConfigError
@@ -48,8 +51,9 @@ def actor(shared_session, tmp_path_factory):
     shared_session.clear()
 
 
-def test_grpo_trains_on_episodes_and_counts_their_turns(actor):
+def test_grpo_trains_on_episodes_and_counts_their_turns(shared_session, actor):
     group, prompts = actor
+    since = time.time()
     config = GRPOConfig(
         sampling=SamplingConfig(max_new_tokens=8, n=4, seed=0),
         env=AskTwice(),
@@ -65,6 +69,27 @@ def test_grpo_trains_on_episodes_and_counts_their_turns(actor):
             "actor/pg_loss" in metrics
             and metrics["prompt_length/mean"] == prompts["attention_mask"].sum(1).float().mean()
         )
+    # Each turn's generation and its tool calls arrive in the trace, inside the rollout's call.
+    spans = [r for r in shared_session.trace() if r.start >= since and r.role == "episode_actor"]
+    calls = [r for r in spans if r.method == "generate_episodes"]
+    turns = sorted(
+        ((r.extra["iteration"], r.rank, r.extra["turn"], r.method) for r in spans if r.method.startswith("episode.")),
+    )
+    assert turns == sorted(
+        (i, rank, turn, m)
+        for i in (1, 2)
+        for rank in (0, 1)
+        for turn in (0, 1)
+        for m in ("episode.generate", "episode.tools")
+    )
+    for r in spans:
+        if r.method.startswith("episode."):
+            call = next(c for c in calls if c.rank == r.rank and c.extra["iteration"] == r.extra["iteration"])
+            assert call.start <= r.start <= r.end <= call.end and r.extra["step"] == "gen"
+            if r.method == "episode.tools":
+                assert (r.extra["tool_calls"], r.extra["tool_errors"]) == ((4, 0) if r.extra["turn"] == 0 else (0, 0))
+            else:
+                assert r.extra["rows"] == 4 and r.extra["tokens"] > 0
 
 
 @pytest.mark.parametrize("name", ["ppo", "reinforce_pp"])
@@ -107,3 +132,80 @@ def test_bad_episode_settings_are_refused_on_the_driver(actor):
         group.generate_episodes(prompts, "calculator", SamplingConfig(max_new_tokens=4))
     with pytest.raises(ConfigError, match="GRPOConfig.env"):
         GRPOConfig(env="calculator")
+
+
+BAD_CODE = {
+    "timeout": "import time\ntime.sleep(60)",
+    "loop": "while True:\n    pass",
+    "blocked-write": "open('/tmp/workbench-episode-escape.txt', 'w').write('x')",
+    "blocked-socket": "import socket\nsocket.create_connection(('127.0.0.1', 9))",
+    "memory": "x = []\nwhile True:\n    x.append(bytearray(10**7))",
+}
+NAMED = {
+    "timeout": "took more than 1.0 s",
+    "loop": "took more than 1.0 s",
+    "blocked-write": "writes only inside the scratch directory",
+    "blocked-socket": "no network in the sandbox",
+    "memory": "ran out of memory",
+}
+
+
+class Misbehaving(Environment):
+    """Each episode's first turn runs a misbehaving tool (sleeps, loops, writes outside its
+    directory, opens a socket, allocates without bound: the prompt row names two, one for each
+    of its two samples); its second turn calls the calculator, which must answer; the third is
+    judged."""
+
+    def __init__(self):
+        self.toolbox = ToolBox({"python": python, "calculator": calculator}, SandboxLimits(seconds=1.0, memory_mib=256))
+        self.started: dict[str, int] = {}
+
+    def start(self, row):
+        names = row["ground_truth"].split(",")
+        self.started[row["ground_truth"]] = self.started.get(row["ground_truth"], 0) + 1
+        return {"turn": 0, "bad": names[(self.started[row["ground_truth"]] - 1) % len(names)]}
+
+    def step(self, state, text):
+        state["turn"] += 1
+        try:
+            if state["turn"] == 1:
+                return Observation(
+                    self.toolbox.call("python", {"code": BAD_CODE[state["bad"]]}), info={"tool": "python"}
+                )
+            if state["turn"] == 2:
+                return Observation(
+                    self.toolbox.call("calculator", {"expression": "6 * 7"}), info={"tool": "calculator"}
+                )
+        except ToolError as err:
+            return Observation(f"error: {err}", info={"tool": err.tool, "tool_error": err.kind})
+        return Observation(None, reward=float(len(text) < 12), done=True)
+
+
+def test_a_misbehaving_tool_is_stopped_and_named_while_the_next_iteration_runs(actor):
+    group, _ = actor
+    tokenizer = AutoTokenizer.from_pretrained(group.config.model_path)
+    pairs = ["timeout,loop", "blocked-write,memory", "blocked-socket,timeout", "memory,loop"]
+    rows = [{"prompt": [{"role": "user", "content": f"Try {p}."}], "ground_truth": p} for p in pairs]
+    prompts = tokenize_prompts(rows, tokenizer, max_prompt_length=48)  # x 2 samples: 8 episodes, each misbehaviour
+    config = GRPOConfig(
+        sampling=SamplingConfig(max_new_tokens=4, n=2, seed=0),
+        env=Misbehaving(),
+        episode=EpisodeConfig(max_turns=3, turn_tokens=4, max_tokens=256),
+    )
+    grpo = GRPO(Groups(actor=group, reference=group, reward=EpisodeReward()), config)
+    batches = []
+    history = grpo.fit([prompts], iterations=2, log=None, callbacks=[lambda algo, batch, m: batches.append(batch)])
+    for metrics, batch in zip(history, batches):
+        assert metrics["episode/tool_calls"] == 16.0 and metrics["episode/tool_errors"] == 8.0
+        assert metrics["episode/turns/mean"] == 3.0 and "actor/pg_loss" in metrics  # the iteration ran to its update
+        seen = set()
+        for row in range(len(batch)):
+            real = batch["attention_mask"][row, -batch["responses"].shape[1] :].bool()
+            observed = real & ~batch["response_mask"][row].bool()
+            text = tokenizer.decode(batch["responses"][row][observed])
+            first, second = text.split("<|im_start|>tool\n")[1:3]
+            assert first.startswith("error: tool 'python' ")
+            seen |= {words for words in NAMED.values() if words in first}
+            assert second.startswith("42<|im_end|>")  # the next call, in a fresh sandbox process, answers
+        assert seen == set(NAMED.values())  # each misbehaviour, named
+    assert not os.path.exists("/tmp/workbench-episode-escape.txt")

@@ -9,27 +9,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from algorithms.core import ppo_clip
 from tests.chat_kit import END_OF_TURN, make_tiny_chat
-from workbench.agents import Environment, Observation
+from tests.engines.envs import Replies
 from workbench.data.prompts import tokenize_prompts
 from workbench.engines.forward import pad_responses, response_log_probs, response_logits, token_log_probs, trim_padding
 from workbench.engines.hf_rollout import HFRollout
-from workbench.engines.multi_turn import EpisodeConfig, observation_ids, run_episodes
+from workbench.engines.multi_turn import EpisodeConfig, Episodes, conversation_ids, observation_ids, run_episodes
 from workbench.engines.rollout import SamplingConfig, end_token_ids
-
-
-class Replies(Environment):
-    """Answers every turn with an observation until the row's turns (its ground_truth) are done;
-    the reward is the number of turns taken."""
-
-    def start(self, row):
-        return {"left": int(row["ground_truth"]), "taken": 0}
-
-    def step(self, state, text):
-        state["left"] -= 1
-        state["taken"] += 1
-        if state["left"] == 0:
-            return Observation(None, reward=float(state["taken"]), done=True)
-        return Observation(f"result {state['taken']}: ok", info={"tool": "probe"})
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +44,8 @@ def test_observations_are_rendered_by_the_template_and_masked_out(kit):
     batch = episodes(kit)
     assert batch["turns"].tolist() == [1, 1, 3, 3, 2, 2] and batch["episode_reward"].tolist() == [1, 1, 3, 3, 2, 2]
     mask, attended = batch["response_mask"], batch["attention_mask"][:, -batch["responses"].shape[1] :]
+    # Fixed widths, whatever the episodes' lengths: the batches of several ranks join.
+    assert batch["responses"].shape[1] == EpisodeConfig().max_tokens and batch["turn_ends"].shape[1] == 4
     for row in range(len(batch)):
         observed = int(batch["observation_tokens"][row])
         assert int(attended[row].sum()) == int(mask[row].sum()) + observed  # every real token is attended
@@ -119,3 +106,52 @@ def test_a_budget_ends_an_episode(kit):
     assert batch["responses"].shape[1] <= 10 and int(batch["attention_mask"][:, -10:].sum(1).max()) <= 10
     with pytest.raises(Exception, match="EpisodeConfig.max_turns"):
         EpisodeConfig(max_turns=0)
+
+
+def test_stepping_turn_by_turn_is_the_same_loop(kit):
+    """Episodes yields every turn (run_episodes is it run to the end): an episode that ended
+    is in no later turn, and the batch equals run_episodes' for the same seed."""
+    tokenizer, _, rollout, prompts = kit
+    sampling, config = SamplingConfig(max_new_tokens=8, n=2, seed=5), EpisodeConfig(max_turns=4, turn_tokens=6)
+    stepper = Episodes(rollout, tokenizer, prompts, Replies(), sampling, config)
+    first = next(stepper)
+    with pytest.raises(RuntimeError, match="still running after 1 turn"):
+        stepper.batch()
+    turns = [first, *stepper]
+    assert [len(t.steps) for t in turns] == [6, 4, 2]  # episodes of 1, 3 and 2 turns, two of each
+    ended: set[int] = set()
+    for turn in turns:
+        assert not ended & {s.episode for s in turn.steps}
+        ended |= {s.episode for s in turn.steps if s.ended}
+        assert turn.generation[0] <= turn.generation[1] <= turn.tools[0] <= turn.tools[1]
+        for s in turn.steps:
+            assert s.text == tokenizer.decode(s.ids, skip_special_tokens=True)
+            assert (s.shown == []) == s.ended and (s.observation.text is None) == s.ended
+    assert ended == set(range(6)) and stepper.done
+    assert stepper.batch().equals(run_episodes(rollout, tokenizer, prompts, Replies(), sampling, config))
+    assert "[2] model:" in str(turns[1]) and "tool: result 1: ok" in str(turns[0])
+    assert stepper.prompt(0) == [{"role": "user", "content": "question 0"}]
+    assert stepper.transcript(2).count("<|im_start|>tool") == 2
+
+
+def test_a_demonstrated_episode_is_rendered_as_the_rollout_holds_it(kit):
+    """conversation_ids (what SFT trains on): the prompt as prompts are tokenized, each
+    assistant turn's own ids, the tool's reply as observation_ids renders it after a turn that
+    stopped at its tool call, the end of turn after the last; the mask on the assistant's ids."""
+    tokenizer = kit[0]
+    chat = [{"role": "user", "content": "What is 12 * 34?"}]
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "12 * 34"}}</tool_call>'
+    episode = [*chat, {"role": "assistant", "content": call}, {"role": "tool", "content": "408"}]
+    ids, policy = conversation_ids(tokenizer, [*episode, {"role": "assistant", "content": "408"}])
+    prompt = tokenize_prompts([{"prompt": chat, "ground_truth": ""}], tokenizer, 48)["input_ids"][0].tolist()
+    turn, shown = tokenizer.encode(call, add_special_tokens=False), observation_ids(tokenizer, "408", True)
+    answer = tokenizer.encode("408", add_special_tokens=False) + [tokenizer.convert_tokens_to_ids(END_OF_TURN)]
+    assert ids == prompt + turn + shown + answer
+    assert policy == [0] * len(prompt) + [1] * len(turn) + [0] * len(shown) + [1] * len(answer)
+    for bad, words in [
+        (chat, "no assistant turn"),
+        ([*episode, *chat], "followed by the assistant's next turn, not by 'user'"),
+        (episode, "not by the end"),
+    ]:
+        with pytest.raises(ValueError, match=words):
+            conversation_ids(tokenizer, bad)

@@ -21,7 +21,9 @@ R = 16
 @pytest.fixture(scope="module")
 def chat(tmp_path_factory):
     torch.set_num_threads(1)
-    loaded = load(make_tiny_chat(tmp_path_factory.mktemp("chat") / "tiny-chat"))
+    # A seed whose greedy answers differ between rows (a random tiny model often repeats one
+    # token whatever it is asked): the end-of-turn test needs rows that end at different places.
+    loaded = load(make_tiny_chat(tmp_path_factory.mktemp("chat") / "tiny-chat", seed=2))
     questions = ("What is 1+2?", "What is 10+20?", "What is 7*8?", "Say hi.")
     rows = [{"prompt": [{"role": "user", "content": q}], "ground_truth": "0"} for q in questions]
     prompts = tokenize_prompts(rows, loaded.tokenizer, max_prompt_length=64)
@@ -78,10 +80,11 @@ def test_stop_token_ids_end_responses_too(chat):
 
 
 def two_printable_tokens(tok, ids: list[int]) -> str:
-    """Text of the first two adjacent tokens (after the first two) that decode to plain ASCII."""
+    """Text of the first two adjacent tokens (after the first two) that decode to plain ASCII
+    (a few characters: the chat kit's tokenizer merges some)."""
     for k in range(2, len(ids) - 1):
         text = tok.decode(ids[k : k + 2])
-        if len(text) == 2 and text.isascii() and text.isprintable() and text.strip() == text:
+        if 2 <= len(text) <= 8 and text.isascii() and text.isprintable() and text.strip() == text:
             return text
     raise AssertionError("no printable pair: pick another seed")
 
@@ -118,3 +121,15 @@ def test_stop_strings_need_the_tokenizer_and_sane_settings(chat):
     with pytest.raises(ConfigError, match="SamplingConfig.stop_token_ids"):
         SamplingConfig(stop_token_ids=(-1,))
     assert SamplingConfig(stop=["\n\n"]).stop == ("\n\n",)  # lists (from YAML) become tuples
+
+
+def test_min_new_tokens_holds_the_end_back(chat):
+    """A response ends no earlier than min_new_tokens (a baseline of an exact token count)."""
+    loaded, prompts, _, baseline = chat
+    tok, x = loaded.tokenizer, int(baseline[1, 1])
+    rollout = HFRollout(loaded.model, tok.pad_token_id, tok.eos_token_id)
+    early = rollout.generate(prompts, SamplingConfig(max_new_tokens=R, seed=SEED, stop_token_ids=(x,)))
+    held = rollout.generate(prompts, SamplingConfig(max_new_tokens=R, seed=SEED, stop_token_ids=(x,), min_new_tokens=6))
+    assert early["response_mask"][1].sum() == 2 and held["response_mask"].sum(1).min() >= 6
+    with pytest.raises(ConfigError, match="SamplingConfig.min_new_tokens=9: use at most max_new_tokens=8"):
+        SamplingConfig(max_new_tokens=8, min_new_tokens=9)

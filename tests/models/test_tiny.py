@@ -101,3 +101,25 @@ def test_make_tiny_refuses_a_different_kit_unless_overwrite(tmp_path):
 def test_unknown_size_names_the_choices():
     with pytest.raises(ValueError, match="1m"):
         make_tiny("7b", "/nonexistent")
+
+
+def test_the_chat_kit_renders_chats_and_ends_a_turn_at_im_end(tmp_path, tiny_dir):
+    from workbench.data import tool_multiply
+    from workbench.engines.rollout import end_token_ids
+
+    chat_dir = make_tiny("1m", tmp_path / "chat", seed=0, chat=True)
+    assert make_tiny("1m", chat_dir, seed=0, chat=True) == chat_dir  # cached apart from the plain kit
+    with pytest.raises(FileExistsError):
+        make_tiny("1m", chat_dir, seed=0)  # the plain kit is another kit
+    loaded = load(chat_dir)
+    tok, model = loaded.tokenizer, loaded.model
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert end_token_ids(model, tok) == [tok.eos_token_id, end]
+    assert model.get_input_embeddings().num_embeddings == len(tok)
+    chat = tool_multiply.demonstration(tool_multiply.generate(tool_multiply.MultiplyConfig(), 1)[0])
+    text = tok.apply_chat_template(chat, tokenize=False)
+    assert text.startswith("<|im_start|>system\n") and "<|im_start|>tool\n" in text
+    # Trained on the task's chats too: a tool call is a few dozen tokens, not one per byte.
+    assert len(tok.encode(chat[2]["content"], add_special_tokens=False)) < len(chat[2]["content"]) / 2
+    plain = load(tiny_dir).tokenizer
+    assert plain.chat_template is None and len(plain) < len(tok)

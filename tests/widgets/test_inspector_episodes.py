@@ -36,3 +36,18 @@ def test_observation_tokens_show_between_turns_grey_and_untrained():
     assert [t["trained"] for t in second] == [True, True, True]
     html = inspector.summary()
     assert html.count("observation: not trained") == 2
+
+
+def test_a_fresh_rollouts_episodes_show_their_rollout_log_probs_and_rewards():
+    whole = episodes()
+    batch = whole.select(*(k for k in whole.keys() if k not in ("old_log_probs", "scores")))
+    batch["rollout_log_probs"], batch["episode_reward"] = whole["old_log_probs"], whole["scores"]
+    inspector = BatchInspector(batch, field="log-prob", sort="none")
+    assert [t["value"] for t in inspector.tokens(0)] == [-0.0, -1.0, None, None, -4.0]
+    assert [r["score"] for r in inspector.rows()] == [1.0, 0.0]
+
+
+def test_a_row_reads_with_its_mask_drawn_in():
+    inspector = BatchInspector(episodes(), field="log-prob", sort="none")
+    assert inspector.marked(0) == "1112⟦9091⟧13" and inspector.marked(1) == "212223"
+    assert inspector.marked(0, ("[", "]")) == "1112[9091]13"

@@ -6,6 +6,10 @@ here; a notebook can register its own task (e.g. a GSM8K-style checker) the same
     arithmetic        `Q: 37+48=? A:` text prompts, the leading integer of the response scored
     arithmetic_chat   the same problems as a chat (system + user), the assistant's text scored
                       strictly: the number alone (workbench.data.arithmetic_chat)
+    tool_multiply     3-digit x 2-digit products as a chat that offers a calculator; the
+                      episode's final turn scored by its last number, 0 while it is still a
+                      tool call (workbench.data.tool_multiply: its own problems and split; run
+                      as episodes in a ToolEnvironment)
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from workbench.data import arithmetic, arithmetic_chat
+from workbench.data import arithmetic, arithmetic_chat, tool_multiply
 
 
 def text_prompt(problem: arithmetic.Problem) -> str:
@@ -51,3 +55,4 @@ def get_task(name: str) -> Task:
 
 register_task(Task("arithmetic", arithmetic.score, arithmetic.cost))
 register_task(Task("arithmetic_chat", arithmetic_chat.score, prompt=arithmetic_chat.messages))
+register_task(Task("tool_multiply", tool_multiply.score, prompt=tool_multiply.messages))

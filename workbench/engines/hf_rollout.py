@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -24,6 +25,19 @@ from workbench.engines.forward import token_log_probs
 from workbench.engines.rollout import SamplingConfig, join_prompt_and_response, mask_after_eos, mask_after_stop
 
 CACHES = ("dynamic", "static")
+
+
+@dataclass
+class Decoded:
+    """One `HFRollout.decode`: the responses, right-padded to max_new_tokens, and what made them."""
+
+    responses: torch.Tensor
+    response_mask: torch.Tensor
+    log_probs: torch.Tensor
+    cache: Any
+    """The KV cache at the end: every column of the layout but the last sampled token's."""
+    steps: int
+    """Decoding steps taken (columns generated before any padding to max_new_tokens)."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +99,23 @@ class HFRollout:
 
     @torch.no_grad()
     def generate(self, prompts: Batch, sampling: SamplingConfig) -> Batch:
+        input_ids, attention_mask = prompts["input_ids"], prompts["attention_mask"]
+        if self.config.static:  # one compiled shape for prompts of similar length
+            extra = -input_ids.shape[1] % self.config.prompt_bucket
+            input_ids = torch.nn.functional.pad(input_ids, (extra, 0), value=self.pad_token_id)
+            attention_mask = torch.nn.functional.pad(attention_mask, (extra, 0), value=0)
+        decoded = self.decode(input_ids, attention_mask, sampling)
+        return join_prompt_and_response(
+            prompts, decoded.responses, decoded.response_mask, decoded.log_probs, sampling.n
+        )
+
+    @torch.no_grad()
+    def decode(self, input_ids, attention_mask, sampling: SamplingConfig, past_key_values=None) -> Decoded:
+        """`generate` on a layout as it is: responses (max_new_tokens columns), their mask and
+        log-probs, and the KV cache it ends with. `past_key_values` holds the layout's first
+        columns already (a multi-turn rollout's previous turns: workbench.engines.hf_turns):
+        only the rest is computed. The attention mask may have holes (0 between real tokens);
+        positions count real tokens only, as a training forward's do."""
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         stopping = {}
@@ -97,20 +128,16 @@ class HFRollout:
             stopping = {"stop_strings": list(sampling.stop), "tokenizer": self.tokenizer}
         end_ids = sampling.end_ids(self.eos_token_id)
         temperature = 1.0 if sampling.greedy else sampling.temperature
-        input_ids, attention_mask = prompts["input_ids"], prompts["attention_mask"]
-        if self.config.static:  # one compiled shape for prompts of similar length
-            extra = -input_ids.shape[1] % self.config.prompt_bucket
-            input_ids = torch.nn.functional.pad(input_ids, (extra, 0), value=self.pad_token_id)
-            attention_mask = torch.nn.functional.pad(attention_mask, (extra, 0), value=0)
         out = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,
+            past_key_values=past_key_values,
             do_sample=not sampling.greedy,
             temperature=temperature if not sampling.greedy else None,
             top_p=sampling.top_p if not sampling.greedy else None,
             top_k=sampling.top_k if not sampling.greedy else None,
             max_new_tokens=sampling.max_new_tokens,
-            min_new_tokens=0,
+            min_new_tokens=sampling.min_new_tokens,
             num_return_sequences=sampling.n,
             pad_token_id=self.pad_token_id,
             eos_token_id=end_ids if sampling.stop_token_ids else self.eos_token_id,
@@ -130,6 +157,7 @@ class HFRollout:
             ],
             dim=1,
         )
+        cache = out.past_key_values
         del out
         missing = sampling.max_new_tokens - responses.shape[1]
         if missing:  # every row stopped early: pad to the fixed response length
@@ -138,7 +166,15 @@ class HFRollout:
         response_mask = mask_after_eos(responses, end_ids)
         response_mask = mask_after_stop(responses, response_mask, sampling.stop, self.tokenizer)
         responses = torch.where(response_mask.bool(), responses, self.pad_token_id)
-        return join_prompt_and_response(prompts, responses, response_mask, log_probs, sampling.n)
+        return Decoded(responses, response_mask, log_probs, cache, responses.shape[1] - missing)
+
+    def turns(self):
+        """A multi-turn rollout's generations on this engine, each turn continuing from the KV
+        cache of the one before (workbench.engines.hf_turns); None with a static cache, whose
+        compiled shapes are the prompt buckets (every turn then starts afresh)."""
+        from workbench.engines.hf_turns import HFTurns
+
+        return None if self.config.static else HFTurns(self)
 
     @torch.no_grad()
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -1,33 +1,39 @@
 """Multi-turn rollouts: episodes of policy turns and environment observations, as token ids.
 
     batch = run_episodes(rollout, tokenizer, prompts, env, SamplingConfig(n=4, seed=0), EpisodeConfig(max_turns=3))
+    for turn in Episodes(rollout, tokenizer, prompts, env, sampling, config): print(turn)   # step by step
 
 Each episode starts from its prompt row (`env.start`); the policy generates a turn (until a stop
 string such as `</tool_call>`, its end of turn or EOS, or the turn's token budget), the
 environment answers it (`env.step` on the turn's text), and the answer is appended in the chat
 template's tool role, closing the policy's turn first when the stop string left it open. Turns
-are batched over the episodes still running; an episode that ends leaves the batch.
+are batched over the episodes still running; an episode that ends leaves the batch. `Episodes`
+is the loop itself, one turn per `next()` (a notebook steps an episode with it; the actor records
+each turn's generation and tool calls as trace spans); `run_episodes` runs it to the end.
 
 Trajectories stay token ids from end to end: a turn's sampled ids are appended as sampled and an
 observation's ids as its template renders them; nothing is decoded and re-encoded (text is
 decoded only to show the environment), so training scores exactly the tokens that were
 sampled. The batch that comes back has the layout of a single-turn rollout (left-padded prompt,
-right-padded response) with `response_mask` 1 on the policy's tokens only (0 on observations
-and template tokens), `attention_mask` 1 on every real token, the rollout's log-probs on the
-policy's tokens, `turn_ends` (each policy turn's last position in the response, -1 padded), and
-per-episode `episode_reward`, `turns`, `tool_calls`, `tool_errors`, `observation_tokens`.
+right-padded response of R = EpisodeConfig.max_tokens columns) with `response_mask` 1 on the
+policy's tokens only (0 on observations and template tokens), `attention_mask` 1 on every real
+token, the rollout's log-probs on the policy's tokens, `turn_ends` (each policy turn's last
+position in the response, -1 padded to max_turns), and per-episode `episode_reward`, `turns`,
+`tool_calls`, `tool_errors`, `observation_tokens`.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 
 import torch
 
 from workbench import checks
-from workbench.agents.env import TOOL_CALL_END, Environment
+from workbench.agents.env import TOOL_CALL_END, Environment, Observation
 from workbench.data.batch import Batch
-from workbench.engines.rollout import SamplingConfig
+from workbench.data.prompts import prompt_ids
+from workbench.engines.rollout import SamplingConfig, left_padded, stream_seed
 
 
 @dataclass(frozen=True)
@@ -55,17 +61,84 @@ def observation_ids(tokenizer, text: str, close_turn: bool, role: str = "tool") 
     the turn stopped without it), the observation as a `role` message, and the template's
     generation prompt for the next assistant turn. Found by rendering a probe conversation with
     and without the observation and tokenizing only the difference."""
-    probe = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "\x00"}]
-    before = tokenizer.apply_chat_template(probe, tokenize=False)
+    before, closing = _probe(tokenizer)
     after = tokenizer.apply_chat_template(
-        [*probe, {"role": role, "content": text}], tokenize=False, add_generation_prompt=True
+        [*_PROBE, {"role": role, "content": text}], tokenize=False, add_generation_prompt=True
     )
     if not after.startswith(before):
         raise ValueError(
             f"the chat template renders a {role!r} message by changing earlier turns; set EpisodeConfig.tool_role"
         )
-    closing = before[before.index("\x00") + 1 :]  # what closes an assistant turn, e.g. "<|im_end|>\n"
     return tokenizer.encode((closing if close_turn else "") + after[len(before) :], add_special_tokens=False)
+
+
+def end_of_turn_id(tokenizer) -> int:
+    """The id that ends an assistant turn in the template (`<|im_end|>`): where a final answer's
+    generation stops."""
+    return tokenizer.encode(_probe(tokenizer)[1], add_special_tokens=False)[0]
+
+
+_PROBE = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "\x00"}]
+
+
+def _probe(tokenizer) -> tuple[str, str]:
+    """The probe conversation rendered, and what closes its assistant turn (e.g. "<|im_end|>\n"):
+    the same for every observation, so rendered once per template (and the special tokens it
+    may write)."""
+    key = (tokenizer.chat_template, str(tokenizer.special_tokens_map))
+    if key not in _probes:
+        before = tokenizer.apply_chat_template(_PROBE, tokenize=False)
+        _probes[key] = (before, before[before.index("\x00") + 1 :])
+    return _probes[key]
+
+
+_probes: dict[tuple, tuple[str, str]] = {}
+
+
+def conversation_ids(tokenizer, messages: list[dict[str, str]], tool_role: str = "tool") -> tuple[list[int], list[int]]:
+    """A whole episode written as messages (the prompt's, then assistant turns with `tool_role`
+    messages between them) as the ids an episode holds when the policy samples those turns: the
+    prompt through the template with the assistant's opening (as prompts are tokenized), each
+    assistant turn's text encoded on its own (a turn followed by a tool message stops at the end
+    of its tool call, the last one at the end of turn), each tool message as `observation_ids`
+    renders it. Returns (ids, policy mask: 1 on the assistant's ids). Supervised demonstrations
+    of episodes (workbench.stages.sft) are rendered this way, so SFT and RL see the same ids."""
+    first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
+    if first is None or first == 0:
+        raise ValueError(
+            "an episode's messages are a prompt (system/user) and then assistant turns; found no prompt "
+            "or no assistant turn"
+        )
+    ids = prompt_ids(messages[:first], tokenizer)
+    policy = [0] * len(ids)
+    rest = messages[first:]
+    for k, message in enumerate(rest):
+        following = rest[k + 1]["role"] if k + 1 < len(rest) else None
+        if message["role"] == "assistant":
+            if following not in (None, tool_role):
+                raise ValueError(
+                    f"an assistant turn of an episode is followed by a {tool_role!r} message or ends it, "
+                    f"not by a {following!r} message"
+                )
+            turn = tokenizer.encode(message["content"], add_special_tokens=False)
+            turn += [end_of_turn_id(tokenizer)] if following is None else []
+            ids += turn
+            policy += [1] * len(turn)
+        elif message["role"] == tool_role:
+            if following != "assistant":
+                raise ValueError(
+                    f"a {tool_role!r} message is followed by the assistant's next turn, not by "
+                    f"{'the end of the episode' if following is None else repr(following) + ' message'}"
+                )
+            shown = observation_ids(tokenizer, message["content"], close_turn=True, role=tool_role)
+            ids += shown
+            policy += [0] * len(shown)
+        else:
+            raise ValueError(
+                f"after the prompt an episode alternates assistant and {tool_role!r} messages; found "
+                f"{message['role']!r} at message {first + k}"
+            )
+    return ids, policy
 
 
 @dataclass
@@ -83,78 +156,202 @@ class _Episode:
     observation_tokens: int = 0
 
 
-def run_episodes(
-    rollout, tokenizer, prompts: Batch, env: Environment, sampling: SamplingConfig, config: EpisodeConfig
-) -> Batch:
-    """`sampling.n` episodes per prompt row, run turn by turn (see the module docstring)."""
-    rows = prompts.repeat(sampling.n, interleave=True) if sampling.n > 1 else prompts
-    columns = [{k: rows.columns[k][i] for k in rows.columns} for i in range(len(rows))]
-    episodes = [
-        _Episode(ids[mask.bool()].tolist(), env.start(row), [], [], [], [])
-        for ids, mask, row in zip(rows["input_ids"], rows["attention_mask"], columns)
-    ]
-    end_ids = set(sampling.end_ids(rollout.eos_token_id))
-    device = rows["input_ids"].device  # the worker's (a GPU's): every tensor built here goes there
-    for turn in range(config.max_turns):
-        active = [e for e in episodes if not e.done and len(e.response) < config.max_tokens]
-        if not active:
-            break
-        budget = min(config.turn_tokens, max(config.max_tokens - len(e.response) for e in active))
+@dataclass
+class TurnStep:
+    """What one episode did in one turn."""
+
+    episode: int
+    """Its row in the episodes' batch."""
+    ids: list[int]
+    """The policy's sampled ids, as sampled."""
+    text: str
+    """Those ids as the environment read them (decoded without special tokens)."""
+    observation: Observation
+    """The environment's answer."""
+    shown: list[int]
+    """The ids appended after the turn to show the observation (none when the episode ended)."""
+    ended: bool
+    """The episode ended with this turn."""
+
+
+@dataclass
+class Turn:
+    """One turn of every episode still running: the batched generation, then the environment's
+    steps (the tool calls). Times are `time.time()` seconds."""
+
+    index: int
+    steps: list[TurnStep]
+    generation: tuple[float, float]
+    tools: tuple[float, float]
+
+    @property
+    def policy_tokens(self) -> int:
+        return sum(len(s.ids) for s in self.steps)
+
+    @property
+    def tool_calls(self) -> int:
+        return sum("tool" in s.observation.info for s in self.steps)
+
+    @property
+    def tool_errors(self) -> int:
+        return sum("tool_error" in s.observation.info for s in self.steps)
+
+    def __str__(self) -> str:
+        """Each episode's turn: what the model said, what the environment answered."""
+        lines = [f"turn {self.index + 1}: {len(self.steps)} episode(s)"]
+        for s in self.steps:
+            lines.append(f"  [{s.episode}] model: {s.text}")
+            if s.observation.text is not None and not s.ended:
+                lines.append(
+                    f"      {'tool error' if 'tool_error' in s.observation.info else 'tool'}: {s.observation.text}"
+                )
+            if s.ended:
+                lines.append(f"      episode ends, reward {s.observation.reward:g}")
+        return "\n".join(lines)
+
+
+class Episodes:
+    """Episodes run turn by turn: each `next()` runs one turn of every episode still going and
+    returns it as a `Turn` (what the policy said, what the environment answered); `batch()` gives
+    the trajectories once every episode has ended. `run_episodes` is this, run to the end.
+
+        episodes = Episodes(rollout, tokenizer, prompts, env, SamplingConfig(seed=0), EpisodeConfig())
+        for turn in episodes:          # or next(episodes), one cell at a time
+            print(turn)
+        batch = episodes.batch()
+
+    `sampling.n` episodes per prompt row (rows of one prompt adjacent). The rollout is any
+    engine of the rollout contract (HF or vLLM) with `pad_token_id` and `eos_token_id`.
+    """
+
+    def __init__(
+        self, rollout, tokenizer, prompts: Batch, env: Environment, sampling: SamplingConfig, config: EpisodeConfig
+    ):
+        self.rollout, self.tokenizer, self.env, self.sampling, self.config = rollout, tokenizer, env, sampling, config
+        self.rows = prompts.repeat(sampling.n, interleave=True) if sampling.n > 1 else prompts
+        columns = [{k: self.rows.columns[k][i] for k in self.rows.columns} for i in range(len(self.rows))]
+        self._episodes = [
+            _Episode(ids[mask.bool()].tolist(), env.start(row), [], [], [], [])
+            for ids, mask, row in zip(self.rows["input_ids"], self.rows["attention_mask"], columns)
+        ]
+        self._end_ids = set(sampling.end_ids(rollout.eos_token_id))
+        continued = getattr(rollout, "turns", None)  # an engine that carries episodes from turn to turn
+        self._continued = continued() if continued is not None else None
+        self.turns = 0
+        """Turns run so far."""
+
+    @property
+    def done(self) -> bool:
+        return self.turns >= self.config.max_turns or all(e.done for e in self._episodes)
+
+    def __iter__(self) -> Episodes:
+        return self
+
+    def __next__(self) -> Turn:
+        config = self.config
+        active = [(i, e) for i, e in enumerate(self._episodes) if not e.done and len(e.response) < config.max_tokens]
+        if self.turns >= config.max_turns or not active:
+            raise StopIteration
+        turn = self.turns
+        budget = min(config.turn_tokens, max(config.max_tokens - len(e.response) for _, e in active))
         turn_sampling = replace(
-            sampling,
+            self.sampling,
             n=1,
             max_new_tokens=budget,
-            stop=tuple(dict.fromkeys([*sampling.stop, *config.stop])),
-            seed=None if sampling.seed is None else sampling.seed + turn,
+            stop=tuple(dict.fromkeys([*self.sampling.stop, *config.stop])),
+            # Each turn its own stream, reproducible from the episodes' seed.
+            seed=None if self.sampling.seed is None else stream_seed(self.sampling.seed, turn),
         )
-        out = rollout.generate(_left_padded(active, rollout.pad_token_id, device), turn_sampling)
-        for e, ids, mask, log_probs in zip(active, out["responses"], out["response_mask"], out["rollout_log_probs"]):
-            kept = int(mask.sum())
-            room = config.max_tokens - len(e.response)
-            ids, log_probs = ids[: min(kept, room)].tolist(), log_probs[: min(kept, room)].tolist()
+        started = time.time()
+        contexts = [e.prompt + e.response for _, e in active]
+        if self._continued is not None:  # each episode continues from its last turn (HF: its KV cache)
+            out = self._continued.generate([row for row, _ in active], contexts, turn_sampling)
+        else:  # vLLM finds the shared prefix in its own prefix cache
+            ids, mask = left_padded(contexts, self.rollout.pad_token_id, self.rows["input_ids"].device)
+            out = self.rollout.generate(Batch({"input_ids": ids, "attention_mask": mask}), turn_sampling)
+        generated = time.time()
+        kept = [
+            min(int(n), config.max_tokens - len(e.response)) for n, (_, e) in zip(out["response_mask"].sum(1), active)
+        ]
+        sampled = [ids[:n].tolist() for ids, n in zip(out["responses"], kept)]
+        texts = self.tokenizer.batch_decode(sampled, skip_special_tokens=True)  # what the environment reads
+        steps = []
+        for (row, e), ids, n, text, log_probs in zip(active, sampled, kept, texts, out["rollout_log_probs"]):
+            log_probs = log_probs[:n].tolist()
             e.response += ids
             e.policy += [True] * len(ids)
             e.log_probs += log_probs
             e.turn_ends.append(len(e.response) - 1)
-            observation = env.step(e.state, tokenizer.decode(ids, skip_special_tokens=True))
+            observation = self.env.step(e.state, text)
             e.reward += float(observation.reward)
             e.tool_calls += "tool" in observation.info
             e.tool_errors += "tool_error" in observation.info
             last = turn == config.max_turns - 1 or len(e.response) >= config.max_tokens
+            shown: list[int] = []
             if observation.done or last or observation.text is None:
                 e.done = True
-                continue
-            shown = observation_ids(tokenizer, observation.text, not (ids and ids[-1] in end_ids), config.tool_role)
-            shown = shown[: config.max_tokens - len(e.response)]
-            e.response += shown
-            e.policy += [False] * len(shown)
-            e.log_probs += [0.0] * len(shown)
-            e.observation_tokens += len(shown)
-            e.done = len(e.response) >= config.max_tokens
-    return _batch(rows, episodes, rollout.pad_token_id)
+            else:
+                closed = bool(ids) and ids[-1] in self._end_ids
+                shown = observation_ids(self.tokenizer, observation.text, not closed, config.tool_role)
+                shown = shown[: config.max_tokens - len(e.response)]
+                e.response += shown
+                e.policy += [False] * len(shown)
+                e.log_probs += [0.0] * len(shown)
+                e.observation_tokens += len(shown)
+                e.done = len(e.response) >= config.max_tokens
+            steps.append(TurnStep(row, ids, text, observation, shown, e.done))
+        self.turns += 1
+        return Turn(turn, steps, (started, generated), (generated, time.time()))
+
+    def run(self) -> Batch:
+        """Every remaining turn, then the batch."""
+        for _ in self:
+            pass
+        return self.batch()
+
+    def batch(self) -> Batch:
+        """The trajectories (see the module docstring), once every episode has ended."""
+        if not self.done:
+            raise RuntimeError(
+                f"Episodes.batch(): {sum(not e.done for e in self._episodes)} episode(s) are still running after "
+                f"{self.turns} turn(s); step on (next(episodes), or episodes.run()) until episodes.done"
+            )
+        return _batch(self.rows, self._episodes, self.rollout.pad_token_id, self.config)
+
+    def prompt(self, row: int):
+        """Episode `row`'s prompt: its chat (the prompt column) where the rows carry one, else its text."""
+        prompts = self.rows.columns.get("prompt")
+        if prompts is not None:
+            return prompts[row]
+        return self.tokenizer.decode(self._episodes[row].prompt, skip_special_tokens=True)
+
+    def transcript(self, row: int) -> str:
+        """Episode `row` so far, every token as the model sees it (special tokens written out)."""
+        e = self._episodes[row]
+        return self.tokenizer.decode(e.prompt + e.response, skip_special_tokens=False)
+
+    def __len__(self) -> int:
+        return len(self._episodes)
 
 
-def _left_padded(episodes: list[_Episode], pad: int, device: torch.device) -> Batch:
-    """Each episode's context so far (prompt + response), left-padded into one batch."""
-    contexts = [e.prompt + e.response for e in episodes]
-    width = max(len(c) for c in contexts)
-    ids = torch.full((len(contexts), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(contexts), width), dtype=torch.long)
-    for row, context in enumerate(contexts):
-        ids[row, width - len(context) :] = torch.tensor(context)
-        mask[row, width - len(context) :] = 1
-    return Batch({"input_ids": ids.to(device), "attention_mask": mask.to(device)})
+def run_episodes(
+    rollout, tokenizer, prompts: Batch, env: Environment, sampling: SamplingConfig, config: EpisodeConfig
+) -> Batch:
+    """`sampling.n` episodes per prompt row, run turn by turn to the end (see `Episodes`)."""
+    return Episodes(rollout, tokenizer, prompts, env, sampling, config).run()
 
 
-def _batch(rows: Batch, episodes: list[_Episode], pad: int) -> Batch:
-    width = max(1, max(len(e.response) for e in episodes))
+def _batch(rows: Batch, episodes: list[_Episode], pad: int, config: EpisodeConfig) -> Batch:
+    # Fixed widths (the episode's budgets), as a single-turn rollout pads to max_new_tokens: the
+    # batches of several ranks (or calls) join whatever their episodes' lengths. Forwards skip
+    # columns that are padding in every row, so the padding costs nothing there.
+    width, turns = config.max_tokens, config.max_turns
     n = len(episodes)
     responses = torch.full((n, width), pad, dtype=torch.long)
     attended = torch.zeros((n, width), dtype=torch.long)
     policy = torch.zeros((n, width), dtype=torch.long)
     log_probs = torch.zeros((n, width))
-    turns = max(len(e.turn_ends) for e in episodes)
-    turn_ends = torch.full((n, max(1, turns)), -1, dtype=torch.long)
+    turn_ends = torch.full((n, turns), -1, dtype=torch.long)
     for row, e in enumerate(episodes):
         length = len(e.response)
         responses[row, :length] = torch.tensor(e.response, dtype=torch.long)
@@ -162,7 +359,8 @@ def _batch(rows: Batch, episodes: list[_Episode], pad: int) -> Batch:
         policy[row, :length] = torch.tensor(e.policy, dtype=torch.long)
         log_probs[row, :length] = torch.tensor(e.log_probs)
         turn_ends[row, : len(e.turn_ends)] = torch.tensor(e.turn_ends)
-    prompt_ids, prompt_mask = rows["input_ids"].cpu(), rows["attention_mask"].cpu()
+    # Built on the CPU, then moved where the prompts were (a GPU actor's device).
+    prompt_tokens, prompt_mask = rows["input_ids"].cpu(), rows["attention_mask"].cpu()
     attention_mask = torch.cat([prompt_mask, attended], dim=1)
     figures = {
         "episode_reward": [e.reward for e in episodes],
@@ -173,7 +371,7 @@ def _batch(rows: Batch, episodes: list[_Episode], pad: int) -> Batch:
     }
     return Batch(
         {
-            "input_ids": torch.cat([prompt_ids, responses], dim=1),
+            "input_ids": torch.cat([prompt_tokens, responses], dim=1),
             "attention_mask": attention_mask,
             "position_ids": (attention_mask.cumsum(dim=1) - 1).clamp(min=0),
             "responses": responses,

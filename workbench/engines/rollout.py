@@ -35,6 +35,9 @@ class SamplingConfig:
 
     max_new_tokens: int = 32
     """Response length R (responses stop early at EOS and are padded to R)."""
+    min_new_tokens: int = 0
+    """Responses end no earlier (the end ids are held back until then): e.g. a baseline of an
+    exact number of generated tokens."""
     stop: tuple[str, ...] = ()
     """Stop strings: a response ends at the token that completes one of them (kept, like EOS),
     e.g. ("\\n\\n",) or ("Q:",) to end a plain-text answer before the next question."""
@@ -58,6 +61,19 @@ class SamplingConfig:
 
     def __post_init__(self):
         checks.whole("SamplingConfig", "max_new_tokens", self.max_new_tokens, fix="use a whole number of tokens >= 1")
+        checks.whole(
+            "SamplingConfig",
+            "min_new_tokens",
+            self.min_new_tokens,
+            low=0,
+            fix=f"use a whole number of tokens in [0, max_new_tokens={self.max_new_tokens}]",
+        )
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ConfigError(
+                "SamplingConfig.min_new_tokens",
+                self.min_new_tokens,
+                f"use at most max_new_tokens={self.max_new_tokens}",
+            )
         checks.whole("SamplingConfig", "n", self.n, fix="use a whole number of samples per prompt >= 1")
         checks.of_type("SamplingConfig", "greedy", self.greedy, bool, "use True or False")
         if not self.greedy:
@@ -127,10 +143,24 @@ def join_prompt_and_response(
     return out
 
 
+def left_padded(rows: list[list[int]], pad: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists as left-padded input_ids and attention_mask (a prompt batch's layout), on
+    `device` (the worker's: a GPU actor's contexts go where its model is)."""
+    width = max(1, max(len(r) for r in rows))
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        if row:
+            ids[i, width - len(row) :] = torch.tensor(row)
+            mask[i, width - len(row) :] = 1
+    return ids.to(device), mask.to(device)
+
+
 def end_token_ids(model, tokenizer) -> int | list[int]:
-    """The ids that end a response of `model`: the tokenizer's eos and the generation config's
-    (an imported chat model lists its template's end of turn there, workbench.models.import_gguf)."""
-    listed = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    """The ids that end a response of `model` (a model, or its GenerationConfig): the tokenizer's
+    eos and the generation config's (an imported chat model lists its template's end of turn
+    there, workbench.models.import_gguf)."""
+    listed = getattr(getattr(model, "generation_config", model), "eos_token_id", None)
     listed = [] if listed is None else [listed] if isinstance(listed, int) else list(listed)
     ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     ids += [i for i in listed if i not in ids]

@@ -36,7 +36,7 @@ import torch
 
 from workbench import checks
 from workbench.data.batch import Batch
-from workbench.engines.rollout import SamplingConfig, join_prompt_and_response, mask_after_stop
+from workbench.engines.rollout import SamplingConfig, end_token_ids, join_prompt_and_response, mask_after_stop
 
 _GREEDY_EPS = 1e-5  # vLLM treats temperature below this as greedy (sampler._SAMPLING_EPS)
 
@@ -90,6 +90,16 @@ class VLLMRolloutConfig:
         checks.whole(owner, "seed", self.seed, low=0, fix="use a whole number >= 0")
 
 
+def _generation_config(model_dir: Path):
+    """The directory's generation config, or None where it has none."""
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(model_dir)
+    except OSError:
+        return None
+
+
 def _on_gpu() -> bool:
     return torch.cuda.is_available()
 
@@ -115,6 +125,11 @@ def _device_settings(cfg: VLLMRolloutConfig) -> tuple[dict[str, str], dict]:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kv_cache_gib)
         env["VLLM_CPU_OMP_THREADS_BIND"] = cfg.cpu_threads_bind
         kwargs["dtype"] = "float32" if cfg.dtype == "auto" else cfg.dtype
+        # Room for every scheduled sequence's whole prompt in one step. With vLLM's CPU default
+        # (4096 tokens) a larger batch has a prefill split over steps, the sample of a partial
+        # step is discarded, and a seeded request then rewinds its generator, which a CPU
+        # generator cannot do ("CPU Generator does not use offset").
+        kwargs["max_num_batched_tokens"] = max(cfg.max_num_seqs * cfg.max_model_len, 4096)
     return env, kwargs
 
 
@@ -135,6 +150,8 @@ class VLLMRollout:
         load_config(self.model_dir)  # a clear error for a missing dir or a non-causal-LM
         tokenizer, self.fixes = load_tokenizer(self.model_dir)
         self.pad_token_id: int = tokenizer.pad_token_id
+        self.eos_token_id = end_token_ids(_generation_config(self.model_dir), tokenizer)
+        """The ids vLLM ends a response at by itself (the tokenizer's eos, the generation config's)."""
 
         # vLLM reads these when it is first imported (and some at engine start), so they
         # are set here, before the import below, and not at module import: importing this
@@ -300,6 +317,7 @@ class VLLMRollout:
         return SamplingParams(
             n=sampling.n,
             max_tokens=sampling.max_new_tokens,
+            min_tokens=sampling.min_new_tokens,
             temperature=0.0 if sampling.greedy else sampling.temperature,
             top_p=1.0 if sampling.greedy else sampling.top_p,
             top_k=0 if sampling.greedy else sampling.top_k,

@@ -7,6 +7,12 @@ real checkpoint (`workbench.models.load`, `AutoModelForCausalLM.from_pretrained`
 The tokenizer is byte-level BPE trained with `tokenizers` on arithmetic-task text: every
 byte is in its alphabet (any text encodes, nothing is <unk>), and digits are split off
 before BPE so each digit is always exactly one token.
+
+`make_tiny(size, dir, chat=True)` is the chat kit: the same models with a ChatML template
+(`<|im_start|>` / `<|im_end|>` special tokens, a tool role) and a generation config that ends a
+turn at `<|im_end|>`, its tokenizer also trained on the tool task's chat text (a tool call's
+JSON is a few merged tokens, not a hundred bytes). Chat prompts, multi-turn episodes and their
+SFT run on it exactly as on an imported chat model.
 """
 
 from __future__ import annotations
@@ -17,12 +23,20 @@ from pathlib import Path
 
 import torch
 
+from workbench.data import tool_multiply
 from workbench.data.arithmetic import corpus
 from workbench.models.publish import publish, read_manifest
 
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 KIT_VERSION = 1  # bump when the tokenizer recipe or init changes: cached dirs are rebuilt
 MANIFEST = "tiny_kit.json"
+
+START_OF_TURN, END_OF_TURN = "<|im_start|>", "<|im_end|>"
+CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+"""The chat kit's template (ChatML, as SmolLM2 and Qwen write it): any role, tool included."""
 
 
 @dataclass(frozen=True)
@@ -121,8 +135,18 @@ def count_parameters(size: str | TinySize, tokenizer=None) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def make_tiny(size: str | TinySize, directory: str | os.PathLike, seed: int = 0, overwrite: bool = False) -> Path:
-    """Write a tiny model checkpoint (config + random-init weights + tokenizer) to `directory`.
+def add_chatml(tokenizer):
+    """`tokenizer` with `<|im_start|>` / `<|im_end|>` as special tokens and the ChatML template."""
+    tokenizer.add_special_tokens({"additional_special_tokens": [START_OF_TURN, END_OF_TURN]})
+    tokenizer.chat_template = CHATML
+    return tokenizer
+
+
+def make_tiny(
+    size: str | TinySize, directory: str | os.PathLike, seed: int = 0, overwrite: bool = False, chat: bool = False
+) -> Path:
+    """Write a tiny model checkpoint (config + random-init weights + tokenizer) to `directory`;
+    with `chat=True` the chat kit (ChatML template, end of turn `<|im_end|>`, see above).
 
     Cached: if the directory already holds the kit for the same size and seed it is returned
     as is. A directory holding something else is refused unless `overwrite=True`. The write
@@ -131,6 +155,8 @@ def make_tiny(size: str | TinySize, directory: str | os.PathLike, seed: int = 0,
     """
     directory = Path(directory)
     manifest = {"kit_version": KIT_VERSION, "size": asdict(_size(size)), "seed": seed}
+    if chat:  # only then: the plain kit's cached directories keep their manifest
+        manifest["chat"] = True
     existing = _read_manifest(directory)
     if existing == manifest:
         return directory
@@ -141,13 +167,13 @@ def make_tiny(size: str | TinySize, directory: str | os.PathLike, seed: int = 0,
             f"pass overwrite=True to replace it or choose another directory"
         )
 
-    return publish(directory, manifest, MANIFEST, lambda staging: _build(size, seed, staging))
+    return publish(directory, manifest, MANIFEST, lambda staging: _build(size, seed, staging, chat))
 
 
-def _build(size: str | TinySize, seed: int, out: Path) -> None:
+def _build(size: str | TinySize, seed: int, out: Path, chat: bool = False) -> None:
     from transformers import GenerationConfig, LlamaForCausalLM
 
-    tokenizer = train_tokenizer()
+    tokenizer = add_chatml(train_tokenizer(corpus() + tool_multiply.corpus())) if chat else train_tokenizer()
     config = tiny_config(size, tokenizer)
     tokenizer.model_max_length = config.max_position_embeddings
     # A private RNG stream: the caller's torch RNG state is left untouched.
@@ -156,7 +182,8 @@ def _build(size: str | TinySize, seed: int, out: Path) -> None:
         model = LlamaForCausalLM(config)
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
+        # A chat model's reply ends at its template's end of turn (an imported one's does too).
+        eos_token_id=tokenizer.convert_tokens_to_ids(END_OF_TURN) if chat else tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
     model.save_pretrained(out)

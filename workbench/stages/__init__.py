@@ -7,9 +7,25 @@ iteration is made of steps, `workbench.steps`.)
 import warnings
 
 from workbench.stages.reward_model import pairwise_accuracy, train_reward_model
-from workbench.stages.sft import StageConfig, encode_examples, text_batch, train_sft
+from workbench.stages.sft import (
+    StageConfig,
+    encode_conversations,
+    encode_demonstrations,
+    encode_examples,
+    text_batch,
+    train_sft,
+)
 
-__all__ = ["StageConfig", "encode_examples", "pairwise_accuracy", "text_batch", "train_reward_model", "train_sft"]
+__all__ = [
+    "StageConfig",
+    "encode_conversations",
+    "encode_demonstrations",
+    "encode_examples",
+    "pairwise_accuracy",
+    "text_batch",
+    "train_reward_model",
+    "train_sft",
+]
 
 
 def __getattr__(name: str):

@@ -1,5 +1,12 @@
 """Supervised fine-tuning: next-token cross-entropy on the response tokens of demonstrations.
 
+A demonstration is a prompt and its response ({"prompt", "response"}: text), or a whole
+multi-turn episode ({"messages": [system/user..., assistant, tool, assistant, ...]}): the
+episode is rendered exactly as a multi-turn rollout holds it (workbench.engines.multi_turn.
+conversation_ids: the prompt through the chat template, each assistant turn's own ids, each
+tool message as the observation ids the rollout appends), and the loss covers the assistant's
+tokens only, as RL's response mask does. SFT then teaches the very ids RL samples and scores.
+
 Single process, on whatever device the model is on: the tiny sizes train in seconds to
 minutes on a CPU. The result is saved as a normal Hugging Face checkpoint directory.
 """
@@ -16,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from workbench.data.batch import Batch
+from workbench.engines.multi_turn import conversation_ids
 from workbench.models.load import load, save
 
 
@@ -77,8 +85,46 @@ def encode_examples(tokenizer, prompts: list[str], responses: list[str], max_len
             raise ValueError(f"example of {len(ids)} tokens is longer than max_length={max_length}: {prompt!r}")
         rows.append(ids)
         masks.append([0] * len(prompt_ids) + [1] * (len(ids) - len(prompt_ids)))
+    return _right_padded(rows, masks, tokenizer.pad_token_id)
+
+
+def encode_conversations(tokenizer, conversations: list[list[dict]], max_length: int, tool_role: str = "tool"):
+    """Multi-turn episodes written as messages, rendered as the rollout holds them
+    (`conversation_ids`): right-padded input_ids, attention_mask, and a loss mask on the
+    assistant's tokens only (not the prompt, not the tool's replies nor the template around them)."""
+    rows, masks = [], []
+    for i, messages in enumerate(conversations):
+        try:
+            ids, policy = conversation_ids(tokenizer, messages, tool_role)
+        except ValueError as err:
+            raise ValueError(f"demonstration {i}: {err}") from None
+        if len(ids) > max_length:
+            raise ValueError(
+                f"demonstration {i} is {len(ids)} tokens, longer than max_length={max_length}; raise "
+                f"StageConfig.max_length"
+            )
+        rows.append(ids)
+        masks.append(policy)
+    return _right_padded(rows, masks, tokenizer.pad_token_id)
+
+
+def encode_demonstrations(tokenizer, demonstrations: list[dict], max_length: int):
+    """Rows {"prompt", "response"} (encode_examples) or {"messages"} (encode_conversations)."""
+    if demonstrations and all("messages" in d for d in demonstrations):
+        return encode_conversations(tokenizer, [d["messages"] for d in demonstrations], max_length)
+    if demonstrations and all("prompt" in d and "response" in d for d in demonstrations):
+        return encode_examples(
+            tokenizer, [d["prompt"] for d in demonstrations], [d["response"] for d in demonstrations], max_length
+        )
+    raise ValueError(
+        "SFT demonstrations are all {'prompt': text, 'response': text} or all {'messages': [...]} (a whole "
+        "episode as chat messages); got rows with keys "
+        f"{sorted({k for d in demonstrations for k in d})[:8] if demonstrations else 'none (the list is empty)'}"
+    )
+
+
+def _right_padded(rows: list[list[int]], masks: list[list[int]], pad: int):
     width = max(len(r) for r in rows)
-    pad = tokenizer.pad_token_id
     input_ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
     attention_mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
     loss_mask = torch.tensor([m + [0] * (width - len(m)) for m in masks])
@@ -103,12 +149,11 @@ def response_nll(model, input_ids, attention_mask, loss_mask) -> torch.Tensor:
 def train_sft(
     model_dir: str | Path, demonstrations: list[dict], out_dir: str | Path, config: StageConfig = StageConfig()
 ) -> dict:
-    """Fine-tune on rows {"prompt", "response"}; returns {"path", "losses", "first_loss", "last_loss"}."""
+    """Fine-tune on rows {"prompt", "response"} or {"messages"} (whole episodes, see the module
+    docstring); returns {"path", "losses", "first_loss", "last_loss"}."""
     loaded = load(model_dir)
     model, tokenizer = loaded.model, loaded.tokenizer
-    input_ids, attention_mask, loss_mask = encode_examples(
-        tokenizer, [d["prompt"] for d in demonstrations], [d["response"] for d in demonstrations], config.max_length
-    )
+    input_ids, attention_mask, loss_mask = encode_demonstrations(tokenizer, demonstrations, config.max_length)
 
     def batch_loss(rows: list[int]) -> torch.Tensor:
         idx = torch.tensor(rows)

@@ -39,7 +39,7 @@ from workbench.engines.backends import BACKENDS, check_data_parallel_only, make_
 from workbench.engines.contract import Forward, LossFn, OptimConfig, check_training_fields, needs
 from workbench.engines.forward import model_outputs, response_log_probs, sequence_nll
 from workbench.engines.hf_rollout import HFRollout, HFRolloutConfig, weightless_copy
-from workbench.engines.multi_turn import EpisodeConfig, run_episodes
+from workbench.engines.multi_turn import EpisodeConfig, Episodes
 from workbench.engines.rollout import SamplingConfig, end_token_ids, response_texts, stream_seed
 from workbench.engines.tensor_parallel import check_tensor_parallel_layout, parallelize
 from workbench.engines.vllm_rollout import VLLMRolloutConfig
@@ -204,9 +204,24 @@ class ActorConfig:
                     env,
                     "give a workbench.agents.Environment (e.g. ToolEnvironment)",
                 )
-            if self.rollout != "hf":
+            if self.rollout is None:
                 raise ConfigError(
-                    "ActorConfig.rollout", self.rollout, "multi-turn episodes run on the HF rollout: set rollout='hf'"
+                    "ActorConfig.rollout", None, "multi-turn episodes need a rollout engine: set rollout='hf' or 'vllm'"
+                )
+            episode = args[3] if len(args) > 3 else kwargs.get("episodes", EpisodeConfig())
+            limit = check_model_dir(self.model_path, "ActorConfig.model_path", "causal", self.load.trust_remote_code)
+            if self.rollout == "vllm":
+                limit = min(limit or self.vllm.max_model_len, self.vllm.max_model_len)
+            # The longest context a turn can reach: the prompt, an episode's response just short
+            # of its budget, and one more turn's tokens.
+            longest = batch["input_ids"].shape[1] + episode.max_tokens + episode.turn_tokens
+            if limit is not None and longest > limit:
+                where = "VLLMRolloutConfig.max_model_len" if self.rollout == "vllm" else "the model's positions"
+                raise ConfigError(
+                    "EpisodeConfig(max_tokens, turn_tokens)",
+                    (episode.max_tokens, episode.turn_tokens),
+                    f"prompts of {batch['input_ids'].shape[1]} tokens + max_tokens + turn_tokens = {longest} exceed "
+                    f"the {limit} of {where}; lower them (or shorten the prompts)",
                 )
         elif method == "update_actor" and "old_log_probs" in batch:
             self.check_rows(batch.num_valid, role)
@@ -340,11 +355,20 @@ class ActorRolloutRefWorker(Worker):
     ) -> Batch:
         """`sampling.n` multi-turn episodes per prompt in `env` (workbench.engines.multi_turn):
         the policy's turns and the environment's observations as one trajectory per row, the
-        observations masked out of the loss (`response_text`: the policy's turns). Runs on the
-        HF rollout."""
-        return self._generate(
-            lambda seeded: run_episodes(self.rollout, self.tokenizer, prompts, env, seeded, episodes), sampling
-        )
+        observations masked out of the loss (`response_text`: the policy's turns). Turns are
+        batched over the episodes still running, on either rollout engine; each turn's generation
+        and its tool calls are spans of the trace (`episode.generate`, `episode.tools`)."""
+
+        def produce(seeded: SamplingConfig) -> Batch:
+            run = Episodes(self.rollout, self.tokenizer, prompts, env, seeded, episodes)
+            for turn in run:
+                rows, tokens = len(turn.steps), turn.policy_tokens
+                self.record_span("episode.generate", *turn.generation, turn=turn.index, rows=rows, tokens=tokens)
+                calls, errors = turn.tool_calls, turn.tool_errors
+                self.record_span("episode.tools", *turn.tools, turn=turn.index, tool_calls=calls, tool_errors=errors)
+            return run.batch()
+
+        return self._generate(produce, sampling)
 
     def _generate(self, produce: Callable[[SamplingConfig], Batch], sampling: SamplingConfig) -> Batch:
         """One generation of either kind: weights synced in, a seed stream per generation

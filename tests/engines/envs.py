@@ -1,0 +1,18 @@
+"""Environments the multi-turn tests share (sent to Ray workers by value)."""
+
+from workbench.agents import Environment, Observation
+
+
+class Replies(Environment):
+    """Answers every turn with an observation until the row's turns (its ground_truth) are done;
+    the reward is the number of turns taken."""
+
+    def start(self, row):
+        return {"left": int(row["ground_truth"]), "taken": 0}
+
+    def step(self, state, text):
+        state["left"] -= 1
+        state["taken"] += 1
+        if state["left"] == 0:
+            return Observation(None, reward=float(state["taken"]), done=True)
+        return Observation(f"result {state['taken']}: ok", info={"tool": "probe"})
