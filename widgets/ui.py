@@ -184,10 +184,10 @@ class View:
             box.observe(lambda change, name=c.name: self.set(**{name: change["new"]}), names="value")
         text = w.HTML(self.summary())
         if self.has_figure:
-            from jupyter_bokeh import BokehModel
+            from widgets.jupyter import BokehWidget
 
             layout, update = self.figure()
-            plot = BokehModel(layout)
+            plot = BokehWidget(layout)
         else:
             plot, update = w.HTML(""), None
         under = w.VBox([])
@@ -199,7 +199,8 @@ class View:
                 if c.name in boxes:
                     boxes[c.name].layout.display = None if c.visible else "none"
             if update is not None:
-                update()
+                with plot.one_patch():  # the update's changes as one message to the browser
+                    update()
             view = self.below()
             if view is not shown[0]:
                 shown[0] = view

@@ -30,7 +30,6 @@ import itertools
 import os
 import sys
 import threading
-import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, overload
@@ -41,9 +40,9 @@ from workbench import checks
 from workbench.controller.mesh import Mesh
 from workbench.controller.resource_pool import ResourcePool, check_devices
 from workbench.controller.worker import Worker
-from workbench.controller.worker_group import HostSet, WorkerGroup
+from workbench.controller.worker_group import HostSet, WorkerGroup, wait_answers
 from workbench.errors import ConfigError, DispatchError, GroupRemovedError, SessionClosedError
-from workbench.tracing import CallRecord, save_chrome_trace, span_sources
+from workbench.tracing import CallRecord, SpanSource, save_chrome_trace, span_sources
 
 if TYPE_CHECKING:  # for the typed handles of Session.group (importing workers loads the model stack)
     from workbench.workers.actor import ActorRolloutRefWorker
@@ -387,14 +386,15 @@ class Session:
             return (self._arrivals[-new:] if new > 0 else []), self.spans_arrived
 
     def _drain(self, timeout: float) -> None:
-        hostsets = list({id(g.hostset): g.hostset for g in self.groups.values()}.values())
-        for hostset in hostsets:
-            hostset.request_records()
-        deadline = time.monotonic() + timeout
-        for hostset in hostsets:
-            self._keep_records(hostset.drain_records(max(0.0, deadline - time.monotonic()), request=False))
-        for drain in span_sources():  # callers outside worker groups: rule-reward scorers
-            self._keep_records(drain(max(0.0, deadline - time.monotonic())))
+        """Ask every rank and every other span source (rule-reward scorers) at once, then wait
+        for all their answers together; one that does not answer within `timeout` keeps its
+        call pending, answered at the next drain."""
+        hostsets = {id(g.hostset): g.hostset for g in self.groups.values()}.values()
+        sources: list[HostSet | SpanSource] = [*hostsets, *span_sources()]
+        for source in sources:
+            source.request_records()
+        answers = wait_answers([ref for source in sources for ref in source.drains], timeout)
+        self._keep_records([r for source in sources for r in source.take_records(answers)])
 
     def _keep_records(self, new: list[CallRecord]) -> None:
         """Add drained spans, in start order, keeping the newest max_trace_records."""

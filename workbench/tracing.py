@@ -22,11 +22,11 @@ import itertools
 import json
 import resource
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 # Read-only default: tags() sets a fresh dict, so nothing can change the empty one in place.
 _TAGS: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
@@ -40,16 +40,38 @@ def new_call_number() -> int:
     return next(_CALL_NUMBERS)
 
 
-_SPAN_SOURCES: list[Callable[[float], list]] = []
+class SpanSource(Protocol):
+    """Spans recorded outside worker groups (the rule-reward scorers), drained with the host
+    sets' by `session.trace()`: every source is asked first, then all answers are waited for
+    together."""
+
+    drains: list
+    """Its drain_records calls (Ray refs) that have not answered yet."""
+
+    def request_records(self) -> None:
+        """Ask for the spans recorded since the last ask (adds to `drains`)."""
+
+    def take_records(self, answers: dict) -> list[CallRecord]:
+        """The spans of the `drains` that `answers` ({ref: spans}) holds, tagged; the rest
+        stay in `drains` for the next drain."""
+        ...
 
 
-def add_span_source(drain: Callable[[float], list]) -> None:
-    """Have `session.trace()` also call drain(timeout) for spans recorded outside worker groups."""
-    if drain not in _SPAN_SOURCES:
-        _SPAN_SOURCES.append(drain)
+_SPAN_SOURCES: list[SpanSource] = []
 
 
-def span_sources() -> list[Callable[[float], list]]:
+def add_span_source(source: SpanSource) -> None:
+    """Have `session.trace()` also drain `source`."""
+    if source not in _SPAN_SOURCES:
+        _SPAN_SOURCES.append(source)
+
+
+def remove_span_source(source: SpanSource) -> None:
+    if source in _SPAN_SOURCES:
+        _SPAN_SOURCES.remove(source)
+
+
+def span_sources() -> list[SpanSource]:
     return list(_SPAN_SOURCES)
 
 

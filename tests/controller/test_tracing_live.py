@@ -1,13 +1,16 @@
 """Trace spans reach the driver while work runs, none is lost, and each is tied to its call,
 iteration and step."""
 
+import time
+
 import ray
 import torch
 
 from tests.controller.workers import EchoWorker
 from workbench import Batch, tags
 from workbench.clock import StepClock
-from workbench.tracing import load_records, save_records
+from workbench.controller.worker_group import take_answers
+from workbench.tracing import CallRecord, add_span_source, load_records, remove_span_source, save_records
 
 
 def rows(n):
@@ -149,3 +152,45 @@ def test_call_tags_are_kept_only_until_every_rank_span_is_drained(session):
     long_call.get()
     session.trace()
     assert not hostset.call_tags and not hostset.task_calls
+
+
+@ray.remote(num_cpus=0)
+def late_answer(seconds: float, record: CallRecord) -> list[CallRecord]:
+    time.sleep(seconds)
+    return [record]
+
+
+class LateSource:
+    """A span source (as the rule-reward scorers are) whose one answer comes seconds late."""
+
+    def __init__(self, record: CallRecord, seconds: float):
+        self.drains: list = []
+        self.record: CallRecord | None = record
+        self.seconds = seconds
+
+    def request_records(self) -> None:
+        if self.record is not None:
+            self.drains.append(late_answer.remote(self.seconds, self.record))
+            self.record = None
+
+    def take_records(self, answers: dict) -> list[CallRecord]:
+        records, self.drains = take_answers(self.drains, answers)
+        return records
+
+
+def test_a_source_that_answers_late_keeps_its_spans_for_the_next_drain(session):
+    group = session.group("beside_late", EchoWorker, session.pool("two", 2))
+    _, cursor = session.spans_since()
+    now = time.time()
+    late = LateSource(CallRecord(-1, "scorer", "score", 0, "late", 0, now, now, now, 0, 0, True), seconds=4.0)
+    add_span_source(late)
+    try:
+        group.double(rows(4)).get()
+        first, cursor = session.spans_since(cursor, timeout=1.0)  # every source asked, one wait for all
+        assert "scorer" not in {r.role for r in first} and late.drains  # not answered yet: still asked
+        second, cursor = session.spans_since(cursor, timeout=30.0)
+    finally:
+        remove_span_source(late)
+    assert not late.drains
+    spans = [(r.role, r.rank) for r in first + second]
+    assert sorted(spans) == [("beside_late", 0), ("beside_late", 1), ("scorer", 0)]  # each once, none lost

@@ -3,11 +3,13 @@ caller's thread, instead of redrawing; a timeline keeps runs apart and opens a c
 batch. No Ray: spans and metrics are made up here."""
 
 import base64
+import json
 from dataclasses import replace
 
 import pytest
 import torch
 from bokeh.document.events import ColumnDataChangedEvent, ColumnsStreamedEvent
+from bokeh.models import GlyphRenderer
 
 from widgets import LiveTimeline, MetricsDashboard
 from widgets.inspector import BatchInspector, MetricsTable
@@ -68,6 +70,55 @@ def test_dashboard_streams_one_row_per_iteration_into_its_figure():
     assert len(streamed) == 5 and all(len(e.data["iteration"]) == 1 for e in streamed)
     assert not [e for e in events if isinstance(e, ColumnDataChangedEvent)]  # nothing sent whole
     assert len(dashboard.redraw_seconds) == 6 and max(dashboard.redraw_seconds) < 0.5
+
+
+class Browser:
+    """What a notebook's browser holds of a displayed view: the document it was first sent,
+    and the PATCH-DOC messages its widget sends after, applied in order."""
+
+    def __init__(self, view):
+        from bokeh.document import Document
+
+        box = view.widget()
+        self.widget = box.children[2]
+        [doc_json] = self.widget.render_bundle["docs_json"].values()
+        self.document = Document.from_json(doc_json)
+        self.parts: list = []
+        self.messages = 0
+        self.widget.send = lambda content, buffers=None: self.parts.append(content["payload"])
+
+    def receive(self) -> None:
+        """Apply every message sent so far (header, metadata, content; no binary buffers here)."""
+        assert len(self.parts) % 3 == 0, "a message is three parts when it carries no arrays"
+        for i in range(0, len(self.parts), 3):
+            self.document.apply_json_patch(json.loads(self.parts[i + 2]))
+            self.messages += 1
+        self.parts.clear()
+
+    def source(self, name: str) -> dict:
+        return dict(self.document.get_model_by_name(name).data)
+
+
+def test_a_displayed_view_sends_each_update_as_one_message_that_rebuilds_its_figure():
+    dashboard, trace = MetricsDashboard(), spans({"GRPO#1": 1})
+    timeline = LiveTimeline(trace, last_iterations=None)
+    views = [Browser(dashboard), Browser(timeline)]
+    for i in (1, 2, 3):  # the first row shows its lines (a dozen changes): still one message
+        dashboard(None, None, {"iteration": i, "critic/score/mean": float(i), "timing_s/gen": 0.1 * i})
+        trace += spans({"GRPO#1": i + 1}, ranks=3)[-3:]  # a new iteration's spans, on a new rank
+        timeline.refresh()  # spans, a lane and an iteration mark: one message
+        for view in views:
+            view.receive()
+    assert [view.messages for view in views] == [3, 3]
+    figure = views[0].widget._model
+    assert views[0].source("metrics") == figure.select_one({"name": "metrics"}).data
+    shown = {r.name for r in views[0].document.select({"type": GlyphRenderer}) if r.visible and r.name}
+    assert shown == {"critic/score/mean", "timing_s/gen"}
+    layout = views[1].widget._model
+    for name in ("timeline_spans", "timeline_marks"):
+        assert views[1].source(name) == layout.select_one({"name": name}).data
+    assert views[1].document.get_model_by_name("timeline_lanes").factors == [f"pool rank {k}" for k in range(3)]
+    assert len(views[1].source("timeline_spans")["span"]) == 2 + 3 * 3
 
 
 def test_dashboard_smoothing_export_and_linked_axes():

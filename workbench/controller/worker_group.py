@@ -64,7 +64,8 @@ class HostSet:
         self._spans_due: dict[int, int] = {}  # call number -> ranks whose span has not arrived
         self.task_calls: OrderedDict[bytes, int] = OrderedDict()
         """Ray task id -> driver call number, for rank tasks whose own span is not drained yet (see note_task)."""
-        self._drains: list = []  # drain_records calls that had not answered yet
+        self.drains: list = []
+        """drain_records calls that have not answered yet (the next drain collects them)."""
         self.hosts = [
             remote_host.options(**pool.scheduling(rank)).remote(
                 pool.name, rank, mesh.world_size, threads, backend, local
@@ -140,8 +141,8 @@ class HostSet:
 
     def request_records(self) -> None:
         """Ask every rank for its spans (answered from the hosts' trace thread, beside any call
-        in flight); `drain_records` collects the answers."""
-        self._drains += [h.drain_records.remote() for h in self.hosts]
+        in flight); `take_records` collects the answers."""
+        self.drains += [h.drain_records.remote() for h in self.hosts]
 
     def where(self, rank: int) -> tuple[int | None, str | None]:
         """(pid, 'address/node-id prefix') of a rank, for error messages."""
@@ -184,12 +185,17 @@ class HostSet:
         pid, node = self.where(rank)
         return WorkerDiedError(role, rank, method, detail, pid=pid, node=node, fused=self.roles)
 
-    def drain_records(self, timeout: float = 10.0, request: bool = True) -> list[CallRecord]:
+    def drain_records(self, timeout: float = 10.0) -> list[CallRecord]:
         """Spans from every rank. A rank that does not answer within `timeout` keeps its answer
         pending for the next drain, so no span is lost."""
-        if request:
-            self.request_records()
-        records, self._drains = collect_spans(self._drains, timeout)
+        self.request_records()
+        return self.take_records(wait_answers(self.drains, timeout))
+
+    def take_records(self, answers: dict) -> list[CallRecord]:
+        """The spans of this set's drain_records calls that `answers` ({ref: spans}, from
+        `wait_answers`) holds, tagged with their calls' tags; calls not answered yet stay in
+        `drains`."""
+        records, self.drains = take_answers(self.drains, answers)
         tasks = [self._number_span(r) for r in records]
         for r in records:
             r.extra.update(self.call_tags.get(r.extra.get("call", -1), {}))
@@ -519,17 +525,29 @@ def _put_once(values: list[Any]) -> list[Any]:
     return out
 
 
-def collect_spans(drains: list, timeout: float) -> tuple[list[CallRecord], list]:
-    """The spans of the drain_records calls that answer within `timeout`, and the calls still
-    pending (kept for the next drain, so no span is lost). A dead process's spans died with it."""
-    ready, pending = ray.wait(drains, num_returns=len(drains), timeout=timeout) if drains else ([], [])
-    records = []
-    for ref in ready:
-        try:
-            records += ray.get(ref)
-        except ray.exceptions.RayActorError:
-            pass
-    return records, pending
+def wait_answers(drains: list, timeout: float) -> dict:
+    """{call: its spans} for the drain_records calls (of any ranks or scorers) that answer
+    within `timeout`, waited for together and fetched at once. A dead process's spans died
+    with it: its answer is []."""
+    ready, _ = ray.wait(drains, num_returns=len(drains), timeout=timeout) if drains else ([], [])
+    try:
+        return dict(zip(ready, ray.get(ready)))
+    except ray.exceptions.RayActorError:  # a process died: the others' answers one by one
+        return {ref: _answer(ref) for ref in ready}
+
+
+def take_answers(drains: list, answers: dict) -> tuple[list[CallRecord], list]:
+    """The spans `answers` holds for `drains`, and the drains not answered yet (kept for the
+    next drain, so no span is lost)."""
+    records = [r for ref in drains if ref in answers for r in answers[ref]]
+    return records, [ref for ref in drains if ref not in answers]
+
+
+def _answer(ref) -> list[CallRecord]:
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayActorError:
+        return []
 
 
 def _unfinished(refs: list) -> list:

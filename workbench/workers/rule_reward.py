@@ -39,7 +39,7 @@ from workbench.controller.future import CallInfo, DataFuture, describe_output
 from workbench.controller.mesh import Mesh
 from workbench.controller.protocols import concat
 from workbench.controller.worker import MAX_RECORDS, TRACE_GROUP, resolve_input
-from workbench.controller.worker_group import collect_spans
+from workbench.controller.worker_group import take_answers
 from workbench.data.batch import PAD_KEY, Batch
 from workbench.errors import DispatchError, WorkbenchError
 from workbench.tracing import CallRecord, add_span_source, current_tags, new_call_number
@@ -113,7 +113,7 @@ class RuleReward:
         future = DataFuture(
             CallInfo("rule_reward", self.name, ranks), outputs, metas, ranks, concat, Mesh(dp=len(pieces))
         )
-        future.trace_tags = _tag_call(number, current_tags(), len(pieces))  # the step clock adds to these
+        future.trace_tags = SPANS.tag_call(number, current_tags(), len(pieces))  # the step clock adds to these
         return future
 
     compute_cost = compute_reward  # a rule cost (output_key="costs") is called like a cost model
@@ -158,41 +158,44 @@ def stop_scorers() -> None:
         for actor in pool:
             ray.kill(actor, no_restart=True)
     _scorers.clear()
-    _drains.clear()
+    SPANS.drains.clear()
 
 
 # ---- spans in the trace: the driver side ---------------------------------------------------------
-_call_tags: OrderedDict[int, list] = OrderedDict()  # call number -> [tags, spans not drained yet]
-_drains: list = []  # drain_records calls that had not answered yet
+class ScorerSpans:
+    """The scoring spans of every scorer of this Ray cluster, for the session's trace (a
+    workbench.tracing.SpanSource), tagged with their calls' tags as HostSet tags a group's."""
+
+    def __init__(self):
+        self.call_tags: OrderedDict[int, list] = OrderedDict()  # call number -> [tags, spans not drained yet]
+        self.drains: list = []
+        """drain_records calls that have not answered yet (the next drain collects them)."""
+
+    def tag_call(self, number: int, tags: dict, pieces: int) -> dict:
+        """Keep a scoring call's tags until its spans are drained (as HostSet.tag_call does)."""
+        self.call_tags[number] = [tags, pieces]
+        while len(self.call_tags) > MAX_CALL_TAGS:
+            self.call_tags.popitem(last=False)
+        return tags
+
+    def request_records(self) -> None:
+        if ray.is_initialized():
+            self.drains += [s.drain_records.remote() for s in _scorers.get(_cluster_key(), [])]
+
+    def take_records(self, answers: dict) -> list[CallRecord]:
+        records, self.drains = take_answers(self.drains, answers)
+        for r in records:
+            entry = self.call_tags.get(r.extra.get("call"))
+            if entry is not None:
+                r.extra.update(entry[0])
+                entry[1] -= 1
+                if entry[1] <= 0:
+                    del self.call_tags[r.extra["call"]]
+        return records
 
 
-def _tag_call(number: int, tags: dict, pieces: int) -> dict:
-    """Keep a scoring call's tags until its spans are drained (as HostSet.tag_call does)."""
-    _call_tags[number] = [tags, pieces]
-    while len(_call_tags) > MAX_CALL_TAGS:
-        _call_tags.popitem(last=False)
-    return tags
-
-
-def drain_records(timeout: float = 10.0) -> list[CallRecord]:
-    """The scoring spans recorded since the last drain, by every scorer of this Ray cluster,
-    tagged with their calls' tags. A scorer that does not answer within `timeout` keeps its
-    answer for the next drain."""
-    if not ray.is_initialized():
-        return []
-    _drains.extend(s.drain_records.remote() for s in _scorers.get(_cluster_key(), []))
-    records, _drains[:] = collect_spans(_drains, timeout)
-    for r in records:
-        entry = _call_tags.get(r.extra.get("call"))
-        if entry is not None:
-            r.extra.update(entry[0])
-            entry[1] -= 1
-            if entry[1] <= 0:
-                del _call_tags[r.extra["call"]]
-    return records
-
-
-add_span_source(drain_records)
+SPANS = ScorerSpans()
+add_span_source(SPANS)
 
 
 # ---- the scoring processes ------------------------------------------------------------------------
