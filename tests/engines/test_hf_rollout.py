@@ -57,6 +57,28 @@ def test_static_and_compiled_decoding_give_the_same_rollout(engine, config):
     assert (forward - out["rollout_log_probs"]).abs().max() <= 1e-3
 
 
+@pytest.mark.parametrize("sampling", [SamplingConfig(greedy=True), SamplingConfig(seed=4, temperature=0.8)], ids=str)
+def test_n_samples_of_a_prompt_share_its_prefill_and_sample_as_generate_does(engine, sampling):
+    """generate computes each prompt once for its n samples: the same tokens (greedy, and sampled
+    from the same seed) and log-probs as generate's own n-fold copy of the prompts, rows in its
+    order; left-padded prompts of different lengths."""
+    rollout, prompts = engine
+    sampling = SamplingConfig(**{**sampling.__dict__, "n": 3, "max_new_tokens": 10})
+    ids, mask = prompts["input_ids"], prompts["attention_mask"]
+    assert len(set(mask.sum(1).tolist())) > 1  # left padding is exercised
+    if sampling.greedy:  # generate refuses num_return_sequences without sampling: n copies by hand
+        copies = SamplingConfig(**{**sampling.__dict__, "n": 1})
+        expected = rollout.decode(ids.repeat_interleave(3, dim=0), mask.repeat_interleave(3, dim=0), copies)
+    else:
+        expected = rollout.decode(ids, mask, sampling)  # num_return_sequences: n copies prefilled
+    shared = rollout._decode_shared_prompts(ids, mask, sampling)
+    assert torch.equal(expected.responses, shared.responses)
+    assert torch.equal(expected.response_mask, shared.response_mask)
+    assert (expected.log_probs - shared.log_probs).abs().max() <= 1e-5
+    out = rollout.generate(prompts, sampling)  # the path generate takes
+    assert torch.equal(out["responses"], shared.responses)
+
+
 def test_hf_rollout_config_names_a_bad_field():
     with pytest.raises(ValueError, match="HFRolloutConfig.cache"):
         HFRolloutConfig(cache="paged")
