@@ -396,6 +396,10 @@ def check_chat(report: Report, session: Session, chat_dir: str) -> None:
     same = rows_equal(got, expected, "responses", "response_mask")
     report.check("chat: stopped greedy rows equal to the CPU's", same, same >= 0.75)
 
+    shared = SamplingConfig(max_new_tokens=16, greedy=True, n=2)  # n rows per prompt from one prefill
+    same = rows_equal(actor.generate_sequences(prompts, shared).get(), rollout.generate(prompts, shared), "responses")
+    report.check("chat: n samples from one prefill, rows equal to the CPU's", same, same >= 0.75)
+
     env = CalculatorFirst({"calculator": calculator}, score=final_answer_is_short)
     sampling = SamplingConfig(max_new_tokens=8, n=2, seed=0)
     episode = EpisodeConfig(max_turns=3, turn_tokens=8, max_tokens=64)
