@@ -7,10 +7,10 @@ import torch
 
 from tests.chat_kit import make_tiny_chat
 from workbench.data.batch import Batch
-from workbench.data.prompts import tokenize_prompts
+from workbench.data.prompts import left_padded, tokenize_prompts
 from workbench.engines.hf_rollout import HFRollout, HFRolloutConfig
 from workbench.engines.multi_turn import observation_ids
-from workbench.engines.rollout import SamplingConfig, end_token_ids, left_padded
+from workbench.engines.rollout import SamplingConfig, end_token_ids
 from workbench.models import load
 
 

@@ -243,12 +243,7 @@ def tokenize_prompts(
         encoded.append(ids)
 
     width = max_prompt_length if pad_to_max_length else max((len(ids) for ids in encoded), default=0)
-    input_ids = torch.full((len(encoded), width), tokenizer.pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(encoded), width), dtype=torch.long)
-    for i, ids in enumerate(encoded):
-        if ids:
-            input_ids[i, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-            attention_mask[i, width - len(ids) :] = 1
+    input_ids, attention_mask = left_padded(encoded, tokenizer.pad_token_id, width=width)
     position_ids = torch.clamp(attention_mask.cumsum(dim=1) - 1, min=0)
 
     columns = {
@@ -261,6 +256,22 @@ def tokenize_prompts(
         columns,
         {"max_prompt_length": max_prompt_length, "num_truncated": truncated},
     )
+
+
+def left_padded(
+    rows: list[list[int]], pad: int, device=None, *, width: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists as left-padded input_ids and attention_mask (a prompt batch's layout), `width`
+    columns (default: the longest row, at least 1), on `device` (the worker's: a GPU actor's
+    contexts go where its model is)."""
+    width = max(1, max((len(r) for r in rows), default=0)) if width is None else width
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        if row:
+            ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+            mask[i, width - len(row) :] = 1
+    return ids.to(device), mask.to(device)
 
 
 class PromptLoader:

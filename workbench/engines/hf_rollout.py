@@ -174,8 +174,8 @@ class HFRollout:
     def _decode_shared_prompts(self, input_ids, attention_mask, sampling: SamplingConfig) -> Decoded:
         """`decode` of n samples per prompt with each prompt computed once: generate's own
         num_return_sequences copies every prompt n times before the prefill, which at GRPO's
-        short answers is most of a generation's tokens (8 chat prompts x 8 samples: ~1400 of
-        ~1900). The prompts but their last token fill a KV cache, copied to the n rows of each;
+        short answers is most of a generation's tokens (SmolLM2, 8 chat prompts x 4 samples x
+        16 tokens: ~1470 of ~2000). The prompts but their last token fill a KV cache, copied to the n rows of each;
         decoding starts from it, row for row as generate's own expansion orders them."""
         n = sampling.n
         head_ids, head_mask = input_ids[:, :-1], attention_mask[:, :-1]

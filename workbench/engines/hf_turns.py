@@ -20,7 +20,8 @@ from __future__ import annotations
 import torch
 
 from workbench.data.batch import Batch
-from workbench.engines.rollout import SamplingConfig, left_padded
+from workbench.data.prompts import left_padded
+from workbench.engines.rollout import SamplingConfig
 
 
 class HFTurns:

@@ -32,8 +32,8 @@ import torch
 from workbench import checks
 from workbench.agents.env import TOOL_CALL_END, Environment, Observation
 from workbench.data.batch import Batch
-from workbench.data.prompts import prompt_ids
-from workbench.engines.rollout import SamplingConfig, left_padded, stream_seed
+from workbench.data.prompts import left_padded, prompt_ids
+from workbench.engines.rollout import SamplingConfig, stream_seed
 
 
 @dataclass(frozen=True)

@@ -143,19 +143,6 @@ def join_prompt_and_response(
     return out
 
 
-def left_padded(rows: list[list[int]], pad: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token lists as left-padded input_ids and attention_mask (a prompt batch's layout), on
-    `device` (the worker's: a GPU actor's contexts go where its model is)."""
-    width = max(1, max(len(r) for r in rows))
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        if row:
-            ids[i, width - len(row) :] = torch.tensor(row)
-            mask[i, width - len(row) :] = 1
-    return ids.to(device), mask.to(device)
-
-
 def end_token_ids(model, tokenizer) -> int | list[int]:
     """The ids that end a response of `model` (a model, or its GenerationConfig): the tokenizer's
     eos and the generation config's (an imported chat model lists its template's end of turn
