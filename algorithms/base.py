@@ -32,6 +32,7 @@ from algorithms.groups import Groups
 from algorithms.guard import finite_batch
 from algorithms.losses import ActorLoss, CriticLoss
 from algorithms.metrics import data_metrics, format_line, throughput
+from algorithms.pipeline import Rollout, RolloutPipeline
 from workbench import checks, config_loader, steps
 from workbench.agents.env import Environment
 from workbench.clock import StepClock
@@ -202,6 +203,11 @@ class Algorithm:
         self.reuse_rollout_log_probs = False  # decided per iteration, in generate()
         self.iteration = 0
         self.history: list[dict[str, float]] = []
+        self.rollout_version = -1
+        """The policy version the rollout group holds (Groups.rollout); -1: not pushed yet."""
+        self.pipeline: RolloutPipeline | None = None
+        """Generations launched ahead by `fit(..., asynchronous=True)`; kept between calls."""
+        self._link: Any = None
 
     def required_roles(self) -> tuple[str, ...]:
         return self.roles
@@ -213,11 +219,14 @@ class Algorithm:
     def state_dict(self) -> dict[str, Any]:
         """What the driver must keep for a run to continue exactly: the iteration (it also seeds
         each iteration's sampling stream), the metrics so far and the controllers' values."""
-        return {
+        state = {
             "iteration": self.iteration,
             "history": [dict(m) for m in self.history],
             **{name: dataclasses.asdict(getattr(self, name)) for name in self.controllers},
         }
+        if self.pipeline is not None:  # rollouts generated ahead, with the versions that made them
+            state["pipeline"] = self.pipeline.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         missing = [k for k in ("iteration", "history", *self.controllers) if k not in state]
@@ -230,6 +239,11 @@ class Algorithm:
         self.iteration, self.history = int(state["iteration"]), [dict(m) for m in state["history"]]
         for name in self.controllers:
             setattr(self, name, type(getattr(self, name))(**state[name]))
+        self.rollout_version = -1  # the rollout group gets the loaded weights before it generates
+        self.pipeline = None
+        if "pipeline" in state:
+            self.pipeline = RolloutPipeline(self, state["pipeline"]["max_staleness"])
+            self.pipeline.load_state_dict(state["pipeline"])
 
     def _check(self, prompts: Batch) -> None:
         """Before an iteration's remote work: the config (perhaps edited in place in a cell since
@@ -276,23 +290,63 @@ class Algorithm:
         (ReMax's greedy baseline: `step="gen_greedy"`)."""
         if stage is not None:  # the old keyword, under which only "gen" started an iteration
             step, new_iteration = _renamed_stage(stage), stage == steps.GEN.name
-        sampling = sampling or self.config.sampling
-        if sampling.seed is not None:  # this iteration's own stream: iterations must not repeat samples
-            sampling = replace(sampling, seed=stream_seed(sampling.seed, self.iteration))
+        if isinstance(prompts, Rollout):  # launched ahead (asynchronous fit): its result, pending
+            if new_iteration:
+                self.start_iteration(prompts.prompts, sampling, stale=prompts.version < self.iteration)
+                result = prompts.result
+                return result if isinstance(result, Batch) else self.clock.launch(step, result)
+            prompts = prompts.prompts  # a further generation of the iteration (ReMax's baseline): now
+        sampling = self._seeded(sampling or self.config.sampling, self.iteration)
         if new_iteration:
             self.start_iteration(prompts, sampling)
-        if self.config.env is not None:
-            episodes = self.groups.actor.generate_episodes(prompts, self.config.env, sampling, self.config.episode)
-            return self.clock.launch(step, episodes)
-        return self.clock.launch(step, self.groups.actor.generate_sequences(prompts, sampling))
+        return self.clock.launch(step, self._launch_generation(prompts, sampling))
 
-    def start_iteration(self, prompts: Batch, sampling: SamplingConfig | None = None) -> None:
+    def _seeded(self, sampling: SamplingConfig, index: int) -> SamplingConfig:
+        """Batch `index`'s own sampling stream: iterations must not repeat samples."""
+        return sampling if sampling.seed is None else replace(sampling, seed=stream_seed(sampling.seed, index))
+
+    def generator(self):
+        """The group that generates: the rollout group when there is one (its weights brought
+        up to date first), else the actor (its own rollout engine)."""
+        self.sync_rollout()
+        return self.groups.rollout if self.groups.rollout is not None else self.groups.actor
+
+    def _launch_generation(self, prompts: Batch, sampling: SamplingConfig):
+        """Responses, or multi-turn episodes when config.env is set."""
+        group = self.generator()
+        if self.config.env is not None:
+            return group.generate_episodes(prompts, self.config.env, sampling, self.config.episode)
+        return group.generate_sequences(prompts, sampling)
+
+    def launch_rollout(self, prompts: Batch, index: int) -> Rollout:
+        """Generate batch `index` of the run now, for an iteration to come (the asynchronous
+        pipeline); checked on the driver first, as an iteration's generation is."""
+        self._check(prompts)
+        sampling = self._seeded(self.config.sampling, index)
+        return Rollout(prompts, self._launch_generation(prompts, sampling), self.rollout_version, index)
+
+    def sync_rollout(self) -> None:
+        """Push the actor's weights to the rollout group (Groups.rollout) when it holds an older
+        version; returns at once (the push runs after the calls queued on either group)."""
+        if self.groups.rollout is None or self.rollout_version == self.iteration:
+            return
+        from workbench.workers.rollout_link import RolloutLink  # the worker stack, only when used
+
+        link = self._link
+        if link is None or not link.current() or link.rollout is not self.groups.rollout:
+            link = self._link = RolloutLink(self.groups.actor, self.groups.rollout)
+        link.push(self.iteration)
+        self.rollout_version = self.iteration
+
+    def start_iteration(self, prompts: Batch, sampling: SamplingConfig | None = None, stale: bool = False) -> None:
         """Before an iteration's remote work: check the config and batch sizes, drop whatever a
-        failed iteration left on the clock, and decide where this iteration's log pi_old comes from."""
+        failed iteration left on the clock, and decide where this iteration's log pi_old comes
+        from (a `stale` batch, generated by an older policy, always recomputes it)."""
         sampling = sampling or self.config.sampling
         self._check(prompts)
         self.clock.reset()
-        self.reuse_rollout_log_probs = self.old_log_prob_source(len(prompts) * sampling.n) == "rollout"
+        source = self.old_log_prob_source(len(prompts) * sampling.n)
+        self.reuse_rollout_log_probs = source == "rollout" and not stale
 
     def old_log_probs(self, gen):
         """log pi_old of the sampled tokens, recomputed by the training forward (+ entropy);
@@ -308,6 +362,7 @@ class Algorithm:
         if mode == "recompute":
             return mode
         actor = getattr(self.groups.actor, "config", None)
+        generator = getattr(self.groups.rollout, "config", None) or actor  # whose log-probs the rows carry
         if actor is None or not hasattr(actor, "epochs"):
             why = "the actor's config is unknown (not a workbench ActorRolloutRefWorker group)"
         elif actor.epochs != 1:
@@ -321,7 +376,7 @@ class Algorithm:
                 f"several optimizer steps"
             )
         elif mode == "auto" and (
-            actor.rollout != "hf" or resolve_dtype(actor.load.dtype, actor.load.device) != torch.float32
+            generator.rollout != "hf" or resolve_dtype(generator.load.dtype, generator.load.device) != torch.float32
         ):
             why = "the rollout's log-probs are not computed like the training forward's (HF rollout in fp32)"
         else:
@@ -444,27 +499,49 @@ class Algorithm:
         iterations: int,
         log: Callable[[str], None] | None = print,
         callbacks: Iterable[Callable] = (),
+        *,
+        asynchronous: bool = False,
+        max_staleness: int = 1,
     ) -> list[dict]:
         """`iterations` steps over the prompt batches (cycled), logging one line each.
 
         callbacks: called after every step as `callback(algorithm, batch, metrics)`, e.g. a
             `widgets.MetricsDashboard` or `widgets.LiveTimeline`; one that returns False stops
-            the loop after that step. Pass `log=None` to silence the line."""
+            the loop after that step. Pass `log=None` to silence the line.
+        asynchronous: generate the next batches on the rollout group (Groups.rollout) while the
+            actor trains on this one, each at most `max_staleness` policy versions old
+            (algorithms.pipeline; 0 = the synchronous run). The launched generations are kept
+            between calls (and in checkpoints): the next fit trains on them first."""
         callbacks = list(callbacks)
         for callback in callbacks:
             if not callable(callback):
                 raise TypeError(
                     f"fit: callbacks must be callables callback(algorithm, batch, metrics); got {callback!r}"
                 )
+        step: Callable[[Any], tuple[Batch, dict]] = self.step
+        batches = _epochs(prompts)
+        if asynchronous:
+            pipeline = self.asynchronous(max_staleness)
+            step, batches = (lambda draw: pipeline.step(draw)), itertools.repeat(iter(batches))
         metrics = []
-        for prompt_batch in itertools.islice(_epochs(prompts), iterations):
-            batch, m = self.step(prompt_batch)
+        for prompt_batch in itertools.islice(batches, iterations):
+            batch, m = step(prompt_batch)
             metrics.append(m)
             if log:
                 log(format_line(self.iteration, m, self.log_keys))
             if [callback(self, batch, m) for callback in callbacks].count(False):
                 break
         return metrics
+
+    def asynchronous(self, max_staleness: int = 1) -> RolloutPipeline:
+        """The pipeline that launches generations ahead (kept between fits, restored from
+        checkpoints); a different bound first trains on what was launched under the old one."""
+        if self.pipeline is None or self.pipeline.max_staleness != max_staleness:
+            pipeline = RolloutPipeline(self, max_staleness)
+            if self.pipeline is not None:  # already launched: trained first, under the new bound
+                pipeline.queue, pipeline.launched = self.pipeline.queue, self.pipeline.launched
+            self.pipeline = pipeline
+        return self.pipeline
 
     def fit_background(
         self, prompts: Iterable[Batch], iterations: int, callbacks: Iterable[Callable] = ()
@@ -479,7 +556,7 @@ class Algorithm:
         sampling = replace(
             self.config.sampling, greedy=True, n=1, max_new_tokens=max_new_tokens or self.config.sampling.max_new_tokens
         )
-        gen = self.groups.actor.generate_sequences(prompts, sampling)
+        gen = self.generator().generate_sequences(prompts, sampling)
         scorer = reward or self.groups.reward
         out = scorer.compute_reward(gen).get()
         return float(out[getattr(scorer, "output_key", "scores")].mean())

@@ -27,6 +27,11 @@ class Groups:
 
     actor: ActorHandle = NOT_GIVEN
     """generate_sequences, compute_log_prob, update_actor (workbench.workers.ActorRolloutRefWorker)."""
+    rollout: ActorHandle = NOT_GIVEN
+    """generate_sequences on devices of its own (an ActorRolloutRefWorker group with train=False,
+    on another pool): the actor's weights are pushed to it after each update (RolloutLink), and
+    `fit(..., asynchronous=True)` overlaps its generations with the actor's training. None: the
+    actor generates itself (the hybrid engine)."""
     reference: ActorHandle = NOT_GIVEN
     """compute_ref_log_prob: the actor group itself when it holds the reference copy."""
     critic: CriticHandle = NOT_GIVEN

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import psutil
+import ray
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
@@ -44,6 +45,7 @@ from workbench.engines.rollout import SamplingConfig, end_token_ids, response_te
 from workbench.engines.tensor_parallel import check_tensor_parallel_layout, parallelize
 from workbench.engines.vllm_rollout import VLLMRolloutConfig
 from workbench.errors import ConfigError
+from workbench.hybrid.channel import ChannelAddress, TransferStats, WeightChannel, open_address
 from workbench.hybrid.layouts import generation_groups
 from workbench.hybrid.transition import HybridEngine
 from workbench.models.load import (
@@ -281,6 +283,10 @@ class ActorRolloutRefWorker(Worker):
                 self.rollout.materialize(self.engine.iter_full_weights())
         self.version = 0  # bumped by every update; the rollout copy is synced lazily
         self.rollout_version = 0
+        self.channel: WeightChannel | None = None
+        self.received_version: int | None = None
+        """The driver's policy version of the weights a rollout group last received (None: the
+        weights are this process's own); generated rows carry it as `policy_version`."""
         self.updates = 0
 
     def _hybrid_engine(self) -> HybridEngine:
@@ -383,6 +389,8 @@ class ActorRolloutRefWorker(Worker):
             self.hybrid.to_training()
         self.record_span("hybrid.release", start, time.time(), rss_bytes=psutil.Process().memory_info().rss)
         out["response_text"] = response_texts(out, self.tokenizer)
+        if self.received_version is not None:
+            out["policy_version"] = torch.full((len(out),), self.received_version, dtype=torch.int64)
         return out
 
     def _sync_rollout_weights(self) -> None:
@@ -397,12 +405,10 @@ class ActorRolloutRefWorker(Worker):
             return
         start = time.time()
         moved = _Counted()
-        if self.config.lora is None:
-            self.rollout.load_weights(moved(self.engine.iter_full_weights()))
-        elif self.config.rollout == "vllm":  # the base never changes: vLLM applies the adapter itself
-            self.rollout.load_adapter(adapter_weights(moved(self.engine.gather_weights(is_trained).items())))
-        else:  # the HF copy is the peft model too: same names, adapters only
-            self.rollout.load_weights(moved(self.engine.gather_weights(is_trained).items()))
+        if self.config.lora is not None and self.config.rollout == "vllm":  # vLLM applies the adapter itself
+            self.rollout.load_adapter(adapter_weights(moved(self._weights_to_sync())))
+        else:  # the HF copy is the peft model too: same names (adapters only, with LoRA)
+            self.rollout.load_weights(moved(self._weights_to_sync()))
         peak_rss = psutil.Process().memory_info().rss
         self.rollout_version = self.version
         self.record_span(
@@ -414,6 +420,74 @@ class ActorRolloutRefWorker(Worker):
             bytes_loaded=moved.bytes,
             tensors=moved.tensors,
         )
+
+    # ---- weights between pools (a rollout group on devices of its own) ----------------------
+    @register(ONE_TO_ALL, execute="rank_zero")
+    def open_weight_channel(self, size: int, local: bool) -> ChannelAddress:
+        """A rendezvous for a weight channel of `size` members, this rank its sender (rank 0)."""
+        return open_address(size, local, host="127.0.0.1" if local else ray.util.get_node_ip_address())
+
+    @register(ONE_TO_ALL)
+    def join_weight_channel(self, address: ChannelAddress, first_rank: int) -> bool:
+        """Join the channel at `address`: a trained group's rank 0 as its sender (first_rank=0),
+        every rank of a rollout group as a receiver (channel rank first_rank + rank). Collective
+        over the channel's members: the driver calls both groups at once."""
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
+        if first_rank == 0 and self.rank != 0:
+            return False  # the other training ranks only help gather (send_weights)
+        self.channel = WeightChannel(address, first_rank + self.rank, self.device)
+        return True
+
+    @register(ONE_TO_ALL)
+    def send_weights(self, version: int) -> dict:
+        """The trained weights (LoRA: the adapters alone) to the rollout group's ranks, one
+        tensor at a time: every rank gathers each from the shards, rank 0 broadcasts it."""
+        self._trained_model()
+        start = time.time()
+        named = self._weights_to_sync()
+        if self.rank == 0:
+            if self.channel is None:
+                raise RuntimeError("send_weights: no weight channel; connect one (workbench.workers.RolloutLink)")
+            stats = self.channel.send(named)
+        else:
+            stats = TransferStats(tensors=sum(1 for _ in named))  # gathers are collectives: take part
+        self.record_span("async.send_weights", start, time.time(), version=version, **stats.as_dict())
+        return {"version": version, **stats.as_dict()}
+
+    @register(ONE_TO_ALL)
+    def receive_weights(self, version: int) -> dict:
+        """Load the weights the channel's sender broadcasts (in place, tensor by tensor) and
+        stamp the rows generated from now on with `version`."""
+        if self.channel is None or self.rollout is None:
+            raise RuntimeError("receive_weights: needs a rollout engine and a weight channel (RolloutLink)")
+        start, stats = time.time(), TransferStats()
+        incoming = self.channel.receive(stats)
+        try:
+            if self.config.lora is not None and self.config.rollout == "vllm":
+                self.rollout.load_adapter(adapter_weights(incoming))
+            else:
+                self.rollout.load_weights(incoming)
+        finally:
+            for _ in incoming:  # a failed load still takes the rest: the sender must not hang
+                pass
+        self.rollout_version = self.received_version = version
+        self.record_span(
+            "async.receive_weights",
+            start,
+            time.time(),
+            version=version,
+            peak_rss_bytes=psutil.Process().memory_info().rss,
+            **stats.as_dict(),
+        )
+        return {"version": version, **stats.as_dict()}
+
+    def _weights_to_sync(self):
+        """(name, full tensor) of what a rollout copy needs: every weight, or the adapters."""
+        if self.config.lora is None:
+            return self.engine.iter_full_weights()
+        return iter(self.engine.gather_weights(is_trained).items())
 
     # ---- forwards ----------------------------------------------------------------------------
     @register(THREE_D_PROTO)

@@ -1,0 +1,145 @@
+"""A weight channel: one process group of its own joining a trained model's rank 0 with every
+rank of a rollout group on other devices, to move weights between pools (asynchronous RL).
+
+Each group already has its own torch.distributed world; a channel is a second, separate process
+group (gloo here, NCCL on GPUs) built from a store, so two worlds can talk without merging them.
+The sender is channel rank 0; rollout rank r is channel rank 1 + r. Tensors travel one at a
+time, each a broadcast from rank 0 preceded by a small header (name, shape, dtype), so a
+receiver needs no manifest and never holds more than one incoming tensor beside its model.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from workbench.errors import WeightSyncError
+
+DEFAULT_TIMEOUT = timedelta(hours=1)
+"""How long a member waits for the others: a rollout finishes its generation in flight before it
+takes the weights, and the sender waits for it."""
+
+
+@dataclass(frozen=True)
+class ChannelAddress:
+    """Where the channel's store lives and how many members it has."""
+
+    kind: str
+    """ "file" (every member on one machine: a FileStore, no port) or "tcp" (a TCPStore)."""
+    where: str
+    """The FileStore's path, or the TCPStore's host."""
+    size: int
+    port: int = 0
+
+
+def open_address(size: int, local: bool, host: str = "127.0.0.1") -> ChannelAddress:
+    """A fresh rendezvous for `size` members, made on the member that will be rank 0."""
+    if local:
+        return ChannelAddress("file", os.path.join(tempfile.mkdtemp(prefix="workbench-channel-"), "store"), size)
+    with socket.socket() as s:
+        s.bind((host, 0))
+        port = s.getsockname()[1]
+    return ChannelAddress("tcp", host, size, port)
+
+
+@dataclass
+class TransferStats:
+    """What one transfer moved, on one member."""
+
+    seconds: float = 0.0
+    tensors: int = 0
+    bytes_sent: int = 0
+    """Rank 0: tensor bytes times receivers (what a broadcast delivers); 0 elsewhere."""
+    bytes_received: int = 0
+    names: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {
+            "seconds": self.seconds,
+            "tensors": self.tensors,
+            "bytes_sent": self.bytes_sent,
+            "bytes_received": self.bytes_received,
+        }
+
+
+class WeightChannel:
+    """This process's membership of one channel (rank 0 sends, the others receive)."""
+
+    def __init__(self, address: ChannelAddress, rank: int, device: torch.device, timeout=DEFAULT_TIMEOUT):
+        self.address, self.rank, self.size, self.device = address, rank, address.size, torch.device(device)
+        if address.kind == "file":
+            store: dist.Store = dist.FileStore(address.where, address.size)
+        else:
+            store = dist.TCPStore(
+                address.where, address.port, address.size, is_master=rank == 0, timeout=timeout, wait_for_workers=True
+            )
+        self.store = store
+        if self.device.type == "cuda":
+            self.group = dist.ProcessGroupNCCL(store, rank, address.size)  # type: ignore[attr-defined]
+        else:
+            self.group = dist.ProcessGroupGloo(store, rank, address.size, timeout)
+
+    def _broadcast(self, tensor: torch.Tensor) -> None:
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        self.group.broadcast([tensor], options).wait()
+
+    def _header(self, header: tuple | None) -> tuple | None:
+        """Rank 0's header (or the end mark, None) on every member."""
+        payload = pickle.dumps(header) if self.rank == 0 else b""
+        length = torch.tensor([len(payload)], dtype=torch.int64, device=self.device)
+        self._broadcast(length)
+        data = torch.empty(int(length.item()), dtype=torch.uint8, device=self.device)
+        if self.rank == 0:
+            data.copy_(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
+        self._broadcast(data)
+        return pickle.loads(data.cpu().numpy().tobytes())
+
+    def send(self, named: Iterable[tuple[str, torch.Tensor]]) -> TransferStats:
+        """Broadcast every (name, tensor) to the receivers, one at a time (rank 0 only)."""
+        if self.rank != 0:
+            raise WeightSyncError(f"weight channel: rank {self.rank} cannot send; only rank 0 sends")
+        stats, start = TransferStats(), time.perf_counter()
+        for name, tensor in named:
+            tensor = tensor.detach().to(self.device).contiguous()
+            self._header((name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch.")))
+            self._broadcast(tensor)
+            stats.tensors += 1
+            stats.bytes_sent += tensor.numel() * tensor.element_size() * (self.size - 1)
+            stats.names.append(name)
+        self._header(None)
+        stats.seconds = time.perf_counter() - start
+        return stats
+
+    def receive(self, stats: TransferStats | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, tensor) as rank 0 sends them; each tensor is a fresh buffer, yours to load
+        before the next one arrives. `stats` (when given) counts what came."""
+        if self.rank == 0:
+            raise WeightSyncError("weight channel: rank 0 sends; receivers are ranks 1..size-1")
+        start = time.perf_counter()
+        while (header := self._header(None)) is not None:
+            name, shape, dtype = header
+            tensor = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
+            self._broadcast(tensor)
+            if stats is not None:
+                stats.tensors += 1
+                stats.bytes_received += tensor.numel() * tensor.element_size()
+                stats.names.append(name)
+            yield name, tensor
+        if stats is not None:
+            stats.seconds = time.perf_counter() - start
+
+    def close(self) -> None:
+        if self.address.kind == "file" and self.rank == 0:
+            shutil.rmtree(os.path.dirname(self.address.where), ignore_errors=True)
+        self.group = None  # type: ignore[assignment]

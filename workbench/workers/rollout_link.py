@@ -1,0 +1,97 @@
+"""RolloutLink: the trained actor's weights, pushed to a rollout group on other devices.
+
+A rollout group is an `ActorRolloutRefWorker` group with `train=False` and a rollout engine, on a
+pool of its own. The link joins the actor's rank 0 and every rollout rank in one weight channel
+(workbench.hybrid.channel); `push(version)` then sends the current weights — all of them, or the
+LoRA adapters alone — one tensor at a time, loaded in place on each rollout rank. It returns at
+once: the actor's ranks send after the calls queued before (an update), the rollout's ranks take
+the weights after theirs (a generation in flight), and the generations asked for afterwards use
+them. Both sides record spans (`async.send_weights`, `async.receive_weights`) with their bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workbench.controller.future import DataFuture
+from workbench.errors import ConfigError
+
+
+def check_rollout_pair(actor: Any, rollout: Any) -> None:
+    """Refuse, on the driver, a rollout group that cannot take the actor's weights."""
+    a, r = getattr(actor, "config", None), getattr(rollout, "config", None)
+    for role, config in (("actor", a), ("rollout", r)):
+        if config is None or not hasattr(config, "train"):
+            raise ConfigError(f"Groups.{role}", type(config).__name__, "give an ActorRolloutRefWorker group")
+    if not a.train:
+        raise ConfigError("Groups.actor: ActorConfig.train", a.train, "the actor must train (train=True)")
+    if r.train or r.rollout is None:
+        raise ConfigError(
+            "Groups.rollout: ActorConfig(train, rollout)",
+            (r.train, r.rollout),
+            "a rollout group generates only: ActorConfig(train=False, rollout='hf' or 'vllm')",
+        )
+    if a.model_path != r.model_path:
+        raise ConfigError(
+            "Groups.rollout: ActorConfig.model_path",
+            r.model_path,
+            f"the rollout must load the actor's model ({a.model_path}) to take its weights",
+        )
+    if a.lora != r.lora:
+        raise ConfigError(
+            "Groups.rollout: ActorConfig.lora",
+            r.lora,
+            f"use the actor's LoRA settings ({a.lora}): the rollout receives the adapters by name",
+        )
+    if rollout.mesh.tp > 1 or rollout.mesh.pp > 1:
+        raise ConfigError(
+            "Groups.rollout: its mesh",
+            rollout.mesh,
+            "a rollout group takes whole weights: give it data-parallel ranks only (tp=1, pp=1)",
+        )
+    shared = {id(actor.pool), id(rollout.pool)}
+    if len(shared) == 1 or actor.pool.name == rollout.pool.name:
+        raise ConfigError(
+            "Groups.rollout: its pool",
+            rollout.pool.name,
+            "the rollout must have devices of its own (calls on one pool run in turn, so the weights "
+            "could not pass); create it on another ResourcePool",
+        )
+    if r.temperature != a.temperature:
+        raise ConfigError(
+            "Groups.rollout: ActorConfig.temperature",
+            r.temperature,
+            f"use the actor's ({a.temperature}): the rollout's log-probs are the behaviour policy's",
+        )
+
+
+class RolloutLink:
+    """A weight channel from `actor` (trained) to `rollout` (generation only)."""
+
+    def __init__(self, actor: Any, rollout: Any):
+        check_rollout_pair(actor, rollout)
+        self.actor, self.rollout = actor, rollout
+        self.hostsets = (actor.hostset, rollout.hostset)
+        nodes = set(actor.pool.node_ids) | set(rollout.pool.node_ids)
+        address = actor.open_weight_channel(1 + rollout.world_size, len(nodes) <= 1).get()
+        joined = [actor.join_weight_channel(address, 0), rollout.join_weight_channel(address, 1)]
+        for future in joined:  # the channel's rendezvous needs both groups at once
+            future.get()
+        self.pushes: list[list[DataFuture]] = []
+
+    def current(self) -> bool:
+        """Whether both groups are the processes this link joined (not re-created since)."""
+        return (self.actor.hostset, self.rollout.hostset) == self.hostsets
+
+    def push(self, version: int) -> list[DataFuture]:
+        """Send the actor's current weights as policy `version`; returns [send, receive] at once.
+        A push's failure surfaces at the next push (or `check()`), before more is sent."""
+        self.check()
+        futures = [self.actor.send_weights(version), self.rollout.receive_weights(version)]
+        self.pushes.append(futures)
+        return futures
+
+    def check(self) -> list[dict]:
+        """Wait for the pushes sent so far; their stats (raises the first one's error)."""
+        done, self.pushes = self.pushes, []
+        return [future.get() for futures in done for future in futures]
