@@ -67,7 +67,11 @@ class RolloutPipeline:
         algo.sync_rollout()  # a resumed or re-created rollout group first gets the current weights
         self.fill(draw)
         rollout = self.queue.popleft()
-        batch, metrics = algo.step(rollout)
+        try:
+            batch, metrics = algo.step(rollout)
+        except BaseException:  # Ctrl-C, a reward that raised: the rollout is trained on next time
+            self.queue.appendleft(rollout)
+            raise
         metrics |= self.metrics(rollout, batch)
         algo.sync_rollout()
         return batch, metrics

@@ -20,6 +20,7 @@ from workbench.models import make_tiny
 from workbench.run.config import load_config
 from workbench.run.faults import RewardFunctionError
 from workbench.run.runner import Runner
+from workbench.tracing import load_records
 
 ray.cloudpickle.register_pickle_by_value(tests.run.rewards)
 
@@ -226,3 +227,21 @@ def test_reward_that_raises_then_hangs_is_retried_and_the_run_goes_on(tiny, tmp_
     assert result.iterations == 2 and result.reward_retries == 2
     rows = read_jsonl(tmp_path / "out" / "metrics.jsonl")
     assert [(r["iteration"], r["run/reward_retries"]) for r in rows] == [(1, 2.0), (2, 2.0)]
+
+
+def test_an_asynchronous_run_resumes_mid_pipeline_as_it_ran(tiny, tmp_path, shared_session):
+    """asynchronous.enabled: a rollout group of its own generates one batch ahead; the
+    checkpoint after iteration 2 holds the batch launched ahead, and a resume from it redoes
+    iteration 3 exactly."""
+    overrides = ("asynchronous.enabled=true", "asynchronous.max_staleness=1", "placement.rollout_devices=1")
+    out = tmp_path / "async"
+    Runner(tiny_config(tiny, out, *overrides, "evaluation.every=0"), session=shared_session).run()
+    rows = [r for r in read_jsonl(out / "metrics.jsonl") if "actor/pg_loss" in r]
+    assert [r["async/staleness_max"] for r in rows] == [0.0, 1.0, 1.0]  # the first batch has nothing before it
+    assert {r.role for r in load_records(out / "trace.jsonl")} >= {"actor", "rollout", "critic"}
+    shutil.rmtree(out / "checkpoints" / "step-000003")
+    (out / "checkpoints" / "latest").write_text("step-000002\n")
+    resumed = tiny_config(tiny, out, *overrides, "evaluation.every=0", "checkpoint.resume=true")
+    Runner(resumed, session=shared_session).run()
+    again = [r for r in read_jsonl(out / "metrics.jsonl") if "actor/pg_loss" in r]
+    assert steady(again[-1]) == steady(rows[2]) and again[-1]["async/staleness_max"] == 1.0

@@ -115,7 +115,8 @@ def algorithm_config(config: RunConfig):
 
 def devices_needed(config: RunConfig) -> int:
     critic = "critic" in required_roles(config) and config.placement.critic_devices
-    return config.placement.actor_devices + (config.placement.critic_devices if critic else 0)
+    place = config.placement
+    return place.actor_devices + (place.critic_devices if critic else 0) + place.rollout_devices
 
 
 def critic_path(config: RunConfig, policy: Path) -> str:
@@ -165,6 +166,12 @@ def algorithm(config: RunConfig, session: Session, policy: Path) -> Algorithm:
         temperature=config.actor.temperature if config.sampling.greedy else config.sampling.temperature,
     )
     actor_pool = session.pool("actor_pool", place.actor_devices)
+    if place.rollout_devices:  # generation on devices of its own: the actor only trains
+        rollout_config = replace(actor_config, train=False, reference=False, rollout=actor_config.rollout or "hf")
+        groups.rollout = session.group(
+            "rollout", ActorRolloutRefWorker, session.pool("rollout_pool", place.rollout_devices), rollout_config
+        )
+        actor_config = replace(actor_config, rollout=None)
     groups.actor = session.group("actor", ActorRolloutRefWorker, actor_pool, actor_config)
     if "reference" in roles:
         groups.reference = groups.actor  # the reference copy lives in the actor's processes

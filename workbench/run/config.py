@@ -94,6 +94,10 @@ class PlacementSection:
     actor_devices: int = 1
     """Devices of the actor pool: actor, rollout and reference share one process per device
     (the hybrid engine), data parallel over them."""
+    rollout_devices: int = 0
+    """Devices of a rollout group of its own (generation only; the actor then does not generate
+    and its weights are pushed to it after each update); 0: the actor generates (hybrid engine).
+    Needed by `asynchronous`."""
     critic_devices: int = 1
     """Devices of the critic pool (the critic, and for Safe-RLHF the cost critic fused with it);
     0 puts the critics on the actor's pool (colocated: time-shared, in call order)."""
@@ -102,6 +106,17 @@ class PlacementSection:
     is given a session or RAY_ADDRESS names a cluster."""
     threads_per_worker: int = 1
     """torch threads in each worker process."""
+
+
+@dataclass
+class AsynchronousSection:
+    """Generation of the next batches overlapping training on this one (algorithms.pipeline)."""
+
+    enabled: bool = False
+    """Launch generations ahead on the rollout group (placement.rollout_devices >= 1)."""
+    max_staleness: int = 1
+    """How many updates old the weights that generated a batch may be when it is trained
+    (0: launch nothing ahead, the synchronous run)."""
 
 
 @dataclass
@@ -181,6 +196,7 @@ class RunConfig:
     model: ModelSection = field(default_factory=ModelSection)
     data: DataSection = field(default_factory=DataSection)
     placement: PlacementSection = field(default_factory=PlacementSection)
+    asynchronous: AsynchronousSection = field(default_factory=AsynchronousSection)
     algorithm: AlgoConfig = field(default_factory=PPOConfig)
     """Chosen by `name` (ppo, grpo, remax, safe_rlhf, rloo, reinforce_pp); the other keys are
     that algorithm's config fields, except `sampling` (the top-level section)."""
@@ -222,6 +238,12 @@ class RunConfig:
                 self.faults.max_recoveries,
                 "recovery reloads the last checkpoint: set checkpoint.every >= 1, or faults.max_recoveries=0",
             )
+        if self.asynchronous.enabled and not self.placement.rollout_devices:
+            raise ConfigError(
+                "placement.rollout_devices",
+                0,
+                "asynchronous.enabled generates on a rollout group of its own: give it >= 1 device",
+            )
         if self.checkpoint.resume and not self.checkpoint.every:
             raise ConfigError("checkpoint.resume", True, "resuming needs checkpoints: set checkpoint.every >= 1")
         if self.logging.wandb:
@@ -261,6 +283,8 @@ _COUNTS = {
     **dict.fromkeys(
         (
             "placement.critic_devices",
+            "placement.rollout_devices",
+            "asynchronous.max_staleness",
             "placement.num_devices",
             "checkpoint.every",
             "checkpoint.keep",

@@ -154,12 +154,12 @@ class Runner:
                     log.write(0, self._guarded(self.evaluate))
                 except _Rewound:  # a worker died during it; recovered to the start: train on
                     pass
-            batches = loader.batches(algo.iteration)  # the loader's position is the iteration count
+            batches = loader.batches(self._drawn())  # the loader's position: batches drawn so far
             while algo.iteration < cfg.iterations:
                 try:
-                    stop = self._iteration(next(batches), log, bar)
+                    stop = self._iteration(batches, log, bar)
                 except _Rewound:
-                    batches = loader.batches(algo.iteration)
+                    batches = loader.batches(self._drawn())
                     bar.n = algo.iteration
                     bar.refresh()
                     continue
@@ -168,11 +168,16 @@ class Runner:
         finally:
             bar.close()
 
-    def _iteration(self, prompts, log: MetricLog, bar) -> bool:
+    def _drawn(self) -> int:
+        """Prompt batches drawn so far: one per iteration, and those launched ahead (asynchronous)."""
+        pipeline = self.algorithm.pipeline
+        return pipeline.launched if pipeline is not None else self.algorithm.iteration
+
+    def _iteration(self, batches, log: MetricLog, bar) -> bool:
         """One iteration and what follows it; True when a callback asks to stop."""
         cfg, algo = self.config, self.algorithm
         started = time.time()
-        batch, metrics = self._guarded(self._step, prompts)
+        batch, metrics = self._guarded(self._step, batches)
         it = algo.iteration
         metrics = {
             **metrics,
@@ -202,11 +207,16 @@ class Runner:
         bar.set_postfix({k: f"{v:.3g}" for k, v in shown.items()}, refresh=False)
         return stop
 
-    def _step(self, prompts):
-        """algorithm.step, retried after a reward/cost function failure as configured."""
-        attempts = 0
+    def _step(self, batches):
+        """algorithm.step on the next batch (or the asynchronous pipeline's step), retried after
+        a reward/cost function failure as configured."""
+        attempts, prompts = 0, None
+        asynchronous = self.config.asynchronous
         while True:
             try:
+                if asynchronous.enabled:  # a failed step leaves its rollout first in the queue
+                    return self.algorithm.asynchronous(asynchronous.max_staleness).step(batches)
+                prompts = prompts if prompts is not None else next(batches)
                 return self.algorithm.step(prompts)
             except Exception as error:
                 failure = faults.reward_failure(error)
@@ -298,7 +308,7 @@ class Runner:
         extra = {
             "recoveries": self.recoveries,
             "reward_retries": self.reward_retries,
-            "batches_consumed": self.algorithm.iteration,
+            "batches_consumed": self._drawn(),
             "config": self.config.to_dict(),
         }
         return self.checkpointer.save(self.algorithm, self.algorithm.iteration, extra=extra)
