@@ -9,6 +9,7 @@ cell travels by value, so workers always run what the notebook last defined.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -31,6 +32,9 @@ class ActorLoss:
     """> 0 adds the KL to the reference policy to the loss (needs ref_log_probs in the batch)."""
     kl_penalty: Callable = core.kl_k3
     loss_agg_mode: str = "token-mean"
+    correction: Callable | None = None
+    """An off-policy correction (core.OFF_POLICY_CORRECTIONS entry): per-token weights from
+    old_log_probs and rollout_log_probs, multiplying the policy loss; None = none."""
     needs = ("log_probs", "entropy")
 
     def weight(self, batch) -> float:
@@ -41,7 +45,25 @@ class ActorLoss:
         log_probs, entropy = outputs["log_probs"], outputs["entropy"]
         mask = batch["response_mask"]
         fresh = {"log_probs": log_probs, "entropy": entropy}  # before the batch's stale columns
+        corrected: dict = {}
+        if self.correction is not None:
+            if "rollout_log_probs" not in batch:
+                raise ValueError(
+                    "an off-policy correction weighs pi_old against the behaviour policy, but the batch has "
+                    "no 'rollout_log_probs' column; generate with the workbench's rollout (it writes them), "
+                    "or set off_policy_correction='none'"
+                )
+            if "is_weights" not in inspect.signature(self.policy).parameters:
+                raise ValueError(
+                    f"the policy loss {getattr(self.policy, '__name__', self.policy)!r} takes no is_weights, so an "
+                    "off-policy correction would be ignored; give it an `is_weights=None` parameter that multiplies "
+                    "each token's loss, or set off_policy_correction='none'"
+                )
+            fresh["is_weights"], corrected = core.call(
+                self.correction, batch, self.settings, what="off-policy correction"
+            )
         pg_loss, metrics = core.call(self.policy, fresh, batch, self.settings, what="policy loss")
+        metrics = {**metrics, **corrected}
         loss = pg_loss
         if self.entropy_coeff:
             loss = loss - self.entropy_coeff * core.aggregate(entropy, mask, self.loss_agg_mode)

@@ -19,7 +19,6 @@ from workbench.workers.rule_reward import RuleReward
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-CORRECTION: dict = {}  # TODO off_policy_correction="tis" once merged
 SAMPLING = SamplingConfig(max_new_tokens=6, n=2, seed=0)
 
 
@@ -87,11 +86,12 @@ def test_staleness_zero_is_the_synchronous_colocated_run_bit_exactly(session, ki
 def test_generation_runs_ahead_within_the_staleness_bound(session, kit):
     for bound in (1, 2):
         trainer, rollout = split_pair(session, kit["model"])
-        metrics = grpo(trainer, rollout, **CORRECTION).fit(
+        metrics = grpo(trainer, rollout, off_policy_correction="tis").fit(
             kit["batches"], 5, log=None, asynchronous=True, max_staleness=bound
         )
         stale = [m["async/staleness_max"] for m in metrics]  # from the rows' policy_version column
         assert max(stale) == bound, stale  # it ran ahead, and never further than the bound
+        assert all(m["actor/is_weight_mean"] > 0 for m in metrics)  # pi_old recomputed, weighed against the rows'
     spans = session.trace()
     sends = [r for r in spans if r.method == "async.send_weights" and r.rank == 0]
     received = [r for r in spans if r.method == "async.receive_weights"]

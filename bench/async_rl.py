@@ -1,0 +1,263 @@
+"""Asynchronous RL against the best synchronous placement, on this machine's cores, in one run.
+
+Placements, all on two devices of one torch thread each (the same cores, the same settings):
+- `colocated`: the actor (training, HF rollout, reference) on both devices, data parallel, the
+  critic beside it (PPO) — the hybrid engine, today's synchronous default;
+- `split`: the actor (and critic) trains on one device, a rollout group generates on the other,
+  synchronously (generate, then train, then push the weights);
+- `async-s1`, `async-s2`: the same split, generation of the next batches overlapping training
+  (algorithms.pipeline) with max_staleness 1 and 2.
+Each is a headless run (workbench.run.Runner) of GRPO and of PPO from the same briefly SFT'd tiny
+model (bench/learning.py's, so rewards move), the arithmetic task, the same prompts in the same
+order. Rounds alternate the placements (the machine is shared and noisy). Per placement: response
+tokens per second over the measured iterations (after --warmup), and the training reward against
+wall-clock seconds since the first iteration began (one PNG per algorithm). Ratios: each
+asynchronous placement's tokens/s over the best synchronous one's (goal >= 1.3).
+
+The planner's model of an asynchronous iteration (steady state = the slower side + the weight
+transfer) is put beside the measurement: from the split synchronous run's measured call times
+(generation, trainer-side calls, weight push), its prediction for s=1 and s=2 against what the
+asynchronous runs measured (goal: within 25%).
+Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from learning import prepare_model, split  # bench/learning.py: the SFT'd starting point
+
+from workbench import Session
+from workbench.data import arithmetic
+from workbench.data.prompts import write_jsonl
+from workbench.run.config import load_config
+from workbench.run.runner import Runner
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "runs" / "async_rl"
+PLACEMENTS = {  # name: run-config overrides
+    "colocated": ("placement.actor_devices=2", "placement.critic_devices=0"),
+    "split": ("placement.actor_devices=1", "placement.critic_devices=0", "placement.rollout_devices=1"),
+    "async-s1": (
+        "placement.actor_devices=1",
+        "placement.critic_devices=0",
+        "placement.rollout_devices=1",
+        "asynchronous.enabled=true",
+        "asynchronous.max_staleness=1",
+    ),
+    "async-s2": (
+        "placement.actor_devices=1",
+        "placement.critic_devices=0",
+        "placement.rollout_devices=1",
+        "asynchronous.enabled=true",
+        "asynchronous.max_staleness=2",
+    ),
+}
+
+
+def run_config(algo: str, placement: str, model_dir: Path, data: dict[str, Path], args, round_: int):
+    rows = args.prompts * (args.n if algo == "grpo" else 1)
+    devices = 2 if placement == "colocated" else 1
+    return load_config(
+        None,
+        [
+            f"name={algo}-{placement}-r{round_}",
+            f"model.path={model_dir}",
+            f"logging.output_dir={OUT / algo / placement / f'round{round_}'}",
+            f"iterations={args.warmup + args.iterations}",
+            f"algorithm.name={algo}",
+            "data.task=arithmetic",
+            f"data.train_file={data['train']}",
+            f"data.eval_file={data['eval']}",
+            f"data.loader.batch_size={args.prompts}",
+            "data.loader.max_prompt_length=32",
+            f"sampling.n={args.n if algo == 'grpo' else 1}",
+            f"sampling.max_new_tokens={args.new_tokens}",
+            f"sampling.min_new_tokens={args.min_new_tokens}",
+            "sampling.seed=0",
+            f"actor.mini_batch_size={rows}",
+            f"actor.micro_batch_size={rows // devices}",
+            f"critic.mini_batch_size={rows}",
+            f"critic.micro_batch_size={rows // devices}",
+            f"actor.optim.lr={args.lr}",
+            f"critic.optim.lr={args.lr}",
+            "algorithm.kl_loss_coef=0.0" if algo == "grpo" else f"algorithm.kl_coef={args.kl_coef}",
+            "logging.progress=false",
+            "logging.rollouts_every=0",
+            "logging.tensorboard=false",
+            "evaluation.every=0",
+            "checkpoint.every=0",
+            "faults.max_recoveries=0",
+            *PLACEMENTS[placement],
+        ],
+    )
+
+
+def one_run(session, algo: str, placement: str, model_dir: Path, data: dict, args, round_: int) -> dict:
+    """A headless run; per iteration its end time, response tokens, training reward and step times."""
+    points: list[dict] = []
+    started = time.time()
+
+    def note(algorithm, batch, metrics) -> None:
+        points.append(
+            {
+                "t": time.time() - started,
+                "tokens": float(batch["response_mask"].sum()),
+                "score": metrics["critic/score/mean"],
+                **{k: v for k, v in metrics.items() if k.startswith(("timing_s/", "async/"))},
+            }
+        )
+
+    Runner(run_config(algo, placement, model_dir, data, args, round_), session=session, callbacks=[note]).run()
+    trace = session.trace()
+    return {"points": points, "pushes": push_seconds(trace, since=started)}
+
+
+def push_seconds(records, since: float) -> list[float]:
+    """Seconds of each weight push to the rollout group (the receiving side's span)."""
+    return [r.end - r.start for r in records if r.start >= since and r.method == "async.receive_weights"]
+
+
+def tokens_per_s(points: list[dict], warmup: int) -> float:
+    measured = points[warmup:]
+    return sum(p["tokens"] for p in measured) / (points[-1]["t"] - points[warmup - 1]["t"])
+
+
+def modelled_async(split_runs: list[dict], warmup: int) -> dict[str, float]:
+    """The planner's asynchronous iteration (steady state: the slower side + the weight push),
+    from the split synchronous runs' measured call times."""
+    from workbench.planner.asynchronous import steady_iteration
+
+    gen = statistics.median(p["timing_s/gen"] for run in split_runs for p in run["points"][warmup:])
+    step = statistics.median(p["timing_s/step"] for run in split_runs for p in run["points"][warmup:])
+    push = statistics.median(s for run in split_runs for s in run["pushes"]) if split_runs[0]["pushes"] else 0.0
+    trainer = step - gen  # everything of the synchronous step after the generation: the trainer's side
+    return {
+        "gen_s": gen,
+        "trainer_s": trainer,
+        "push_s": push,
+        **{f"s{s}": steady_iteration(gen, trainer, push, s) for s in (0, 1, 2)},
+    }
+
+
+def plot(algo: str, runs: dict[str, list[dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for placement, placement_runs in runs.items():
+        for i, run in enumerate(placement_runs):
+            ts = [p["t"] for p in run["points"]]
+            ax.plot(ts, [p["score"] for p in run["points"]], label=placement if i == 0 else None, alpha=0.8)
+    ax.set_xlabel("wall-clock seconds since the run's first iteration began")
+    ax.set_ylabel("training reward (mean score)")
+    ax.set_title(f"{algo.upper()}: synchronous vs asynchronous, 2 cores")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--algos", default="grpo,ppo")
+    parser.add_argument("--placements", default=",".join(PLACEMENTS))
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per iteration")
+    parser.add_argument("--n", type=int, default=4, help="GRPO samples per prompt")
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument(
+        "--min-new-tokens",
+        type=int,
+        default=32,
+        help="responses run at least this long (the SFT'd model answers in ~4 tokens, which leaves "
+        "nothing but fixed costs to overlap); the arithmetic score reads the answer's first number",
+    )
+    parser.add_argument("--lr", type=float, default=2e-5)
+    parser.add_argument("--kl-coef", type=float, default=0.0)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--iterations", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+
+    cfg = arithmetic.ArithmeticConfig(digits=2, min_digits=1)
+    heldout, sft, rl = split(cfg, 64, 4000, 64 * args.prompts)
+    model_dir = prepare_model(cfg, sft, 400, 3e-4)
+    OUT.mkdir(parents=True, exist_ok=True)
+    rows = lambda problems: ({"prompt": p.prompt, "ground_truth": p.ground_truth} for p in problems)  # noqa: E731
+    data = {"train": write_jsonl(rows(rl), OUT / "train.jsonl"), "eval": write_jsonl(rows(heldout), OUT / "eval.jsonl")}
+
+    placements = args.placements.split(",")
+    results: dict = {}
+    with Session(num_devices=2, threads_per_worker=1) as session:
+        for algo in args.algos.split(","):
+            runs: dict[str, list[dict]] = {p: [] for p in placements}
+            for round_ in range(args.rounds):
+                for placement in placements:
+                    runs[placement].append(one_run(session, algo, placement, model_dir, data, args, round_))
+                    tps = tokens_per_s(runs[placement][-1]["points"], args.warmup)
+                    print(f"[{algo} round {round_}] {placement}: {tps:.1f} tokens/s", flush=True)
+            tps = {p: statistics.median(tokens_per_s(r["points"], args.warmup) for r in runs[p]) for p in placements}
+            sync_best = max((p for p in placements if not p.startswith("async")), key=tps.__getitem__)
+            measured_it = {
+                p: statistics.median(
+                    (r["points"][-1]["t"] - r["points"][args.warmup - 1]["t"]) / args.iterations for r in runs[p]
+                )
+                for p in placements
+            }
+            entry = {
+                "tokens_per_s": {p: round(v, 1) for p, v in tps.items()},
+                "iteration_s": {p: round(v, 3) for p, v in measured_it.items()},
+                "best_sync": sync_best,
+                **{f"ratio_{p}": round(tps[p] / tps[sync_best], 3) for p in placements if p.startswith("async")},
+                "final_score": {
+                    p: round(statistics.mean(r["points"][-1]["score"] for r in runs[p]), 3) for p in placements
+                },
+                "mean_score": {
+                    p: round(statistics.mean(pt["score"] for r in runs[p] for pt in r["points"]), 3) for p in placements
+                },
+            }
+            if "split" in runs:
+                model = modelled_async(runs["split"], args.warmup)
+                entry["planner"] = {k: round(v, 3) for k, v in model.items()}
+                for p in placements:
+                    if p.startswith("async-s"):
+                        s = int(p.removeprefix("async-s"))
+                        entry[f"planner_error_{p}"] = round(model[f"s{s}"] / measured_it[p] - 1, 3)
+            plot(algo, runs, OUT / f"{algo}_reward_vs_wallclock.png")
+            results[algo] = entry
+            print(f"[{algo}] {json.dumps(entry)}", flush=True)
+    ratios = [v for r in results.values() for k, v in r.items() if k.startswith("ratio_")]
+    print(
+        json.dumps(
+            {
+                "bench": "async_rl",
+                "ratio_min": min(ratios) if ratios else None,
+                "cases": results,
+                "settings": {
+                    k: getattr(args, k)
+                    for k in (
+                        "prompts",
+                        "n",
+                        "new_tokens",
+                        "min_new_tokens",
+                        "lr",
+                        "kl_coef",
+                        "warmup",
+                        "iterations",
+                        "rounds",
+                    )
+                }
+                | {"devices": 2, "threads_per_worker": 1, "model": "tiny 10m, SFT'd (bench/learning.py)"},
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
