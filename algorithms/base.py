@@ -387,7 +387,7 @@ class Algorithm:
                 )
             return "recompute"
         actor = getattr(self.groups.actor, "config", None)
-        generator = getattr(self.groups.rollout, "config", None) or actor  # whose log-probs the rows carry
+        generator: Any = getattr(self.groups.rollout, "config", None) or actor  # whose log-probs the rows carry
         if actor is None or not hasattr(actor, "epochs"):
             why = "the actor's config is unknown (not a workbench ActorRolloutRefWorker group)"
         elif actor.epochs != 1:
