@@ -33,3 +33,15 @@ def test_value_models_get_a_scalar_head():
 def test_dependencies_must_come_first():
     with pytest.raises(ValueError, match="must be listed before"):
         Dataflow("bad", (Call("b", "m", "train", ("a",)), Call("a", "m", "generate")))
+
+
+def test_with_rollout_moves_generation_to_a_frozen_role_of_its_own():
+    ppo = dataflow_preset("ppo")
+    split = ppo.with_rollout()
+    assert [c.name for c in split.calls] == [c.name for c in ppo.calls]
+    assert split.calls_of("rollout") == (Call("gen", "rollout", "generate"),)
+    assert split.generates("rollout") and not split.trained("rollout")
+    assert not split.generates("actor") and split.trained("actor")
+    assert split.levels() == ppo.levels()
+    with pytest.raises(ValueError, match="already has a role 'actor'"):
+        ppo.with_rollout("actor")

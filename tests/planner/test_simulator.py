@@ -135,3 +135,31 @@ def test_a_lora_weight_sync_moves_the_adapters_only():
     assert moved == pytest.approx(
         (opt.realloc_time(SPEC, dp2, (0, 2), one, (2, 3)) - latency) * adapters / (SPEC.param_count * opt.dtype_bytes)
     )
+
+
+def test_the_weight_push_broadcasts_what_the_rollout_holds_tensor_by_tensor():
+    cluster = dataclasses.replace(
+        cluster_preset("local", 4),
+        intra_node_bandwidth=1e9,
+        comm_efficiency=1.0,
+        collective_latency=1e-3,
+        memory_bandwidth=1e10,
+        bandwidth_efficiency=1.0,
+        dtype_bytes=4,
+    )
+    opt, full = Simulator(cluster, OPT), Simulator(cluster, FULL)
+    one, spec = Mesh(1, 1, 1), SPEC  # 6 layers: 9 tensors each + embedding, final norm, head
+    nbytes = spec.param_count * 4
+    sent = nbytes / 1e9 + (3 * 57 + 2) * 1e-3  # three broadcasts per tensor (two-part header), an end mark
+    loaded = 2 * nbytes / 1e10
+    assert opt.weight_push_time(spec, one, one, False) == pytest.approx(sent + loaded)
+    # three rollout ranks: a binomial tree of 4 members, two hops
+    assert opt.weight_push_time(spec, one, Mesh(1, 1, 3), False) == pytest.approx(sent + nbytes / 1e9 + loaded)
+    # FSDP ranks first gather the whole weights onto rank 0: half an all-reduce's volume per tensor
+    gather = nbytes / 2 / 1e9 + 57 * 1e-3
+    assert full.weight_push_time(spec, Mesh(1, 1, 2), one, False) == pytest.approx(gather + sent + loaded)
+    assert opt.weight_push_time(spec, Mesh(1, 1, 2), one, False) == pytest.approx(sent + loaded)  # rank 0 is whole
+    lora = spec.with_lora(8)  # the adapters alone: A and B of 7 projections per layer
+    adapters = lora.adapter_params * 4
+    expected = adapters / 1e9 + (3 * 84 + 2) * 1e-3 + 2 * adapters / 1e10
+    assert opt.weight_push_time(lora, one, one, False) == pytest.approx(expected)

@@ -8,6 +8,7 @@ paper calls its three stages (generation, preparation, training).
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass
 from typing import Literal
@@ -76,6 +77,17 @@ class Dataflow:
 
     def generates(self, model: str) -> bool:
         return any(c.kind == "generate" for c in self.calls_of(model))
+
+    def with_rollout(self, role: str = "rollout") -> Dataflow:
+        """The same iteration with generation on a rollout group of its own (asynchronous RL's
+        split, `algorithms.pipeline`): every generate call moves to `role`, a frozen copy of
+        the model that generated it, which takes that model's weights after each update."""
+        if role in self.models:
+            raise ValueError(f"dataflow {self.name!r} already has a role {role!r}")
+        if not any(c.kind == "generate" for c in self.calls):
+            raise ValueError(f"dataflow {self.name!r} has no generate call to move to a rollout group")
+        calls = tuple(dataclasses.replace(c, model=role) if c.kind == "generate" else c for c in self.calls)
+        return dataclasses.replace(self, name=f"{self.name}+{role}", calls=calls)
 
     def levels(self) -> dict[str, int]:
         """The topological level of every call (longest dependency chain from a source). For

@@ -252,6 +252,24 @@ class Simulator:
             )
         )
 
+    def weight_push_time(self, spec: ModelSpec, trainer: Mesh, rollout: Mesh, crosses_nodes: bool) -> float:
+        """Asynchronous RL's weight push (`workbench.hybrid.channel`), after every update: the
+        trainer's rank 0 collects what the rollout holds (every weight, or under LoRA the
+        adapters: `ModelSpec.synced_params`) from its model-parallel or FSDP peers, broadcasts it
+        tensor by tensor to every rollout rank (each tensor preceded by a two-part header: three
+        broadcasts, a binomial tree over the 1 + ranks members), and each rank loads it in place.
+        `crosses_nodes`: the two pools are on different machines."""
+        nbytes = spec.synced_params * self.dtype_bytes
+        tensors = synced_tensors(spec)
+        sharded = self.wl.param_sharding == "full" and trainer.dp > 1
+        group = trainer.world_size if sharded else trainer.model_parallel
+        gather = self.allreduce(
+            nbytes / 2, group, n_ops=tensors, members_per_node=min(group, self.cluster.devices_per_node)
+        )
+        hops = math.ceil(math.log2(1 + rollout.world_size))
+        send = hops * nbytes / self.link_bandwidth(crosses_nodes) + (3 * tensors + 2) * self.cluster.collective_latency
+        return gather + send + self.weight_copy_time(nbytes / rollout.model_parallel)
+
     def weight_copy_time(self, nbytes: float) -> float:
         """Writing the generation weights into their separate buffer (HybridFlow keeps one
         for training and one for generation): read + write at memory bandwidth."""
@@ -299,6 +317,12 @@ class Simulator:
         c = self.cluster
         bw = (c.inter_node_bandwidth * c.comm_efficiency) if crosses_nodes else self._intra()
         return nbytes / bw + c.collective_latency
+
+
+def synced_tensors(spec: ModelSpec) -> int:
+    """Tensors a weight push sends: per block the 7 projections and 2 norms, plus the embedding,
+    the final norm and the head; under LoRA the A and B matrices of each adapted projection."""
+    return 14 * spec.n_layers if spec.lora_rank else 9 * spec.n_layers + 3
 
 
 @lru_cache(maxsize=4096)
