@@ -15,10 +15,13 @@ allocations), `placement` (colocated sets and their layouts), `plan` (automap's 
 its table and Gantt bars), `deploy` (a plan onto a live Session), `schedule` (TimeCost list
 scheduling), `execution` (ReaLHF plans, augmented graph, MaxMem), `search`
 (Metropolis-Hastings chains with a convergence report), `report` (tables and Gantt bars),
-`profiler` / `calibrate` (fit the local preset on this machine).
+`profiler` / `calibrate` (fit the local preset on this machine), `asynchronous` (the iteration
+model of an asynchronous plan: generation on a rollout pool overlapping training; `automap_async`
+plans one, `async_compare` puts it beside the synchronous placements).
 """
 
-from workbench.planner.automap import AutoMapper, automap, compositions, d_cost, set_partitions
+from workbench.planner.asynchronous import AsyncEstimate, Sharing
+from workbench.planner.automap import AutoMapper, automap, automap_async, compositions, d_cost, set_partitions
 from workbench.planner.clusters import cluster_preset, cluster_presets
 from workbench.planner.dataflow import Call, Dataflow
 from workbench.planner.derive import DeriveError, dataflow_preset, derive_dataflow
@@ -32,7 +35,7 @@ from workbench.planner.errors import (
 from workbench.planner.execution import DeviceMesh, Evaluation, ExecutionPlan, PlanEvaluator, mesh, valid_meshes
 from workbench.planner.memory import MemoryBreakdown, static_memory
 from workbench.planner.placement import ColocatedSet, ModelAssignment
-from workbench.planner.plan import Plan
+from workbench.planner.plan import AsyncPlan, Plan
 from workbench.planner.report import GanttBar, execution_gantt, execution_table
 from workbench.planner.schedule import Schedule, TaskGraph, time_cost
 from workbench.planner.search import Convergence, PlanSpace, SearchResult, exhaustive, mcmc, multi_chain, search
@@ -41,6 +44,8 @@ from workbench.planner.specs import MODEL_PRESETS, ClusterSpec, ModelSpec, Workl
 from workbench.planner.strategy import deprecated_parallel_strategy, strategies
 
 __all__ = [
+    "AsyncEstimate",
+    "AsyncPlan",
     "AutoMapper",
     "Call",
     "Convergence",
@@ -65,11 +70,13 @@ __all__ = [
     "PlannerError",
     "Schedule",
     "SearchResult",
+    "Sharing",
     "Simulator",
     "TaskGraph",
     "UnknownPresetError",
     "Workload",
     "automap",
+    "automap_async",
     "cluster_preset",
     "cluster_presets",
     "compositions",

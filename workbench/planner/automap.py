@@ -10,10 +10,16 @@
 Auto-parallel picks the fastest (p, t, d) that fits; for the actor, the training layout first,
 then the generation layout (p_g | p, t_g | t) with the fastest generation in the memory left.
 The levels are the dataflow's dependency levels (`Dataflow.levels`), the paper's "stages".
+
+Asynchronous RL (`automap_async`, `AutoMapper.run_async`): generation moves to a rollout set of
+its own (`Dataflow.with_rollout`) and each allocation is scored by the asynchronous iteration
+model (`asynchronous`: the slower of generation and the trainer's sets, plus the weight push)
+instead of d_cost; `automap(..., max_staleness=s)` returns it when it beats every synchronous plan.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -21,6 +27,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from workbench.controller.mesh import Mesh
+from workbench.planner.asynchronous import steady_iteration
 from workbench.planner.dataflow import Dataflow
 from workbench.planner.errors import ModelDoesNotFitError, NoFeasiblePlanError, PlannerError
 from workbench.planner.memory import (
@@ -34,7 +41,7 @@ from workbench.planner.memory import (
     transition,
 )
 from workbench.planner.placement import ColocatedSet, ModelAssignment, pack_sets, span
-from workbench.planner.plan import Plan
+from workbench.planner.plan import AsyncPlan, Plan
 from workbench.planner.simulator import INF, Simulator
 from workbench.planner.specs import ClusterSpec, ModelSpec, Workload
 from workbench.planner.strategy import generation_strategies, strategies
@@ -165,12 +172,14 @@ class AutoMapper:
             if not gen_calls:
                 out.append(_Layout(s, None, static, act, times, sum(times.values())))
                 continue
-            for g in generation_strategies(s):
+            # A model that generates and does not train (a rollout group of its own) keeps one
+            # layout for both and never switches; the actor switches to a generation layout.
+            for g in generation_strategies(s) if trained else [s]:
                 if g.tp > (self.max_tp or g.tp) or g.pp > (self.max_pp or g.pp):
                     continue
                 bound = (
                     sum(times.values())
-                    + self.sim.reshard_time(spec, s, g)
+                    + (self.sim.reshard_time(spec, s, g) if trained else 0.0)
                     + sum(self.sim.generate(spec, g, batch_factor=c.batch_factor) for c in gen_calls)
                 )
                 out.append(_Layout(s, g, static, act, times, bound))
@@ -185,7 +194,7 @@ class AutoMapper:
         are left after the set's static memory; None if its generation does not fit."""
         spec, s, g = self.specs[model], layout.strategy, layout.generation
         times, dyn, gm = dict(layout.times), MemoryBreakdown(activations=layout.activations), None
-        first = True
+        first = trained = self.flow.trained(model)  # an untrained generator has no switch
         for c in self.flow.calls_of(model):
             if c.kind != "generate":
                 continue
@@ -202,6 +211,8 @@ class AutoMapper:
                     kv_cache=gm.dynamic - gm.extra_params if gm.dynamic > gm.peak_extra else 0.0,
                     extra_params=gm.extra_params if gm.dynamic > gm.peak_extra else gm.peak_extra,
                 )
+        if not trained:
+            return ModelChoice(s, None, times, layout.static, dyn)
         return ModelChoice(s, g, times, layout.static, dyn, gm.transition if gm else None)
 
     # --- colocated sets ------------------------------------------------------------------------
@@ -344,8 +355,10 @@ class AutoMapper:
                 row[k] = best
         return row
 
-    def _best_allocation(self, tables: list[dict], n: int):
-        """((cost, devices used per set), allocations tried) with the lowest d_cost."""
+    def _best_allocation(self, tables: list[dict], n: int, cost_of=None):
+        """((cost, devices used per set), allocations tried) with the lowest cost: d_cost of the
+        sets' level costs, or `cost_of(rows)` of their (level costs, devices used) rows."""
+        score = cost_of or (lambda rows: d_cost([r[0] for r in rows]))
         best, count = None, 0
         if self.allocation == "free":
             mins = [min(t) for t in tables]
@@ -355,7 +368,7 @@ class AutoMapper:
                     rows = [t[a] for t, a in zip(tables, alloc)]
                 except KeyError:
                     continue
-                cost = d_cost([r[0] for r in rows])
+                cost = score(rows)
                 if best is None or cost < best[0]:
                     best = (cost, tuple(r[1] for r in rows))
             return best, count
@@ -364,22 +377,25 @@ class AutoMapper:
             if sum(alloc) > n:
                 continue
             count += 1
-            cost = d_cost([t[a][0] for t, a in zip(tables, alloc)])
+            cost = score([t[a] for t, a in zip(tables, alloc)])
             if (best is None or cost < best[0]) and pack_aligned(list(alloc), u, self.cluster.n_nodes) is not None:
                 best = (cost, alloc)
         return best, count
 
-    def _build(self, best, stats) -> Plan:
-        cost, placement, alloc = best
+    def _packing(self, alloc: Sequence[int]) -> tuple[list[int], list[tuple]]:
+        """Set indices in packing order and their (first device, per-node counts, nodes)."""
         u = self.cluster.devices_per_node
         if self.allocation == "aligned":
             firsts = pack_aligned(list(alloc), u, self.cluster.n_nodes)
-            packed = [span(f, k, u) for f, k in zip(firsts, alloc)]
-            order = list(range(len(placement)))
-        else:
-            # Larger sets first so they start on a machine boundary (TP groups stay in a node).
-            order = sorted(range(len(placement)), key=lambda i: -alloc[i])
-            packed = pack_sets([alloc[i] for i in order], u)
+            assert firsts is not None  # allocations that do not pack were never chosen
+            return list(range(len(alloc))), [span(f, k, u) for f, k in zip(firsts, alloc)]
+        # Larger sets first so they start on a machine boundary (TP groups stay in a node).
+        order = sorted(range(len(alloc)), key=lambda i: -alloc[i])
+        return order, pack_sets([alloc[i] for i in order], u)
+
+    def _build(self, best, stats) -> Plan:
+        cost, placement, alloc = best
+        order, packed = self._packing(alloc)
         sets, call_times, levels = [], {}, [0.0] * self.n_levels
         for i, (first, counts, nodes) in zip(order, packed):
             models = placement[i]
@@ -397,6 +413,82 @@ class AutoMapper:
         sets.sort(key=lambda s: s.first_device)
         stats["idle_devices"] = self.cluster.n_devices - sum(alloc)
         return Plan(self.flow, self.cluster, self.wl, tuple(sets), call_times, tuple(levels), cost, stats)
+
+    # --- asynchronous RL: a rollout group of its own, generation overlapping training ----------
+    def run_async(
+        self,
+        max_staleness: int = 1,
+        placements: Sequence[tuple[tuple[str, ...], ...]] | None = None,
+        *,
+        source: str = "actor",
+        rollout: str = "rollout",
+    ) -> AsyncPlan:
+        """The best split plan run asynchronously: `rollout` (the generate calls of a
+        `Dataflow.with_rollout` dataflow) alone on a pool of its own, the other models placed on
+        the rest by `placements` (set partitions of them; default: every one), each allocation
+        scored by the asynchronous iteration model (`asynchronous.steady_iteration`): the
+        rollout set's generation G, the trainer sets' d_cost T and the push W of `source`'s
+        weights, max(G, T) + W (G + T + W at max_staleness 0)."""
+        t0 = time.perf_counter()
+        if rollout not in self.flow.models or self.flow.trained(rollout) or not self.flow.generates(rollout):
+            raise PlannerError(
+                f"run_async: the dataflow needs a rollout role {rollout!r} that generates and does not "
+                f"train (Dataflow.with_rollout()); roles: {list(self.flow.models)}"
+            )
+        n = self.cluster.n_devices
+        if n < 2:
+            raise PlannerError(f"run_async: a rollout set of its own needs >= 2 devices; the cluster has {n}")
+        self.check_each_model_fits()
+        others = tuple(m for m in self.flow.models if m != rollout)
+        best, n_alloc, n_place = None, 0, 0
+
+        def pieces(placement, rows) -> tuple[float, float, float]:
+            gen = sum(rows[-1][0])
+            trainer = d_cost([r[0] for r in rows[:-1]])
+            used = [r[1] for r in rows]
+            home = next(i for i, p in enumerate(placement) if source in p)
+            at = dict(zip(*self._packing(used)))
+            crosses = len(set(at[home][2]) | set(at[len(placement) - 1][2])) > 1
+            src = self.set_cost(placement[home], used[home])[1][source].strategy
+            dst = self.set_cost(placement[-1], used[-1])[1][rollout].strategy
+            return gen, trainer, self.sim.weight_push_time(self.specs[source], src, dst, crosses)
+
+        for part in placements if placements is not None else set_partitions(others):
+            placement = tuple(part) + ((rollout,),)
+            if sorted(m for p in placement for m in p) != sorted(self.flow.models):
+                raise PlannerError(f"run_async: placement {part} does not place each of {list(others)} once")
+            n_place += 1
+            hi = n - len(placement) + 1
+            mins = [self.min_devices(p, hi) for p in placement]
+            if any(lo is None for lo in mins):
+                continue
+            tables = [self._table(p, lo, hi) for p, lo in zip(placement, mins) if lo is not None]
+
+            def score(rows, placement=placement) -> float:
+                return steady_iteration(*pieces(placement, rows), max_staleness)
+
+            found, count = self._best_allocation(tables, n, score)
+            n_alloc += count
+            if found is not None and (best is None or found[0] < best[0]):
+                best = (found[0], placement, found[1])
+        if best is None:
+            raise NoFeasiblePlanError(
+                f"no placement of {list(others)} beside a rollout set of its own fits on {n} devices"
+            )
+        stats = {"placements": n_place, "allocations": n_alloc, "allocation_policy": self.allocation}
+        plan = self._build(best, {**stats, "seconds": time.perf_counter() - t0})
+        rows = [self._table(p, k, k)[k] for p, k in zip(best[1], best[2])]
+        gen, trainer, push = pieces(best[1], rows)
+        fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(Plan)}
+        return AsyncPlan(
+            **fields,
+            max_staleness=max_staleness,
+            generation_time=gen,
+            trainer_time=trainer,
+            push_time=push,
+            rollout=rollout,
+            source=source,
+        )
 
 
 def _pareto(layouts: list[_Layout]) -> list[_Layout]:
@@ -448,13 +540,48 @@ def automap(
     max_pp: int | None = None,
     allocation: str | None = None,
     placements: Sequence[tuple[tuple[str, ...], ...]] | None = None,
+    max_staleness: int | None = None,
 ) -> Plan:
     """HybridFlow auto-mapping: the placement, allocation and per-model layouts with the
     lowest estimated iteration time. `models` is one spec/preset name for every role or a
     dict role -> spec/preset. `max_tp` / `max_pp` bound the layouts to what the workers that
     will run the plan implement (`max_tp=1, max_pp=1`: data parallelism only). `allocation`
     overrides the cluster's default device split ("aligned" ReaLHF meshes or "free");
-    `placements` restricts the search to the given set partitions."""
-    return AutoMapper(dataflow, dataflow.model_specs(models), workload, cluster, max_tp, max_pp, allocation).run(
+    `placements` restricts the search to the given set partitions. `max_staleness`: also plan
+    asynchronous split plans run with that bound (`automap_async`) and return whichever is
+    faster, an `AsyncPlan` when it wins (None: synchronous plans only)."""
+    plan = AutoMapper(dataflow, dataflow.model_specs(models), workload, cluster, max_tp, max_pp, allocation).run(
         placements
     )
+    if max_staleness is None:
+        return plan
+    try:
+        split = automap_async(dataflow, models, workload, cluster, max_staleness, max_tp, max_pp, allocation)
+    except PlannerError:  # no split fits (e.g. one device): the synchronous plan stands
+        return plan
+    return split if split.iteration_time < plan.iteration_time else plan
+
+
+def automap_async(
+    dataflow: Dataflow,
+    models: ModelSpec | str | dict,
+    workload: Workload,
+    cluster: ClusterSpec,
+    max_staleness: int = 1,
+    max_tp: int | None = None,
+    max_pp: int | None = None,
+    allocation: str | None = None,
+    placements: Sequence[tuple[tuple[str, ...], ...]] | None = None,
+    rollout: str = "rollout",
+) -> AsyncPlan:
+    """The best asynchronous split plan (`AutoMapper.run_async`): generation on a rollout group
+    of its own (a frozen copy of the generating model, on devices no other model uses), the
+    other models placed by `placements` (default: every set partition) on the rest, scored by
+    the asynchronous iteration model with `max_staleness` (0: the synchronous split run)."""
+    source = next((m for m in dataflow.models if dataflow.generates(m)), None)
+    if source is None:
+        raise PlannerError(f"dataflow {dataflow.name!r} has no generate call to move to a rollout group")
+    specs = dataflow.model_specs(models)
+    flow = dataflow.with_rollout(rollout)
+    mapper = AutoMapper(flow, {**specs, rollout: specs[source]}, workload, cluster, max_tp, max_pp, allocation)
+    return mapper.run_async(max_staleness, placements, source=source, rollout=rollout)

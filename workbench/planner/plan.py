@@ -8,10 +8,12 @@ hybrid engine gets the generation layout.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass, field
 
 from workbench.controller.mesh import Mesh
+from workbench.planner.asynchronous import COST_MODEL, AsyncEstimate, estimate, steady_iteration
 from workbench.planner.dataflow import Dataflow
 from workbench.planner.deploy import deploy_sets, reserve_pools
 from workbench.planner.execution import DeviceMesh, ExecutionPlan
@@ -103,6 +105,100 @@ class Plan:
             s = self.set_of(c.model)
             layouts[c.name] = (DeviceMesh(s.first_device, s.n_devices), self.strategy_of(c.name))
         return ExecutionPlan(layouts)
+
+
+@dataclass
+class AsyncPlan(Plan):
+    """A split plan run asynchronously (`automap_async`): generation on a rollout set of its
+    own overlapping the trainer's sets, `iteration_time` the steady state of the asynchronous
+    iteration model (`asynchronous`); `level_times` are those of the same plan run synchronously
+    (without the push)."""
+
+    max_staleness: int = 1
+    generation_time: float = 0.0
+    """G: the rollout set's calls (generation), seconds."""
+    trainer_time: float = 0.0
+    """T: the trainer's sets, their calls by dependency level (d_cost), seconds."""
+    push_time: float = 0.0
+    """W: the weight push from `source` to the rollout after each update (Simulator.weight_push_time)."""
+    rollout: str = "rollout"
+    """The rollout role (Dataflow.with_rollout)."""
+    source: str = "actor"
+    """The trained model whose weights the rollout takes."""
+
+    @property
+    def synchronous_time(self) -> float:
+        """The same plan run synchronously (max_staleness=0): G + T + W."""
+        return self.generation_time + self.trainer_time + self.push_time
+
+    def pipeline(self, iterations: int = 1) -> AsyncEstimate:
+        """The iteration model of this plan over `iterations` iterations (from the cost model)."""
+        return estimate(
+            self.generation_time,
+            self.trainer_time,
+            self.push_time,
+            self.max_staleness,
+            iterations,
+            source=COST_MODEL,
+        )
+
+    def with_staleness(self, max_staleness: int) -> AsyncPlan:
+        """The same placement, allocation and layouts under another bound."""
+        t = steady_iteration(self.generation_time, self.trainer_time, self.push_time, max_staleness)
+        return dataclasses.replace(self, max_staleness=max_staleness, iteration_time=t)
+
+    def describe(self) -> str:
+        return f"{super().describe()} (max_staleness {self.max_staleness}; synchronous {self.synchronous_time:.1f}s)"
+
+    def table(self) -> str:
+        e = self.pipeline()
+        return (
+            plan_table(self) + f"\nasynchronous, max_staleness {self.max_staleness}: generation {e.generate_s:.2f}s on "
+            f"{self.set_of(self.rollout).name} | trainer {e.train_s:.2f}s | push {e.push_s:.2f}s "
+            f"({self.source} -> {self.rollout}): {e.iteration_s:.2f}s per iteration in steady state "
+            f"(synchronous split: {e.sequential_s:.2f}s); {e.bottleneck}-bound, rollout idle "
+            f"{e.idle_rollout:.0%}, trainer idle {e.idle_trainer:.0%}"
+        )
+
+    def gantt(self) -> list[GanttBar]:
+        return async_gantt(self)
+
+
+def async_gantt(plan: AsyncPlan) -> list[GanttBar]:
+    """Bars of one steady-state iteration of an asynchronous plan, from the end of one push to the
+    end of the next: the rollout set generates the batch ahead while the trainer's sets run this
+    batch's calls (levels one after another, as in `plan_gantt`), then the push holds the source's
+    set and the rollout set. At max_staleness 0 the three follow one another."""
+    level = plan.dataflow.levels()
+    rollout = plan.set_of(plan.rollout)
+    source = plan.set_of(plan.source)
+    bars: list[GanttBar] = []
+    t = 0.0
+    for call in plan.dataflow.calls_of(plan.rollout):
+        d = plan.call_times[call.name]
+        bars.append(GanttBar(call.name, call.name, "compute", (rollout.devices.start, rollout.devices.stop), t, t + d))
+        t += d
+    t0 = plan.generation_time if plan.max_staleness == 0 else 0.0
+    trainer_sets = [s for s in plan.sets if s is not rollout]
+    for k in range(plan.dataflow.n_levels):
+        length = 0.0
+        for cs in trainer_sets:
+            t = t0
+            for call in plan.dataflow.calls:
+                if level[call.name] == k and call.model in cs.models:
+                    d = plan.call_times[call.name]
+                    bars.append(
+                        GanttBar(call.name, call.name, "compute", (cs.devices.start, cs.devices.stop), t, t + d)
+                    )
+                    t += d
+            length = max(length, t - t0)
+        t0 += length
+    start = plan.iteration_time - plan.push_time
+    for cs in (source, rollout):
+        bars.append(
+            GanttBar("push weights", None, "param", (cs.devices.start, cs.devices.stop), start, start + plan.push_time)
+        )
+    return bars
 
 
 def plan_table(plan: Plan) -> str:
