@@ -13,6 +13,12 @@ throughput, and memory per device against capacity on a log scale (so a tiny mod
 shows beside an 80 GiB device; hover for weights, optimizer and activations). "compare with"
 plans a second placement of the same scenario, drawn below on the same time axis. Placement
 "custom" asks which device group each model runs in. When nothing fits it says why.
+
+Placement "async split" is asynchronous RL's: generation on a rollout group of its own, the
+other models on the rest, the "max staleness" slider bounding how far generation runs ahead (0:
+the same split, synchronous). Its figure is one steady-state iteration (generation of the next
+batch beside this batch's training, then the weight push on both lanes); the summary gives the
+synchronous and the asynchronous estimate and whether the split with overlap beats colocation.
 """
 
 from __future__ import annotations
@@ -39,7 +45,10 @@ PLACEMENT_HELP = {
     "split": "the actor and its reference on some devices, the other models on the rest",
     "standalone": "each model on devices of its own",
     "custom": "you choose which device group each model runs in",
+    "async split": "generation on devices of its own (a rollout group), the other models on the rest; "
+    "with max staleness >= 1 generation overlaps training (asynchronous RL)",
 }
+STALENESS = (0, 4, 1)
 BAR_COLUMNS = ("lane", "call", "role", "kind", "start", "end", "seconds", "share", "reshard", "compute", "layout")
 MEMORY_COLUMNS = ("set", "models", "used", "floor", "capacity", "share", "weights", "training_state", "dynamic")
 
@@ -130,6 +139,16 @@ class PlacementExplorer(View):
             Control(
                 "response_len", "response tokens", "steps", TOKENS, s.response_len, "tokens generated per response"
             ),
+            Control(
+                "max_staleness",
+                "max staleness",
+                "int",
+                STALENESS,
+                s.max_staleness,
+                "asynchronous RL: how many updates old the weights generating a batch may be (0: synchronous). "
+                "'async split' runs with it; 'auto' with >= 1 also weighs asynchronous split plans",
+                visible=s.placement in ("auto", "async split"),
+            ),
         ]
         for model in MODELS:
             controls.append(
@@ -179,6 +198,8 @@ class PlacementExplorer(View):
         for name in ("machines", "devices_per_machine", "global_batch", "n_samples", "prompt_len", "response_len"):
             if name in values:
                 checks.whole(owner, name, values[name], 1)
+        if "max_staleness" in values:
+            checks.whole(owner, "max_staleness", values["max_staleness"], 0, "use 0 (synchronous), 1, 2, ...")
 
     def _estimate(self, placement: str | None = None) -> Estimate:
         s = dataclasses.replace(self.scenario, placement=placement or self.scenario.placement)
@@ -198,6 +219,26 @@ class PlacementExplorer(View):
             "compare": plan_data(self.other) if self.other is not None else None,
         }
 
+    def _asynchronous_line(self) -> str:
+        """The summary's line on an asynchronous plan: synchronous and asynchronous estimates,
+        and the verdict against colocation ("" for a synchronous plan)."""
+        a = self.data()["asynchronous"]
+        if a is None:
+            return ""
+        text = (
+            f"<br>split with a rollout group of its own: synchronous <b>{a['synchronous_s']:.3g} s</b>, "
+            f"asynchronous (max staleness {a['max_staleness']}) <b>{a['asynchronous_s']:.3g} s</b> per iteration "
+            f"(generation {a['generation_s']:.3g} s | trainer {a['trainer_s']:.3g} s | push {a['push_s']:.3g} s; "
+            f"{a['bottleneck']}-bound)"
+        )
+        if a["colocated_s"] is None:
+            return text + "; colocated does not fit"
+        verdict = "beats" if a["beats_colocation"] else "does not beat"
+        return text + (
+            f"<br><b>{verdict} colocation</b>: colocated {a['colocated_s']:.3g} s per iteration, "
+            f"the asynchronous split {a['colocated_s'] / a['asynchronous_s']:.2f}x its speed"
+        )
+
     def summary(self) -> str:
         d, s = self.data(), self.scenario
         where = f"{s.algorithm}, {s.placement} placement on {s.n_devices} x {s.device}"
@@ -215,7 +256,7 @@ class PlacementExplorer(View):
                 f"<b>{escape(where)}</b>: estimated iteration <b>{d['iteration_s']:.3g} s</b>, "
                 f"throughput <b>{d['throughput']:,.0f} tokens/s</b>, peak memory {_percent(peak)} of a device"
                 f"<br>layouts (pipeline/tensor/data): {escape(layouts)}"
-            )
+            ) + self._asynchronous_line()
         other = d["compare"]
         if other is not None:
             name = f"{self.compare} placement"
@@ -297,6 +338,7 @@ def plan_data(e: Estimate) -> dict:
         "layouts": {},
         "iteration_s": None,
         "throughput": None,
+        "asynchronous": None,
     }
     if e.plan is None:
         return out
@@ -326,24 +368,38 @@ def plan_data(e: Estimate) -> dict:
                 "devices": len(d),
             }
     for bar in plan.gantt():
-        call = plan.dataflow.call(bar.call)
-        reshard = e.reshard.get(bar.call, 0.0)
+        call = plan.dataflow.call(bar.call) if bar.call else None  # None: the weight push
+        reshard = e.reshard.get(bar.call, 0.0) if bar.call else 0.0
         out["bars"].append(
             {
                 "lane": lane_of[bar.devices],
-                "call": bar.call,
-                "role": call.model,
-                "kind": call.kind,
+                "call": bar.call or bar.label,
+                "role": call.model if call else "push",
+                "kind": call.kind if call else bar.kind,
                 "start": bar.start,
                 "end": bar.end,
                 "reshard": reshard,
                 "compute": bar.end - bar.start - reshard,
-                "layout": plan.strategy_of(bar.call).short(),
+                "layout": plan.strategy_of(bar.call).short() if bar.call else "-",
                 "share": (bar.end - bar.start) / plan.iteration_time if plan.iteration_time else 0.0,
             }
         )
     out["iteration_s"] = plan.iteration_time
     out["throughput"] = plan.throughput
+    split = e.asynchronous
+    if split is not None:
+        overlapped = split.with_staleness(max(1, split.max_staleness))  # the asynchronous figure, even at 0
+        out["asynchronous"] = {
+            "max_staleness": overlapped.max_staleness,
+            "synchronous_s": split.synchronous_time,
+            "asynchronous_s": overlapped.iteration_time,
+            "colocated_s": e.colocated_time,
+            "beats_colocation": e.colocated_time is not None and overlapped.iteration_time < e.colocated_time,
+            "generation_s": split.generation_time,
+            "trainer_s": split.trainer_time,
+            "push_s": split.push_time,
+            **{k: getattr(overlapped.pipeline(), k) for k in ("bottleneck", "idle_rollout", "idle_trainer")},
+        }
     return out
 
 

@@ -2,9 +2,16 @@
 
 `estimate(Scenario)` plans one scenario: HybridFlow auto-mapping over every placement
 ("auto"), or the best allocation and layouts for one fixed placement ("colocate", "split",
-"standalone", "custom"). It returns an `Estimate`: the Plan, or the reason nothing fits
-(which model or set, short by how many GiB per device). Results are cached per scenario, so
+"standalone", "custom", "async split"). It returns an `Estimate`: the Plan, or the reason nothing
+fits (which model or set, short by how many GiB per device). Results are cached per scenario, so
 moving a slider back and forth costs nothing the second time.
+
+"async split" is asynchronous RL's placement (`workbench.planner.automap_async`): generation on a
+rollout group with devices of its own, every other model on the rest, generation overlapping
+training up to `max_staleness` updates (0: the same split run synchronously). "auto" with
+`max_staleness` >= 1 weighs those plans against the synchronous ones. Either way the estimate
+also holds the best colocated plan's time, so the explorer can say whether the split with
+overlap beats colocation.
 """
 
 from __future__ import annotations
@@ -17,11 +24,13 @@ from pathlib import Path
 
 from workbench import checks
 from workbench.planner import (
+    AsyncPlan,
     AutoMapper,
     ModelDoesNotFitError,
     Plan,
     PlannerError,
     Workload,
+    automap_async,
     cluster_preset,
     compositions,
     d_cost,
@@ -33,7 +42,7 @@ from workbench.planner.memory import min_static_memory
 GIB = 1024**3
 DEVICE_TYPES = {"this machine": "local", "A100 80GB": "a100_80g", "H100": "h100", "H200": "h200"}
 ALGORITHMS = {"PPO": "ppo", "GRPO": "grpo", "ReMax": "remax", "Safe-RLHF": "safe_rlhf"}
-PLACEMENTS = ("auto", "colocate", "split", "standalone", "custom")
+PLACEMENTS = ("auto", "colocate", "split", "standalone", "custom", "async split")
 CALIBRATION = Path(".cache/planner/local-calibration.json")
 """Where `workbench.planner.calibrate` saves this machine's fitted figures (used when present)."""
 
@@ -68,6 +77,10 @@ class Scenario:
     """One of PLACEMENTS."""
     custom: tuple[tuple[str, int], ...] = ()
     """For placement "custom": (model, set number) pairs; models left out go to set 0."""
+    max_staleness: int = 0
+    """Asynchronous RL's bound: how many updates old the weights generating a batch may be.
+    Placement "async split" runs with it (0: synchronously); "auto" with >= 1 also weighs
+    asynchronous split plans."""
 
     @property
     def n_devices(self) -> int:
@@ -88,6 +101,13 @@ class Estimate:
     generation layout (3D-HybridEngine), included in the call's time."""
     seconds: float = 0.0
     """Planning time."""
+    colocated_time: float | None = None
+    """For an asynchronous plan: seconds per iteration of the best colocated plan (every model
+    on every device, synchronous), which the split with overlap has to beat; None if it does not fit."""
+
+    @property
+    def asynchronous(self) -> AsyncPlan | None:
+        return self.plan if isinstance(self.plan, AsyncPlan) else None
 
 
 def cluster_for(s: Scenario):
@@ -145,10 +165,24 @@ def estimate(s: Scenario) -> Estimate:
     flow = dataflow_for(s.algorithm)
     cluster = cluster_for(s)
     workload = workload_for(s)
-    mapper = AutoMapper(flow, flow.model_specs(model_specs(s, flow.models)), workload, cluster)
+    checks.whole("Scenario", "max_staleness", s.max_staleness, low=0, fix="use 0 (synchronous), 1, 2, ...")
+    specs = flow.model_specs(model_specs(s, flow.models))
+    mapper = AutoMapper(flow, specs, workload, cluster)
+    plan: Plan
     try:
         mapper.check_each_model_fits()
-        plan = mapper.run() if s.placement == "auto" else _fixed(mapper, placement_sets(s, flow.models))
+        if s.placement == "async split":
+            plan = automap_async(flow, specs, workload, cluster, s.max_staleness)
+        elif s.placement == "auto":
+            plan = mapper.run()
+            if s.max_staleness:
+                try:
+                    split = automap_async(flow, specs, workload, cluster, s.max_staleness)
+                    plan = split if split.iteration_time < plan.iteration_time else plan
+                except PlannerError:  # no split fits: the synchronous plan stands
+                    pass
+        else:
+            plan = _fixed(mapper, placement_sets(s, flow.models))
     except ModelDoesNotFitError as e:
         return Estimate(
             s,
@@ -166,7 +200,13 @@ def estimate(s: Scenario) -> Estimate:
             a = plan.set_of(c.model).assignments[c.model]
             if a.generation is not None:
                 reshard[c.name] = mapper.sim.reshard_time(a.spec, a.strategy, a.generation)
-    return Estimate(s, plan, None, reshard, time.perf_counter() - t0)
+    colocated = None
+    if isinstance(plan, AsyncPlan):
+        try:
+            colocated = _fixed(mapper, (flow.models,)).iteration_time
+        except PlannerError:  # every model on every device does not fit: nothing to beat
+            pass
+    return Estimate(s, plan, None, reshard, time.perf_counter() - t0, colocated)
 
 
 def _fixed(mapper: AutoMapper, sets: tuple[tuple[str, ...], ...]) -> Plan:

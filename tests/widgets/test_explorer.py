@@ -135,3 +135,94 @@ def test_bad_settings_are_named():
         PlacementExplorer(compare="best")
     with pytest.raises(ValueError, match="PlacementExplorer.machines=0"):
         PlacementExplorer(machines=0)
+
+
+ASYNC = dict(
+    device="H100",
+    devices_per_machine=8,
+    algorithm="GRPO",
+    actor="llama2-7b",
+    critic="llama2-7b",
+    reward="llama2-7b",
+    global_batch=64,
+    n_samples=4,
+    prompt_len=512,
+)
+
+
+def test_an_async_split_shows_both_estimates_and_whether_it_beats_colocation():
+    verdicts = {}
+    for response_len in (256, 1024, 4096):
+        explorer = PlacementExplorer(placement="async split", max_staleness=1, response_len=response_len, **ASYNC)
+        a = explorer.data()["asynchronous"]
+        assert a["asynchronous_s"] == pytest.approx(max(a["generation_s"], a["trainer_s"]) + a["push_s"])
+        assert a["synchronous_s"] == pytest.approx(a["generation_s"] + a["trainer_s"] + a["push_s"])
+        assert a["beats_colocation"] == (a["asynchronous_s"] < a["colocated_s"])
+        colocated = PlacementExplorer(placement="colocate", response_len=response_len, **ASYNC).data()
+        assert a["colocated_s"] == pytest.approx(colocated["iteration_s"])
+        summary = explorer.summary()
+        assert f"synchronous <b>{a['synchronous_s']:.3g} s</b>" in summary
+        assert f"asynchronous (max staleness 1) <b>{a['asynchronous_s']:.3g} s</b>" in summary
+        assert ("<b>beats colocation</b>" in summary) == a["beats_colocation"]
+        assert ("<b>does not beat colocation</b>" in summary) != a["beats_colocation"]
+        verdicts[response_len] = a["beats_colocation"]
+    assert verdicts == {256: False, 1024: True, 4096: False}  # the overlap wins in between
+
+
+def test_the_staleness_slider_runs_the_split_synchronously_at_zero():
+    explorer = PlacementExplorer(placement="async split", max_staleness=0, response_len=1024, **ASYNC)
+    slider = next(c for c in explorer.controls() if c.name == "max_staleness")
+    assert slider.visible and slider.kind == "int" and slider.help
+    sync = explorer.data()
+    assert sync["iteration_s"] == pytest.approx(sync["asynchronous"]["synchronous_s"])
+    assert sync["asynchronous"]["max_staleness"] == 1  # the asynchronous estimate is shown beside it
+    lanes = {b["lane"] for b in sync["bars"] if b["role"] == "push"}
+    assert len(lanes) == 2  # the push holds the actor's lane and the rollout's
+    gen = next(b for b in sync["bars"] if b["call"] == "gen")
+    train = [b for b in sync["bars"] if b["role"] not in ("rollout", "push")]
+    assert min(b["start"] for b in train) == pytest.approx(gen["end"])  # one after another
+    explorer.set(max_staleness=1)
+    overlapped = explorer.data()
+    assert overlapped["iteration_s"] == pytest.approx(overlapped["asynchronous"]["asynchronous_s"])
+    assert overlapped["iteration_s"] < sync["iteration_s"]
+    train = [b for b in overlapped["bars"] if b["role"] not in ("rollout", "push")]
+    assert min(b["start"] for b in train) == 0.0  # beside the next batch's generation
+    assert max(b["end"] for b in overlapped["bars"]) == pytest.approx(overlapped["iteration_s"])
+    explorer.set(placement="colocate")
+    assert not next(c for c in explorer.controls() if c.name == "max_staleness").visible
+    assert explorer.data()["asynchronous"] is None and "colocation" not in explorer.summary()
+    with pytest.raises(ValueError, match="max_staleness=-1"):
+        explorer.set(max_staleness=-1)
+
+
+def test_auto_weighs_async_split_plans_only_with_a_staleness():
+    explorer = PlacementExplorer(placement="auto", response_len=1024, **ASYNC)
+    assert explorer.data()["asynchronous"] is None  # synchronous plans only, as before
+    synchronous = explorer.data()["iteration_s"]
+    explorer.set(max_staleness=1)
+    d = explorer.data()
+    assert d["asynchronous"] is not None and d["iteration_s"] < synchronous
+    assert "rollout" in d["layouts"]
+
+
+def test_the_live_figure_and_the_picture_draw_an_async_split():
+    explorer = PlacementExplorer(placement="async split", max_staleness=1, response_len=1024, **ASYNC)
+    layout, update = explorer.figure()
+    explorer._listeners.append(update)
+    bars = layout.select_one({"name": "explorer_bars"})
+    assert "push weights" in bars.data["call"] and "push" in bars.data["role"]
+    explorer.set(max_staleness=0)
+    assert max(bars.data["end"]) == pytest.approx(explorer.data()["iteration_s"])
+    assert explorer.png()
+
+
+def test_the_notebook_form_shows_the_staleness_slider_where_it_applies():
+    explorer = PlacementExplorer(placement="colocate", response_len=1024, **ASYNC)
+    box = explorer.widget()
+    controls = {getattr(c, "description", ""): c for c in box.children[0].children}
+    slider, placement, text = controls["max staleness"], controls["placement"], box.children[1]
+    assert slider.layout.display == "none"
+    placement.value = "async split"
+    assert slider.layout.display is None and "colocation" in text.value
+    slider.value = 1
+    assert explorer.scenario.max_staleness == 1 and "asynchronous (max staleness 1)" in text.value
