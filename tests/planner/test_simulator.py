@@ -150,7 +150,7 @@ def test_the_weight_push_broadcasts_what_the_rollout_holds_tensor_by_tensor():
     opt, full = Simulator(cluster, OPT), Simulator(cluster, FULL)
     one, spec = Mesh(1, 1, 1), SPEC  # 6 layers: 9 tensors each + embedding, final norm, head
     nbytes = spec.param_count * 4
-    sent = nbytes / 1e9 + (3 * 57 + 2) * 1e-3  # three broadcasts per tensor (two-part header), an end mark
+    sent = nbytes / 1e9 + 57 * 1e-3  # one latency per tensor
     loaded = 2 * nbytes / 1e10
     assert opt.weight_push_time(spec, one, one, False) == pytest.approx(sent + loaded)
     # three rollout ranks: a binomial tree of 4 members, two hops
@@ -161,5 +161,5 @@ def test_the_weight_push_broadcasts_what_the_rollout_holds_tensor_by_tensor():
     assert opt.weight_push_time(spec, Mesh(1, 1, 2), one, False) == pytest.approx(sent + loaded)  # rank 0 is whole
     lora = spec.with_lora(8)  # the adapters alone: A and B of 7 projections per layer
     adapters = lora.adapter_params * 4
-    expected = adapters / 1e9 + (3 * 84 + 2) * 1e-3 + 2 * adapters / 1e10
+    expected = adapters / 1e9 + 84 * 1e-3 + 2 * adapters / 1e10
     assert opt.weight_push_time(lora, one, one, False) == pytest.approx(expected)

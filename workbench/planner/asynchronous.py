@@ -288,7 +288,11 @@ def from_measured(
     calls make the rollout's side, every other call the trainer's (`trainer_seconds` with `sets`
     and `levels`), plus `other_s` of driver-side work per iteration (advantages, data moves). Pass
     `sharing` when the seconds were measured with one side running at a time on shared cores;
-    leave it None for seconds measured under the same overlap."""
+    leave it None for seconds measured under the same overlap. Two things a synchronous profile
+    does not show: a stale batch always recomputes pi_old, where a synchronous run may reuse the
+    rollout's log-probs (add the `old_log_prob` call's seconds), and in an asynchronous run the
+    driver-side `timing_s/gen` is the wait for a generation launched earlier, not its length (take
+    the rollout's own span from the trace)."""
     unknown = [c for c in generate if c not in call_seconds]
     if unknown:
         raise ValueError(f"from_measured: no seconds for the generation call(s) {unknown}; calls: {list(call_seconds)}")

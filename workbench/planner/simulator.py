@@ -256,8 +256,11 @@ class Simulator:
         """Asynchronous RL's weight push (`workbench.hybrid.channel`), after every update: the
         trainer's rank 0 collects what the rollout holds (every weight, or under LoRA the
         adapters: `ModelSpec.synced_params`) from its model-parallel or FSDP peers, broadcasts it
-        tensor by tensor to every rollout rank (each tensor preceded by a two-part header: three
-        broadcasts, a binomial tree over the 1 + ranks members), and each rank loads it in place.
+        tensor by tensor to every rollout rank (a binomial tree over the 1 + ranks members), and
+        each rank loads it in place. Each tensor pays one `collective_latency`: its two header
+        broadcasts are a few bytes, and the fitted latency is a whole all-reduce's (a ring of
+        messages); charging three per tensor made the measured push of bench/async_rl.py's first
+        run (84 ms, tiny-10m, this machine) twice the estimate, one per tensor within about 20%.
         `crosses_nodes`: the two pools are on different machines."""
         nbytes = spec.synced_params * self.dtype_bytes
         tensors = synced_tensors(spec)
@@ -267,7 +270,7 @@ class Simulator:
             nbytes / 2, group, n_ops=tensors, members_per_node=min(group, self.cluster.devices_per_node)
         )
         hops = math.ceil(math.log2(1 + rollout.world_size))
-        send = hops * nbytes / self.link_bandwidth(crosses_nodes) + (3 * tensors + 2) * self.cluster.collective_latency
+        send = hops * nbytes / self.link_bandwidth(crosses_nodes) + tensors * self.cluster.collective_latency
         return gather + send + self.weight_copy_time(nbytes / rollout.model_parallel)
 
     def weight_copy_time(self, nbytes: float) -> float:
