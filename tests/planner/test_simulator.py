@@ -153,8 +153,13 @@ def test_the_weight_push_broadcasts_what_the_rollout_holds_tensor_by_tensor():
     sent = nbytes / 1e9 + 57 * 1e-3  # one latency per tensor
     loaded = 2 * nbytes / 1e10
     assert opt.weight_push_time(spec, one, one, False) == pytest.approx(sent + loaded)
-    # three rollout ranks: a binomial tree of 4 members, two hops
-    assert opt.weight_push_time(spec, one, Mesh(1, 1, 3), False) == pytest.approx(sent + nbytes / 1e9 + loaded)
+    # three rollout ranks: a pipelined broadcast, each link carries the bytes once
+    assert opt.weight_push_time(spec, one, Mesh(1, 1, 3), False) == pytest.approx(sent + loaded)
+    # a rollout sharded over 2 tensor-parallel ranks loads half on each
+    assert opt.weight_push_time(spec, one, Mesh(1, 2, 1), False) == pytest.approx(sent + loaded / 2)
+    # pools on two machines: the network's share of one device
+    across = opt.weight_push_time(spec, one, one, True)
+    assert across == pytest.approx(nbytes / opt.link_bandwidth(True) + 57 * 1e-3 + loaded)
     # FSDP ranks first gather the whole weights onto rank 0: half an all-reduce's volume per tensor
     gather = nbytes / 2 / 1e9 + 57 * 1e-3
     assert full.weight_push_time(spec, Mesh(1, 1, 2), one, False) == pytest.approx(gather + sent + loaded)

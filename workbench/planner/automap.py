@@ -377,6 +377,8 @@ class AutoMapper:
             if sum(alloc) > n:
                 continue
             count += 1
+            if cost_of is not None and pack_aligned(list(alloc), u, self.cluster.n_nodes) is None:
+                continue  # a custom cost may need the sets' places (d_cost does not)
             cost = score([t[a] for t, a in zip(tables, alloc)])
             if (best is None or cost < best[0]) and pack_aligned(list(alloc), u, self.cluster.n_nodes) is not None:
                 best = (cost, alloc)

@@ -256,12 +256,13 @@ class Simulator:
         """Asynchronous RL's weight push (`workbench.hybrid.channel`), after every update: the
         trainer's rank 0 collects what the rollout holds (every weight, or under LoRA the
         adapters: `ModelSpec.synced_params`) from its model-parallel or FSDP peers, broadcasts it
-        tensor by tensor to every rollout rank (a binomial tree over the 1 + ranks members), and
-        each rank loads it in place. Each tensor pays one `collective_latency`: its two header
-        broadcasts are a few bytes, and the fitted latency is a whole all-reduce's (a ring of
-        messages); charging three per tensor made the measured push of bench/async_rl.py's first
-        run (84 ms, tiny-10m, this machine) twice the estimate, one per tensor within about 20%.
-        `crosses_nodes`: the two pools are on different machines."""
+        tensor by tensor to every rollout rank (pipelined, as NCCL's ring and tree broadcasts
+        are: every link carries the bytes once), and each rank loads it in place. Each tensor
+        pays one `collective_latency`: its two header broadcasts are a few bytes, and the fitted
+        latency is a whole all-reduce's (a ring of messages); charging three per tensor made the
+        measured push of bench/async_rl.py's first run (84 ms, tiny-10m, this machine) twice the
+        estimate, one per tensor within about 20%. `crosses_nodes`: the pools are on different
+        machines (the network's share of one device carries the bytes)."""
         nbytes = spec.synced_params * self.dtype_bytes
         tensors = synced_tensors(spec)
         sharded = self.wl.param_sharding == "full" and trainer.dp > 1
@@ -269,8 +270,7 @@ class Simulator:
         gather = self.allreduce(
             nbytes / 2, group, n_ops=tensors, members_per_node=min(group, self.cluster.devices_per_node)
         )
-        hops = math.ceil(math.log2(1 + rollout.world_size))
-        send = hops * nbytes / self.link_bandwidth(crosses_nodes) + tensors * self.cluster.collective_latency
+        send = nbytes / self.link_bandwidth(crosses_nodes) + tensors * self.cluster.collective_latency
         return gather + send + self.weight_copy_time(nbytes / rollout.model_parallel)
 
     def weight_copy_time(self, nbytes: float) -> float:
