@@ -171,3 +171,12 @@ def test_bench_estimates_put_the_four_placements_on_one_cost_model():
         placement_estimates(
             "tiny-10m", "grpo", prompts=8, prompt_len=16, response_len=32, calibration=cal, skip=("values",)
         )
+
+
+@pytest.mark.parametrize("allocation", ["aligned", "free"])
+def test_async_plans_on_two_machines_pack_their_sets_apart(allocation):
+    cluster = cluster_preset("a100_80g", 32)
+    plan = automap_async(dataflow_preset("ppo"), "llama2-7b", Workload(), cluster, 1, allocation=allocation)
+    devices = [d for s in plan.sets for d in s.devices]
+    assert len(devices) == len(set(devices)) and plan.set_of("rollout").n_devices >= 1
+    assert plan.iteration_time == pytest.approx(max(plan.generation_time, plan.trainer_time) + plan.push_time)
