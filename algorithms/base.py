@@ -149,7 +149,8 @@ class AlgoConfig:
         checks.real(
             owner, "is_cap", self.is_cap, 1, low_open=True, none_ok=True, fix="use a cap > 1 (e.g. 2.0), or None"
         )
-        if self.is_cap is None and self.off_policy_correction == "tis":
+        tis = core.OFF_POLICY_CORRECTIONS.get("tis")
+        if self.is_cap is None and (self.off_policy_correction == "tis" or self.off_policy_correction is tis):
             raise ConfigError(f"{owner}.is_cap", None, "'tis' truncates the weights at is_cap: give a cap > 1")
         checks.real(owner, "entropy_coeff", self.entropy_coeff, fix="use a finite number (0 = off)")
         checks.real(owner, "kl_coef", self.kl_coef, 0, fix="use a KL coefficient >= 0 (0 = off)")

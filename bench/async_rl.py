@@ -127,18 +127,26 @@ def tokens_per_s(points: list[dict], warmup: int) -> float:
     return sum(p["tokens"] for p in measured) / (points[-1]["t"] - points[warmup - 1]["t"])
 
 
-def modelled_async(split_runs: list[dict], warmup: int) -> dict[str, float]:
+def modelled_async(split_runs: list[dict], async_runs: list[dict], warmup: int) -> dict[str, float]:
     """The planner's asynchronous iteration (steady state: the slower side + the weight push),
-    from the split synchronous runs' measured call times."""
+    from measured call times: generation and the trainer's side from the split synchronous runs
+    (their `timing_s/gen` is the generation itself; in an asynchronous run it is only the wait),
+    plus the pi_old recompute that a stale batch needs and a synchronous one may skip (its
+    `timing_s/old_log_prob` in the asynchronous runs)."""
     from workbench.planner.asynchronous import steady_iteration
 
-    gen = statistics.median(p["timing_s/gen"] for run in split_runs for p in run["points"][warmup:])
-    step = statistics.median(p["timing_s/step"] for run in split_runs for p in run["points"][warmup:])
+    def median(key: str, runs: list[dict]) -> float:
+        values = [p[key] for run in runs for p in run["points"][warmup:] if key in p]
+        return statistics.median(values) if values else 0.0
+
+    gen, step = median("timing_s/gen", split_runs), median("timing_s/step", split_runs)
+    recompute = median("timing_s/old_log_prob", async_runs) if not median("timing_s/old_log_prob", split_runs) else 0.0
     push = statistics.median(s for run in split_runs for s in run["pushes"]) if split_runs[0]["pushes"] else 0.0
-    trainer = step - gen  # everything of the synchronous step after the generation: the trainer's side
+    trainer = step - gen + recompute  # everything of the synchronous step after the generation
     return {
         "gen_s": gen,
         "trainer_s": trainer,
+        "recompute_s": recompute,
         "push_s": push,
         **{f"s{s}": steady_iteration(gen, trainer, push, s) for s in (0, 1, 2)},
     }
@@ -223,7 +231,8 @@ def main() -> None:
                 },
             }
             if "split" in runs:
-                model = modelled_async(runs["split"], args.warmup)
+                asynchronous = [r for p in placements if p.startswith("async") for r in runs[p]]
+                model = modelled_async(runs["split"], asynchronous, args.warmup)
                 entry["planner"] = {k: round(v, 3) for k, v in model.items()}
                 for p in placements:
                     if p.startswith("async-s"):

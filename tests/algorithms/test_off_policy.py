@@ -132,6 +132,8 @@ def test_refusals_name_the_field():
         GRPOConfig(off_policy_correction="tis", is_cap=1.0)
     with pytest.raises(ConfigError, match="is_cap"):
         GRPOConfig(off_policy_correction="tis", is_cap=None)
+    with pytest.raises(ConfigError, match="is_cap"):  # named or passed as the function itself
+        GRPOConfig(off_policy_correction=core.truncated_importance_sampling, is_cap=None)
     with pytest.raises(ValueError, match="rollout_log_probs"):
         loss = ActorLoss(policy=core.ppo_clip, correction=core.OFF_POLICY_CORRECTIONS.get("tis"))
         mask = torch.ones(1, 2)
