@@ -35,6 +35,9 @@ class ActorLoss:
     correction: Callable | None = None
     """An off-policy correction (core.OFF_POLICY_CORRECTIONS entry): per-token weights from
     old_log_probs and rollout_log_probs, multiplying the policy loss; None = none."""
+    pi_old_from_update: bool = False
+    """log pi_old is this forward's log-probs, detached (AlgoConfig.old_log_probs="update": exact
+    for a one-step update, whose forward runs with the weights the batch's pi_old names)."""
     needs = ("log_probs", "entropy")
 
     def weight(self, batch) -> float:
@@ -46,6 +49,11 @@ class ActorLoss:
         mask = batch["response_mask"]
         fresh = {"log_probs": log_probs, "entropy": entropy}  # before the batch's stale columns
         corrected: dict = {}
+        if self.pi_old_from_update:
+            fresh["old_log_probs"] = log_probs.detach()
+            if "rollout_log_probs" in batch:  # the weight-sync check the driver makes from a recompute
+                gap = (batch["rollout_log_probs"] - fresh["old_log_probs"]).abs()
+                corrected["actor/rollout_logprob_diff"] = core.masked_mean(gap, mask.float()).item()
         if self.correction is not None:
             if "rollout_log_probs" not in batch:
                 raise ValueError(
@@ -59,9 +67,10 @@ class ActorLoss:
                     "off-policy correction would be ignored; give it an `is_weights=None` parameter that multiplies "
                     "each token's loss, or set off_policy_correction='none'"
                 )
-            fresh["is_weights"], corrected = core.call(
-                self.correction, batch, self.settings, what="off-policy correction"
+            fresh["is_weights"], correction_metrics = core.call(
+                self.correction, fresh, batch, self.settings, what="off-policy correction"
             )
+            corrected |= correction_metrics
         pg_loss, metrics = core.call(self.policy, fresh, batch, self.settings, what="policy loss")
         metrics = {**metrics, **corrected}
         loss = pg_loss

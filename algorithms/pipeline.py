@@ -54,6 +54,12 @@ class RolloutPipeline:
                 f"{type(algorithm).__name__}: asynchronous=True needs a rollout group on devices of its own; "
                 "pass Groups(rollout=...) (an ActorRolloutRefWorker group with train=False on another pool)"
             )
+        if max_staleness > 0 and algorithm.config.old_log_probs == "rollout":
+            raise ValueError(
+                f"{type(algorithm).__name__}: old_log_probs='rollout' takes pi_old from the rows' own log-probs, "
+                f"but with max_staleness={max_staleness} rows come from older policies; set old_log_probs='auto' "
+                "(the update's forward when it is one step, else a recompute), 'update' or 'recompute'"
+            )
         self.algorithm, self.max_staleness = algorithm, max_staleness
         self.queue: deque[Rollout] = deque()
         self.launched = algorithm.iteration

@@ -12,7 +12,10 @@ model (bench/learning.py's, so rewards move), the arithmetic task, the same prom
 order. Rounds alternate the placements (the machine is shared and noisy). Per placement: response
 tokens per second over the measured iterations (after --warmup), and the training reward against
 wall-clock seconds since the first iteration began (one PNG per algorithm). Ratios: each
-asynchronous placement's tokens/s over the best synchronous one's (goal >= 1.3).
+asynchronous placement's tokens/s over the best synchronous one's (goal >= 1.3). The reward
+curves are compared over the window every run covers: the mean reward of the iterations each
+finished by then (`gap_*`: asynchronous minus best synchronous; >= 0 means its curve is not below)
+and where each curve stands at the window's end.
 
 The planner's model of an asynchronous iteration (steady state = the slower side + the weight
 transfer) is put beside the measurement: from the split synchronous run's measured call times
@@ -131,8 +134,9 @@ def modelled_async(split_runs: list[dict], async_runs: list[dict], warmup: int) 
     """The planner's asynchronous iteration (steady state: the slower side + the weight push),
     from measured call times: generation and the trainer's side from the split synchronous runs
     (their `timing_s/gen` is the generation itself; in an asynchronous run it is only the wait),
-    plus the pi_old recompute that a stale batch needs and a synchronous one may skip (its
-    `timing_s/old_log_prob` in the asynchronous runs)."""
+    plus any pi_old recompute that a stale batch needs and a synchronous one skips (its
+    `timing_s/old_log_prob` in the asynchronous runs; none where the one-step update's own forward
+    gives pi_old, old_log_probs="auto" -> "update")."""
     from workbench.planner.asynchronous import steady_iteration
 
     def median(key: str, runs: list[dict]) -> float:
@@ -150,6 +154,34 @@ def modelled_async(split_runs: list[dict], async_runs: list[dict], warmup: int) 
         "push_s": push,
         **{f"s{s}": steady_iteration(gen, trainer, push, s) for s in (0, 1, 2)},
     }
+
+
+def reward_by(points: list[dict], horizon: float, window: int = 4) -> tuple[float, float]:
+    """The training reward a run reached by `horizon` seconds: the mean score of the iterations
+    finished by then (the area under its reward-vs-time curve, as a step function) and the
+    moving mean of the last `window` of them (where the curve stands at the horizon)."""
+    scores = [p["score"] for p in points if p["t"] <= horizon] or [points[0]["score"]]
+    return statistics.mean(scores), statistics.mean(scores[-window:])
+
+
+def reward_comparison(runs: dict[str, list[dict]], sync_best: str) -> dict:
+    """Each placement's reward over the wall-clock window every run covers (up to the earliest
+    finish among them), and each asynchronous placement's gap to the best synchronous one
+    (>= 0: its curve is not below)."""
+    horizon = min(run["points"][-1]["t"] for placement_runs in runs.values() for run in placement_runs)
+    reached = {
+        p: [statistics.mean(v) for v in zip(*(reward_by(r["points"], horizon) for r in placement_runs))]
+        for p, placement_runs in runs.items()
+    }
+    out: dict = {
+        "horizon_s": round(horizon, 1),
+        "mean_reward_by_horizon": {p: round(v[0], 3) for p, v in reached.items()},
+        "reward_at_horizon": {p: round(v[1], 3) for p, v in reached.items()},
+    }
+    for p in runs:
+        if p.startswith("async"):
+            out[f"gap_{p}"] = round(reached[p][0] - reached[sync_best][0], 3)
+    return out
 
 
 def plot(algo: str, runs: dict[str, list[dict]], path: Path) -> None:
@@ -229,6 +261,7 @@ def main() -> None:
                 "mean_score": {
                     p: round(statistics.mean(pt["score"] for r in runs[p] for pt in r["points"]), 3) for p in placements
                 },
+                "reward_vs_wallclock": reward_comparison(runs, sync_best),
             }
             if "split" in runs:
                 asynchronous = [r for p in placements if p.startswith("async") for r in runs[p]]

@@ -17,8 +17,15 @@ compilation falls in the warm-up iterations, two by default on both sides), and 
 critic's values taken from its update's training forward (`--reuse-values`; the compute limit
 then skips that forward too).
 
+The asynchronous workbench is a further column (`--asynchronous`, on by default): the trainer on
+one device and a rollout group on the other, one thread each (two extra devices of the session,
+idle while the other sides run), generation of the next batch overlapping training on this one
+(max staleness `--max-staleness`, default 1; pi_old from the one-step update's own forward), the
+same prompts; its seconds per iteration are wall-clock over whole fits, after a warm-up fit.
+
 Each case alternates rounds: a fresh TRL process runs warm-up + measured steps, then the
-workbench runs as many iterations on its long-lived groups, then the compute limit is measured:
+workbench runs as many iterations on its long-lived groups (then the asynchronous workbench),
+then the compute limit is measured:
 bare HF `generate` of the same prompts plus the bare forward/backward/optimizer work of the
 algorithm on the same rows, in this process with the same threads. Per side: median seconds
 per iteration and generated tokens/s (tokens up to and including EOS); ratios are tokens/s of
@@ -128,6 +135,94 @@ def build_workbench(session, algo: str, model_dir: Path, reward_dir: Path, args,
     )
 
 
+def build_asynchronous(session, algo: str, model_dir: Path, reward_dir: Path, args):
+    """The asynchronous workbench on the same cores: the trainer (GRPO: the actor; PPO: actor,
+    reference, critic and reward fused in one process) on one device, a rollout group generating
+    the next batches on the other (algorithms.pipeline, max_staleness=args.max_staleness), the
+    weights pushed after every update. Same backend and compile settings as the 1x2-zero2
+    placement, one torch thread each."""
+    from algorithms import GRPO, PPO, Groups, GRPOConfig, PPOConfig
+    from workbench.data import arithmetic
+    from workbench.engines.contract import OptimConfig
+    from workbench.engines.hf_rollout import HFRolloutConfig
+    from workbench.engines.rollout import SamplingConfig
+    from workbench.engines.vllm_rollout import VLLMRolloutConfig
+    from workbench.models.load import LoadConfig
+    from workbench.workers import ActorConfig, ActorRolloutRefWorker
+    from workbench.workers.critic import CriticConfig, CriticWorker
+    from workbench.workers.reward import RewardModelWorker, ScoreModelConfig
+    from workbench.workers.rule_reward import RuleReward
+
+    rows = args.rows
+    load = LoadConfig(compile=args.compile)
+    train = dict(backend="deepspeed", zero_stage=2, mini_batch_size=rows, micro_batch_size=rows)
+    common = dict(model_path=str(model_dir), optim=OptimConfig(lr=args.lr), **train)
+    trainer_cfg = ActorConfig(**common, rollout=None, reference=(algo == "ppo"), load=load)
+    rollout_cfg = ActorConfig(
+        **common,
+        train=False,
+        rollout=args.rollout,
+        vllm=VLLMRolloutConfig(cpu_threads_bind="per-rank"),
+        hf=HFRolloutConfig(compile=args.compile),
+    )
+    trainer_pool = session.pool(f"bench_{algo}_async_train", 1)
+    rollout = session.group(
+        "async_rollout", ActorRolloutRefWorker, session.pool(f"bench_{algo}_async_gen", 1), rollout_cfg
+    )
+    sampling = SamplingConfig(
+        max_new_tokens=args.new_tokens, temperature=args.temperature, n=args.n if algo == "grpo" else 1
+    )
+    if algo == "grpo":
+        actor = session.group("async_actor", ActorRolloutRefWorker, trainer_pool, trainer_cfg)
+        config = GRPOConfig(sampling=sampling, kl_loss_coef=0.0, old_log_probs=args.old_log_probs)
+        return GRPO(Groups(actor=actor, rollout=rollout, reward=RuleReward(arithmetic.score)), config)
+    groups = session.fused(
+        trainer_pool,
+        async_actor=(ActorRolloutRefWorker, trainer_cfg),
+        async_critic=(
+            CriticWorker,
+            CriticConfig(
+                model_path=str(reward_dir),
+                optim=OptimConfig(lr=args.lr),
+                load=load,
+                reuse_values_forward=args.reuse_values,
+                **train,
+            ),
+        ),
+        async_reward=(
+            RewardModelWorker,
+            ScoreModelConfig(model_path=str(reward_dir), micro_batch_size=rows, load=load),
+        ),
+    )
+    config = PPOConfig(sampling=sampling, kl_coef=args.kl_coef, old_log_probs=args.old_log_probs)
+    return PPO(
+        Groups(
+            actor=groups["async_actor"],
+            reference=groups["async_actor"],
+            critic=groups["async_critic"],
+            reward=groups["async_reward"],
+            rollout=rollout,
+        ),
+        config,
+    )
+
+
+def timed_fit(algorithm, batches: list, iterations: int, max_staleness: int) -> tuple[float, float]:
+    """Wall seconds and response tokens of `iterations` asynchronous iterations (the pipeline stays
+    filled between calls, so after a warm-up fit this is the steady state)."""
+    tokens: list[float] = []
+    start = time.perf_counter()
+    algorithm.fit(
+        batches,
+        iterations,
+        log=None,
+        callbacks=[lambda _algo, batch, _m: tokens.append(float(batch["response_mask"].sum()))],
+        asynchronous=True,
+        max_staleness=max_staleness,
+    )
+    return time.perf_counter() - start, sum(tokens)
+
+
 def compute_seconds(records, since: float) -> float:
     """Wall seconds during which some worker was computing (inputs fetched to output ready), for
     calls that started after `since`: the union of those spans over every rank, so ranks that
@@ -226,6 +321,10 @@ def run_case(session, algo: str, size: str, args) -> dict:
     for b in batches[: args.warmup]:
         algorithm.step(b)
         limit.iteration(b, sampling)
+    asynchronous = build_asynchronous(session, algo, model_dir, reward_dir, args) if args.asynchronous else None
+    if asynchronous is not None:  # compiles, and fills the pipeline
+        timed_fit(asynchronous, batches[: args.warmup], args.warmup, args.max_staleness)
+    async_seconds, async_tokens = 0.0, 0.0
 
     ours, ours_tokens, overhead, peer, peer_tokens, bare = [], [], [], [], [], []
     step_times: dict[str, list[float]] = {}
@@ -258,6 +357,12 @@ def run_case(session, algo: str, size: str, args) -> dict:
                     step_times.setdefault(k, []).append(v)
         records = session.trace()
         overhead.append(1 - compute_seconds(records, since) / sum(ours[-args.iterations :]))
+        if asynchronous is not None:  # the same prompts, as many iterations
+            first = args.warmup + round_ * args.iterations
+            seconds, tokens = timed_fit(
+                asynchronous, batches[first : first + args.iterations], args.iterations, args.max_staleness
+            )
+            async_seconds, async_tokens = async_seconds + seconds, async_tokens + tokens
         for b in batches[: args.iterations]:
             bare.append(limit.iteration(b, sampling))
 
@@ -274,11 +379,25 @@ def run_case(session, algo: str, size: str, args) -> dict:
         "overhead": round(statistics.median(overhead), 4),
         "steps_s": {k.removeprefix("timing_s/"): round(statistics.median(v), 3) for k, v in step_times.items()},
     }
+    if asynchronous is not None:
+        async_tps = async_tokens / async_seconds
+        result |= {
+            "async_s": round(async_seconds / (args.rounds * args.iterations), 3),
+            "async_tokens_per_s": round(async_tps, 1),
+            "async_ratio": round(async_tps / peer_tps, 3),
+            "async_vs_sync": round(async_tps / ours_tps, 3),
+        }
     print(
         f"[{algo} {size}, {new_tokens} new tokens] workbench {result['workbench_s']} s/it "
         f"({result['workbench_tokens_per_s']} tok/s) | TRL {result['trl_s']} s/it ({result['trl_tokens_per_s']} tok/s) "
         f"-> x{result['ratio']} | compute limit {result['limit_s']} s (workbench x{result['vs_limit']} of it), "
-        f"framework overhead {result['overhead']:.1%} | steps {result['steps_s']}",
+        f"framework overhead {result['overhead']:.1%} | steps {result['steps_s']}"
+        + (
+            f" | asynchronous (s={args.max_staleness}) {result['async_s']} s/it ({result['async_tokens_per_s']} tok/s)"
+            f" -> x{result['async_ratio']} TRL, x{result['async_vs_sync']} synchronous"
+            if asynchronous is not None
+            else ""
+        ),
         flush=True,
     )
     session.clear()
@@ -331,6 +450,14 @@ def main() -> None:
         help="PPO: the critic's values come from its update's training forward, which is kept "
         "(CriticConfig.reuse_values_forward; exact for the one-step update here)",
     )
+    parser.add_argument(
+        "--asynchronous",
+        default=True,
+        action=argparse.BooleanOptionalAction,
+        help="also run the asynchronous workbench (a column): the trainer on one device, a rollout "
+        "group on the other, generation overlapping training (algorithms.pipeline)",
+    )
+    parser.add_argument("--max-staleness", type=int, default=1, help="the asynchronous column's staleness bound")
     args = parser.parse_args()
 
     from workbench import Session
@@ -339,17 +466,21 @@ def main() -> None:
         peer_env.peer_python(PEER_REQUIREMENTS[algo])
     results = {}
     devices = PLACEMENTS[args.placement][0]
-    with Session(num_devices=devices, threads_per_worker=max(1, args.threads // devices)) as session:
+    # The asynchronous column's two one-device pools are extra devices: idle while the other side runs.
+    extra = 2 if args.asynchronous else 0
+    with Session(num_devices=devices + extra, threads_per_worker=max(1, args.threads // devices)) as session:
         for algo in args.algos.split(","):
             for size in args.sizes.split(","):
                 results[f"{algo}_{size}"] = run_case(session, algo, size, args)
     ratios = {f"ratio_{k}": v["ratio"] for k, v in results.items()}
+    async_ratios = {f"async_ratio_{k}": v["async_ratio"] for k, v in results.items() if "async_ratio" in v}
     print(
         json.dumps(
             {
                 "bench": "vs_trl",
                 **ratios,
                 "ratio_min": min(ratios.values()),
+                **async_ratios,
                 "vs_limit_max": max(v["vs_limit"] for v in results.values()),
                 "overhead_max": max(v["overhead"] for v in results.values()),
                 "cases": results,
@@ -369,6 +500,8 @@ def main() -> None:
                     "rollout": args.rollout,
                     "compile": args.compile,
                     "reuse_values": args.reuse_values,
+                    "asynchronous": args.asynchronous,
+                    "max_staleness": args.max_staleness,
                     "peers": PEER_REQUIREMENTS,
                     "new_tokens": CASES,
                 },

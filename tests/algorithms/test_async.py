@@ -91,8 +91,20 @@ def test_generation_runs_ahead_within_the_staleness_bound(session, kit):
         )
         stale = [m["async/staleness_max"] for m in metrics]  # from the rows' policy_version column
         assert max(stale) == bound, stale  # it ran ahead, and never further than the bound
-        assert all(m["actor/is_weight_mean"] > 0 for m in metrics)  # pi_old recomputed, weighed against the rows'
+        assert all(m["actor/is_weight_mean"] > 0 for m in metrics)  # pi_old weighed against the rows'
     spans = session.trace()
+    # A one-step update takes pi_old from its own forward ("auto" -> "update"): no separate
+    # forward ran, and the run equals one that recomputed pi_old beforehand.
+    assert not [r for r in spans if r.role == "async_trainer" and r.method == "compute_log_prob"]
+    trainer, rollout = split_pair(session, kit["model"])
+    recomputed = grpo(trainer, rollout, off_policy_correction="tis", old_log_probs="recompute").fit(
+        kit["batches"], 5, log=None, asynchronous=True, max_staleness=2
+    )
+    assert [r for r in session.trace() if r.role == "async_trainer" and r.method == "compute_log_prob"]
+    for fused, separate in zip(learned(metrics), learned(recomputed)):
+        assert fused.keys() == separate.keys()
+        for key, value in fused.items():
+            assert separate[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
     sends = [r for r in spans if r.method == "async.send_weights" and r.rank == 0]
     received = [r for r in spans if r.method == "async.receive_weights"]
     assert sends and received
@@ -126,3 +138,5 @@ def test_refusals_name_the_role_and_the_fix(session, kit):
         grpo(trainer, rollout).fit(kit["batches"], 1, log=None, asynchronous=True, max_staleness=-1)
     with pytest.raises(ConfigError, match="train=False"):
         grpo(trainer, trainer).step(kit["batches"][0])
+    with pytest.raises(ValueError, match=r"old_log_probs='rollout' .* max_staleness=1 .*old_log_probs='auto'"):
+        grpo(trainer, rollout, old_log_probs="rollout").fit(kit["batches"], 1, log=None, asynchronous=True)

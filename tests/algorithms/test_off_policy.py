@@ -116,6 +116,7 @@ def test_a_correction_redefined_in_a_cell_is_the_one_the_next_loss_uses(rows):
 
         algo = object.__new__(Algorithm)
         algo.config = GRPOConfig(off_policy_correction="tis", kl_loss_coef=0.0)
+        algo.pi_old_source = "recompute"  # set per iteration by generate()
         loss = algo.actor_loss()
         batch = {k: v.detach() for k, v in rows.items() if k != "log_probs"}
         value, metrics = loss({"log_probs": rows["log_probs"], "entropy": torch.zeros_like(rows["log_probs"])}, batch)

@@ -10,6 +10,7 @@ import torch
 
 from algorithms import GRPO, PPO, Groups, GRPOConfig, PPOConfig, core
 from algorithms.losses import ActorLoss
+from workbench import Batch
 from workbench.data import arithmetic
 from workbench.data.prompts import tokenize_prompts
 from workbench.engines.forward import model_outputs, response_log_probs
@@ -59,6 +60,46 @@ def test_loss_and_gradients_equal_recomputation(model_dir):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
 
 
+@pytest.mark.parametrize("correction", [None, "tis", "decoupled"])
+def test_pi_old_from_the_update_equals_recomputation(model_dir, correction):
+    """old_log_probs="update": the loss fills pi_old from its own forward; on rows of an older
+    policy (behaviour log-probs off by a perturbation) the loss, gradients and the correction's
+    weights equal those with pi_old recomputed beforehand."""
+    torch.manual_seed(0)
+    loaded = load(model_dir)
+    model = loaded.model
+    rollout = HFRollout(model, loaded.tokenizer.pad_token_id, loaded.tokenizer.eos_token_id)
+    sampling = SamplingConfig(max_new_tokens=8, n=2, temperature=0.9, seed=1)
+    batch = rollout.generate(prompts_for(loaded.tokenizer), sampling)
+    batch["advantages"] = torch.randn(batch["responses"].shape) * batch["response_mask"]
+    batch["rollout_log_probs"] = batch["rollout_log_probs"] + 0.3 * torch.randn(batch["responses"].shape)
+    with torch.no_grad():
+        recomputed, _ = response_log_probs(model, batch, sampling.temperature)
+    settings = {"is_cap": 2.0}
+    fix = core.OFF_POLICY_CORRECTIONS.get(correction) if correction else None
+    results = []
+    for from_update in (False, True):
+        loss = ActorLoss(
+            core.POLICY_LOSSES.get("ppo"),
+            settings,
+            sampling.temperature,
+            correction=fix,
+            pi_old_from_update=from_update,
+        )
+        rows = batch if from_update else batch.union(Batch({"old_log_probs": recomputed}))
+        model.zero_grad()
+        value, metrics = loss(model_outputs(model.train(), rows, loss.needs, loss.temperature), rows)
+        value.backward()
+        results.append((value.item(), metrics, [p.grad.clone() for p in model.parameters()]))
+    (loss_a, metrics_a, grads_a), (loss_b, metrics_b, grads_b) = results
+    assert loss_a == pytest.approx(loss_b, abs=1e-6)
+    for a, b in zip(grads_a, grads_b):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+    for key, value in metrics_a.items():  # the correction's weights and caps, the clip fraction
+        assert metrics_b[key] == pytest.approx(value, abs=1e-5), key
+    assert metrics_b["actor/rollout_logprob_diff"] > 0.1  # the behaviour policy's gap, measured in the loss
+
+
 def algorithm_with(model_dir, algo=GRPO, config=None, **actor):
     actor_config = ActorConfig(model_path=str(model_dir), **actor)
     groups = Groups(
@@ -74,9 +115,36 @@ def test_auto_reuses_only_where_exact(model_dir):
     assert algorithm_with(model_dir, mini_batch_size=16).old_log_prob_source(16) == "rollout"
     assert algorithm_with(model_dir, mini_batch_size=8).old_log_prob_source(16) == "recompute"
     assert algorithm_with(model_dir, mini_batch_size=16, epochs=2).old_log_prob_source(16) == "recompute"
-    assert algorithm_with(model_dir, mini_batch_size=16, rollout="vllm").old_log_prob_source(16) == "recompute"
     recompute = PPOConfig(old_log_probs="recompute")
     assert algorithm_with(model_dir, PPO, recompute, mini_batch_size=16).old_log_prob_source(16) == "recompute"
+
+
+def test_auto_takes_pi_old_from_the_update_where_the_rollouts_differ(model_dir):
+    # Other numerics (vLLM), an older policy's rows or an off-policy correction: a one-step
+    # update's own forward gives pi_old, so no separate forward runs.
+    assert algorithm_with(model_dir, mini_batch_size=16, rollout="vllm").old_log_prob_source(16) == "update"
+    assert algorithm_with(model_dir, mini_batch_size=16).old_log_prob_source(16, stale=True) == "update"
+    tis = GRPOConfig(off_policy_correction="tis")
+    assert algorithm_with(model_dir, GRPO, tis, mini_batch_size=16).old_log_prob_source(16) == "update"
+    # ... but not where the update takes several steps, or the driver reads pi_old (a KL reward).
+    assert algorithm_with(model_dir, mini_batch_size=8).old_log_prob_source(16, stale=True) == "recompute"
+    kl_reward = PPOConfig(kl_coef=0.05)
+    assert algorithm_with(model_dir, PPO, kl_reward, mini_batch_size=16).old_log_prob_source(16, True) == "recompute"
+
+
+def test_update_is_refused_where_it_would_not_be_pi_old(model_dir):
+    config = PPOConfig(old_log_probs="update", kl_coef=0.0)
+    assert algorithm_with(model_dir, PPO, config, mini_batch_size=16).old_log_prob_source(16) == "update"
+    with pytest.raises(ValueError, match=r"'update' .* ActorConfig.epochs=2 .*\(epochs=1, mini_batch_size >= 16"):
+        algorithm_with(model_dir, PPO, config, mini_batch_size=16, epochs=2).old_log_prob_source(16)
+    with pytest.raises(ValueError, match=r"'update' .* kl_coef > 0 puts pi_old in the reward"):
+        algorithm_with(
+            model_dir, PPO, PPOConfig(old_log_probs="update", kl_coef=0.1), mini_batch_size=16
+        ).old_log_prob_source(16)
+    with pytest.raises(ValueError, match=r"'rollout' .* generated by an older policy"):
+        algorithm_with(model_dir, PPO, PPOConfig(old_log_probs="rollout"), mini_batch_size=16).old_log_prob_source(
+            16, True
+        )
 
 
 def test_rollout_is_refused_for_multi_epoch_or_multi_step_updates(model_dir):

@@ -225,7 +225,7 @@ class ActorConfig:
                     f"prompts of {batch['input_ids'].shape[1]} tokens + max_tokens + turn_tokens = {longest} exceed "
                     f"the {limit} of {where}; lower them (or shorten the prompts)",
                 )
-        elif method == "update_actor" and "old_log_probs" in batch:
+        elif method == "update_actor" and ("old_log_probs" in batch or "advantages" in batch):  # an RL batch
             self.check_rows(batch.num_valid, role)
 
 
