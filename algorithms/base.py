@@ -601,11 +601,17 @@ class Algorithm:
         return self.pipeline
 
     def fit_background(
-        self, prompts: Iterable[Batch], iterations: int, callbacks: Iterable[Callable] = ()
+        self, prompts: Iterable[Batch], iterations: int, callbacks: Iterable[Callable] = (), **fit_options
     ) -> BackgroundFit:
         """`fit` in a thread: the notebook's kernel stays free (look at the trace, the batch, the
-        dashboard) while the iterations run. Returns at once; `.wait()` gives the metrics."""
-        return BackgroundFit(self, prompts, iterations, list(callbacks))
+        dashboard) while the iterations run. Returns at once; `.wait()` gives the metrics.
+        `fit_options`: fit's keywords (asynchronous=True, max_staleness=...)."""
+        unknown = set(fit_options) - {"asynchronous", "max_staleness"}
+        if unknown:
+            raise TypeError(
+                f"fit_background: unknown fit options {sorted(unknown)}; it takes asynchronous, max_staleness"
+            )
+        return BackgroundFit(self, prompts, iterations, list(callbacks), fit_options)
 
     def evaluate(self, prompts: Batch, reward=None, max_new_tokens: int | None = None) -> float:
         """Mean score of greedy responses (e.g. exact-match accuracy on held-out prompts); `reward`
@@ -623,7 +629,14 @@ class BackgroundFit:
     """A `fit` running in a thread. `history` fills in as iterations finish; `stop()` ends the
     run after the current iteration; `wait()` returns the metrics (or raises the run's error)."""
 
-    def __init__(self, algorithm: Algorithm, prompts: Iterable[Batch], iterations: int, callbacks: list[Callable]):
+    def __init__(
+        self,
+        algorithm: Algorithm,
+        prompts: Iterable[Batch],
+        iterations: int,
+        callbacks: list[Callable],
+        fit_options: dict | None = None,
+    ):
         self.history: list[dict] = []
         self.error: BaseException | None = None
         self._stop = threading.Event()
@@ -634,7 +647,7 @@ class BackgroundFit:
 
         def run():
             try:
-                algorithm.fit(prompts, iterations, log=None, callbacks=[*callbacks, keep])
+                algorithm.fit(prompts, iterations, log=None, callbacks=[*callbacks, keep], **(fit_options or {}))
             except BaseException as e:  # handed to wait()
                 self.error = e
 

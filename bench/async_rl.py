@@ -6,12 +6,14 @@ Placements, all on two devices of one torch thread each (the same cores, the sam
 - `split`: the actor (and critic) trains on one device, a rollout group generates on the other,
   synchronously (generate, then train, then push the weights);
 - `async-s1`, `async-s2`: the same split, generation of the next batches overlapping training
-  (algorithms.pipeline) with max_staleness 1 and 2.
+  (algorithms.pipeline) with max_staleness 1 and 2, truncated importance sampling on the stale
+  rows (pi_old from the one-step update's own forward).
 Each is a headless run (workbench.run.Runner) of GRPO and of PPO from the same briefly SFT'd tiny
 model (bench/learning.py's, so rewards move), the arithmetic task, the same prompts in the same
-order. Rounds alternate the placements (the machine is shared and noisy). Per placement: response
-tokens per second over the measured iterations (after --warmup), and the training reward against
-wall-clock seconds since the first iteration began (one PNG per algorithm). Ratios: each
+order; round r samples with seed r. Rounds alternate the placements (the machine is shared and
+noisy). Per placement: response tokens per second over the measured iterations (after
+--warmup), and the training reward against wall-clock seconds since the first iteration began
+(one PNG per algorithm). Ratios: each
 asynchronous placement's tokens/s over the best synchronous one's (goal >= 1.3). The reward
 curves are compared over the window every run covers: the mean reward of the iterations each
 finished by then (`gap_*`: asynchronous minus best synchronous; >= 0 means its curve is not below)
@@ -51,6 +53,7 @@ PLACEMENTS = {  # name: run-config overrides
         "placement.rollout_devices=1",
         "asynchronous.enabled=true",
         "asynchronous.max_staleness=1",
+        "algorithm.off_policy_correction=tis",
     ),
     "async-s2": (
         "placement.actor_devices=1",
@@ -58,6 +61,7 @@ PLACEMENTS = {  # name: run-config overrides
         "placement.rollout_devices=1",
         "asynchronous.enabled=true",
         "asynchronous.max_staleness=2",
+        "algorithm.off_policy_correction=tis",
     ),
 }
 
@@ -81,7 +85,7 @@ def run_config(algo: str, placement: str, model_dir: Path, data: dict[str, Path]
             f"sampling.n={args.n if algo == 'grpo' else 1}",
             f"sampling.max_new_tokens={args.new_tokens}",
             f"sampling.min_new_tokens={args.min_new_tokens}",
-            "sampling.seed=0",
+            f"sampling.seed={round_}",  # each round its own samples: the reward curves average over rounds
             f"actor.mini_batch_size={rows}",
             f"actor.micro_batch_size={rows // devices}",
             f"critic.mini_batch_size={rows}",
@@ -117,6 +121,10 @@ def one_run(session, algo: str, placement: str, model_dir: Path, data: dict, arg
 
     Runner(run_config(algo, placement, model_dir, data, args, round_), session=session, callbacks=[note]).run()
     trace = session.trace()
+    # The clock starts when the first iteration began, not when the run started its workers.
+    first = points[0]["t"] - points[0]["timing_s/step"]
+    for p in points:
+        p["t"] -= first
     return {"points": points, "pushes": push_seconds(trace, since=started)}
 
 
@@ -192,11 +200,14 @@ def plot(algo: str, runs: dict[str, list[dict]], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for placement, placement_runs in runs.items():
-        for i, run in enumerate(placement_runs):
-            ts = [p["t"] for p in run["points"]]
-            ax.plot(ts, [p["score"] for p in run["points"]], label=placement if i == 0 else None, alpha=0.8)
+        # Iteration k of every round: its mean end time and score, then a moving mean of 4.
+        rounds = [run["points"] for run in placement_runs]
+        ts = [statistics.mean(points[k]["t"] for points in rounds) for k in range(len(rounds[0]))]
+        score = [statistics.mean(points[k]["score"] for points in rounds) for k in range(len(rounds[0]))]
+        smooth = [statistics.mean(score[max(0, k - 3) : k + 1]) for k in range(len(score))]
+        ax.plot(ts, smooth, label=placement, alpha=0.9)
     ax.set_xlabel("wall-clock seconds since the run's first iteration began")
-    ax.set_ylabel("training reward (mean score)")
+    ax.set_ylabel(f"training reward (mean of {len(rounds)} rounds, moving mean of 4)")
     ax.set_title(f"{algo.upper()}: synchronous vs asynchronous, 2 cores")
     ax.legend()
     fig.tight_layout()
@@ -272,6 +283,7 @@ def main() -> None:
                         s = int(p.removeprefix("async-s"))
                         entry[f"planner_error_{p}"] = round(model[f"s{s}"] / measured_it[p] - 1, 3)
             plot(algo, runs, OUT / f"{algo}_reward_vs_wallclock.png")
+            (OUT / f"{algo}_runs.json").write_text(json.dumps(runs))  # to re-plot or re-compare
             results[algo] = entry
             print(f"[{algo}] {json.dumps(entry)}", flush=True)
     ratios = [v for r in results.values() for k, v in r.items() if k.startswith("ratio_")]

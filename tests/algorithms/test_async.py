@@ -130,6 +130,24 @@ def test_a_checkpoint_mid_pipeline_resumes_to_the_same_metrics(session, kit, tmp
     assert resumed == straight
 
 
+def test_a_background_fit_runs_the_pipeline_and_feeds_the_live_views(session, kit):
+    import time
+
+    from widgets import LiveTimeline, MetricsDashboard
+
+    trainer, rollout = split_pair(session, kit["model"])
+    dashboard, timeline = MetricsDashboard(), LiveTimeline(session, since=time.time())
+    background = grpo(trainer, rollout).fit_background(
+        kit["batches"], 3, [dashboard, timeline], asynchronous=True, max_staleness=1
+    )
+    metrics = background.wait(timeout=120)
+    assert [m["async/staleness_max"] for m in metrics][1:] == [1.0, 1.0]  # it ran ahead in the thread
+    assert len(dashboard.history) == 3
+    timeline.refresh()
+    roles = {r.role for r in timeline.records}
+    assert {"async_trainer", "async_rollout"} <= roles  # the timeline shows both pools
+
+
 def test_refusals_name_the_role_and_the_fix(session, kit):
     trainer, rollout = split_pair(session, kit["model"])
     with pytest.raises(ValueError, match="rollout group"):
