@@ -40,9 +40,6 @@ class Rollout:
     index: int
     """Which batch of the run it is (0-based): its iteration, and its sampling stream."""
 
-    def __len__(self) -> int:
-        return len(self.prompts)
-
 
 class RolloutPipeline:
     """Generations launched ahead on `algorithm.groups.rollout`, at most `max_staleness` versions old."""
