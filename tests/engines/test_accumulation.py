@@ -42,3 +42,42 @@ def test_per_row_means_weigh_only_rows_that_have_tokens():
         parts = [core.aggregate(losses[:2], masks[0], mode), core.aggregate(losses[2:], masks[1], mode)]
         whole = core.aggregate(losses, torch.cat(masks), mode)
         assert torch.allclose(sum(w * p for w, p in zip(grads, parts)), whole)
+
+
+def test_extremes_combine_as_extremes_and_the_rest_as_weighted_means():
+    from workbench.engines.accumulation import combine_metrics
+
+    parts = [
+        {"actor/pg_loss": 1.0, "actor/is_weight_max": 1.5, "actor/is_weight_min": 0.9},
+        {"actor/pg_loss": 3.0, "actor/is_weight_max": 1.2, "actor/is_weight_min": 0.6},
+        {"actor/pg_loss": 9.0, "actor/is_weight_max": 0.0, "actor/is_weight_min": 0.0},  # padding only
+    ]
+    combined = combine_metrics(parts, [0.25, 0.75, 0.0])
+    assert combined["actor/pg_loss"] == 0.25 * 1.0 + 0.75 * 3.0
+    assert combined["actor/is_weight_max"] == 1.5 and combined["actor/is_weight_min"] == 0.6
+    nothing = combine_metrics(parts[2:], [0.0])  # a rank with no token: the rank reduction decides
+    assert nothing["actor/is_weight_max"] == float("-inf") and nothing["actor/is_weight_min"] == float("inf")
+
+
+def test_ranks_reduce_extremes_as_extremes(tmp_path):
+    """mean_over_ranks on two real gloo processes: means averaged, maxima and minima taken."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_two_ranks, args=(str(tmp_path / "store"),), nprocs=2, join=True)
+
+
+def _two_ranks(rank: int, store: str) -> None:
+    import torch.distributed as dist
+
+    from workbench.workers.updates import mean_over_ranks
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        mine = {"a/loss": [1.0, 3.0][rank], "a/x_max": [5.0, 2.0][rank], "a/x_min": [float("inf"), 0.5][rank]}
+        out = mean_over_ranks(mine)
+        assert list(out) == list(mine)
+        assert out == {"a/loss": 2.0, "a/x_max": 5.0, "a/x_min": 0.5}
+        assert mean_over_ranks({"b_min": float("inf")}) == {"b_min": 0.0}  # no rank had a token
+    finally:
+        dist.destroy_process_group()

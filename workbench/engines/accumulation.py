@@ -10,6 +10,8 @@ total, times the group size: the result equals one big batch on one process.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 
@@ -45,18 +47,44 @@ def micro_batch_weights(loss_fn, micro_batches: list[Batch], group=None) -> tupl
     return (sizes * world / total.clamp(min=1e-12)).tolist(), (sizes / local).tolist()
 
 
+def reduction(key: str) -> str:
+    """How a loss metric combines over micro-batches, steps and ranks: an extreme by name
+    ("..._max", ".../max": the max; "..._min", ".../min": the min), anything else as a mean."""
+    if key.endswith(("_max", "/max")):
+        return "max"
+    if key.endswith(("_min", "/min")):
+        return "min"
+    return "mean"
+
+
+def combine_metrics(parts: list[dict], shares: list[float]) -> dict[str, float]:
+    """Metrics of the parts of an update (micro-batches, steps) with their shares (summing to 1):
+    the weighted mean, or the extreme over the parts that weigh anything (a padding-only
+    micro-batch reports 0 for a max it has no token for; none that weighs: +-inf, which the
+    rank reduction, workers.updates.mean_over_ranks, resolves)."""
+    out: dict[str, float] = {}
+    for key in dict.fromkeys(k for part in parts for k in part):
+        how = reduction(key)
+        if how == "mean":
+            out[key] = sum(float(part[key]) * share for part, share in zip(parts, shares) if key in part)
+            continue
+        values = [float(part[key]) for part, share in zip(parts, shares) if key in part and share > 0]
+        pick, empty = (max, -math.inf) if how == "max" else (min, math.inf)
+        out[key] = pick(values) if values else empty
+    return out
+
+
 def accumulate_gradients(model, loss_fn, micro_batches: list[Batch], forward, group=None) -> dict[str, float]:
     """Forward, loss and backward of every micro-batch of one step into `model`'s gradients,
-    each weighted as above; the loss metrics averaged over this rank's micro-batches."""
+    each weighted as above; the loss metrics combined over this rank's micro-batches."""
     model.train()
     weights, shares = micro_batch_weights(loss_fn, micro_batches, group)
-    totals: dict[str, float] = {}
-    for mb, weight, share in zip(micro_batches, weights, shares):
+    parts = []
+    for mb, weight in zip(micro_batches, weights):
         loss, metrics = loss_fn(forward(model, mb), mb)
         (loss * weight).backward()
-        for k, v in metrics.items():
-            totals[k] = totals.get(k, 0.0) + float(v) * share
-    return totals
+        parts.append(metrics)
+    return combine_metrics(parts, shares)
 
 
 class NonFiniteStep(FloatingPointError):

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from workbench import checks
 from workbench.data.batch import Batch
-from workbench.engines.accumulation import NonFiniteStep, finite_everywhere, micro_batch_weights
+from workbench.engines.accumulation import NonFiniteStep, combine_metrics, finite_everywhere, micro_batch_weights
 from workbench.engines.contract import Forward, LossFn, OptimConfig
 from workbench.models.lora import trainable_parameters
 
@@ -109,14 +109,13 @@ class DeepSpeedEngine:
         workbench.engines.accumulation says: by rows, or by what the loss weighs)."""
         self.model.train()
         weights, shares = micro_batch_weights(loss_fn, micro_batches, self.dp_group)
-        totals: dict[str, float] = {}
-        losses = []
-        for mb, weight, share in zip(micro_batches, weights, shares):
+        parts, losses = [], []
+        for mb, weight in zip(micro_batches, weights):
             loss, metrics = loss_fn(forward(self.model, mb), mb)
             losses.append(loss.detach())
             self.model.backward(loss * weight, scale_wrt_gas=False)
-            for k, v in metrics.items():
-                totals[k] = totals.get(k, 0.0) + float(v) * share
+            parts.append(metrics)
+        totals = combine_metrics(parts, shares)
         # ZeRO's step finds non-finite gradients itself and skips the update on every rank
         # (clearing the gradients); it only logs that, so say it here.
         self.model.step()  # reduce over ranks, clip, AdamW, zero the gradients

@@ -3,6 +3,7 @@ micro-batches) and the per-rank state a checkpoint keeps beside the engine's sha
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from workbench.data.batch import Batch
-from workbench.engines.accumulation import NonFiniteStep, all_reduce_small
+from workbench.engines.accumulation import NonFiniteStep, all_reduce_small, combine_metrics, reduction
 from workbench.engines.contract import Forward, LossFn
 from workbench.errors import ConfigError
 
@@ -74,14 +75,24 @@ def run_updates(
                     f"{len(steps)} earlier step(s) of this update were applied"
                     + (": restore the last checkpoint to undo them" if steps else "; no weight changed")
                 ) from None
-    return {k: sum(s[k] for s in steps) / len(steps) for k in steps[0]}
+    return combine_metrics(steps, [1 / len(steps)] * len(steps))
 
 
 def mean_over_ranks(metrics: dict[str, float]) -> dict[str, float]:
-    """Average each metric over the group's ranks (all-reduce), so any rank can report them."""
-    values = all_reduce_small(torch.tensor(list(metrics.values()), dtype=torch.float64))
-    values /= dist.get_world_size()
-    return dict(zip(metrics, values.tolist()))
+    """Each metric over the group's ranks (all-reduce), so any rank can report them: the mean,
+    or for an extreme by name (accumulation.reduction) the max / min; an extreme no rank had a
+    token for is 0."""
+    keys = {how: [k for k in metrics if reduction(k) == how] for how in ("mean", "max", "min")}
+    out = {}
+    if keys["mean"]:
+        values = all_reduce_small(torch.tensor([metrics[k] for k in keys["mean"]], dtype=torch.float64))
+        out |= dict(zip(keys["mean"], (values / dist.get_world_size()).tolist()))
+    if keys["max"] or keys["min"]:  # one MAX over [max..., -min...]
+        signed = [metrics[k] for k in keys["max"]] + [-metrics[k] for k in keys["min"]]
+        values = all_reduce_small(torch.tensor(signed, dtype=torch.float64), op=dist.ReduceOp.MAX).tolist()
+        extremes = values[: len(keys["max"])] + [-v for v in values[len(keys["max"]) :]]
+        out |= {k: v if math.isfinite(v) else 0.0 for k, v in zip(keys["max"] + keys["min"], extremes)}
+    return {k: out[k] for k in metrics}
 
 
 def rng_state() -> dict:
