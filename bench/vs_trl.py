@@ -85,8 +85,6 @@ def build_workbench(session, algo: str, model_dir: Path, reward_dir: Path, args,
     from workbench.engines.vllm_rollout import VLLMRolloutConfig
     from workbench.models.load import LoadConfig
     from workbench.workers import ActorConfig, ActorRolloutRefWorker
-    from workbench.workers.critic import CriticConfig, CriticWorker
-    from workbench.workers.reward import RewardModelWorker, ScoreModelConfig
     from workbench.workers.rule_reward import RuleReward
 
     rows = args.rows
@@ -113,26 +111,30 @@ def build_workbench(session, algo: str, model_dir: Path, reward_dir: Path, args,
         actor = session.group("actor", ActorRolloutRefWorker, pool, actor_cfg)
         config = GRPOConfig(sampling=sampling, kl_loss_coef=0.0, old_log_probs=args.old_log_probs)
         return GRPO(Groups(actor=actor, reward=RuleReward(arithmetic.score)), config)
-    groups = session.fused(
-        pool,
-        actor=(ActorRolloutRefWorker, actor_cfg),
-        critic=(
-            CriticWorker,
-            CriticConfig(
-                model_path=str(reward_dir),
-                optim=OptimConfig(lr=args.lr),
-                load=load,
-                reuse_values_forward=args.reuse_values,
-                **train,
-            ),
-        ),
-        reward=(RewardModelWorker, ScoreModelConfig(model_path=str(reward_dir), micro_batch_size=rows, load=load)),
-    )
+    critic, reward = ppo_scorers(reward_dir, args, load, train)
+    groups = session.fused(pool, actor=(ActorRolloutRefWorker, actor_cfg), critic=critic, reward=reward)
     config = PPOConfig(sampling=sampling, kl_coef=args.kl_coef, old_log_probs=args.old_log_probs)
     return PPO(
         Groups(actor=groups["actor"], reference=groups["actor"], critic=groups["critic"], reward=groups["reward"]),
         config,
     )
+
+
+def ppo_scorers(reward_dir: Path, args, load, train: dict) -> tuple[tuple, tuple]:
+    """PPO's critic and reward model as (Worker class, config), both from the saved value model."""
+    from workbench.engines.contract import OptimConfig
+    from workbench.workers.critic import CriticConfig, CriticWorker
+    from workbench.workers.reward import RewardModelWorker, ScoreModelConfig
+
+    critic = CriticConfig(
+        model_path=str(reward_dir),
+        optim=OptimConfig(lr=args.lr),
+        load=load,
+        reuse_values_forward=args.reuse_values,
+        **train,
+    )
+    reward = ScoreModelConfig(model_path=str(reward_dir), micro_batch_size=args.rows, load=load)
+    return (CriticWorker, critic), (RewardModelWorker, reward)
 
 
 def build_asynchronous(session, algo: str, model_dir: Path, reward_dir: Path, args):
@@ -149,8 +151,6 @@ def build_asynchronous(session, algo: str, model_dir: Path, reward_dir: Path, ar
     from workbench.engines.vllm_rollout import VLLMRolloutConfig
     from workbench.models.load import LoadConfig
     from workbench.workers import ActorConfig, ActorRolloutRefWorker
-    from workbench.workers.critic import CriticConfig, CriticWorker
-    from workbench.workers.reward import RewardModelWorker, ScoreModelConfig
     from workbench.workers.rule_reward import RuleReward
 
     rows = args.rows
@@ -176,23 +176,9 @@ def build_asynchronous(session, algo: str, model_dir: Path, reward_dir: Path, ar
         actor = session.group("async_actor", ActorRolloutRefWorker, trainer_pool, trainer_cfg)
         config = GRPOConfig(sampling=sampling, kl_loss_coef=0.0, old_log_probs=args.old_log_probs)
         return GRPO(Groups(actor=actor, rollout=rollout, reward=RuleReward(arithmetic.score)), config)
+    critic, reward = ppo_scorers(reward_dir, args, load, train)
     groups = session.fused(
-        trainer_pool,
-        async_actor=(ActorRolloutRefWorker, trainer_cfg),
-        async_critic=(
-            CriticWorker,
-            CriticConfig(
-                model_path=str(reward_dir),
-                optim=OptimConfig(lr=args.lr),
-                load=load,
-                reuse_values_forward=args.reuse_values,
-                **train,
-            ),
-        ),
-        async_reward=(
-            RewardModelWorker,
-            ScoreModelConfig(model_path=str(reward_dir), micro_batch_size=rows, load=load),
-        ),
+        trainer_pool, async_actor=(ActorRolloutRefWorker, trainer_cfg), async_critic=critic, async_reward=reward
     )
     config = PPOConfig(sampling=sampling, kl_coef=args.kl_coef, old_log_probs=args.old_log_probs)
     return PPO(

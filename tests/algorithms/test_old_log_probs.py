@@ -33,7 +33,9 @@ def prompts_for(tokenizer, count=4):
     return tokenize_prompts([p.__dict__ for p in problems], tokenizer, max_prompt_length=16)
 
 
-def test_loss_and_gradients_equal_recomputation(model_dir):
+def sampled(model_dir):
+    """The tiny model, a batch it sampled (random advantages), the sampling, and log pi_old of
+    the batch recomputed by a training forward."""
     torch.manual_seed(0)
     loaded = load(model_dir)
     model = loaded.model
@@ -43,6 +45,11 @@ def test_loss_and_gradients_equal_recomputation(model_dir):
     batch["advantages"] = torch.randn(batch["responses"].shape) * batch["response_mask"]
     with torch.no_grad():
         recomputed, _ = response_log_probs(model, batch, sampling.temperature)
+    return model, batch, sampling, recomputed
+
+
+def test_loss_and_gradients_equal_recomputation(model_dir):
+    model, batch, sampling, recomputed = sampled(model_dir)
     mask = batch["response_mask"].bool()
     assert (recomputed - batch["rollout_log_probs"])[mask].abs().max() < 1e-5
 
@@ -65,16 +72,8 @@ def test_pi_old_from_the_update_equals_recomputation(model_dir, correction):
     """old_log_probs="update": the loss fills pi_old from its own forward; on rows of an older
     policy (behaviour log-probs off by a perturbation) the loss, gradients and the correction's
     weights equal those with pi_old recomputed beforehand."""
-    torch.manual_seed(0)
-    loaded = load(model_dir)
-    model = loaded.model
-    rollout = HFRollout(model, loaded.tokenizer.pad_token_id, loaded.tokenizer.eos_token_id)
-    sampling = SamplingConfig(max_new_tokens=8, n=2, temperature=0.9, seed=1)
-    batch = rollout.generate(prompts_for(loaded.tokenizer), sampling)
-    batch["advantages"] = torch.randn(batch["responses"].shape) * batch["response_mask"]
+    model, batch, sampling, recomputed = sampled(model_dir)
     batch["rollout_log_probs"] = batch["rollout_log_probs"] + 0.3 * torch.randn(batch["responses"].shape)
-    with torch.no_grad():
-        recomputed, _ = response_log_probs(model, batch, sampling.temperature)
     settings = {"is_cap": 2.0}
     fix = core.OFF_POLICY_CORRECTIONS.get(correction) if correction else None
     results = []

@@ -130,18 +130,23 @@ def test_two_runs_from_scratch_are_bit_identical(first_run, tiny, tmp_path, shar
     assert read_jsonl(out / "rollouts.jsonl") == read_jsonl(tmp_path / "rollouts.jsonl")
 
 
+def kill_last_process_of(role: str, session) -> int:
+    """SIGKILL the process of `role` that recorded the latest span; its pid once it is gone."""
+    pid = next(r.pid for r in reversed(session.trace()) if r.role == role)
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return pid
+
+
 def test_killed_worker_is_recovered_and_the_iteration_redone(first_run, tiny, tmp_path, shared_session):
     killed = []
 
     def kill_critic_after(iteration):
         def callback(algorithm, batch, metrics):
             if metrics["iteration"] == iteration and not killed:
-                pid = next(r.pid for r in reversed(shared_session.trace()) if r.role == "critic")
-                os.kill(pid, signal.SIGKILL)
-                deadline = time.monotonic() + 10
-                while psutil.pid_exists(pid) and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                killed.append(pid)
+                killed.append(kill_last_process_of("critic", shared_session))
 
         return callback
 
@@ -258,12 +263,7 @@ def test_an_asynchronous_run_recovers_a_killed_rollout_worker(tiny, tmp_path, sh
 
     def kill_rollout(algorithm, batch, metrics):
         if metrics["iteration"] == 2 and not killed:
-            pid = next(r.pid for r in reversed(shared_session.trace()) if r.role == "rollout")
-            os.kill(pid, signal.SIGKILL)
-            deadline = time.monotonic() + 10
-            while psutil.pid_exists(pid) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            killed.append(pid)
+            killed.append(kill_last_process_of("rollout", shared_session))
 
     out = tmp_path / "recovered"
     config = tiny_config(tiny, out, *overrides, "evaluation.every=0")
