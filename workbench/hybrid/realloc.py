@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from math import prod
+from math import gcd, prod
 from typing import NamedTuple
 
 from workbench.controller.mesh import Mesh
@@ -290,20 +290,31 @@ def plan(params: Iterable[Param], src: Placement, dst: Placement) -> TransferPla
 
 
 def rank_bytes(params: Iterable[Param], src: Placement, dst: Placement) -> dict[int, RankBytes]:
-    """Bytes each rank sends and receives, equal to `plan(...).bytes_per_rank()` but planned once
-    per class of weights alike (same stages, shape, cut and dtype) and multiplied: cheap enough
-    for the planner's search on models of hundreds of layers."""
+    """Bytes each rank sends and receives, equal to `plan(...).bytes_per_rank()` but cheap enough
+    for the planner's search on models of hundreds of layers: the senders and the share of a
+    weight each fragment carries depend only on the two stages and on whether the weight is cut
+    (a cut dim splits into the same fractions whatever its size), so one stand-in weight is
+    planned per (source stage, destination stage, cut or whole) and its fragments' shares are
+    applied to the bytes of the weights it stands for."""
     params = tuple(params)
     n_units = _unit_count(params)
     st_src, st_dst = src.stage_map(n_units), dst.stage_map(n_units)
-    classes = Counter((st_src[p.layer], st_dst[p.layer], p.shape, p.dim, p.dtype) for p in params)
+    t1, t2 = src.mesh.tp, dst.mesh.tp
+    unit = t1 * t2 // gcd(t1, t2)  # every cut dim divides into t1 and t2 pieces, so into lcm(t1, t2)
+    weights: Counter[tuple[int, int, bool]] = Counter()
+    for p in params:
+        if p.dim is not None:
+            p.piece(0, t1), p.piece(0, t2)  # the clear error plan() gives for a dim that does not split
+        weights[st_src[p.layer], st_dst[p.layer], p.dim is not None] += p.numel * p.itemsize
     sent: Counter[int] = Counter()
     received: Counter[int] = Counter()
-    for (s1, s2, shape, dim, dtype), count in classes.items():
-        for f in _param_fragments(Param("class", shape, dim, 0, dtype), src, s1, dst, s2):
+    for (s1, s2, cut), nbytes in weights.items():
+        stand_in = Param("stand-in", (unit,), 0 if cut else None, 0, "uint8")
+        for f in _param_fragments(stand_in, src, s1, dst, s2):
             if f.src != f.dst:
-                sent[f.src] += count * f.nbytes
-                received[f.dst] += count * f.nbytes
+                moved = nbytes * f.length // unit if cut else nbytes
+                sent[f.src] += moved
+                received[f.dst] += moved
     ranks = sorted(set(src.ranks or ()) | set(dst.ranks or ()))
     return {r: RankBytes(sent[r], received[r]) for r in ranks}
 
