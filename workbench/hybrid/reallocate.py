@@ -1,17 +1,18 @@
 """Runs a reallocation (`workbench.hybrid.realloc`'s transfer plan) on the ranks of one process
 group: every source and destination rank calls `Reallocator.run` together.
 
-One layer unit at a time (embedding, each decoder layer, head): a rank packs, for each peer it
-sends to, the layer's fragments for that peer into one flat byte buffer, posts one send per peer
-and one receive per peer it hears from in a single `torch.distributed.batch_isend_irecv` (NCCL
-runs the batch as one grouped call; gloo posts them all before any waits, so the pairs never
-deadlock), copies the fragments it keeps itself while those are in flight, then unpacks what
-came into its destination pieces. Point-to-point, not broadcasts: each destination asks for its
-own slices, which differ between destinations whenever the tensor-parallel sizes differ, and
-broadcasts in subgroups would need a new communicator for every (sender, receivers) set the plan
-uses; one message per peer pair per layer keeps the latency count at one batch per layer and the
-bytes at exactly the plan's. No rank ever holds more than its source pieces, its destination
-pieces and one layer's send and receive buffers (kept between layers and runs).
+One layer unit at a time (embedding, each decoder layer, head): a rank posts one send per
+fragment it gives away and one receive per fragment it gets, all of the layer's at once (one
+`torch.distributed.batch_isend_irecv`: NCCL runs the batch as one grouped call, gloo posts them
+all before any waits, so pairs never deadlock), copies the fragments it keeps itself while those
+are in flight, then waits. A fragment travels straight from the source piece into the
+destination piece where its slice is contiguous in both (cuts along dim 0 and whole weights);
+only a slice of a piece cut along a later dim is staged through a buffer on the side where it is
+strided (a copy, as small as that slice). Point-to-point, not broadcasts: each destination asks
+for its own slices, which differ between destinations whenever the tensor-parallel sizes differ,
+and broadcasts in subgroups would need a communicator for every (sender, receivers) set the plan
+uses. No rank holds more than its source pieces, its destination pieces and one layer's staging
+buffers (kept between layers and runs).
 
 The group is any torch.distributed group holding every rank of the plan (plan ranks are group
 ranks): the default world, a `new_group`, or a separate group between two pools' processes built
@@ -72,22 +73,23 @@ def piece_of(full: torch.Tensor, param: Param, placement: Placement, rank: int, 
     return full.detach().narrow(param.dim, start, stop - start).clone()  # type: ignore[arg-type]
 
 
-def _dtype(param: Param) -> torch.dtype:
-    return getattr(torch, param.dtype)
-
-
 @dataclass
-class _Message:
+class _Leg:
+    """One fragment's message, seen from one end."""
+
     peer: int
-    fragments: list[tuple[Fragment, int]]  # (fragment, byte offset in the message)
-    nbytes: int
-    offset: int = 0  # byte offset of the message in the layer's arena
+    fragment: Fragment
+    shape: tuple[int, ...]
+    """The slice's shape."""
+    staged_at: int | None
+    """Byte offset of its staging buffer in the layer's arena (None: sent from / received into
+    the piece itself, the slice being contiguous there)."""
 
 
 class Reallocator:
-    """This rank's part of `plan`, prepared once (peers, offsets, buffers) and run as often as
-    the weights move. `group`: the process group (None: the default one); `device`: where the
-    destination pieces and buffers live (the sources' device; "cuda" with NCCL)."""
+    """This rank's part of `plan`, prepared once (messages, staging offsets, buffers) and run as
+    often as the weights move. `group`: the process group (None: the default one); `device`:
+    where the destination pieces and buffers live (the sources' device; "cuda" with NCCL)."""
 
     def __init__(self, plan: TransferPlan, group=None, device: torch.device | str = "cpu"):
         self.plan, self.group, self.device = plan, group, torch.device(device)
@@ -103,33 +105,48 @@ class Reallocator:
         except (ValueError, KeyError, RuntimeError):
             self.registered = False
         self.params = {p.name: p for p in plan.params}
-        self.n_units = len(plan.layers)
-        self.layers = [self._prepare(fragments) for fragments in plan.layers]
         # The shapes of the pieces this rank reads from and writes to, checked once per run.
         self.source_shapes = self._shapes(plan.src, {f.name for f in plan.fragments if f.src == self.rank})
         self.dest_shapes = self._shapes(plan.dst, {f.name for f in plan.fragments if f.dst == self.rank})
-        arena = max([0] + [m.offset + m.nbytes for sends, recvs, _, _ in self.layers for m in sends + recvs])
-        self.send_arena = torch.empty(arena, dtype=torch.uint8, device=self.device)
-        self.recv_arena = torch.empty(arena, dtype=torch.uint8, device=self.device)
+        self.layers = [self._prepare(fragments) for fragments in plan.layers]
+        arena = max([0] + [size for *_, size in self.layers])
+        self.arena = torch.empty(arena, dtype=torch.uint8, device=self.device)
 
     def _prepare(self, fragments: tuple[Fragment, ...]):
-        """(messages to send, messages to receive, local fragments, destination params)."""
-        sends: dict[int, _Message] = {}
-        recvs: dict[int, _Message] = {}
-        local = []
+        """(legs to send, legs to receive, local fragments, destination names, staging bytes)."""
+        sends, recvs, local, arena = [], [], [], 0
         for f in fragments:
             if f.src == self.rank and f.dst == self.rank:
                 local.append(f)
-            elif f.src == self.rank:
-                _append(sends, f.dst, f, self.params[f.name])
-            elif f.dst == self.rank:
-                _append(recvs, f.src, f, self.params[f.name])
-        for messages in (sends, recvs):
-            offset = 0
-            for m in messages.values():
-                m.offset, offset = offset, _aligned(offset + m.nbytes, 8)
+                continue
+            if self.rank not in (f.src, f.dst):
+                continue
+            sending = f.src == self.rank
+            piece = self.source_shapes[f.name] if sending else self.dest_shapes[f.name]
+            shape = list(piece)
+            if f.dim is not None:
+                shape[f.dim] = f.length
+            staged_at = None
+            if not _contiguous_slice(piece, f):
+                staged_at = arena = _aligned(arena, 8)
+                arena += f.nbytes
+            leg = _Leg(f.dst if sending else f.src, f, tuple(shape), staged_at)
+            (sends if sending else recvs).append(leg)
         names = list(dict.fromkeys(f.name for f in fragments if f.dst == self.rank))
-        return list(sends.values()), list(recvs.values()), local, names
+        return sends, recvs, local, names, arena
+
+    def messages(self) -> list[tuple[dict[int, int], dict[int, int]]]:
+        """Per layer unit: bytes this rank sends to each peer, and receives from each."""
+        out = []
+        for sends, recvs, *_ in self.layers:
+            to: dict[int, int] = {}
+            frm: dict[int, int] = {}
+            for leg in sends:
+                to[leg.peer] = to.get(leg.peer, 0) + leg.fragment.nbytes
+            for leg in recvs:
+                frm[leg.peer] = frm.get(leg.peer, 0) + leg.fragment.nbytes
+            out.append((to, frm))
+        return out
 
     @torch.no_grad()
     def run(
@@ -143,29 +160,36 @@ class Reallocator:
         out = {} if out is None else out
         self._check(source, out)
         stats, start = ReallocStats(), time.perf_counter()
-        for sends, recvs, local, names in self.layers:
+        for sends, recvs, local, names, _ in self.layers:
             if not (sends or recvs or local or names):
                 continue
             stats.layers += 1
             for name in names:
-                self._destination(name, out)
-            for m in sends:
-                self._pack(m, source)
-                stats.bytes_sent += m.nbytes
-            stats.bytes_received += sum(m.nbytes for m in recvs)
-            works = self._post(
-                [(m.peer, self.send_arena[m.offset : m.offset + m.nbytes]) for m in sends],
-                [(m.peer, self.recv_arena[m.offset : m.offset + m.nbytes]) for m in recvs],
-            )
+                if name not in out:
+                    out[name] = torch.empty(self.dest_shapes[name], dtype=self._dtype(name), device=self.device)
+            outgoing = []
+            for leg in sends:
+                piece = self._slice(source[leg.fragment.name], leg.fragment, leg.fragment.src_start)
+                if leg.staged_at is not None:
+                    piece = self._staging(leg).copy_(piece)
+                outgoing.append((leg.peer, piece))
+                stats.bytes_sent += piece.numel() * piece.element_size()
+            incoming = []
+            for leg in recvs:
+                f = leg.fragment
+                into = self._staging(leg) if leg.staged_at is not None else self._slice(out[f.name], f, f.dst_start)
+                incoming.append((leg.peer, into))
+                stats.bytes_received += into.numel() * into.element_size()
+            works = self._post(outgoing, incoming)
             for f in local:  # while the messages are in flight
-                self._view(out[f.name], f, f.dst_start).copy_(self._view(source[f.name], f, f.src_start))
+                self._slice(out[f.name], f, f.dst_start).copy_(self._slice(source[f.name], f, f.src_start))
                 stats.bytes_copied += f.nbytes
             for w in works:
                 w.wait()
-            for m in recvs:
-                for f, at in m.fragments:
-                    dst = self._view(out[f.name], f, f.dst_start)
-                    dst.copy_(self._arena_view(self.recv_arena, m.offset + at, f, dst.shape))
+            for leg, (_, into) in zip(recvs, incoming):
+                if leg.staged_at is not None:
+                    f = leg.fragment
+                    self._slice(out[f.name], f, f.dst_start).copy_(into)
             stats.messages += len(works)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -176,15 +200,19 @@ class Reallocator:
     def _post(self, sends: list, recvs: list) -> list:
         """Post every send and receive of a layer before waiting for any: one batch through
         torch.distributed (a group it knows), or straight on the backend of a group built from a
-        store (`open_group`; torch.distributed's p2p API refuses groups it did not register)."""
+        store (`open_group`; torch.distributed's p2p API refuses groups it did not register).
+        Messages between one pair go in plan order on both ends, which is how they match."""
         if not (sends or recvs):
             return []
         if self.registered:
-            ops = [dist.P2POp(dist.isend, b, group=self.group, group_peer=p) for p, b in sends]
-            ops += [dist.P2POp(dist.irecv, b, group=self.group, group_peer=p) for p, b in recvs]
+            ops = [dist.P2POp(dist.isend, t, group=self.group, group_peer=p) for p, t in sends]
+            ops += [dist.P2POp(dist.irecv, t, group=self.group, group_peer=p) for p, t in recvs]
             return dist.batch_isend_irecv(ops)
-        works = [self.group.send([b], p, 0) for p, b in sends]
-        return works + [self.group.recv([b], p, 0) for p, b in recvs]
+        works = [self.group.send([t], p, 0) for p, t in sends]
+        return works + [self.group.recv([t], p, 0) for p, t in recvs]
+
+    def _dtype(self, name: str) -> torch.dtype:
+        return getattr(torch, self.params[name].dtype)
 
     def _shapes(self, placement: Placement, names: set[str]) -> dict[str, tuple[int, ...]]:
         i = placement.index(self.rank)
@@ -194,48 +222,44 @@ class Reallocator:
         return {n: self.params[n].piece_shape(tp, placement.mesh.tp) for n in sorted(names)}
 
     def _check(self, source: Mapping[str, torch.Tensor], out: dict[str, torch.Tensor]) -> None:
-        """Before any message: every piece this rank sends from is there, in its shape, and every
-        destination piece passed in `out` has its shape and dtype."""
+        """Before any message: every piece this rank sends from is there, in its shape, dense,
+        and every destination piece passed in `out` has its shape and dtype and is dense."""
         where = f"{self.plan.src.mesh} rank {self.plan.src.index(self.rank)}"
         for name, want in self.source_shapes.items():
             t = source.get(name)
-            if t is None or tuple(t.shape) != want:
+            if t is None or tuple(t.shape) != want or not t.is_contiguous():
                 got = "nothing" if t is None else f"a tensor of shape {tuple(t.shape)}"
+                got += "" if t is None or t.is_contiguous() else " (not contiguous)"
                 raise ValueError(
                     f"reallocation, rank {self.rank}: source[{name!r}] is {got}; this rank sends from its "
-                    f"source piece of shape {want} ({where}): pass this rank's pieces by name"
+                    f"source piece of shape {want} ({where}): pass this rank's contiguous pieces by name"
                 )
         for name, want in self.dest_shapes.items():
-            have, dtype = out.get(name), _dtype(self.params[name])
-            if have is not None and (tuple(have.shape) != want or have.dtype != dtype):
+            have, dtype = out.get(name), self._dtype(name)
+            if have is not None and (tuple(have.shape) != want or have.dtype != dtype or not have.is_contiguous()):
                 raise ValueError(
-                    f"reallocation, rank {self.rank}: out[{name!r}] is {tuple(have.shape)} {have.dtype}; "
-                    f"its destination piece is {want} {dtype}"
+                    f"reallocation, rank {self.rank}: out[{name!r}] is {tuple(have.shape)} {have.dtype}"
+                    f"{'' if have.is_contiguous() else ' (not contiguous)'}; its destination piece is a "
+                    f"contiguous {want} {dtype}"
                 )
 
-    def _destination(self, name: str, out: dict[str, torch.Tensor]) -> None:
-        if name not in out:
-            out[name] = torch.empty(self.dest_shapes[name], dtype=_dtype(self.params[name]), device=self.device)
-
     @staticmethod
-    def _view(t: torch.Tensor, f: Fragment, start: int) -> torch.Tensor:
+    def _slice(t: torch.Tensor, f: Fragment, start: int) -> torch.Tensor:
         return t if f.dim is None else t.narrow(f.dim, start, f.length)
 
-    def _pack(self, m: _Message, source: Mapping[str, torch.Tensor]) -> None:
-        for f, at in m.fragments:
-            src = self._view(source[f.name], f, f.src_start)
-            self._arena_view(self.send_arena, m.offset + at, f, src.shape).copy_(src)
+    def _staging(self, leg: _Leg) -> torch.Tensor:
+        at, f = leg.staged_at, leg.fragment
+        assert at is not None
+        return self.arena[at : at + f.nbytes].view(self._dtype(f.name)).view(leg.shape)
 
-    def _arena_view(self, arena: torch.Tensor, at: int, f: Fragment, shape) -> torch.Tensor:
-        return arena[at : at + f.nbytes].view(_dtype(self.params[f.name])).view(shape)
+
+def _contiguous_slice(shape: tuple[int, ...], f: Fragment) -> bool:
+    """Whether the fragment's slice of a dense piece of `shape` is dense itself: a whole weight,
+    or a cut along a dim with only size-1 dims before it, or the whole extent of its dim."""
+    if f.dim is None or f.length == shape[f.dim]:
+        return True
+    return all(n == 1 for n in shape[: f.dim])
 
 
 def _aligned(n: int, to: int) -> int:
     return -(-n // to) * to
-
-
-def _append(messages: dict[int, _Message], peer: int, f: Fragment, param: Param) -> None:
-    m = messages.setdefault(peer, _Message(peer, [], 0))
-    at = _aligned(m.nbytes, param.itemsize)  # a typed view of the bytes needs its alignment
-    m.fragments.append((f, at))
-    m.nbytes = at + f.nbytes
