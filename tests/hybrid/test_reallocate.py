@@ -22,9 +22,10 @@ from workbench.hybrid.reallocate import Reallocator, piece_of
 from workbench.planner import realloc_bytes
 
 WORLD = 6
-RUNS = [(name, "float32") for name in PAIRS] + [
-    ("2-2-1 -> 1-2-2", "bfloat16"),
-    ("1-2-1 -> 2-1-1 other pool", "bfloat16"),
+RUNS = [(name, "float32", False) for name in PAIRS] + [
+    ("2-2-1 -> 1-2-2", "bfloat16", False),
+    ("1-2-1 -> 2-1-1 other pool", "bfloat16", False),
+    ("2-2-1 -> 1-2-2", "float32", True),  # kept pieces become views of the source
 ]
 
 
@@ -49,7 +50,7 @@ def _worker(rank: int, store_dir: str, out_dir: str) -> None:
     # pools' worlds: the reallocations into another pool's ranks run over it.
     pools, _ = open_group(ChannelAddress("file", os.path.join(store_dir, "pools"), WORLD), rank, "cpu", timeout)
     results = {}
-    for name, dtype in RUNS:
+    for name, dtype, alias in RUNS:
         m1, f1, m2, f2 = PAIRS[name]
         params, full = _model(dtype)
         src, dst = Placement(m1, f1), Placement(m2, f2)
@@ -58,13 +59,15 @@ def _worker(rank: int, store_dir: str, out_dir: str) -> None:
         source = {q.name: t for q in params if (t := piece_of(full[q.name], q, src, rank, units)) is not None}
         group = pools if "pool" in name else None
         dist.barrier()
-        got, stats = Reallocator(p, group=group).run(source)
+        got, stats = Reallocator(p, group=group).run(source, alias=alias)
         wrong = []
         for q in params:
             want = piece_of(full[q.name], q, dst, rank, units)
             if (want is None) != (q.name not in got) or (want is not None and not torch.equal(got[q.name], want)):
                 wrong.append(q.name)
-        results[f"{name} {dtype}"] = {**stats.as_dict(), "wrong": wrong}
+        ptrs = {t.untyped_storage().data_ptr() for t in source.values()}
+        views = sum(t.untyped_storage().data_ptr() in ptrs for t in got.values())
+        results[f"{name} {dtype} {alias}"] = {**stats.as_dict(), "wrong": wrong, "views": views}
     # bad input: a source piece of the wrong shape is refused with the weight and rank named
     params, full = _model("float32")
     alone = plan(params, Placement(Mesh(), ranks=(rank,)), Placement(Mesh(), ranks=(rank,)))
@@ -86,13 +89,15 @@ def counted(tmp_path_factory):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("name,dtype", RUNS)
-def test_reallocated_weights_are_bit_identical_and_bytes_equal_the_planners(counted, name, dtype):
+@pytest.mark.parametrize("name,dtype,alias", RUNS)
+def test_reallocated_weights_are_bit_identical_and_bytes_equal_the_planners(counted, name, dtype, alias):
     m1, f1, m2, f2 = PAIRS[name]
     itemsize = 2 if dtype == "bfloat16" else 4
     formula = realloc_bytes(SPEC, m1, f1, m2, f2, dtype_bytes=itemsize)
     ranks = sorted(formula)
-    key = f"{name} {dtype}"
+    key = f"{name} {dtype} {alias}"
+    # with alias, the pieces a rank keeps whole are views of its source pieces; never otherwise
+    assert (sum(counted[r][key]["views"] for r in range(WORLD)) > 0) == alias
     for r in range(WORLD):
         row = counted[r][key]
         assert row["wrong"] == [], (r, row["wrong"])

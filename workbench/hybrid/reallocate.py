@@ -50,7 +50,7 @@ class ReallocStats:
     """Bytes of the messages this rank posted (its fragments for other ranks)."""
     bytes_received: int = 0
     bytes_copied: int = 0
-    """Bytes of fragments it held itself (copied locally, nothing sent)."""
+    """Bytes of fragments it held itself (copied locally, nothing sent; views under `alias` not counted)."""
     layers: int = 0
     """Layer units it took part in (one batch of sends and receives each)."""
     messages: int = 0
@@ -110,6 +110,8 @@ class Reallocator:
         self.dest_shapes = self._shapes(plan.dst, {f.name for f in plan.fragments if f.dst == self.rank})
         self.layers = [self._prepare(fragments) for fragments in plan.layers]
         arena = max([0] + [size for *_, size in self.layers])
+        self.local = [f for _, _, local, _, _ in self.layers for f in local]
+        self.viewable = {f: self._viewable(f) for f in self.local}
         self.arena = torch.empty(arena, dtype=torch.uint8, device=self.device)
 
     def _prepare(self, fragments: tuple[Fragment, ...]):
@@ -135,6 +137,14 @@ class Reallocator:
         names = list(dict.fromkeys(f.name for f in fragments if f.dst == self.rank))
         return sends, recvs, local, names, arena
 
+    def _viewable(self, f: Fragment) -> bool:
+        """Whether local fragment `f` is this rank's whole destination piece and a contiguous
+        slice of its source piece (so the destination piece may be a view of the source)."""
+        dest = self.dest_shapes[f.name]
+        whole = f.dim is None or f.length == dest[f.dim]
+        alone = sum(g.dst == self.rank and g.name == f.name for g in self.plan.layers[f.layer]) == 1
+        return whole and alone and _contiguous_slice(self.source_shapes[f.name], f)
+
     def messages(self) -> list[tuple[dict[int, int], dict[int, int]]]:
         """Per layer unit: bytes this rank sends to each peer, and receives from each."""
         out = []
@@ -150,16 +160,28 @@ class Reallocator:
 
     @torch.no_grad()
     def run(
-        self, source: Mapping[str, torch.Tensor] | None = None, out: dict[str, torch.Tensor] | None = None
+        self,
+        source: Mapping[str, torch.Tensor] | None = None,
+        out: dict[str, torch.Tensor] | None = None,
+        alias: bool = False,
     ) -> tuple[dict[str, torch.Tensor], ReallocStats]:
         """Move the weights. `source`: this rank's source pieces by name (what it holds in the
         source layout; None or empty on a rank that holds none); `out`: destination pieces to
-        fill in place (missing ones are allocated). Returns this rank's destination pieces by
-        name and what it cost. Every rank of the plan must call it (collective)."""
+        fill in place (missing ones are allocated). `alias`: a destination piece not in `out`
+        that is whole and contiguous inside this rank's source piece becomes a view of it, not a
+        copy (it then changes when the source does: for weights given up after the move, or
+        moved again after every update). Returns this rank's destination pieces by name and what
+        it cost. Every rank of the plan must call it (collective)."""
         source = source or {}
         out = {} if out is None else out
         self._check(source, out)
         stats, start = ReallocStats(), time.perf_counter()
+        viewed = set()
+        if alias:
+            for f in self.local:
+                if f.name not in out and self.viewable[f]:
+                    out[f.name] = self._slice(source[f.name], f, f.src_start)
+                    viewed.add(f)
         for sends, recvs, local, names, _ in self.layers:
             if not (sends or recvs or local or names):
                 continue
@@ -182,6 +204,8 @@ class Reallocator:
                 stats.bytes_received += into.numel() * into.element_size()
             works = self._post(outgoing, incoming)
             for f in local:  # while the messages are in flight
+                if f in viewed:
+                    continue
                 self._slice(out[f.name], f, f.dst_start).copy_(self._slice(source[f.name], f, f.src_start))
                 stats.bytes_copied += f.nbytes
             for w in works:
