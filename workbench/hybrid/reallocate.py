@@ -1,18 +1,18 @@
 """Runs a reallocation (`workbench.hybrid.realloc`'s transfer plan) on the ranks of one process
 group: every source and destination rank calls `Reallocator.run` together.
 
-One layer unit at a time (embedding, each decoder layer, head): a rank posts one send per
-fragment it gives away and one receive per fragment it gets, all of the layer's at once (one
-`torch.distributed.batch_isend_irecv`: NCCL runs the batch as one grouped call, gloo posts them
-all before any waits, so pairs never deadlock), copies the fragments it keeps itself while those
-are in flight, then waits. A fragment travels straight from the source piece into the
-destination piece where its slice is contiguous in both (cuts along dim 0 and whole weights);
-only a slice of a piece cut along a later dim is staged through a buffer on the side where it is
-strided (a copy, as small as that slice). Point-to-point, not broadcasts: each destination asks
-for its own slices, which differ between destinations whenever the tensor-parallel sizes differ,
-and broadcasts in subgroups would need a communicator for every (sender, receivers) set the plan
-uses. No rank holds more than its source pieces, its destination pieces and one layer's staging
-buffers (kept between layers and runs).
+One layer unit at a time (embedding, each decoder layer, head): a rank posts all of the layer's
+sends and receives at once (one `torch.distributed.batch_isend_irecv`: NCCL runs the batch as
+one grouped call, gloo posts them all before any waits, so pairs never deadlock), copies the
+fragments it keeps itself while those are in flight, then waits. A fragment travels as a
+message of its own straight from the source piece into the destination piece where its slice is
+contiguous in both (cuts along dim 0 and whole weights); the fragments between a pair that are
+strided on either end (slices of pieces cut along a later dim) go together in one message,
+packed into a staging buffer on both ends. Point-to-point, not broadcasts: each destination
+asks for its own slices, which differ between destinations whenever the tensor-parallel sizes
+differ, and broadcasts in subgroups would need a communicator for every (sender, receivers) set
+the plan uses. No rank holds more than its source pieces, its destination pieces and one
+layer's staging buffers (kept between layers and runs).
 
 The group is any torch.distributed group holding every rank of the plan (plan ranks are group
 ranks): the default world, a `new_group`, or a separate group between two pools' processes built
@@ -75,15 +75,16 @@ def piece_of(full: torch.Tensor, param: Param, placement: Placement, rank: int, 
 
 @dataclass
 class _Leg:
-    """One fragment's message, seen from one end."""
+    """One message, seen from one end: a fragment contiguous on both ends, sent from and
+    received into the pieces themselves, or every fragment between the pair that is strided on
+    either end, packed into a staging buffer on both."""
 
     peer: int
-    fragment: Fragment
-    shape: tuple[int, ...]
-    """The slice's shape."""
+    fragments: list[tuple[Fragment, int, tuple[int, ...]]]
+    """(fragment, byte offset in the message, slice shape)."""
     staged_at: int | None
-    """Byte offset of its staging buffer in the layer's arena (None: sent from / received into
-    the piece itself, the slice being contiguous there)."""
+    """Byte offset of the packed message in the layer's arena (None: a direct fragment)."""
+    nbytes: int
 
 
 class Reallocator:
@@ -116,23 +117,36 @@ class Reallocator:
 
     def _prepare(self, fragments: tuple[Fragment, ...]):
         """(legs to send, legs to receive, local fragments, destination names, staging bytes)."""
-        sends, recvs, local, arena = [], [], [], 0
+        sends: list[_Leg] = []
+        recvs: list[_Leg] = []
+        packed: dict[tuple[bool, int], _Leg] = {}
+        local = []
         for f in fragments:
             if f.src == self.rank and f.dst == self.rank:
                 local.append(f)
                 continue
             if self.rank not in (f.src, f.dst):
                 continue
-            sending = f.src == self.rank
-            piece = self.source_shapes[f.name] if sending else self.dest_shapes[f.name]
-            shape = list(piece)
+            sending, param = f.src == self.rank, self.params[f.name]
+            # Both ends classify alike: pieces of one weight have one shape per layout.
+            src_piece, dst_piece = (
+                param.piece_shape(0, self.plan.src.mesh.tp),
+                param.piece_shape(0, self.plan.dst.mesh.tp),
+            )
+            shape = list(src_piece)
             if f.dim is not None:
                 shape[f.dim] = f.length
-            staged_at = None
-            if not _contiguous_slice(piece, f):
-                staged_at = arena = _aligned(arena, 8)
-                arena += f.nbytes
-            leg = _Leg(f.dst if sending else f.src, f, tuple(shape), staged_at)
+            peer = f.dst if sending else f.src
+            if _contiguous_slice(src_piece, f) and _contiguous_slice(dst_piece, f):
+                (sends if sending else recvs).append(_Leg(peer, [(f, 0, tuple(shape))], None, f.nbytes))
+                continue
+            leg = packed.setdefault((sending, peer), _Leg(peer, [], 0, 0))
+            at = _aligned(leg.nbytes, param.itemsize)  # a typed view of the bytes needs its alignment
+            leg.fragments.append((f, at, tuple(shape)))
+            leg.nbytes = at + f.nbytes
+        arena = 0
+        for (sending, _), leg in packed.items():  # after a pair's direct messages, on both ends
+            leg.staged_at, arena = arena, _aligned(arena + leg.nbytes, 8)
             (sends if sending else recvs).append(leg)
         names = list(dict.fromkeys(f.name for f in fragments if f.dst == self.rank))
         return sends, recvs, local, names, arena
@@ -152,9 +166,9 @@ class Reallocator:
             to: dict[int, int] = {}
             frm: dict[int, int] = {}
             for leg in sends:
-                to[leg.peer] = to.get(leg.peer, 0) + leg.fragment.nbytes
+                to[leg.peer] = to.get(leg.peer, 0) + leg.nbytes
             for leg in recvs:
-                frm[leg.peer] = frm.get(leg.peer, 0) + leg.fragment.nbytes
+                frm[leg.peer] = frm.get(leg.peer, 0) + leg.nbytes
             out.append((to, frm))
         return out
 
@@ -191,15 +205,22 @@ class Reallocator:
                     out[name] = torch.empty(self.dest_shapes[name], dtype=self._dtype(name), device=self.device)
             outgoing = []
             for leg in sends:
-                piece = self._slice(source[leg.fragment.name], leg.fragment, leg.fragment.src_start)
-                if leg.staged_at is not None:
-                    piece = self._staging(leg).copy_(piece)
+                if leg.staged_at is None:
+                    f = leg.fragments[0][0]
+                    piece = self._slice(source[f.name], f, f.src_start)
+                else:
+                    for f, at, shape in leg.fragments:
+                        self._staging(leg, f, at, shape).copy_(self._slice(source[f.name], f, f.src_start))
+                    piece = self.arena[leg.staged_at : leg.staged_at + leg.nbytes]
                 outgoing.append((leg.peer, piece))
                 stats.bytes_sent += piece.numel() * piece.element_size()
             incoming = []
             for leg in recvs:
-                f = leg.fragment
-                into = self._staging(leg) if leg.staged_at is not None else self._slice(out[f.name], f, f.dst_start)
+                if leg.staged_at is None:
+                    f = leg.fragments[0][0]
+                    into = self._slice(out[f.name], f, f.dst_start)
+                else:
+                    into = self.arena[leg.staged_at : leg.staged_at + leg.nbytes]
                 incoming.append((leg.peer, into))
                 stats.bytes_received += into.numel() * into.element_size()
             works = self._post(outgoing, incoming)
@@ -210,10 +231,10 @@ class Reallocator:
                 stats.bytes_copied += f.nbytes
             for w in works:
                 w.wait()
-            for leg, (_, into) in zip(recvs, incoming):
+            for leg in recvs:
                 if leg.staged_at is not None:
-                    f = leg.fragment
-                    self._slice(out[f.name], f, f.dst_start).copy_(into)
+                    for f, at, shape in leg.fragments:
+                        self._slice(out[f.name], f, f.dst_start).copy_(self._staging(leg, f, at, shape))
             stats.messages += len(works)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -271,10 +292,10 @@ class Reallocator:
     def _slice(t: torch.Tensor, f: Fragment, start: int) -> torch.Tensor:
         return t if f.dim is None else t.narrow(f.dim, start, f.length)
 
-    def _staging(self, leg: _Leg) -> torch.Tensor:
-        at, f = leg.staged_at, leg.fragment
-        assert at is not None
-        return self.arena[at : at + f.nbytes].view(self._dtype(f.name)).view(leg.shape)
+    def _staging(self, leg: _Leg, f: Fragment, at: int, shape: tuple[int, ...]) -> torch.Tensor:
+        assert leg.staged_at is not None
+        start = leg.staged_at + at
+        return self.arena[start : start + f.nbytes].view(self._dtype(f.name)).view(shape)
 
 
 def _contiguous_slice(shape: tuple[int, ...], f: Fragment) -> bool:
