@@ -52,6 +52,21 @@ def open_address(size: int, local: bool, host: str = "127.0.0.1") -> ChannelAddr
     return ChannelAddress("tcp", host, size, port)
 
 
+def open_group(address: ChannelAddress, rank: int, device: torch.device | str, timeout=DEFAULT_TIMEOUT):
+    """(process group, its store): a group of its own for the `address.size` members, beside
+    whatever world each member's pool has (NCCL on CUDA, gloo otherwise). Every member calls it
+    with its own rank; the weight channel and `workbench.hybrid.reallocate` build theirs so."""
+    if address.kind == "file":
+        store: dist.Store = dist.FileStore(address.where, address.size)
+    else:
+        store = dist.TCPStore(
+            address.where, address.port, address.size, is_master=rank == 0, timeout=timeout, wait_for_workers=True
+        )
+    if torch.device(device).type == "cuda":
+        return dist.ProcessGroupNCCL(store, rank, address.size), store  # type: ignore[attr-defined]
+    return dist.ProcessGroupGloo(store, rank, address.size, timeout), store
+
+
 @dataclass
 class TransferStats:
     """What one transfer moved, on one member."""
@@ -77,17 +92,7 @@ class WeightChannel:
 
     def __init__(self, address: ChannelAddress, rank: int, device: torch.device, timeout=DEFAULT_TIMEOUT):
         self.address, self.rank, self.size, self.device = address, rank, address.size, torch.device(device)
-        if address.kind == "file":
-            store: dist.Store = dist.FileStore(address.where, address.size)
-        else:
-            store = dist.TCPStore(
-                address.where, address.port, address.size, is_master=rank == 0, timeout=timeout, wait_for_workers=True
-            )
-        self.store = store
-        if self.device.type == "cuda":
-            self.group = dist.ProcessGroupNCCL(store, rank, address.size)  # type: ignore[attr-defined]
-        else:
-            self.group = dist.ProcessGroupGloo(store, rank, address.size, timeout)
+        self.group, self.store = open_group(address, rank, self.device, timeout)
 
     def _broadcast(self, tensor: torch.Tensor) -> None:
         options = dist.BroadcastOptions()

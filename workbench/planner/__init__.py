@@ -39,7 +39,7 @@ from workbench.planner.plan import AsyncPlan, Plan
 from workbench.planner.report import GanttBar, execution_gantt, execution_table
 from workbench.planner.schedule import Schedule, TaskGraph, time_cost
 from workbench.planner.search import Convergence, PlanSpace, SearchResult, exhaustive, mcmc, multi_chain, search
-from workbench.planner.simulator import Simulator
+from workbench.planner.simulator import Simulator, realloc_bytes
 from workbench.planner.specs import MODEL_PRESETS, ClusterSpec, ModelSpec, Workload, model_preset, specs_from_models
 from workbench.planner.strategy import deprecated_parallel_strategy, strategies
 
@@ -90,6 +90,7 @@ __all__ = [
     "mesh",
     "multi_chain",
     "model_preset",
+    "realloc_bytes",
     "specs_from_models",
     "search",
     "set_partitions",

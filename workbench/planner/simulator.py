@@ -24,6 +24,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from workbench.controller.mesh import Mesh
+from workbench.hybrid import realloc
 from workbench.hybrid.layouts import gather_groups
 from workbench.planner.memory import ADAM_BYTES, GRAD_BYTES, WEIGHT_BYTES, generation_concurrency, transition
 from workbench.planner.specs import ClusterSpec, ModelSpec, Workload
@@ -282,20 +283,23 @@ class Simulator:
     def realloc_time(
         self, spec: ModelSpec, src: Mesh, src_devs: tuple[int, int], dst: Mesh, dst_devs: tuple[int, int]
     ) -> float:
-        """ReaLHF parameter reallocation between two layouts: each destination device
-        receives its shard M/mp_dst, minus what it already holds when it is also a source
-        device of a finer-or-equal layout (then it equals the HybridFlow formula)."""
+        """ReaLHF parameter reallocation between two layouts: the busiest device's bytes (the
+        larger of what it sends and receives: links are full duplex), as the runtime's transfer
+        plan counts them (`realloc_bytes`), over the link the two meshes span, plus one
+        collective latency per layer unit (the runtime moves one layer at a time). 0 when
+        nothing moves (same layout on the same devices, or every device already holds its
+        destination shard)."""
         if src == dst and src_devs == dst_devs:
             return 0.0
-        m = spec.synced_params * self.dtype_bytes  # under LoRA the adapters: the base moved once
-        need = m / dst.model_parallel
-        inside = src_devs[0] <= dst_devs[0] and dst_devs[1] <= src_devs[1]
-        if inside and src.model_parallel % dst.model_parallel == 0:
-            need -= m / src.model_parallel
+        per_rank = realloc_bytes(spec, src, src_devs[0], dst, dst_devs[0], self.dtype_bytes)
+        # Under LoRA only the adapters move (the base was moved once): scale the weights' bytes.
+        busiest = max(max(b) for b in per_rank.values()) * spec.synced_params / spec.param_count
+        if busiest <= 0:
+            return 0.0
         lo, hi = min(src_devs[0], dst_devs[0]), max(src_devs[1], dst_devs[1])
         u = self.cluster.devices_per_node
         crosses = lo // u != (hi - 1) // u
-        return max(0.0, need) / self.link_bandwidth(crosses) + self.cluster.collective_latency
+        return busiest / self.link_bandwidth(crosses) + (spec.n_layers + 2) * self.cluster.collective_latency
 
     def output_bytes(self, call: Call) -> float:
         """Bytes a call hands to its dependants: generated token ids (int64) and log-probs
@@ -326,6 +330,32 @@ def synced_tensors(spec: ModelSpec) -> int:
     """Tensors a weight push sends: per block the 7 projections and 2 norms, plus the embedding,
     the final norm and the head; under LoRA the A and B matrices of each adapted projection."""
     return 14 * spec.n_layers if spec.lora_rank else 9 * spec.n_layers + 3
+
+
+_DTYPES = {2: "bfloat16", 4: "float32", 8: "float64"}
+
+
+def realloc_bytes(
+    spec: ModelSpec, src: Mesh, src_first: int, dst: Mesh, dst_first: int, dtype_bytes: int = 2
+) -> dict[int, realloc.RankBytes]:
+    """Bytes each device sends and receives when `spec`'s weights move from `src` on devices
+    src_first.. to `dst` on dst_first.. (layer units split evenly over pipeline stages): the
+    runtime's own transfer plan (`workbench.hybrid.realloc.rank_bytes`) over the model's Llama
+    shapes, so the planner and `workbench.hybrid.reallocate` count the same bytes."""
+    if dtype_bytes not in _DTYPES:
+        raise ValueError(f"realloc_bytes: dtype_bytes={dtype_bytes!r}; use one of {sorted(_DTYPES)}")
+    return _realloc_bytes(spec, src.pp, src.tp, src.dp, src_first, dst.pp, dst.tp, dst.dp, dst_first, dtype_bytes)
+
+
+@lru_cache(maxsize=4096)  # the search asks for the same pairs of layouts many times
+def _realloc_bytes(spec: ModelSpec, p1, t1, d1, first1, p2, t2, d2, first2, dtype_bytes) -> dict:
+    shapes = realloc.llama_shapes(
+        spec.hidden, spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.intermediate, spec.vocab, spec.value_head
+    )
+    params = realloc.llama_params(shapes, spec.n_layers, _DTYPES[dtype_bytes])
+    return realloc.rank_bytes(
+        params, realloc.Placement(Mesh(p1, t1, d1), first1), realloc.Placement(Mesh(p2, t2, d2), first2)
+    )
 
 
 @lru_cache(maxsize=4096)
