@@ -36,6 +36,7 @@ from workbench.planner.execution import DeviceMesh, Evaluation, ExecutionPlan, P
 from workbench.planner.memory import MemoryBreakdown, static_memory
 from workbench.planner.placement import ColocatedSet, ModelAssignment
 from workbench.planner.plan import AsyncPlan, Plan
+from workbench.planner.plan_io import PlanFormatError, plan_from_dict, plan_to_dict
 from workbench.planner.report import GanttBar, execution_gantt, execution_table
 from workbench.planner.schedule import Schedule, TaskGraph, time_cost
 from workbench.planner.search import Convergence, PlanSpace, SearchResult, exhaustive, mcmc, multi_chain, search
@@ -65,6 +66,7 @@ __all__ = [
     "NoFeasiblePlanError",
     "NoMeshError",
     "Plan",
+    "PlanFormatError",
     "PlanEvaluator",
     "PlanSpace",
     "PlannerError",
@@ -87,6 +89,8 @@ __all__ = [
     "execution_table",
     "exhaustive",
     "mcmc",
+    "plan_from_dict",
+    "plan_to_dict",
     "mesh",
     "multi_chain",
     "model_preset",

@@ -97,6 +97,19 @@ class Plan:
         each model to (Worker class, config); returns {model: WorkerGroup}."""
         return deploy_sets(self.sets, session, workers)
 
+    def to_dict(self, name: str = "") -> dict:
+        """Plain values (YAML-writable): sets, devices and layouts (`plan_io.plan_to_dict`)."""
+        from workbench.planner.plan_io import plan_to_dict
+
+        return plan_to_dict(self, name)
+
+    @classmethod
+    def from_dict(cls, values: dict, dataflow: Dataflow, specs: dict, workload: Workload, cluster: ClusterSpec) -> Plan:
+        """The plan `to_dict` wrote (or one written by hand), priced on `cluster` (`plan_io.plan_from_dict`)."""
+        from workbench.planner.plan_io import plan_from_dict
+
+        return plan_from_dict(values, dataflow, specs, workload, cluster)
+
     def to_execution_plan(self) -> ExecutionPlan:
         """The same placement as a ReaLHF execution plan (mesh + strategy per call), to be
         scored by TimeCost / MaxMem next to searched plans."""
