@@ -36,8 +36,9 @@ from workbench.planner.strategy import is_generation_layout
 
 LAYOUT_KEYS = ("pp", "tp", "dp")
 SET_KEYS = ("devices", "first_device", "models", "name")
-PLAN_KEYS = ("name", "sets", "estimated_iteration_s")
-"""`estimated_iteration_s` is written for the reader and ignored when read back (it is recomputed)."""
+PLAN_KEYS = ("name", "sets", "estimated_iteration_s", "source", "cluster", "estimated_call_s", "measured_iteration_s")
+"""Besides `sets` (and `name`), keys a run writes in its plan.yaml for the reader (the estimate, where
+the plan came from, the measured iteration): ignored when read back (the estimate is recomputed)."""
 
 
 class PlanFormatError(PlannerError):
