@@ -303,6 +303,7 @@ def run_plan(config: RunConfig, policy: Path) -> RunPlan | None:
     given = config.placement.plan
     if given is None:
         return None
+    config.check_plan()  # its form, and not beside the hand-written pools (again: a config edited in Python)
     roles = list(planner_models(config, policy))
     flow = run_dataflow(config, roles)
     specs = specs_from_models(planner_models(config, policy))
@@ -363,16 +364,6 @@ def _check_runnable(config: RunConfig, plan: Plan, values: dict) -> None:
     (its set and layout), tensor parallelism only with backend "3d", no pipeline parallelism."""
     index = {m: i for i, s in enumerate(values["sets"]) for m in s["models"]}
     at = lambda m: f"placement.plan.sets[{index[m]}].models.{m}"  # noqa: E731
-    if "reference" in index:
-        actor, ref = plan.set_of("actor"), plan.set_of("reference")
-        a, r = actor.assignments["actor"].strategy, ref.assignments["reference"].strategy
-        if actor is not ref or (a.pp, a.tp, a.dp) != (r.pp, r.tp, r.dp):
-            raise ConfigError(
-                at("reference"),
-                r.short(),
-                f"the run keeps the reference in the actor's processes: put it in the actor's set "
-                f"(sets[{index['actor']}]) with the actor's layout {a.short()}",
-            )
     backends = {"actor": config.actor.backend, "reference": config.actor.backend}
     backends |= {"critic": config.critic.backend, "cost_critic": config.critic.backend}
     for s in plan.sets:
@@ -394,3 +385,13 @@ def _check_runnable(config: RunConfig, plan: Plan, values: dict) -> None:
                         f'tensor parallelism runs on the "3d" backend only ({section}.backend is '
                         f"{backends[m]!r}): set {section}.backend=3d or tp: 1",
                     )
+    if "reference" in index:
+        actor, ref = plan.set_of("actor"), plan.set_of("reference")
+        a, r = actor.assignments["actor"].strategy, ref.assignments["reference"].strategy
+        if actor is not ref or (a.pp, a.tp, a.dp) != (r.pp, r.tp, r.dp):
+            raise ConfigError(
+                at("reference"),
+                r.short(),
+                f"the run keeps the reference in the actor's processes: put it in the actor's set "
+                f"(sets[{index['actor']}]) with the actor's layout {a.short()}",
+            )

@@ -265,13 +265,13 @@ class RunConfig:
                     True,
                     "the wandb package is not installed (pip install wandb), or set logging.wandb=false",
                 ) from None
-        self._check_plan()
+        self.check_plan()
         checks.one_of("data", "held_out", self.data.held_out, HELD_OUT)
         checks.real(
             "data", "reward_timeout", self.data.reward_timeout, 0, low_open=True, fix="give the seconds allowed, > 0"
         )
 
-    def _check_plan(self) -> None:
+    def check_plan(self) -> None:
         """placement.plan's form (the plan itself is read and checked by build.run_plan)."""
         place, plan = self.placement, self.placement.plan
         if plan is None:
