@@ -169,3 +169,10 @@ def test_the_runner_refuses_a_bad_plan_before_any_worker_starts(tiny, tmp_path):
     with pytest.raises(ConfigError, match="needs \\['critic'\\]"):
         Runner(cfg).run()
     assert not ray.is_initialized()
+
+
+def test_the_planned_config_reads(tiny):
+    cfg = load_config("configs/ppo_planned.yaml", [f"model.path={tiny}", "placement.calibration="])
+    run = planned(cfg)
+    assert run.source == "inline" and [s.name for s in run.plan.sets] == ["actor+reference", "critic"]
+    assert build.devices_needed(cfg, run) == 3
