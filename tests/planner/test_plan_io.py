@@ -5,7 +5,6 @@ import pytest
 import yaml
 
 from workbench.planner import (
-    Plan,
     PlanFormatError,
     Workload,
     automap,
@@ -49,7 +48,7 @@ def one_each(**overrides):
 def test_round_trip_of_automapped_plans(flow, model, cluster):
     plan = automap(flow, model, WL if model.startswith("tiny") else Workload(), cluster)
     values = plan.to_dict("p")
-    back = Plan.from_dict(yaml.safe_load(yaml.safe_dump(values)), flow, flow.model_specs(model), plan.workload, cluster)
+    back = plan_from_dict(yaml.safe_load(yaml.safe_dump(values)), flow, flow.model_specs(model), plan.workload, cluster)
     assert back.to_dict("p") == values
     assert [(s.models, s.first_device, s.n_devices, s.devices_per_node) for s in back.sets] == [
         (s.models, s.first_device, s.n_devices, s.devices_per_node) for s in plan.sets

@@ -11,7 +11,7 @@
         models:
           critic: {pp: 1, tp: 1, dp: 1}
 
-`plan_to_dict(plan)` writes that form (plus `name` and the estimate, informational);
+`plan.to_dict()` (or `plan_to_dict(plan)`) writes that form (plus `name` and the estimate, informational);
 `plan_from_dict(values, dataflow, specs, workload, cluster)` reads it back and prices it with
 the same cost model `automap` uses, so a hand-written plan carries an estimated iteration time
 as an auto-mapped one does. Pure functions: no Ray, no files.
@@ -30,7 +30,7 @@ from workbench.planner.dataflow import Dataflow
 from workbench.planner.errors import PlannerError
 from workbench.planner.memory import MemoryBreakdown, inference_activations, static_memory, train_activations
 from workbench.planner.placement import ColocatedSet, ModelAssignment, span
-from workbench.planner.plan import AsyncPlan, Plan
+from workbench.planner.plan import Plan
 from workbench.planner.specs import GIB, ClusterSpec, ModelSpec, Workload
 from workbench.planner.strategy import is_generation_layout
 
@@ -50,26 +50,9 @@ class PlanFormatError(PlannerError):
 
 
 # ---- writing ----------------------------------------------------------------------------------
-def _layout(mesh: Mesh) -> dict[str, int]:
-    return {"pp": mesh.pp, "tp": mesh.tp, "dp": mesh.dp}
-
-
 def plan_to_dict(plan: Plan, name: str = "") -> dict[str, Any]:
-    """Plain values of a model-level plan: sets, their devices and every model's layout (and
-    the actor's generation layout), with the estimate for the reader."""
-    if isinstance(plan, AsyncPlan):
-        raise PlannerError("an asynchronous plan (AsyncPlan) has no YAML form yet: write its synchronous split")
-    sets = []
-    for s in plan.sets:
-        models = {}
-        for m, a in s.assignments.items():
-            entry: dict[str, Any] = _layout(a.strategy)
-            if a.generation is not None:
-                entry["generation"] = _layout(a.generation)
-            models[m] = entry
-        sets.append({"devices": s.n_devices, "first_device": s.first_device, "models": models})
-    out: dict[str, Any] = {"name": name} if name else {}
-    return {**out, "sets": sets, "estimated_iteration_s": round(plan.iteration_time, 6)}
+    """Plain values of a model-level plan (`Plan.to_dict`)."""
+    return plan.to_dict(name)
 
 
 # ---- reading ----------------------------------------------------------------------------------
