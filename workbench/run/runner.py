@@ -459,7 +459,7 @@ def main(argv: list[str]) -> None:
         print(
             "usage: python -m workbench run CONFIG.yaml [dotted.field=value ...]\n"
             "  e.g. python -m workbench run configs/ppo.yaml iterations=20 sampling.n=4 actor.optim.lr=3e-5\n"
-            "  configs/: ppo.yaml, grpo.yaml, safe_rlhf.yaml, smollm2_grpo.yaml, smollm2_ppo.yaml\n"
+            "  configs/: ppo.yaml, ppo_planned.yaml, grpo.yaml, safe_rlhf.yaml, smollm2_grpo.yaml, smollm2_ppo.yaml\n"
             "  fields: workbench/run/config.py"
         )
         sys.exit(0 if argv else 2)
