@@ -175,4 +175,5 @@ def test_the_planned_config_reads(tiny):
     cfg = load_config("configs/ppo_planned.yaml", [f"model.path={tiny}", "placement.calibration="])
     run = planned(cfg)
     assert run.source == "inline" and [s.name for s in run.plan.sets] == ["actor+reference", "critic"]
+    assert run.name == "actor-dp2-critic-alone" and run.to_dict()["name"] == run.name
     assert build.devices_needed(cfg, run) == 3

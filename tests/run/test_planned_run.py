@@ -57,7 +57,7 @@ def test_a_yaml_plan_places_the_groups_and_is_recorded(tiny, tmp_path, shared_se
     assert critic[1:3] == ("critic", 1) and (critic[3].pp, critic[3].tp, critic[3].dp) == (1, 1, 1)
 
     record = yaml.safe_load((out / "plan.yaml").read_text())
-    assert record["source"] == str(plan_file) and "UNCALIBRATED" in record["cluster"]
+    assert record["source"] == str(plan_file) and record["name"] == "split" and "UNCALIBRATED" in record["cluster"]
     assert record["sets"][0]["models"]["actor"] == {
         "pp": 1,
         "tp": 1,

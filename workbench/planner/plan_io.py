@@ -189,7 +189,7 @@ def plan_from_dict(
         )
     levels = tuple(max(col) for col in zip(*level_costs))
     sets.sort(key=lambda s: s.first_device)
-    stats = {"source": "hand-written", "idle_devices": n_total - len(taken)}
+    stats = {"source": "hand-written", "name": str(values.get("name") or ""), "idle_devices": n_total - len(taken)}
     return Plan(dataflow, cluster, workload, tuple(sets), call_times, levels, d_cost(level_costs), stats)
 
 

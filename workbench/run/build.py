@@ -222,6 +222,11 @@ class RunPlan:
     """The cluster the plan was priced on: the calibrated local cluster (and its file) or the preset."""
 
     @property
+    def name(self) -> str:
+        """The plan's `name` where it was given one, else where it came from."""
+        return self.plan.stats.get("name") or self.source
+
+    @property
     def n_devices(self) -> int:
         return max(s.first_device + s.n_devices for s in self.plan.sets)
 
@@ -234,7 +239,7 @@ class RunPlan:
         return {
             "source": self.source,
             "cluster": self.cluster,
-            **plan_to_dict(self.plan),
+            **plan_to_dict(self.plan, self.name),
             "estimated_call_s": {k: round(v, 6) for k, v in self.plan.call_times.items()},
         }
 

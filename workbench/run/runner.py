@@ -380,7 +380,7 @@ class Runner:
         plan, measured = self.plan, self.measured_iteration_s()
         shown = f"{measured:.3f} s measured (median)" if measured is not None else "no iteration measured"
         return (
-            f"plan ({plan.source}; {plan.cluster}): {plan.plan.describe()}; "
+            f"plan {plan.name!r} ({plan.source}; {plan.cluster}): {plan.plan.describe()}; "
             f"{plan.estimated_iteration_s:.3f} s/iteration estimated, {shown}"
         )
 
