@@ -12,7 +12,8 @@ off `algorithms/<name>.py`: the built-in dataflows), `strategy` (the 3-D layouts
 switch as `workbench.hybrid.layouts` counts it) and `simulator` (call times) for the
 cost model, `automap` (HybridFlow Alg. 1/2: joint layouts per colocated set, aligned
 allocations), `placement` (colocated sets and their layouts), `plan` (automap's result, with
-its table and Gantt bars), `deploy` (a plan onto a live Session), `schedule` (TimeCost list
+its table and Gantt bars), `plan_io` (a plan as YAML values and back, priced), `deploy` (a plan
+onto a live Session), `schedule` (TimeCost list
 scheduling), `execution` (ReaLHF plans, augmented graph, MaxMem), `search`
 (Metropolis-Hastings chains with a convergence report), `report` (tables and Gantt bars),
 `profiler` / `calibrate` (fit the local preset on this machine), `asynchronous` (the iteration
