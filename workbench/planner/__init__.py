@@ -13,8 +13,8 @@ switch as `workbench.hybrid.layouts` counts it) and `simulator` (call times) for
 cost model, `automap` (HybridFlow Alg. 1/2: joint layouts per colocated set, aligned
 allocations), `placement` (colocated sets and their layouts), `plan` (automap's result, with
 its table and Gantt bars), `plan_io` (a plan as YAML values and back, priced), `deploy` (a plan
-onto a live Session), `schedule` (TimeCost list
-scheduling), `execution` (ReaLHF plans, augmented graph, MaxMem), `search`
+onto a live Session), `schedule` (TimeCost list scheduling), `execution` (ReaLHF plans,
+augmented graph, MaxMem), `search`
 (Metropolis-Hastings chains with a convergence report), `report` (tables and Gantt bars),
 `profiler` / `calibrate` (fit the local preset on this machine), `asynchronous` (the iteration
 model of an asynchronous plan: generation on a rollout pool overlapping training; `automap_async`
