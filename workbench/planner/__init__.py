@@ -12,8 +12,9 @@ off `algorithms/<name>.py`: the built-in dataflows), `strategy` (the 3-D layouts
 switch as `workbench.hybrid.layouts` counts it) and `simulator` (call times) for the
 cost model, `automap` (HybridFlow Alg. 1/2: joint layouts per colocated set, aligned
 allocations), `placement` (colocated sets and their layouts), `plan` (automap's result, with
-its table and Gantt bars), `deploy` (a plan onto a live Session), `schedule` (TimeCost list
-scheduling), `execution` (ReaLHF plans, augmented graph, MaxMem), `search`
+its table and Gantt bars), `plan_io` (a plan as YAML values and back, priced), `deploy` (a plan
+onto a live Session), `schedule` (TimeCost list scheduling), `execution` (ReaLHF plans,
+augmented graph, MaxMem), `search`
 (Metropolis-Hastings chains with a convergence report), `report` (tables and Gantt bars),
 `profiler` / `calibrate` (fit the local preset on this machine), `asynchronous` (the iteration
 model of an asynchronous plan: generation on a rollout pool overlapping training; `automap_async`
@@ -36,6 +37,7 @@ from workbench.planner.execution import DeviceMesh, Evaluation, ExecutionPlan, P
 from workbench.planner.memory import MemoryBreakdown, static_memory
 from workbench.planner.placement import ColocatedSet, ModelAssignment
 from workbench.planner.plan import AsyncPlan, Plan
+from workbench.planner.plan_io import PlanFormatError, plan_from_dict, plan_to_dict
 from workbench.planner.report import GanttBar, execution_gantt, execution_table
 from workbench.planner.schedule import Schedule, TaskGraph, time_cost
 from workbench.planner.search import Convergence, PlanSpace, SearchResult, exhaustive, mcmc, multi_chain, search
@@ -65,6 +67,7 @@ __all__ = [
     "NoFeasiblePlanError",
     "NoMeshError",
     "Plan",
+    "PlanFormatError",
     "PlanEvaluator",
     "PlanSpace",
     "PlannerError",
@@ -87,6 +90,8 @@ __all__ = [
     "execution_table",
     "exhaustive",
     "mcmc",
+    "plan_from_dict",
+    "plan_to_dict",
     "mesh",
     "multi_chain",
     "model_preset",

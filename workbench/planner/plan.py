@@ -16,6 +16,7 @@ from workbench.controller.mesh import Mesh
 from workbench.planner.asynchronous import COST_MODEL, AsyncEstimate, estimate, steady_iteration
 from workbench.planner.dataflow import Dataflow
 from workbench.planner.deploy import deploy_sets, reserve_pools
+from workbench.planner.errors import PlannerError
 from workbench.planner.execution import DeviceMesh, ExecutionPlan
 from workbench.planner.placement import ColocatedSet, ModelAssignment  # noqa: F401  (ModelAssignment: older imports)
 from workbench.planner.report import GB, GanttBar, device_range, text_table
@@ -97,6 +98,27 @@ class Plan:
         each model to (Worker class, config); returns {model: WorkerGroup}."""
         return deploy_sets(self.sets, session, workers)
 
+    def to_dict(self, name: str = "") -> dict:
+        """Plain values (YAML-writable): every colocated set's devices and its models' layouts (the
+        actor's generation layout too), with the estimate for the reader. `plan_io.plan_from_dict`
+        reads them back (or a plan written by hand in that form) and prices them."""
+        if isinstance(self, AsyncPlan):
+            raise PlannerError("an asynchronous plan (AsyncPlan) has no YAML form yet: write its synchronous split")
+        sets = []
+        for s in self.sets:
+            models = {}
+            for m, a in s.assignments.items():
+                entry: dict = _layout(a.strategy)
+                if a.generation is not None:
+                    entry["generation"] = _layout(a.generation)
+                models[m] = entry
+            sets.append({"devices": s.n_devices, "first_device": s.first_device, "models": models})
+        return {
+            **({"name": name} if name else {}),
+            "sets": sets,
+            "estimated_iteration_s": round(self.iteration_time, 6),
+        }
+
     def to_execution_plan(self) -> ExecutionPlan:
         """The same placement as a ReaLHF execution plan (mesh + strategy per call), to be
         scored by TimeCost / MaxMem next to searched plans."""
@@ -162,6 +184,10 @@ class AsyncPlan(Plan):
 
     def gantt(self) -> list[GanttBar]:
         return async_gantt(self)
+
+
+def _layout(mesh: Mesh) -> dict[str, int]:
+    return {"pp": mesh.pp, "tp": mesh.tp, "dp": mesh.dp}
 
 
 def async_gantt(plan: AsyncPlan) -> list[GanttBar]:

@@ -3,16 +3,23 @@ their pools, and the algorithm that drives them."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from algorithms import ALGORITHMS, Algorithm, Groups
 from workbench.data import arithmetic
 from workbench.data.prompts import PromptLoader, load_prompts, tokenize_prompts
 from workbench.data.tasks import Task, get_task
 from workbench.errors import ConfigError
+from workbench.planner import Dataflow, Plan, PlanFormatError, Workload, automap, set_partitions, specs_from_models
+from workbench.planner.clusters import cluster_preset
+from workbench.planner.derive import dataflow_preset
+from workbench.planner.plan_io import plan_from_dict, plan_to_dict
 from workbench.run.config import FROM_MODEL, RunConfig
 from workbench.session import Session
 from workbench.workers.actor import ActorRolloutRefWorker
@@ -113,7 +120,9 @@ def algorithm_config(config: RunConfig):
         raise ConfigError(where, error.value, error.fix) from None
 
 
-def devices_needed(config: RunConfig) -> int:
+def devices_needed(config: RunConfig, plan: RunPlan | None = None) -> int:
+    if plan is not None:
+        return plan.n_devices
     critic = "critic" in required_roles(config) and config.placement.critic_devices
     place = config.placement
     return place.actor_devices + (place.critic_devices if critic else 0) + place.rollout_devices
@@ -145,8 +154,9 @@ def planner_models(config: RunConfig, policy: Path) -> dict[str, tuple[str, int,
     return models
 
 
-def algorithm(config: RunConfig, session: Session, policy: Path) -> Algorithm:
-    """Pools and groups per the placement, the rule reward (and cost), and the algorithm."""
+def algorithm(config: RunConfig, session: Session, policy: Path, plan: RunPlan | None = None) -> Algorithm:
+    """Pools and groups per the placement (or per `plan`, from `run_plan`), the rule reward
+    (and cost), and the algorithm."""
     roles, place = required_roles(config), config.placement
     task = task_of(config)
     timeout = config.data.reward_timeout
@@ -165,6 +175,15 @@ def algorithm(config: RunConfig, session: Session, policy: Path) -> Algorithm:
         reference="reference" in roles,
         temperature=config.actor.temperature if config.sampling.greedy else config.sampling.temperature,
     )
+    if plan is not None:
+        critic_config = replace(config.critic, model_path=critic_path(config, policy))
+        workers: dict[str, tuple[type, Any]] = {"actor": (ActorRolloutRefWorker, actor_config)}
+        workers |= {role: (CriticWorker, critic_config) for role in ("critic", "cost_critic") if role in roles}
+        for role, group in plan.deployable().deploy(session, workers).items():
+            setattr(groups, role, group)
+        if "reference" in roles:
+            groups.reference = groups.actor  # the reference copy lives in the actor's processes
+        return ALGORITHMS[config.algorithm_name](groups, algo_config)
     actor_pool = session.pool("actor_pool", place.actor_devices)
     if place.rollout_devices:  # generation on devices of its own: the actor only trains
         rollout_config = replace(actor_config, train=False, reference=False, rollout=actor_config.rollout or "hf")
@@ -184,3 +203,200 @@ def algorithm(config: RunConfig, session: Session, policy: Path) -> Algorithm:
         for role, group in session.fused(pool, **critics).items():
             setattr(groups, role, group)
     return ALGORITHMS[config.algorithm_name](groups, algo_config)
+
+
+# ---- placement by a planner plan ---------------------------------------------------------------
+AUTOMAP = "automap"
+PER_CALL_KEYS = ("calls", "layouts")
+"""Keys of a per-call (ReaLHF) execution plan, which the runtime cannot run yet."""
+
+
+@dataclass
+class RunPlan:
+    """The plan a run places its models by, and where it came from."""
+
+    plan: Plan
+    source: str
+    """"automap", "inline" (written in the run config) or the YAML file's path."""
+    cluster: str
+    """The cluster the plan was priced on: the calibrated local cluster (and its file) or the preset."""
+
+    @property
+    def name(self) -> str:
+        """The plan's `name` where it was given one, else where it came from."""
+        return self.plan.stats.get("name") or self.source
+
+    @property
+    def n_devices(self) -> int:
+        return max(s.first_device + s.n_devices for s in self.plan.sets)
+
+    @property
+    def estimated_iteration_s(self) -> float:
+        return self.plan.iteration_time
+
+    def to_dict(self) -> dict[str, Any]:
+        """plan.yaml: the plan's YAML form, with where it came from and the estimate per call."""
+        return {
+            "source": self.source,
+            "cluster": self.cluster,
+            **plan_to_dict(self.plan, self.name),
+            "estimated_call_s": {k: round(v, 6) for k, v in self.plan.call_times.items()},
+        }
+
+    def deployable(self) -> Plan:
+        """The plan without the reference, which the run keeps in the actor's processes (as the
+        hand-written placement does); `run_plan` checked it shares the actor's set and layout."""
+        sets = []
+        for s in self.plan.sets:
+            models = tuple(m for m in s.models if m != "reference")
+            if models:
+                sets.append(
+                    dataclasses.replace(
+                        s, models=models, assignments={m: a for m, a in s.assignments.items() if m in models}
+                    )
+                )
+        return dataclasses.replace(self.plan, sets=tuple(sets))
+
+
+def run_workload(config: RunConfig) -> Workload:
+    """The planner's workload of one iteration of this run: prompts per batch, padded prompt
+    length, response length, samples per prompt, epochs, mini-batches and micro-batch size of
+    the actor's update; FSDP-sharded workers ("full")."""
+    batch = config.data.loader.batch_size
+    rows = batch * config.sampling.n
+    return Workload(
+        global_batch=batch,
+        prompt_len=config.data.loader.max_prompt_length,
+        response_len=config.sampling.max_new_tokens,
+        n_samples=config.sampling.n,
+        ppo_epochs=config.actor.epochs,
+        ppo_mini_batches=max(1, rows // max(1, config.actor.mini_batch_size)),
+        micro_batch_size=config.actor.micro_batch_size,
+        param_sharding="full",
+    )
+
+
+def run_dataflow(config: RunConfig, roles: tuple[str, ...] | list[str]) -> Dataflow:
+    """The algorithm's dataflow with only the calls of the worker models the run starts
+    (`roles`): the rule reward and cost run on the driver, and a reference the algorithm's
+    config does not use (GRPO without a KL loss) is dropped."""
+    flow = dataflow_preset(config.algorithm_name)
+    kept = [c for c in flow.calls if c.model in roles]
+    names = {c.name for c in kept}
+    calls = tuple(replace(c, deps=tuple(d for d in c.deps if d in names)) for c in kept)
+    return replace(flow, calls=calls, value_models=tuple(m for m in flow.value_models if m in roles))
+
+
+def run_cluster(config: RunConfig) -> tuple[Any, str]:
+    """This machine as one node of placement.num_devices (or 4) logical devices: the calibrated
+    local cluster when placement.calibration exists, else the uncalibrated preset; and which."""
+    n = config.placement.num_devices or 4
+    path = Path(config.placement.calibration)
+    if config.placement.calibration and path.exists():
+        from workbench.planner.calibrate import load_calibration
+
+        return load_calibration(path).cluster(1, n), f"calibrated local cluster ({path}), {n} device(s)"
+    return (
+        dataclasses.replace(cluster_preset("local"), devices_per_node=n),
+        f"local preset, UNCALIBRATED (no {path}), {n} device(s)",
+    )
+
+
+def run_plan(config: RunConfig, policy: Path) -> RunPlan | None:
+    """The plan of placement.plan (None when the run places by hand), read, priced and checked
+    against the run on the driver: every refusal is a ConfigError naming the plan's field."""
+    given = config.placement.plan
+    if given is None:
+        return None
+    config.check_plan()  # its form, and not beside the hand-written pools (again: a config edited in Python)
+    roles = list(planner_models(config, policy))
+    flow = run_dataflow(config, roles)
+    specs = specs_from_models(planner_models(config, policy))
+    workload, (cluster, where_priced) = run_workload(config), run_cluster(config)
+    if given == AUTOMAP:
+        three_d = config.actor.backend == "3d" and ("critic" not in roles or config.critic.backend == "3d")
+        placements = [p for p in set_partitions(flow.models) if _reference_with_actor(p)]
+        try:
+            found = automap(
+                flow, specs, workload, cluster, max_tp=None if three_d else 1, max_pp=1, placements=placements
+            )
+        except Exception as error:
+            raise ConfigError("placement.plan", given, f"the auto-mapper found no plan: {error}") from None
+        values, source, file = plan_to_dict(found), AUTOMAP, None
+        _reference_layout_as_actor(values)  # the reference runs in the actor's processes
+    elif isinstance(given, str):
+        file = Path(given).expanduser()
+        if given in ("search", "mcmc"):
+            raise ConfigError("placement.plan", given, _PER_CALL_FIX)
+        if not file.is_file():
+            raise ConfigError(
+                "placement.plan", given, 'no such plan file: give "automap", a YAML plan file or a plan mapping'
+            )
+        values, source = yaml.safe_load(file.read_text(encoding="utf-8")), str(file)
+    else:
+        values, source, file = given, "inline", None
+    if isinstance(values, dict) and any(k in values for k in PER_CALL_KEYS):
+        raise ConfigError("placement.plan", source, _PER_CALL_FIX)
+    try:
+        plan = plan_from_dict(values, flow, specs, workload, cluster, where="placement.plan")
+    except PlanFormatError as error:
+        fix = error.fix + (" (placement.num_devices)" if "more devices" in error.fix else "")
+        raise ConfigError(error.where, error.value, fix + (f" [in {file}]" if file else "")) from None
+    _check_runnable(config, plan, values)
+    return RunPlan(plan, source, where_priced)
+
+
+_PER_CALL_FIX = (
+    "per-call execution plans (ReaLHF's, from the plan search) cannot run yet: the runtime that gives "
+    "every call its own mesh and reallocates parameters between them (issue 27 items 2-3, "
+    "ExecutionPlan.deploy) is missing; give a model-level plan (sets: ...) or automap"
+)
+
+
+def _reference_with_actor(placement: tuple[tuple[str, ...], ...]) -> bool:
+    return any("actor" in s and "reference" in s for s in placement) or not any("reference" in s for s in placement)
+
+
+def _reference_layout_as_actor(values: dict) -> None:
+    for s in values["sets"]:
+        if "reference" in s["models"] and "actor" in s["models"]:
+            actor = s["models"]["actor"]
+            s["models"]["reference"] = {k: actor[k] for k in ("pp", "tp", "dp")}
+
+
+def _check_runnable(config: RunConfig, plan: Plan, values: dict) -> None:
+    """What the run's workers run of a priced plan: the reference in the actor's processes
+    (its set and layout), tensor parallelism only with backend "3d", no pipeline parallelism."""
+    index = {m: i for i, s in enumerate(values["sets"]) for m in s["models"]}
+    at = lambda m: f"placement.plan.sets[{index[m]}].models.{m}"  # noqa: E731
+    backends = {"actor": config.actor.backend, "reference": config.actor.backend}
+    backends |= {"critic": config.critic.backend, "cost_critic": config.critic.backend}
+    for s in plan.sets:
+        for m, a in s.assignments.items():
+            for mesh, where in ((a.strategy, at(m)), (a.generation, f"{at(m)}.generation")):
+                if mesh is None:
+                    continue
+                if mesh.pp > 1:
+                    raise ConfigError(
+                        f"{where}.pp",
+                        mesh.pp,
+                        "pipeline parallelism does not run yet (issue 27 item 1): use pp: 1",
+                    )
+                if mesh.tp > 1 and backends[m] != "3d":
+                    section = "actor" if m in ("actor", "reference") else "critic"
+                    raise ConfigError(
+                        f"{where}.tp",
+                        mesh.tp,
+                        f'tensor parallelism runs on the "3d" backend only ({section}.backend is '
+                        f"{backends[m]!r}): set {section}.backend=3d or tp: 1",
+                    )
+    if "reference" in index:
+        actor, ref = plan.set_of("actor"), plan.set_of("reference")
+        a, r = actor.assignments["actor"].strategy, ref.assignments["reference"].strategy
+        if actor is not ref or (a.pp, a.tp, a.dp) != (r.pp, r.tp, r.dp):
+            raise ConfigError(
+                at("reference"),
+                r.short(),
+                f"the run keeps the reference in the actor's processes: put it in the actor's set "
+                f"(sets[{index['actor']}]) with the actor's layout {a.short()}",
+            )

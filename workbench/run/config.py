@@ -106,6 +106,16 @@ class PlacementSection:
     is given a session or RAY_ADDRESS names a cluster."""
     threads_per_worker: int = 1
     """torch threads in each worker process."""
+    plan: Any = None
+    """Place the models by a planner plan instead of the fields above (which then keep their
+    defaults): "automap" (the auto-mapper's plan for the run's models and workload on this
+    machine's cluster: the calibrated local cluster when `calibration` exists, else the
+    placeholder preset), a model-level plan written as a mapping (`sets:` with `devices` and,
+    per model, pp/tp/dp and the actor's `generation` layout; workbench.planner.plan_io), or the
+    path of a YAML file holding one. null: the hand-written pools above."""
+    calibration: str = ".cache/planner/local-calibration.json"
+    """This machine's planner calibration (`python -m workbench calibrate` or
+    workbench.planner.calibrate); used to price a plan when the file exists."""
 
 
 @dataclass
@@ -255,10 +265,44 @@ class RunConfig:
                     True,
                     "the wandb package is not installed (pip install wandb), or set logging.wandb=false",
                 ) from None
+        self.check_plan()
         checks.one_of("data", "held_out", self.data.held_out, HELD_OUT)
         checks.real(
             "data", "reward_timeout", self.data.reward_timeout, 0, low_open=True, fix="give the seconds allowed, > 0"
         )
+
+    def check_plan(self) -> None:
+        """placement.plan's form (the plan itself is read and checked by build.run_plan)."""
+        place, plan = self.placement, self.placement.plan
+        if plan is None:
+            return
+        if not isinstance(plan, (str, dict)) or plan == "":
+            raise ConfigError(
+                "placement.plan",
+                plan,
+                'give "automap", a plan mapping (sets: ...) or the path of a YAML plan file; or null for the '
+                "hand-written pools",
+            )
+        hand = {
+            name: getattr(place, name)
+            for name, default in (("actor_devices", 1), ("critic_devices", 1), ("rollout_devices", 0))
+            if getattr(place, name) != default
+        }
+        if hand:
+            name, value = next(iter(hand.items()))
+            raise ConfigError(
+                f"placement.{name}",
+                value,
+                "placement.plan places every model: give the plan or the hand-written pools "
+                "(actor_devices, critic_devices, rollout_devices), not both",
+            )
+        if self.asynchronous.enabled:
+            raise ConfigError(
+                "asynchronous.enabled",
+                True,
+                "a planned run is synchronous for now (an asynchronous plan needs a rollout set the YAML "
+                "form does not have yet): set asynchronous.enabled=false or drop placement.plan",
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values (YAML-writable) that `from_dict` turns back into this config."""

@@ -43,7 +43,16 @@ from workbench.run.logs import MetricLog, last_logged_iteration, rollout_rows, w
 from workbench.session import Session
 from workbench.tracing import memory_metrics, save_chrome_trace, save_records, tags
 
-RUN_FILES = ("config.yaml", "metrics.jsonl", "rollouts.jsonl", "trace.json", "trace.jsonl", "tensorboard", "hf")
+RUN_FILES = (
+    "config.yaml",
+    "plan.yaml",
+    "metrics.jsonl",
+    "rollouts.jsonl",
+    "trace.json",
+    "trace.jsonl",
+    "tensorboard",
+    "hf",
+)
 """What a run writes in its output directory (a fresh run replaces these, and nothing else)."""
 
 
@@ -93,6 +102,7 @@ class Runner:
         self.history: list[dict] = []
         self.evaluations: list[dict] = []
         self.exported: dict[str, Path] = {}
+        self.plan: build.RunPlan | None = None
 
     # ---- the run ------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -104,13 +114,16 @@ class Runner:
         policy = build.model_dir(cfg)
         self.tokenizer, _ = load_tokenizer(policy, cfg.actor.load)
         loader, self.eval_batch = build.prompt_data(cfg, self.tokenizer)
+        self.plan = build.run_plan(cfg, policy)  # read, priced and checked before any worker starts
+        if self.plan is not None:
+            self._write_plan()
         self.session = self.given_session or Session(
-            num_devices=cfg.placement.num_devices or build.devices_needed(cfg),
+            num_devices=cfg.placement.num_devices or build.devices_needed(cfg, self.plan),
             threads_per_worker=cfg.placement.threads_per_worker,
         )
         log = None
         try:
-            self.algorithm = build.algorithm(cfg, self.session, policy)
+            self.algorithm = build.algorithm(cfg, self.session, policy, self.plan)
             if cfg.checkpoint.every or cfg.checkpoint.export_hf:
                 self.checkpointer = RunCheckpointer(cfg.checkpoint_dir, keep=max(1, cfg.checkpoint.keep))
             self._start(resume)
@@ -128,8 +141,12 @@ class Runner:
         finally:
             if log is not None:
                 log.close()
+            if self.plan is not None:
+                self._write_plan()
             self._finish(out, started)
         result = self.result(started)
+        if self.plan is not None:
+            print(self._plan_line())
         print(
             f"run {cfg.name!r}: {cfg.algorithm_name}, {result.iterations} iterations in {result.seconds:.1f} s"
             f" ({self.recoveries} recoveries, {self.reward_retries} reward retries)"
@@ -186,6 +203,8 @@ class Runner:
             "run/redone": float(it <= self.redo_until),
             "run/reward_retries": float(self.reward_retries),
         }
+        if self.plan is not None:  # the planner's estimate beside the measured timing_s/step
+            metrics["planner/estimated_iteration_s"] = self.plan.estimated_iteration_s
         if _due(it, cfg.logging.rollouts_every, cfg.iterations):
             write_rows(
                 cfg.output_dir / "rollouts.jsonl", rollout_rows(batch, self.tokenizer, it, cfg.logging.rollout_rows)
@@ -317,6 +336,7 @@ class Runner:
         out = self.config.output_dir
         files = {"config": out / "config.yaml", "metrics": out / "metrics.jsonl"}
         for kind, path in (
+            ("plan", out / "plan.yaml"),
             ("tensorboard", out / "tensorboard"),
             ("rollouts", out / "rollouts.jsonl"),
             ("trace", out / "trace.json"),
@@ -335,6 +355,33 @@ class Runner:
             self.history,
             self.evaluations,
             time.time() - started,
+        )
+
+    def measured_iteration_s(self) -> float | None:
+        """Median of the iterations' timing_s/step (None before the first)."""
+        steps = sorted(row["timing_s/step"] for row in self.history if "timing_s/step" in row)
+        if not steps:
+            return None
+        mid = len(steps) // 2
+        return steps[mid] if len(steps) % 2 else (steps[mid - 1] + steps[mid]) / 2
+
+    def _write_plan(self) -> None:
+        """plan.yaml: the plan the run placed its models by (its YAML form: `placement.plan=<this
+        file>` runs it again), where it came from, the estimate and, once iterations ran, the
+        measured median iteration."""
+        record = self.plan.to_dict()
+        measured = self.measured_iteration_s()
+        if measured is not None:
+            record["measured_iteration_s"] = {"median": round(measured, 6), "iterations": len(self.history)}
+        path = self.config.output_dir / "plan.yaml"
+        path.write_text(yaml.safe_dump(record, sort_keys=False))
+
+    def _plan_line(self) -> str:
+        plan, measured = self.plan, self.measured_iteration_s()
+        shown = f"{measured:.3f} s measured (median)" if measured is not None else "no iteration measured"
+        return (
+            f"plan {plan.name!r} ({plan.source}; {plan.cluster}): {plan.plan.describe()}; "
+            f"{plan.estimated_iteration_s:.3f} s/iteration estimated, {shown}"
         )
 
     # ---- start and end ----------------------------------------------------------------------------
@@ -412,7 +459,7 @@ def main(argv: list[str]) -> None:
         print(
             "usage: python -m workbench run CONFIG.yaml [dotted.field=value ...]\n"
             "  e.g. python -m workbench run configs/ppo.yaml iterations=20 sampling.n=4 actor.optim.lr=3e-5\n"
-            "  configs/: ppo.yaml, grpo.yaml, safe_rlhf.yaml, smollm2_grpo.yaml, smollm2_ppo.yaml\n"
+            "  configs/: ppo.yaml, ppo_planned.yaml, grpo.yaml, safe_rlhf.yaml, smollm2_grpo.yaml, smollm2_ppo.yaml\n"
             "  fields: workbench/run/config.py"
         )
         sys.exit(0 if argv else 2)

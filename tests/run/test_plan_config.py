@@ -1,0 +1,179 @@
+"""placement.plan read, priced and checked on the driver (no Ray): a hand-written YAML plan
+inline or in a file, automap for the run's models, and every refusal naming its field."""
+
+from pathlib import Path
+
+import pytest
+import ray
+import yaml
+
+from workbench.errors import ConfigError
+from workbench.models import make_tiny
+from workbench.run import build
+from workbench.run.config import load_config
+from workbench.run.runner import Runner
+
+SPLIT = {
+    "sets": [
+        {"devices": 2, "models": {"actor": {"dp": 2, "generation": {"dp": 2}}, "reference": {"dp": 2}}},
+        {"devices": 1, "models": {"critic": {}}},
+    ]
+}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny("1m", tmp_path_factory.mktemp("plan-kit") / "tiny-1m", seed=0)
+
+
+def config(tiny, *overrides, plan=None, algorithm="ppo"):
+    cfg = load_config(
+        None,
+        [
+            f"model.path={tiny}",
+            f"algorithm.name={algorithm}",
+            "data.loader.batch_size=4",
+            "sampling.n=2",
+            "actor.mini_batch_size=8",
+            "critic.mini_batch_size=8",
+            "placement.calibration=",
+            *overrides,
+        ],
+    )
+    if plan is not None:
+        cfg.placement.plan = plan
+    return cfg
+
+
+def planned(cfg):
+    return build.run_plan(cfg, Path(cfg.model.path))
+
+
+def test_no_plan_keeps_the_hand_written_pools(tiny):
+    assert planned(config(tiny)) is None
+
+
+def test_an_inline_plan_is_priced_for_the_run(tiny):
+    run = planned(config(tiny, plan=SPLIT))
+    assert run.source == "inline" and "UNCALIBRATED" in run.cluster and run.n_devices == 3
+    assert [s.name for s in run.plan.sets] == ["actor+reference", "critic"]
+    assert set(run.plan.call_times) == {"gen", "old_log_prob", "ref", "values", "update_critic", "update_actor"}
+    assert run.estimated_iteration_s == pytest.approx(sum(run.plan.level_times)) and run.estimated_iteration_s > 0
+    assert run.plan.workload.global_batch == 4 and run.plan.workload.n_samples == 2
+    assert [s.models for s in run.deployable().sets] == [("actor",), ("critic",)]  # the reference: actor's processes
+    record = run.to_dict()
+    assert record["source"] == "inline" and record["sets"][1]["first_device"] == 2
+
+
+def test_a_plan_file_and_plan_yaml_read_back(tiny, tmp_path):
+    path = tmp_path / "split.yaml"
+    path.write_text(yaml.safe_dump(SPLIT))
+    run = planned(config(tiny, f"placement.plan={path}"))
+    assert run.source == str(path)
+    again = tmp_path / "plan.yaml"  # what a run writes: runs again as it is
+    again.write_text(yaml.safe_dump(run.to_dict()))
+    assert planned(config(tiny, f"placement.plan={again}")).plan.call_times == pytest.approx(run.plan.call_times)
+
+
+def test_grpo_without_a_reference_plans_the_actor_alone(tiny):
+    run = planned(config(tiny, "algorithm.kl_loss_coef=0", plan="automap", algorithm="grpo"))
+    assert run.plan.dataflow.models == ("actor",)
+
+
+def test_automap_plans_the_run_on_the_calibrated_cluster_when_there_is_one(tiny, tmp_path):
+    from workbench.planner.calibrate import DEFAULT_PATH
+
+    run = planned(config(tiny, "placement.num_devices=2", plan="automap"))
+    assert run.source == "automap" and run.n_devices <= 2
+    assert set(run.plan.set_of("actor").models) >= {"actor", "reference"}
+    if (Path("/work/main") / DEFAULT_PATH).exists():
+        calibrated = planned(config(tiny, f"placement.calibration={Path('/work/main') / DEFAULT_PATH}", plan="automap"))
+        assert calibrated.cluster.startswith("calibrated local cluster")
+
+
+def edited(change):
+    values = yaml.safe_load(yaml.safe_dump(SPLIT))
+    change(values)
+    return values
+
+
+@pytest.mark.parametrize(
+    "plan, overrides, where, words",
+    [
+        (7, (), "placement.plan", "automap"),
+        ("no/such/plan.yaml", (), "placement.plan", "no such plan file"),
+        ("search", (), "placement.plan", "per-call execution plans"),
+        ({"calls": {"gen": {}}}, (), "placement.plan", "ExecutionPlan.deploy"),
+        (SPLIT, ("placement.critic_devices=2",), "placement.critic_devices", "not both"),
+        (SPLIT, ("placement.rollout_devices=1", "asynchronous.enabled=true"), "placement.rollout_devices", "not both"),
+        (edited(lambda v: v["sets"][1]["models"].pop("critic")), (), "placement.plan.sets[1].models", "model ->"),
+        (
+            edited(lambda v: v["sets"][1].update(models={"reward": {}})),
+            (),
+            "placement.plan.sets[1].models.reward",
+            "no model 'reward'",
+        ),
+        (edited(lambda v: v["sets"].pop(1)), (), "placement.plan.sets", "needs ['critic']"),
+        (edited(lambda v: v["sets"][1].update(devices=3)), (), "placement.plan.sets[1].devices", "num_devices"),
+        (
+            edited(lambda v: v["sets"][1].update(devices=2)),
+            ("placement.num_devices=3",),
+            "placement.plan.sets[1].devices",
+            "beyond the 3 device",
+        ),
+        (
+            edited(lambda v: v["sets"][0]["models"].update(actor={"dp": 1, "tp": 2})),
+            (),
+            "placement.plan.sets[0].models.actor.tp",
+            "actor.backend=3d",
+        ),
+        (
+            edited(lambda v: v["sets"][1].update(devices=2, models={"critic": {"tp": 2}})),
+            (),
+            "placement.plan.sets[1].models.critic.tp",
+            "critic.backend=3d",
+        ),
+        (
+            edited(lambda v: v["sets"][0]["models"].update(actor={"dp": 1, "pp": 2})),
+            (),
+            "placement.plan.sets[0].models.actor.pp",
+            "pipeline parallelism",
+        ),
+        (
+            edited(lambda v: v["sets"][0]["models"].update(actor={"dp": 1})),
+            (),
+            "placement.plan.sets[0].models.actor",
+            "pp*tp*dp",
+        ),
+        (
+            {
+                "sets": [
+                    {"devices": 1, "models": {"actor": {}}},
+                    {"devices": 1, "models": {"reference": {}, "critic": {}}},
+                ]
+            },
+            (),
+            "placement.plan.sets[1].models.reference",
+            "actor's processes",
+        ),
+    ],
+)
+def test_refusals_name_the_field(tiny, plan, overrides, where, words):
+    with pytest.raises(ConfigError) as info:
+        planned(config(tiny, *overrides, plan=plan))
+    assert info.value.where == where and words in info.value.fix, str(info.value)
+
+
+def test_the_runner_refuses_a_bad_plan_before_any_worker_starts(tiny, tmp_path):
+    cfg = config(tiny, f"logging.output_dir={tmp_path}", plan=edited(lambda v: v["sets"].pop(1)))
+    with pytest.raises(ConfigError, match="needs \\['critic'\\]"):
+        Runner(cfg).run()
+    assert not ray.is_initialized()
+
+
+def test_the_planned_config_reads(tiny):
+    cfg = load_config("configs/ppo_planned.yaml", [f"model.path={tiny}", "placement.calibration="])
+    run = planned(cfg)
+    assert run.source == "inline" and [s.name for s in run.plan.sets] == ["actor+reference", "critic"]
+    assert run.name == "actor-dp2-critic-alone" and run.to_dict()["name"] == run.name
+    assert build.devices_needed(cfg, run) == 3
