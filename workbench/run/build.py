@@ -141,7 +141,7 @@ def planner_models(config: RunConfig, policy: Path) -> dict[str, tuple[str, int,
     frozen model), so `workbench.planner.specs_from_models` gives ModelSpecs whose memory
     estimate keeps gradients and Adam states for the adapters alone and whose weight syncs move
     just them. The reference is the frozen policy (under actor LoRA it lives in the actor's
-    module, adapters off). Plain values: the planner and the run are sibling layers."""
+    module, adapters off). Plain values, which the planner reads without knowing the run."""
     rank = lambda lora: lora.rank if lora is not None else 0  # noqa: E731
     actor_path = str(policy) if config.actor.model_path == FROM_MODEL else config.actor.model_path
     roles = required_roles(config)
