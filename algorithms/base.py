@@ -229,6 +229,9 @@ class Algorithm:
         """The policy version the rollout group holds (Groups.rollout); -1: not pushed yet."""
         self.pipeline: RolloutPipeline | None = None
         """Generations launched ahead by `fit(..., asynchronous=True)`; kept between calls."""
+        self.launch_ahead: Callable[[], None] | None = None
+        """Set by the pipeline during a step: launches the batches ahead, called by `collect` once
+        the step's scoring calls are queued."""
         self._link: Any = None
 
     def required_roles(self) -> tuple[str, ...]:
@@ -468,6 +471,8 @@ class Algorithm:
     # ---- driver-side steps ----------------------------------------------------------------------
     def collect(self, *parts) -> Batch:
         """Wait for the given results and join them into one Batch on the driver."""
+        if self.launch_ahead is not None:  # behind this batch's scoring calls, not before them
+            self.launch_ahead()
         self.clock.wait()
         batch = parts[0].get() if hasattr(parts[0], "get") else parts[0]
         for part in parts[1:]:

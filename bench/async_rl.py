@@ -100,6 +100,7 @@ def run_config(algo: str, placement: str, model_dir: Path, data: dict[str, Path]
             "checkpoint.every=0",
             "faults.max_recoveries=0",
             *PLACEMENTS[placement],
+            *((f"placement.critic_beside={args.critic_beside}",) if placement != "colocated" else ()),
         ],
     )
 
@@ -231,6 +232,12 @@ def main() -> None:
     )
     parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--kl-coef", type=float, default=0.0)
+    parser.add_argument(
+        "--critic-beside",
+        default="rollout",
+        choices=("actor", "rollout"),
+        help="PPO's split and asynchronous placements: the critic in the actor's or the rollout's processes",
+    )
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--iterations", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
@@ -305,6 +312,7 @@ def main() -> None:
                         "warmup",
                         "iterations",
                         "rounds",
+                        "critic_beside",
                     )
                 }
                 | {"devices": 2, "threads_per_worker": 1, "model": "tiny 10m, SFT'd (bench/learning.py)"},

@@ -116,6 +116,29 @@ def test_cross_section_rules():
     assert load_config(None, ["checkpoint.every=0", "faults.max_recoveries=0"]).checkpoint.every == 0
 
 
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["placement.critic_beside=reward"], r"^placement\.critic_beside='reward': .*\['actor', 'rollout'\]"),
+        (
+            ["placement.critic_beside=rollout", "placement.critic_devices=0"],
+            r"^placement\.critic_beside='rollout': .*placement\.rollout_devices >= 1",
+        ),
+        (
+            ["placement.critic_beside=rollout", "placement.rollout_devices=1"],
+            r"^placement\.critic_devices=1: .*set placement\.critic_devices=0",
+        ),
+    ],
+)
+def test_critic_beside_the_rollout_needs_a_rollout_group_and_no_critic_pool(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+    ok = load_config(
+        None, ["placement.critic_beside=rollout", "placement.critic_devices=0", "placement.rollout_devices=1"]
+    )
+    assert ok.placement.critic_beside == "rollout"
+
+
 def test_algorithm_switch_keeps_its_own_defaults():
     config = load_config(None, ["algorithm.name=grpo"])
     assert isinstance(config.algorithm, GRPOConfig) and config.algorithm.estimator == "grpo"

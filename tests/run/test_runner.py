@@ -234,31 +234,70 @@ def test_reward_that_raises_then_hangs_is_retried_and_the_run_goes_on(tiny, tmp_
     assert [(r["iteration"], r["run/reward_retries"]) for r in rows] == [(1, 2.0), (2, 2.0)]
 
 
-def test_an_asynchronous_run_resumes_mid_pipeline_as_it_ran(tiny, tmp_path, shared_session):
+ASYNC = (
+    "asynchronous.enabled=true",
+    "asynchronous.max_staleness=1",
+    "placement.rollout_devices=1",
+    "evaluation.every=0",
+)
+
+
+def trained_rows(out):
+    return [r for r in read_jsonl(out / "metrics.jsonl") if "actor/pg_loss" in r]
+
+
+@pytest.fixture(scope="module")
+def async_run(tiny, tmp_path_factory, shared_session):
+    """An uninterrupted asynchronous PPO run (the critic on a pool of its own): its directory."""
+    out = tmp_path_factory.mktemp("async") / "straight"
+    Runner(tiny_config(tiny, out, *ASYNC), session=shared_session).run()
+    return out
+
+
+def test_an_asynchronous_run_resumes_mid_pipeline_as_it_ran(tiny, tmp_path, shared_session, async_run):
     """asynchronous.enabled: a rollout group of its own generates one batch ahead; the
     checkpoint after iteration 2 holds the batch launched ahead, and a resume from it redoes
     iteration 3 exactly."""
-    overrides = ("asynchronous.enabled=true", "asynchronous.max_staleness=1", "placement.rollout_devices=1")
     out = tmp_path / "async"
-    Runner(tiny_config(tiny, out, *overrides, "evaluation.every=0"), session=shared_session).run()
-    rows = [r for r in read_jsonl(out / "metrics.jsonl") if "actor/pg_loss" in r]
+    shutil.copytree(async_run, out)
+    rows = trained_rows(out)
     assert [r["async/staleness_max"] for r in rows] == [0.0, 1.0, 1.0]  # the first batch has nothing before it
     assert {r.role for r in load_records(out / "trace.jsonl")} >= {"actor", "rollout", "critic"}
     shutil.rmtree(out / "checkpoints" / "step-000003")
     (out / "checkpoints" / "latest").write_text("step-000002\n")
-    resumed = tiny_config(tiny, out, *overrides, "evaluation.every=0", "checkpoint.resume=true")
+    resumed = tiny_config(tiny, out, *ASYNC, "checkpoint.resume=true")
     Runner(resumed, session=shared_session).run()
-    again = [r for r in read_jsonl(out / "metrics.jsonl") if "actor/pg_loss" in r]
+    again = trained_rows(out)
     assert steady(again[-1]) == steady(rows[2]) and again[-1]["async/staleness_max"] == 1.0
 
 
-def test_an_asynchronous_run_recovers_a_killed_rollout_worker(tiny, tmp_path, shared_session):
+def test_a_critic_beside_the_rollout_scores_before_the_next_generation(tiny, tmp_path, shared_session, async_run):
+    """placement.critic_beside=rollout: the critic lives in the rollout group's processes (two
+    devices for PPO's four models). Where the critic runs does not change a number: the run
+    equals the one with a critic pool of its own. The batches ahead are launched after the
+    step's scoring calls, so the critic's values of batch k come before the generation of batch
+    k+1 in their shared process, and the critic trains while the actor does."""
+    out = tmp_path / "beside"
+    beside = ("placement.critic_devices=0", "placement.critic_beside=rollout")
+    Runner(tiny_config(tiny, out, *ASYNC, *beside), session=shared_session).run()
+    assert [steady(r) for r in trained_rows(out)] == [steady(r) for r in trained_rows(async_run)]
+    spans = load_records(out / "trace.jsonl")
+
+    def on(role, method):
+        return sorted((r for r in spans if r.role == role and r.method.endswith(method)), key=lambda r: r.start)
+
+    values, gens = on("critic", "compute_values"), on("rollout", "generate_sequences")
+    assert len(values) == ITERATIONS and len(gens) == ITERATIONS + 1  # one batch launched past the end
+    assert {r.pid for r in values} == {r.pid for r in gens}  # one process
+    assert all(v.end <= g.start for v, g in zip(values, gens[1:]))
+    critic, actor = on("critic", "update_critic"), on("actor", "update_actor")
+    assert sum(max(0.0, min(c.end, a.end) - max(c.start, a.start)) for c, a in zip(critic, actor)) > 0
+
+
+def test_an_asynchronous_run_recovers_a_killed_rollout_worker(tiny, tmp_path, shared_session, async_run):
     """The rollout group's process killed mid-run (a batch launched ahead in flight): the run
     recovers from the last checkpoint, regenerates what was queued, and its redone iteration
     equals the uninterrupted asynchronous run's."""
-    overrides = ("asynchronous.enabled=true", "asynchronous.max_staleness=1", "placement.rollout_devices=1")
-    straight = tmp_path / "straight"
-    Runner(tiny_config(tiny, straight, *overrides, "evaluation.every=0"), session=shared_session).run()
     killed = []
 
     def kill_rollout(algorithm, batch, metrics):
@@ -266,13 +305,12 @@ def test_an_asynchronous_run_recovers_a_killed_rollout_worker(tiny, tmp_path, sh
             killed.append(kill_last_process_of("rollout", shared_session))
 
     out = tmp_path / "recovered"
-    config = tiny_config(tiny, out, *overrides, "evaluation.every=0")
-    result = Runner(config, session=shared_session, callbacks=[kill_rollout]).run()
+    result = Runner(tiny_config(tiny, out, *ASYNC), session=shared_session, callbacks=[kill_rollout]).run()
     assert killed and result.iterations == ITERATIONS and result.recoveries == 1
-    rows = [r for r in read_jsonl(out / "metrics.jsonl") if "actor/pg_loss" in r]
+    rows = trained_rows(out)
     # Iteration 3 may finish on the batch generated before the kill and fail only at its
     # checkpoint (then it is logged twice), or fail in its step: either way it is redone.
     assert (rows[-1]["iteration"], rows[-1]["run/redone"]) == (3, 1)
     last = {r["iteration"]: r for r in rows}
-    uninterrupted = [r for r in read_jsonl(straight / "metrics.jsonl") if "actor/pg_loss" in r]
+    uninterrupted = trained_rows(async_run)
     assert [steady(last[i]) for i in (1, 2, 3)] == [steady(r) for r in uninterrupted]

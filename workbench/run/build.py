@@ -185,21 +185,26 @@ def algorithm(config: RunConfig, session: Session, policy: Path, plan: RunPlan |
             groups.reference = groups.actor  # the reference copy lives in the actor's processes
         return ALGORITHMS[config.algorithm_name](groups, algo_config)
     actor_pool = session.pool("actor_pool", place.actor_devices)
+    critics: dict[str, tuple[type, Any]] = {}
+    if "critic" in roles:
+        critic_config = replace(config.critic, model_path=critic_path(config, policy))
+        critics = {role: (CriticWorker, critic_config) for role in ("critic", "cost_critic") if role in roles}
+    beside_rollout = critics and not place.critic_devices and place.critic_beside == "rollout"
     if place.rollout_devices:  # generation on devices of its own: the actor only trains
         rollout_config = replace(actor_config, train=False, reference=False, rollout=actor_config.rollout or "hf")
-        groups.rollout = session.group(
-            "rollout", ActorRolloutRefWorker, session.pool("rollout_pool", place.rollout_devices), rollout_config
+        rollout_pool = session.pool("rollout_pool", place.rollout_devices)
+        # The critics may share the rollout's processes: they then train while the actor does.
+        fused = session.fused(
+            rollout_pool, rollout=(ActorRolloutRefWorker, rollout_config), **(critics if beside_rollout else {})
         )
+        for role, group in fused.items():
+            setattr(groups, role, group)
         actor_config = replace(actor_config, rollout=None)
     groups.actor = session.group("actor", ActorRolloutRefWorker, actor_pool, actor_config)
     if "reference" in roles:
         groups.reference = groups.actor  # the reference copy lives in the actor's processes
-    if "critic" in roles:
-        critic_config = replace(config.critic, model_path=critic_path(config, policy))
+    if critics and not beside_rollout:
         pool = session.pool("critic_pool", place.critic_devices) if place.critic_devices else actor_pool
-        critics = {"critic": (CriticWorker, critic_config)}
-        if "cost_critic" in roles:
-            critics["cost_critic"] = (CriticWorker, critic_config)
         for role, group in session.fused(pool, **critics).items():
             setattr(groups, role, group)
     return ALGORITHMS[config.algorithm_name](groups, algo_config)

@@ -32,6 +32,7 @@ from workbench.workers.actor import ActorConfig
 from workbench.workers.critic import CriticConfig
 
 HELD_OUT = ("same", "harder")
+CRITIC_BESIDE = ("actor", "rollout")
 FROM_MODEL = "<model>"
 """actor.model_path / critic.model_path placeholder: take the directory from the model section."""
 
@@ -100,7 +101,13 @@ class PlacementSection:
     Needed by `asynchronous`."""
     critic_devices: int = 1
     """Devices of the critic pool (the critic, and for Safe-RLHF the cost critic fused with it);
-    0 puts the critics on the actor's pool (colocated: time-shared, in call order)."""
+    0 puts the critics beside another model (colocated: time-shared, in call order): see
+    `critic_beside`."""
+    critic_beside: str = "actor"
+    """With critic_devices 0, whose processes the critics share: "actor" (the actor's pool), or
+    "rollout" (the rollout group's, placement.rollout_devices >= 1: the critic then scores and
+    trains while the actor trains, which balances an asynchronous PPO run whose generation is
+    short)."""
     num_devices: int = 0
     """Logical devices of the embedded Ray; 0: as many as the pools need. Ignored when the run
     is given a session or RAY_ADDRESS names a cluster."""
@@ -254,6 +261,7 @@ class RunConfig:
                 0,
                 "asynchronous.enabled generates on a rollout group of its own: give it >= 1 device",
             )
+        self.check_critic_beside()
         if self.checkpoint.resume and not self.checkpoint.every:
             raise ConfigError("checkpoint.resume", True, "resuming needs checkpoints: set checkpoint.every >= 1")
         if self.logging.wandb:
@@ -271,6 +279,24 @@ class RunConfig:
             "data", "reward_timeout", self.data.reward_timeout, 0, low_open=True, fix="give the seconds allowed, > 0"
         )
 
+    def check_critic_beside(self) -> None:
+        place = self.placement
+        checks.one_of("placement", "critic_beside", place.critic_beside, CRITIC_BESIDE)
+        if place.critic_beside == "rollout" and not place.rollout_devices:
+            raise ConfigError(
+                "placement.critic_beside",
+                "rollout",
+                "the critics share the rollout group's processes: give it devices (placement.rollout_devices "
+                '>= 1) or use critic_beside="actor"',
+            )
+        if place.critic_beside == "rollout" and place.critic_devices:
+            raise ConfigError(
+                "placement.critic_devices",
+                place.critic_devices,
+                'critic_beside="rollout" puts the critics in the rollout group\'s processes: set '
+                "placement.critic_devices=0 (or drop critic_beside for a critic pool of its own)",
+            )
+
     def check_plan(self) -> None:
         """placement.plan's form (the plan itself is read and checked by build.run_plan)."""
         place, plan = self.placement, self.placement.plan
@@ -285,7 +311,12 @@ class RunConfig:
             )
         hand = {
             name: getattr(place, name)
-            for name, default in (("actor_devices", 1), ("critic_devices", 1), ("rollout_devices", 0))
+            for name, default in (
+                ("actor_devices", 1),
+                ("critic_devices", 1),
+                ("rollout_devices", 0),
+                ("critic_beside", "actor"),
+            )
             if getattr(place, name) != default
         }
         if hand:
