@@ -5,9 +5,14 @@ Placements, all on two devices of one torch thread each (the same cores, the sam
   critic beside it (PPO) — the hybrid engine, today's synchronous default;
 - `split`: the actor (and critic) trains on one device, a rollout group generates on the other,
   synchronously (generate, then train, then push the weights);
+- `split-cr` (PPO): the same, the critic in the rollout group's processes
+  (placement.critic_beside=rollout): the reference beside the critic's values, the actor's update
+  beside the critic's — PPO's fastest synchronous placement here;
 - `async-s1`, `async-s2`: the same split, generation of the next batches overlapping training
   (algorithms.pipeline) with max_staleness 1 and 2, truncated importance sampling on the stale
   rows (pi_old from the one-step update's own forward).
+A probe beyond two processes (`--placements split3,async3-s1,split4,async4-s1`): the actor, the
+critic and a rollout group of 1 (or 2) devices, each process one thread, on the same 2 cores.
 Each is a headless run (workbench.run.Runner) of GRPO and of PPO from the same briefly SFT'd tiny
 model (bench/learning.py's, so rewards move), the arithmetic task, the same prompts in the same
 order; round r samples with seed r. Rounds alternate the placements (the machine is shared and
@@ -47,6 +52,30 @@ OUT = ROOT / "runs" / "async_rl"
 PLACEMENTS = {  # name: run-config overrides
     "colocated": ("placement.actor_devices=2", "placement.critic_devices=0"),
     "split": ("placement.actor_devices=1", "placement.critic_devices=0", "placement.rollout_devices=1"),
+    "split-cr": (
+        "placement.actor_devices=1",
+        "placement.critic_devices=0",
+        "placement.rollout_devices=1",
+        "placement.critic_beside=rollout",
+    ),
+    "split3": ("placement.actor_devices=1", "placement.critic_devices=1", "placement.rollout_devices=1"),
+    "async3-s1": (
+        "placement.actor_devices=1",
+        "placement.critic_devices=1",
+        "placement.rollout_devices=1",
+        "asynchronous.enabled=true",
+        "asynchronous.max_staleness=1",
+        "algorithm.off_policy_correction=tis",
+    ),
+    "split4": ("placement.actor_devices=1", "placement.critic_devices=1", "placement.rollout_devices=2"),
+    "async4-s1": (
+        "placement.actor_devices=1",
+        "placement.critic_devices=1",
+        "placement.rollout_devices=2",
+        "asynchronous.enabled=true",
+        "asynchronous.max_staleness=1",
+        "algorithm.off_policy_correction=tis",
+    ),
     "async-s1": (
         "placement.actor_devices=1",
         "placement.critic_devices=0",
@@ -64,6 +93,10 @@ PLACEMENTS = {  # name: run-config overrides
         "algorithm.off_policy_correction=tis",
     ),
 }
+
+
+DEFAULT_PLACEMENTS = ("colocated", "split", "split-cr", "async-s1", "async-s2")
+"""The others (3 or 4 processes on the same 2 cores) were a probe: see results/async_rl/NOTES.md."""
 
 
 def run_config(algo: str, placement: str, model_dir: Path, data: dict[str, Path], args, round_: int):
@@ -100,7 +133,6 @@ def run_config(algo: str, placement: str, model_dir: Path, data: dict[str, Path]
             "checkpoint.every=0",
             "faults.max_recoveries=0",
             *PLACEMENTS[placement],
-            *((f"placement.critic_beside={args.critic_beside}",) if placement != "colocated" else ()),
         ],
     )
 
@@ -219,7 +251,7 @@ def plot(algo: str, runs: dict[str, list[dict]], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--algos", default="grpo,ppo")
-    parser.add_argument("--placements", default=",".join(PLACEMENTS))
+    parser.add_argument("--placements", default=",".join(DEFAULT_PLACEMENTS))
     parser.add_argument("--prompts", type=int, default=8, help="prompts per iteration")
     parser.add_argument("--n", type=int, default=4, help="GRPO samples per prompt")
     parser.add_argument("--new-tokens", type=int, default=32)
@@ -232,12 +264,6 @@ def main() -> None:
     )
     parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--kl-coef", type=float, default=0.0)
-    parser.add_argument(
-        "--critic-beside",
-        default="rollout",
-        choices=("actor", "rollout"),
-        help="PPO's split and asynchronous placements: the critic in the actor's or the rollout's processes",
-    )
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--iterations", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
@@ -252,40 +278,39 @@ def main() -> None:
 
     placements = args.placements.split(",")
     results: dict = {}
-    with Session(num_devices=2, threads_per_worker=1) as session:
+    with Session(num_devices=4, threads_per_worker=1) as session:
         for algo in args.algos.split(","):
-            runs: dict[str, list[dict]] = {p: [] for p in placements}
+            # The critic's placement makes a difference only where there is a critic.
+            runs: dict[str, list[dict]] = {p: [] for p in placements if algo == "ppo" or p != "split-cr"}
             for round_ in range(args.rounds):
-                for placement in placements:
+                for placement in runs:
                     runs[placement].append(one_run(session, algo, placement, model_dir, data, args, round_))
                     tps = tokens_per_s(runs[placement][-1]["points"], args.warmup)
                     print(f"[{algo} round {round_}] {placement}: {tps:.1f} tokens/s", flush=True)
-            tps = {p: statistics.median(tokens_per_s(r["points"], args.warmup) for r in runs[p]) for p in placements}
-            sync_best = max((p for p in placements if not p.startswith("async")), key=tps.__getitem__)
+            tps = {p: statistics.median(tokens_per_s(r["points"], args.warmup) for r in runs[p]) for p in runs}
+            sync_best = max((p for p in runs if not p.startswith("async")), key=tps.__getitem__)
             measured_it = {
                 p: statistics.median(
                     (r["points"][-1]["t"] - r["points"][args.warmup - 1]["t"]) / args.iterations for r in runs[p]
                 )
-                for p in placements
+                for p in runs
             }
             entry = {
                 "tokens_per_s": {p: round(v, 1) for p, v in tps.items()},
                 "iteration_s": {p: round(v, 3) for p, v in measured_it.items()},
                 "best_sync": sync_best,
-                **{f"ratio_{p}": round(tps[p] / tps[sync_best], 3) for p in placements if p.startswith("async")},
-                "final_score": {
-                    p: round(statistics.mean(r["points"][-1]["score"] for r in runs[p]), 3) for p in placements
-                },
+                **{f"ratio_{p}": round(tps[p] / tps[sync_best], 3) for p in runs if p.startswith("async")},
+                "final_score": {p: round(statistics.mean(r["points"][-1]["score"] for r in runs[p]), 3) for p in runs},
                 "mean_score": {
-                    p: round(statistics.mean(pt["score"] for r in runs[p] for pt in r["points"]), 3) for p in placements
+                    p: round(statistics.mean(pt["score"] for r in runs[p] for pt in r["points"]), 3) for p in runs
                 },
                 "reward_vs_wallclock": reward_comparison(runs, sync_best),
             }
             if "split" in runs:
-                asynchronous = [r for p in placements if p.startswith("async") for r in runs[p]]
+                asynchronous = [r for p in runs if p.startswith("async") for r in runs[p]]
                 model = modelled_async(runs["split"], asynchronous, args.warmup)
                 entry["planner"] = {k: round(v, 3) for k, v in model.items()}
-                for p in placements:
+                for p in runs:
                     if p.startswith("async-s"):
                         s = int(p.removeprefix("async-s"))
                         entry[f"planner_error_{p}"] = round(model[f"s{s}"] / measured_it[p] - 1, 3)
@@ -312,7 +337,6 @@ def main() -> None:
                         "warmup",
                         "iterations",
                         "rounds",
-                        "critic_beside",
                     )
                 }
                 | {"devices": 2, "threads_per_worker": 1, "model": "tiny 10m, SFT'd (bench/learning.py)"},
