@@ -149,6 +149,7 @@ class CriticWorker(Worker):
             mini_batch_size=max(1, config.mini_batch_size // self.mesh.dp),
             tp_mesh=self.device_mesh["tp"] if config.backend == "3d" and self.mesh.tp > 1 else None,
             compute_dtype=training_dtype(config.load, self.device, "CriticConfig"),
+            pp_mesh=self.device_mesh["pp"] if config.backend == "3d" and self.mesh.pp > 1 else None,
         )
         self.kept: KeptForwards | None = None  # compute_values' training forward; dropped when the weights change
 
