@@ -1,10 +1,12 @@
-"""Pipeline parallelism (backend "3d", pp > 1) on real gloo processes: pp=2 and pp=2 x tp=2.
+"""Pipeline parallelism (backend "3d", pp > 1) on real gloo processes: pp=2, pp=2 x tp=2 and
+dp=2 x pp=2.
 
 Every rank also builds the unsplit model and steps it in one process (the tensor-parallel engine
 with no tensor parallelism: plain AdamW, the same clipping); the pipelined engine must match it
 within 1e-5 — scoring forwards (log-probs, values), a PPO actor step and a value-loss critic
 step (loss metrics, grad norm, every weight after the step), `full_weights()`, and a checkpoint
-saved after one step, loaded after another, and stepped again.
+saved after one step, loaded after another, and stepped again; a NaN loss skips the step on
+every rank.
 """
 
 import copy
@@ -21,6 +23,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, LlamaForTokenClassificat
 from algorithms import core
 from algorithms.losses import ActorLoss, CriticLoss
 from workbench.data.batch import Batch
+from workbench.engines.accumulation import NonFiniteStep
 from workbench.engines.contract import OptimConfig, needs
 from workbench.engines.forward import model_outputs, response_log_probs, response_values
 from workbench.engines.pipeline import PipelineEngine
@@ -98,41 +101,70 @@ def metric_diff(a: dict, b: dict) -> float:
     return max(abs(a[k] - b[k]) for k in a)
 
 
+class Poisoned:
+    """`loss` times NaN: a step whose gradient norm is not finite."""
+
+    def __init__(self, loss):
+        self.loss, self.needs = loss, loss.needs
+
+    def weight(self, batch):
+        return self.loss.weight(batch)
+
+    def __call__(self, outputs, batch):
+        loss, metrics = self.loss(outputs, batch)
+        return loss * float("nan"), metrics
+
+
 def _check(name, model, loss_fn, score, data, mesh, ckpt) -> dict:
+    """Each data-parallel replica takes its share of the rows; the one-process step takes them all."""
+    dp, d = mesh["dp"].size(), mesh["dp"].get_local_rank()
+    mine = data[2 * d : 2 * d + 2] if dp == 2 else data
+    micro, whole = ([mine[:1], mine[1:]] if dp == 2 else [data[:2], data[2:]]), [data[:2], data[2:]]
+    # Loss metrics are each replica's own rows (workers average them over ranks): compared at dp=1.
+    compared = (lambda m: m) if dp == 1 else (lambda m: {"grad_norm": m["grad_norm"]})  # noqa: E731
     reference = TensorParallelEngine(copy.deepcopy(model), OPTIM, None)
-    engine = PipelineEngine(model, OPTIM, mesh["pp"], mesh["tp"] if mesh["tp"].size() > 1 else None)
+    tp_mesh = mesh["tp"] if mesh["tp"].size() > 1 else None
+    engine = PipelineEngine(model, OPTIM, mesh["pp"], tp_mesh, mesh["dp"].get_group() if dp > 1 else None)
     engine.model.eval()
     with torch.no_grad():
-        scored = score(engine.model, data) - score(reference.model.eval(), data)
+        scored = score(engine.model, mine) - score(reference.model.eval(), mine)
     out = {
         "score": float(scored.abs().max()),
         "full_weights_start": diff(engine.full_weights(), reference.full_weights()),
     }
-    forward, micro = forward_for(loss_fn), [data[:2], data[2:]]
-    got, want = engine.train_step(loss_fn, micro, forward), reference.train_step(loss_fn, micro, forward)
-    out["metrics"], out["weights_after_step"] = (
-        metric_diff(got, want),
-        diff(engine.full_weights(), reference.full_weights()),
-    )
+    forward = forward_for(loss_fn)
+    got, want = engine.train_step(loss_fn, micro, forward), reference.train_step(loss_fn, whole, forward)
+    out["metrics"] = metric_diff(compared(got), compared(want))
+    out["weights_after_step"] = diff(engine.full_weights(), reference.full_weights())
     out["grad_norm"] = got["grad_norm"]
     engine.save(os.path.join(ckpt, name))
     after_save = engine.full_weights()
     engine.train_step(loss_fn, micro, forward)
     engine.load(os.path.join(ckpt, name))
     out["loaded"] = diff(engine.full_weights(), after_save)
-    got, want = engine.train_step(loss_fn, micro, forward), reference.train_step(loss_fn, micro, forward)
-    out["step_after_load"] = max(metric_diff(got, want), diff(engine.full_weights(), reference.full_weights()))
+    got, want = engine.train_step(loss_fn, micro, forward), reference.train_step(loss_fn, whole, forward)
+    out["step_after_load"] = max(
+        metric_diff(compared(got), compared(want)), diff(engine.full_weights(), reference.full_weights())
+    )
+    before = engine.full_weights()
+    try:
+        engine.train_step(Poisoned(loss_fn), micro, forward)
+        out["nan_step_not_refused"] = 1.0
+    except NonFiniteStep:  # on every rank: the norm is global
+        out["nan_step_not_refused"] = 0.0
+    out["nan_step_changed_weights"] = diff(engine.full_weights(), before)
     return out
 
 
-def _worker(rank: int, world: int, tp: int, store: str, out_dir: str) -> None:
+def _worker(rank: int, dp: int, tp: int, store: str, out_dir: str) -> None:
     torch.set_num_threads(1)
+    world = dp * 2 * tp
     dist.init_process_group(
         "gloo", store=dist.FileStore(store, world), rank=rank, world_size=world, timeout=timedelta(seconds=120)
     )
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh("cpu", (1, 2, tp), mesh_dim_names=("dp", "pp", "tp"))
+    mesh = init_device_mesh("cpu", (dp, 2, tp), mesh_dim_names=("dp", "pp", "tp"))  # the workers' order
     actor, critic = models()
     data = batch()
     actor_loss = ActorLoss(core.ppo_clip, entropy_coeff=0.01)
@@ -149,16 +181,16 @@ def _worker(rank: int, world: int, tp: int, store: str, out_dir: str) -> None:
     dist.destroy_process_group()
 
 
-def run(tmp_path, tp: int) -> list[dict]:
-    world = 2 * tp
-    mp.spawn(_worker, args=(world, tp, str(tmp_path / "store"), str(tmp_path)), nprocs=world, join=True)
+def run(tmp_path, dp: int, tp: int) -> list[dict]:
+    world = dp * 2 * tp
+    mp.spawn(_worker, args=(dp, tp, str(tmp_path / "store"), str(tmp_path)), nprocs=world, join=True)
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("tp", [1, 2], ids=["pp2", "pp2xtp2"])
-def test_pipelined_steps_scores_and_checkpoints_equal_one_process(tmp_path, tp):
-    for rank, result in enumerate(run(tmp_path, tp)):
+@pytest.mark.parametrize("dp,tp", [(1, 1), (1, 2), (2, 1)], ids=["pp2", "pp2xtp2", "dp2xpp2"])
+def test_pipelined_steps_scores_and_checkpoints_equal_one_process(tmp_path, dp, tp):
+    for rank, result in enumerate(run(tmp_path, dp, tp)):
         for role, checks in result.items():
             assert checks["grad_norm"] > 0
             for what, value in checks.items():
