@@ -92,8 +92,9 @@ class ActorConfig:
     """Hold trainable shards and an optimizer (update_actor)."""
     backend: str = "fsdp"
     """Training backend: "fsdp" (FSDP2), "deepspeed" (DeepSpeed ZeRO, stage `zero_stage`), or "3d"
-    (tensor parallel over the mesh's tp ranks, data-parallel replicas; with a generation layout
-    gen_tp < tp the rollout runs in it: the 3D-HybridEngine, workbench.hybrid)."""
+    (pipeline stages over the mesh's pp ranks, tensor parallel over its tp ranks, data-parallel
+    replicas; with a generation layout gen_tp < tp the rollout runs in it: the 3D-HybridEngine,
+    workbench.hybrid; with pp > 1 every rank generates with whole weights, gen_pp=1, gen_tp=1)."""
     zero_stage: int = 2
     """ZeRO stage for backend="deepspeed": 1 (optimizer state), 2 (+ gradients), 3 (+ parameters)."""
     rollout: str | None = "hf"

@@ -49,8 +49,8 @@ class CriticConfig:
     micro_batch_size: int = 4
     epochs: int = 1
     backend: str = "fsdp"
-    """Training backend: "fsdp", "deepspeed", or "3d" (tensor parallel over the mesh's tp ranks,
-    data-parallel replicas)."""
+    """Training backend: "fsdp", "deepspeed", or "3d" (pipeline stages over the mesh's pp ranks,
+    tensor parallel over its tp ranks, data-parallel replicas)."""
     zero_stage: int = 2
     """DeepSpeed ZeRO stage (1, 2 or 3) when backend="deepspeed"."""
     seed: int = 0
