@@ -119,7 +119,10 @@ def _check(name, model, loss_fn, score, data, mesh, ckpt) -> dict:
     """Each data-parallel replica takes its share of the rows; the one-process step takes them all."""
     dp, d = mesh["dp"].size(), mesh["dp"].get_local_rank()
     mine = data[2 * d : 2 * d + 2] if dp == 2 else data
-    micro, whole = ([mine[:1], mine[1:]] if dp == 2 else [data[:2], data[2:]]), [data[:2], data[2:]]
+    # At dp=1 uneven micro-batches (3 rows, then 1 with a shorter response): the schedule's
+    # inputs are padded to one shape, and the padding must not reach the loss.
+    micro = [mine[:1], mine[1:]] if dp == 2 else [data[:3], data[3:]]
+    whole = [data[:2], data[2:]] if dp == 2 else micro
     # Loss metrics are each replica's own rows (workers average them over ranks): compared at dp=1.
     compared = (lambda m: m) if dp == 1 else (lambda m: {"grad_norm": m["grad_norm"]})  # noqa: E731
     reference = TensorParallelEngine(copy.deepcopy(model), OPTIM, None)
