@@ -168,3 +168,21 @@ def test_the_weight_push_broadcasts_what_the_rollout_holds_tensor_by_tensor():
     adapters = lora.adapter_params * 4
     expected = adapters / 1e9 + 84 * 1e-3 + 2 * adapters / 1e10
     assert opt.weight_push_time(lora, one, one, False) == pytest.approx(expected)
+
+
+def test_the_pipeline_bubble_is_the_gpipe_schedules_the_runtime_runs(monkeypatch):
+    """Training: a step's m micro-batches through one GPipe schedule, (p-1)/(m+p-1) of the step
+    idle; scoring: one micro-batch at a time through the stages (workbench.engines.pipeline)."""
+    import workbench.planner.simulator as simulator
+
+    bubble = simulator.pipeline_bubble
+    for pp, m in ((1, 4), (2, 1), (2, 4), (4, 8)):
+        step = bubble(pp, m)  # in units of the bubble-free time
+        assert (step - 1) / step == pytest.approx((pp - 1) / (m + pp - 1))
+    seen = []
+    monkeypatch.setattr(simulator, "pipeline_bubble", lambda pp, m: seen.append((pp, m)) or bubble(pp, m))
+    opt, _ = sims()
+    opt.train(SPEC, Mesh(2, 1, 1))
+    opt.inference(SPEC, Mesh(2, 1, 1))
+    # 32 sequences, 4 optimizer steps of 8 rows, micro-batches of 4: m = 2 per step
+    assert seen == [(2, 2), (2, 1)]

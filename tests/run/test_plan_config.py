@@ -180,3 +180,38 @@ def test_the_planned_config_reads(tiny):
     assert run.source == "inline" and [s.name for s in run.plan.sets] == ["actor+reference", "critic"]
     assert run.name == "actor-dp2-critic-alone" and run.to_dict()["name"] == run.name
     assert build.devices_needed(cfg, run) == 3
+
+
+PIPELINED = {
+    "sets": [
+        {
+            "devices": 2,
+            "models": {"actor": {"pp": 2, "generation": {"pp": 1, "dp": 2}}, "reference": {"pp": 2}},
+        },
+        {"devices": 2, "models": {"critic": {"pp": 2}}},
+    ]
+}
+
+
+def test_a_pipelined_plan_runs_on_the_3d_backend_and_its_generation_layout_has_no_stages(tiny):
+    backends = ("actor.backend=3d", "critic.backend=3d")
+    run = planned(config(tiny, *backends, plan=PIPELINED))
+    actor = run.plan.set_of("actor").assignments["actor"]
+    assert (actor.strategy.pp, actor.generation.pp, actor.generation.dp) == (2, 1, 2)
+    with pytest.raises(ConfigError) as info:
+        planned(
+            config(
+                tiny,
+                *backends,
+                plan=edited_from(PIPELINED, lambda v: v["sets"][0]["models"]["actor"].pop("generation")),
+            )
+        )
+    assert (
+        info.value.where == "placement.plan.sets[0].models.actor.generation.pp" and "not generation" in info.value.fix
+    )
+
+
+def edited_from(values, change):
+    values = yaml.safe_load(yaml.safe_dump(values))
+    change(values)
+    return values

@@ -1,5 +1,6 @@
 """The one place a training backend is chosen: FSDP2 (default), DeepSpeed ZeRO, or "3d"
-(tensor parallel inside each replica, data-parallel replicas: the hybrid engine's training layout).
+(pipeline stages and tensor parallel inside each replica, data-parallel replicas: the hybrid
+engine's training layout).
 
 The engines share one interface — `model`, `train_step(loss_fn, micro_batches, forward)`,
 `full_weights()`, `save(path)`, `load(path)` — so workers and algorithms never branch on it.
@@ -41,9 +42,10 @@ def make_engine(
     mini_batch_size: int = 1,
     tp_mesh=None,
     compute_dtype: torch.dtype | None = None,
+    pp_mesh=None,
 ):
     """A training engine over `model` for the data-parallel ranks of `dp_mesh` (and, for "3d",
-    the tensor-parallel ranks of `tp_mesh`).
+    the tensor-parallel ranks of `tp_mesh` and the pipeline stages of `pp_mesh`).
 
     micro_batch_size / mini_batch_size (rows per rank) only fill DeepSpeed's batch bookkeeping;
     the arithmetic of a step is the same in both engines (rows-weighted gradient accumulation).
@@ -55,7 +57,12 @@ def make_engine(
     if backend == "3d":
         from workbench.engines.tensor_parallel import TensorParallelEngine
 
-        return TensorParallelEngine(model, optim, tp_mesh, dp_mesh.get_group() if dp_mesh is not None else None)
+        dp_group = dp_mesh.get_group() if dp_mesh is not None else None
+        if pp_mesh is not None and pp_mesh.size() > 1:
+            from workbench.engines.pipeline import PipelineEngine
+
+            return PipelineEngine(model, optim, pp_mesh, tp_mesh, dp_group)
+        return TensorParallelEngine(model, optim, tp_mesh, dp_group)
     if backend == "deepspeed":
         from workbench.engines.deepspeed_engine import DeepSpeedEngine  # imports deepspeed: slow
 

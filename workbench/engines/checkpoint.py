@@ -26,26 +26,31 @@ FRESH = "optimizer_not_stepped"
 """Marker file: the checkpoint's optimizer had not taken a step."""
 
 
-def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str) -> None:
+def save_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str, optim_key: str = "optim") -> None:
+    """optim_key: where the optimizer's state goes. Ranks whose optimizers hold different
+    parameters (pipeline stages) need one each: DCP keeps one copy of a key every rank writes,
+    and the param_groups (lists of parameter names) would collide."""
     fresh = not optimizer.state
     if fresh:
         _make_fresh(optimizer)
     model_state, optim_state = get_state_dict(model, optimizer, options=_options(model))
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=path)
+    dcp.save({"model": model_state, optim_key: optim_state}, checkpoint_id=path)
     if fresh:
         _make_fresh(optimizer)
         (Path(path) / FRESH).touch()
 
 
-def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str) -> None:
+def load_sharded(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str, optim_key: str = "optim") -> None:
     options = _options(model)
     model_state, optim_state = get_state_dict(model, optimizer, options=options)
-    state = {"model": model_state, "optim": optim_state}
+    state = {"model": model_state, optim_key: optim_state}
     dcp.load(state, checkpoint_id=path)  # raises if the checkpoint lacks any tensor asked for
     # Not strict where frozen weights were left out: they stay as loaded from the model dir.
     frozen = options.ignore_frozen_params
     options = StateDictOptions(ignore_frozen_params=frozen, strict=not frozen)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options)
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state[optim_key], options=options
+    )
     if (Path(path) / FRESH).exists():
         _make_fresh(optimizer)
 

@@ -27,6 +27,7 @@ from workbench.engines.accumulation import NonFiniteStep, accumulate_gradients, 
 from workbench.engines.checkpoint import load_sharded, save_sharded
 from workbench.engines.contract import Forward, LossFn, OptimConfig
 from workbench.engines.fsdp import decoder_layers
+from workbench.engines.pipeline_stages import check_pipeline
 from workbench.errors import ConfigError
 from workbench.models.load import load_config
 
@@ -54,14 +55,19 @@ def check_tensor_parallel(config, tp: int, field: str = "model") -> None:
 def check_tensor_parallel_layout(
     owner: str, mesh, role: str, model_path, trust_remote_code: bool = False, rollout: str | None = None
 ) -> None:
-    """backend="3d": tensor and data parallelism (pp = 1), a generation layout that only shrinks
-    tensor parallelism, a model whose heads and widths split evenly, an HF rollout when the
-    generation layout is cut."""
-    if mesh.pp != 1 or mesh.gen_pp not in (None, 1):
+    """backend="3d": pipeline, tensor and data parallelism; a generation layout that only
+    shrinks tensor parallelism (pp = 1) or holds whole weights on every rank (pp > 1); a model
+    whose heads and widths split evenly over tp and whose layers over pp; an HF rollout when
+    the generation layout is cut."""
+    if mesh.pp > 1 and rollout is not None and ((mesh.gen_pp or mesh.pp), (mesh.gen_tp or mesh.tp)) != (1, 1):
         raise ConfigError(
-            f"{role} mesh", str(mesh), f"{owner} with backend='3d' has no pipeline parallelism yet; use pp=1"
+            f"{role} mesh",
+            str(mesh),
+            f"{owner} with pipeline parallelism (pp={mesh.pp}) generates with whole weights on every "
+            "rank: a pipelined or tensor-parallel generation layout is not built yet; use gen_pp=1, "
+            "gen_tp=1, or rollout=None",
         )
-    gen_tp = mesh.gen_tp or mesh.tp
+    gen_tp = (mesh.gen_tp or mesh.tp) if mesh.pp == 1 else 1
     if gen_tp > 1 and rollout not in ("hf", None):
         raise ConfigError(
             f"{owner}.rollout",
@@ -72,6 +78,7 @@ def check_tensor_parallel_layout(
     config = load_config(model_path, trust_remote_code)
     for size in {mesh.tp, gen_tp}:
         check_tensor_parallel(config, size, f"{owner}.model_path ({model_path})")
+    check_pipeline(config, mesh.pp, f"{owner}.model_path ({model_path})")
 
 
 def llama_tp_plan(model: torch.nn.Module) -> dict:
@@ -115,6 +122,7 @@ class TensorParallelEngine:
         self.model, self.optim = parallelize(model, tp_mesh), optim
         self.tp_group = tp_mesh.get_group() if tp_mesh is not None and tp_mesh.size() > 1 else None
         self.dp_group = dp_group
+        self.pp_group = None  # stages of a pipeline (PipelineEngine): the norm sums over them
         # foreach kernels refuse lists that mix DTensor and plain tensors (norms are plain).
         self.optimizer = torch.optim.AdamW(
             model.parameters(),
@@ -167,7 +175,10 @@ class TensorParallelEngine:
                 sharded += square
         if self.tp_group is not None:
             sharded = all_reduce_small(sharded, self.tp_group)
-        norm = float((sharded + whole).sqrt())
+        total = sharded + whole  # this stage's; each parameter lives on one stage
+        if self.pp_group is not None:
+            total = all_reduce_small(total, self.pp_group)
+        norm = float(total.sqrt())
         if math.isfinite(norm) and norm > max_norm:
             scale = max_norm / (norm + 1e-6)
             for _, g in self._grads():

@@ -1,7 +1,10 @@
 """Analytical time of one model function call under a parallel strategy (HybridFlow §6).
 
 Training and inference are compute-bound: FLOPs over achieved throughput, plus tensor-parallel
-collectives per layer, the pipeline bubble (1F1B: (p-1)/m extra) and, for training, the
+collectives per layer, the pipeline bubble as the runtime runs it (workbench.engines.pipeline:
+a training step's m micro-batches go through one GPipe schedule, (p-1)/m extra, the bubble
+being (p-1)/(m+p-1) of the step; a scoring forward takes one micro-batch at a time through the
+stages, p-1 extra) and, for training, the
 data-parallel gradient reduce-scatter + parameter all-gather of a distributed optimizer, and
 the optimizer step itself (memory-bound: Adam streams its states once per step).
 Generation is memory-bound: every decoding step reads the weights and the KV cache once
@@ -37,6 +40,12 @@ OPTIMIZER_STEP_BYTES = GRAD_BYTES + 2 * ADAM_BYTES + WEIGHT_BYTES
 # Kernels of one Llama block in a forward pass or decoding step: 2 RMSNorms, fused QKV,
 # rotary, attention, output projection, 2 residual adds, gate+up, SiLU·mul, down.
 KERNELS_PER_LAYER = 11
+
+
+def pipeline_bubble(pp: int, micro_batches: int) -> float:
+    """A GPipe schedule's time over the bubble-free time: (m + p - 1) / m for m micro-batches
+    on p stages, so the bubble is (p - 1) / (m + p - 1) of the step."""
+    return (micro_batches + pp - 1) / micro_batches
 
 
 class Simulator:
@@ -100,7 +109,7 @@ class Simulator:
         flops = tokens * spec.forward_flops_per_token(wl.seq_len / 2) * passes
         compute = flops / (s.world_size * c.peak_flops * eff)
 
-        # Micro-batches per optimizer step per replica: m in the 1F1B bubble (p-1)/m.
+        # Micro-batches per optimizer step per replica: m in the GPipe bubble (p-1)/m.
         per_step = seqs * epochs / steps / s.dp
         micro = max(1, math.ceil(per_step / wl.micro_batch_size))
         n_micro = micro * steps
@@ -110,7 +119,7 @@ class Simulator:
         ar_per_layer = 2 * passes if train else 2
         layers = spec.n_layers / s.pp
         tp = self.allreduce(act_bytes * layers * ar_per_layer, s.tp, n_ops=layers * ar_per_layer * n_micro)
-        bubble = 1 + (s.pp - 1) / micro
+        bubble = pipeline_bubble(s.pp, micro if train else 1)
         # Fixed framework cost per forward-equivalent of each micro-batch (0 on GPU presets).
         overhead = n_micro * (
             passes * (c.step_overhead + self.kernel_time(spec, s))

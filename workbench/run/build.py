@@ -371,24 +371,26 @@ def _reference_layout_as_actor(values: dict) -> None:
 
 def _check_runnable(config: RunConfig, plan: Plan, values: dict) -> None:
     """What the run's workers run of a priced plan: the reference in the actor's processes
-    (its set and layout), tensor parallelism only with backend "3d", no pipeline parallelism."""
+    (its set and layout), tensor and pipeline parallelism only with backend "3d", no pipelined
+    generation layout."""
     index = {m: i for i, s in enumerate(values["sets"]) for m in s["models"]}
     at = lambda m: f"placement.plan.sets[{index[m]}].models.{m}"  # noqa: E731
     backends = {"actor": config.actor.backend, "reference": config.actor.backend}
     backends |= {"critic": config.critic.backend, "cost_critic": config.critic.backend}
     for s in plan.sets:
         for m, a in s.assignments.items():
-            for mesh, where in ((a.strategy, at(m)), (a.generation, f"{at(m)}.generation")):
+            for mesh, where, generating in ((a.strategy, at(m), False), (a.generation, f"{at(m)}.generation", True)):
                 if mesh is None:
                     continue
-                if mesh.pp > 1:
+                section = "actor" if m in ("actor", "reference") else "critic"
+                if mesh.pp > 1 and (backends.get(m) != "3d" or generating):
                     raise ConfigError(
                         f"{where}.pp",
                         mesh.pp,
-                        "pipeline parallelism does not run yet (issue 27 item 1): use pp: 1",
+                        f'pipeline parallelism runs the "3d" backend\'s training and scoring forwards '
+                        f"(actor, reference, critic), not generation: set {section}.backend=3d, or pp: 1",
                     )
                 if mesh.tp > 1 and backends[m] != "3d":
-                    section = "actor" if m in ("actor", "reference") else "critic"
                     raise ConfigError(
                         f"{where}.tp",
                         mesh.tp,

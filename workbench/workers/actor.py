@@ -41,6 +41,7 @@ from workbench.engines.contract import Forward, LossFn, OptimConfig, check_train
 from workbench.engines.forward import model_outputs, response_log_probs, sequence_nll
 from workbench.engines.hf_rollout import HFRollout, HFRolloutConfig, weightless_copy
 from workbench.engines.multi_turn import EpisodeConfig, Episodes
+from workbench.engines.pipeline import PipelinedModel
 from workbench.engines.rollout import SamplingConfig, end_token_ids, response_texts, stream_seed
 from workbench.engines.tensor_parallel import check_tensor_parallel_layout, parallelize
 from workbench.engines.vllm_rollout import VLLMRolloutConfig
@@ -91,8 +92,9 @@ class ActorConfig:
     """Hold trainable shards and an optimizer (update_actor)."""
     backend: str = "fsdp"
     """Training backend: "fsdp" (FSDP2), "deepspeed" (DeepSpeed ZeRO, stage `zero_stage`), or "3d"
-    (tensor parallel over the mesh's tp ranks, data-parallel replicas; with a generation layout
-    gen_tp < tp the rollout runs in it: the 3D-HybridEngine, workbench.hybrid)."""
+    (pipeline stages over the mesh's pp ranks, tensor parallel over its tp ranks, data-parallel
+    replicas; with a generation layout gen_tp < tp the rollout runs in it: the 3D-HybridEngine,
+    workbench.hybrid; with pp > 1 every rank generates with whole weights, gen_pp=1, gen_tp=1)."""
     zero_stage: int = 2
     """ZeRO stage for backend="deepspeed": 1 (optimizer state), 2 (+ gradients), 3 (+ parameters)."""
     rollout: str | None = "hf"
@@ -240,13 +242,16 @@ class ActorRolloutRefWorker(Worker):
             model = apply_lora(model, config.lora)
         tensor_parallel = config.backend == "3d" and self.mesh.tp > 1
         tp_mesh = self.device_mesh["tp"] if tensor_parallel else None
+        pp_mesh = self.device_mesh["pp"] if config.backend == "3d" and self.mesh.pp > 1 else None
         self.reference = None
         if config.reference and config.lora is None:  # cut like the training weights where those are cut
-            self.reference = compile_forward(
-                parallelize(copy.deepcopy(model), tp_mesh).eval().requires_grad_(False), config.load
-            )
+            reference = parallelize(copy.deepcopy(model), tp_mesh)
+            reference = PipelinedModel(reference, pp_mesh) if pp_mesh is not None else reference
+            self.reference = compile_forward(reference.eval().requires_grad_(False), config.load)
         self.hybrid = None
-        if tensor_parallel and config.rollout == "hf":
+        # With pipeline stages every rank generates with whole weights (check_tensor_parallel_layout).
+        hybrid_layout = tensor_parallel and pp_mesh is None and config.rollout == "hf"
+        if hybrid_layout:
             self.rollout = HFRollout(
                 self._generation_model(model),
                 self.tokenizer.pad_token_id,
@@ -269,8 +274,9 @@ class ActorRolloutRefWorker(Worker):
                 mini_batch_size=self._rows_per_step(),
                 tp_mesh=tp_mesh,
                 compute_dtype=training_dtype(config.load, self.device, "ActorConfig"),
+                pp_mesh=pp_mesh,
             )
-        if tensor_parallel and config.rollout == "hf":
+        if hybrid_layout:
             self._switched = self.engine.model if self.engine is not None else parallelize(model, tp_mesh)
             self.hybrid = self._hybrid_engine()
         self.shares_weights = False

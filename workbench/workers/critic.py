@@ -49,8 +49,8 @@ class CriticConfig:
     micro_batch_size: int = 4
     epochs: int = 1
     backend: str = "fsdp"
-    """Training backend: "fsdp", "deepspeed", or "3d" (tensor parallel over the mesh's tp ranks,
-    data-parallel replicas)."""
+    """Training backend: "fsdp", "deepspeed", or "3d" (pipeline stages over the mesh's pp ranks,
+    tensor parallel over its tp ranks, data-parallel replicas)."""
     zero_stage: int = 2
     """DeepSpeed ZeRO stage (1, 2 or 3) when backend="deepspeed"."""
     seed: int = 0
@@ -149,6 +149,7 @@ class CriticWorker(Worker):
             mini_batch_size=max(1, config.mini_batch_size // self.mesh.dp),
             tp_mesh=self.device_mesh["tp"] if config.backend == "3d" and self.mesh.tp > 1 else None,
             compute_dtype=training_dtype(config.load, self.device, "CriticConfig"),
+            pp_mesh=self.device_mesh["pp"] if config.backend == "3d" and self.mesh.pp > 1 else None,
         )
         self.kept: KeptForwards | None = None  # compute_values' training forward; dropped when the weights change
 

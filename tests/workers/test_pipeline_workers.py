@@ -1,0 +1,102 @@
+"""Pipeline-parallel workers in a Session: an actor (training, reference and an HF rollout with
+whole weights on every rank) and a critic on Mesh(pp=2), backend "3d". Their scoring forwards
+and an update equal the same in one process; generation picks up the update (the weight sync
+gathers every stage); a checkpoint round-trips; a pipelined generation layout is refused."""
+
+import pytest
+import ray
+import torch
+
+import tests.workers.losses as losses
+from algorithms.losses import CriticLoss
+from tests.hybrid.test_hybrid_engine import GREEDY, OPTIM, single_process_step
+from tests.workers.reference import advantages_for, assert_checkpoint_roundtrip, prompts
+from workbench import Batch, Mesh
+from workbench.engines.forward import model_outputs, response_values
+from workbench.engines.hf_rollout import HFRollout
+from workbench.engines.rollout import SamplingConfig
+from workbench.engines.tensor_parallel import TensorParallelEngine
+from workbench.errors import ConfigError
+from workbench.models import load, make_tiny
+from workbench.models.value import load_value_model
+from workbench.workers import ActorConfig, ActorRolloutRefWorker
+from workbench.workers.critic import CriticConfig, CriticWorker
+
+ray.cloudpickle.register_pickle_by_value(losses)
+
+MESH = Mesh(pp=2, gen_pp=1, gen_tp=1)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return str(make_tiny("1m", tmp_path_factory.mktemp("tiny") / "actor", seed=5))
+
+
+def actor_config(model_dir, **kw) -> ActorConfig:
+    return ActorConfig(
+        model_path=model_dir, backend="3d", optim=OPTIM, mini_batch_size=8, micro_batch_size=2, reference=True, **kw
+    )
+
+
+@pytest.mark.timeout(300)
+def test_a_pipelined_actor_scores_updates_and_generates_like_one_process(session, model_dir, tmp_path):
+    actor = session.group(
+        "actor", ActorRolloutRefWorker, session.pool("actor_pool", 2), actor_config(model_dir), mesh=MESH
+    )
+    loaded = load(model_dir)
+    model, tokenizer = loaded.model.eval(), loaded.tokenizer
+    batch = prompts(tokenizer, 8)
+    rolled = actor.generate_sequences(batch, SamplingConfig(max_new_tokens=8, n=1, seed=3)).get()
+    scored = actor.compute_log_prob(rolled).get()
+    with torch.no_grad():
+        want = model_outputs(model, rolled)["log_probs"]
+    assert (scored["old_log_probs"] - want).abs().max() <= 1e-5
+    ref = actor.compute_ref_log_prob(rolled).get()["ref_log_probs"]
+    assert (ref - want).abs().max() <= 1e-5
+
+    train = rolled.union(advantages_for(rolled))
+    metrics = actor.update_actor(train, losses.reinforce_loss).get()
+    assert metrics["actor/grad_norm"] > 0
+    single = single_process_step(model, train, dp=1)
+    trained = load(actor.export_hf(str(tmp_path / "hf")).get()[0]).model.state_dict()
+    worst = max((trained[k] - v).abs().max().item() for k, v in single.state_dict().items())
+    assert worst <= 1e-5, f"pp=2 vs single process: max param diff {worst}"
+
+    after = actor.generate_sequences(batch, GREEDY).get()  # the rollout's copy got every stage's update
+    mask = after["response_mask"].bool()
+    with torch.no_grad():
+        new, old = (model_outputs(m, after)["log_probs"] for m in (single, model))
+    to_new, to_old = ((after["rollout_log_probs"] - x).abs()[mask].max() for x in (new, old))
+    assert to_new <= 1e-4 and to_old > 20 * to_new, f"generation did not pick up the update: {to_new} vs {to_old}"
+    assert_checkpoint_roundtrip(actor, train, tmp_path / "ckpt")
+
+
+@pytest.mark.timeout(300)
+def test_a_pipelined_critic_scores_and_updates_like_one_process(session, model_dir):
+    cfg = CriticConfig(model_path=model_dir, backend="3d", optim=OPTIM, mini_batch_size=8, micro_batch_size=2)
+    critic = session.group("critic", CriticWorker, session.pool("critic_pool", 2), cfg, mesh=Mesh(pp=2))
+    loaded = load(model_dir)
+    engine = HFRollout(loaded.model, loaded.tokenizer.pad_token_id, loaded.tokenizer.eos_token_id)
+    rolled = engine.generate(prompts(loaded.tokenizer, 8), SamplingConfig(max_new_tokens=6, seed=0))
+    torch.manual_seed(cfg.seed)  # the score head is new: initialised as the workers' were
+    single = TensorParallelEngine(load_value_model(model_dir).model, OPTIM, None)
+    values = critic.compute_values(rolled).get()["values"]
+    with torch.no_grad():
+        want = response_values(single.model.eval(), rolled)
+    assert (values - want).abs().max() <= 1e-5
+    train = rolled.union(Batch({"values": values, "returns": torch.ones_like(values)}))
+    got = critic.update_critic(train, CriticLoss()).get()
+    forward = lambda model, mb: model_outputs(model, mb, ("values",))  # noqa: E731
+    expected = single.train_step(CriticLoss(), [train[i : i + 2] for i in range(0, 8, 2)], forward)
+    assert abs(got["critic/vf_loss"] - expected["critic/vf_loss"]) <= 1e-5
+    assert abs(got["critic/grad_norm"] - expected["grad_norm"]) <= 1e-5
+    after = critic.compute_values(rolled).get()["values"]
+    with torch.no_grad():
+        assert (after - response_values(single.model.eval(), rolled)).abs().max() <= 1e-5
+
+
+def test_a_pipelined_generation_layout_is_refused(model_dir):
+    with pytest.raises(ConfigError, match=r"gen_pp=1, gen_tp=1"):
+        actor_config(model_dir).check_layout(Mesh(pp=2), "actor")
+    with pytest.raises(ConfigError, match=r"num_hidden_layers.*pp=3"):
+        actor_config(model_dir, rollout=None).check_layout(Mesh(pp=3), "actor")
