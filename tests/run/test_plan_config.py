@@ -80,14 +80,19 @@ def test_grpo_without_a_reference_plans_the_actor_alone(tiny):
 
 
 def test_automap_plans_the_run_on_the_calibrated_cluster_when_there_is_one(tiny, tmp_path):
-    from workbench.planner.calibrate import DEFAULT_PATH
+    from tests.planner.test_calibrate import MEM_BW, PEAK, _synthetic
+    from workbench.planner.calibrate import fit
 
-    run = planned(config(tiny, "placement.num_devices=2", plan="automap"))
-    assert run.source == "automap" and run.n_devices <= 2
+    missing = tmp_path / "no-calibration.json"
+    run = planned(config(tiny, "placement.num_devices=2", f"placement.calibration={missing}", plan="automap"))
+    assert run.source == "automap" and run.n_devices <= 2 and "UNCALIBRATED" in run.cluster
     assert set(run.plan.set_of("actor").models) >= {"actor", "reference"}
-    if (Path("/work/main") / DEFAULT_PATH).exists():
-        calibrated = planned(config(tiny, f"placement.calibration={Path('/work/main') / DEFAULT_PATH}", plan="automap"))
-        assert calibrated.cluster.startswith("calibrated local cluster")
+    timings, collectives = _synthetic()
+    path = fit(timings, collectives, peak_flops=PEAK, memory_bandwidth=MEM_BW, slowdown={1: 1.0, 2: 1.0}).save(
+        tmp_path / "calibration.json"
+    )
+    calibrated = planned(config(tiny, "placement.num_devices=2", f"placement.calibration={path}", plan="automap"))
+    assert calibrated.cluster.startswith("calibrated local cluster") and str(path) in calibrated.cluster
 
 
 def edited(change):
