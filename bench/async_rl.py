@@ -11,6 +11,9 @@ Placements, all on two devices of one torch thread each (the same cores, the sam
 - `async-s1`, `async-s2`: the same split, generation of the next batches overlapping training
   (algorithms.pipeline) with max_staleness 1 and 2, truncated importance sampling on the stale
   rows (pi_old from the one-step update's own forward).
+`async-cr-s1` is split-cr overlapped (the next generation launched once the step's scoring calls
+are queued: between the critic's values and its update); the planner's model of both is
+`asynchronous.hosted_iteration`, fitted on split-cr's call times.
 A probe beyond two processes (`--placements split3,async3-s1,split4,async4-s1`): the actor, the
 critic and a rollout group of 1 (or 2) devices, each process one thread, on the same 2 cores.
 Each is a headless run (workbench.run.Runner) of GRPO and of PPO from the same briefly SFT'd tiny
@@ -58,6 +61,15 @@ PLACEMENTS = {  # name: run-config overrides
         "placement.rollout_devices=1",
         "placement.critic_beside=rollout",
     ),
+    "async-cr-s1": (
+        "placement.actor_devices=1",
+        "placement.critic_devices=0",
+        "placement.rollout_devices=1",
+        "placement.critic_beside=rollout",
+        "asynchronous.enabled=true",
+        "asynchronous.max_staleness=1",
+        "algorithm.off_policy_correction=tis",
+    ),
     "split3": ("placement.actor_devices=1", "placement.critic_devices=1", "placement.rollout_devices=1"),
     "async3-s1": (
         "placement.actor_devices=1",
@@ -95,6 +107,8 @@ PLACEMENTS = {  # name: run-config overrides
 }
 
 
+CRITIC_PLACED = ("split-cr", "async-cr-s1")
+"""Placements that differ from split / async-s1 only in where the critic runs."""
 DEFAULT_PLACEMENTS = ("colocated", "split", "split-cr", "async-s1", "async-s2")
 """The others (3 or 4 processes on the same 2 cores) were a probe: see results/async_rl/NOTES.md."""
 
@@ -197,6 +211,34 @@ def modelled_async(split_runs: list[dict], async_runs: list[dict], warmup: int) 
     }
 
 
+def modelled_hosted(split_cr_runs: list[dict], warmup: int) -> dict[str, float]:
+    """The planner's model of PPO with the critic in the rollout's processes
+    (`asynchronous.hosted_iteration`), from the synchronous `split-cr` runs' call times: the
+    reference beside the critic's values, the driver's work, the actor's update beside the
+    critic's; s0 is fitted (the driver's share is what the calls leave of the step), s1 is the
+    prediction for the same placement overlapped (`async-cr-s1`)."""
+    from workbench.planner.asynchronous import hosted_iteration
+
+    def median(key: str) -> float:
+        return statistics.median(p[key] for run in split_cr_runs for p in run["points"][warmup:])
+
+    gen, ref, values = median("timing_s/gen"), median("timing_s/ref"), median("timing_s/values")
+    actor, critic = median("timing_s/update_actor"), median("timing_s/update_critic")
+    push = statistics.median(s for run in split_cr_runs for s in run["pushes"])
+    other = max(0.0, median("timing_s/step") - gen - max(ref, values) - max(actor, critic) - push)
+    levels = [(ref, values), (other, 0.0), (actor, critic)]
+    return {
+        "gen_s": gen,
+        "ref_s": ref,
+        "values_s": values,
+        "update_actor_s": actor,
+        "update_critic_s": critic,
+        "driver_s": other,
+        "push_s": push,
+        **{f"s{s}": hosted_iteration(gen, levels, push, s) for s in (0, 1)},
+    }
+
+
 def reward_by(points: list[dict], horizon: float, window: int = 4) -> tuple[float, float]:
     """The training reward a run reached by `horizon` seconds: the mean score of the iterations
     finished by then (the area under its reward-vs-time curve, as a step function) and the
@@ -281,7 +323,7 @@ def main() -> None:
     with Session(num_devices=4, threads_per_worker=1) as session:
         for algo in args.algos.split(","):
             # The critic's placement makes a difference only where there is a critic.
-            runs: dict[str, list[dict]] = {p: [] for p in placements if algo == "ppo" or p != "split-cr"}
+            runs: dict[str, list[dict]] = {p: [] for p in placements if algo == "ppo" or p not in CRITIC_PLACED}
             for round_ in range(args.rounds):
                 for placement in runs:
                     runs[placement].append(one_run(session, algo, placement, model_dir, data, args, round_))
@@ -314,6 +356,11 @@ def main() -> None:
                     if p.startswith("async-s"):
                         s = int(p.removeprefix("async-s"))
                         entry[f"planner_error_{p}"] = round(model[f"s{s}"] / measured_it[p] - 1, 3)
+            if "split-cr" in runs:
+                hosted = modelled_hosted(runs["split-cr"], args.warmup)
+                entry["planner_split_cr"] = {k: round(v, 3) for k, v in hosted.items()}
+                if "async-cr-s1" in runs:
+                    entry["planner_error_async-cr-s1"] = round(hosted["s1"] / measured_it["async-cr-s1"] - 1, 3)
             plot(algo, runs, OUT / f"{algo}_reward_vs_wallclock.png")
             (OUT / f"{algo}_runs.json").write_text(json.dumps(runs))  # to re-plot or re-compare
             results[algo] = entry

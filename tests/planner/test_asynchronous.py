@@ -8,6 +8,7 @@ from workbench.planner.asynchronous import (
     Sharing,
     estimate,
     from_measured,
+    hosted_iteration,
     schedule,
     steady_iteration,
     trainer_seconds,
@@ -129,3 +130,28 @@ def test_bad_inputs_are_refused():
         estimate(1.0, 1.0, 0.0, 1, source="guess")
     with pytest.raises(ValueError, match="cores"):
         Sharing(cores=0)
+
+
+@pytest.mark.parametrize("staleness", [0, 1, 2])
+def test_a_rollout_pool_hosting_nothing_is_the_split_model(staleness):
+    for g in (0.5, 2.0, 6.0):
+        levels = [(1.0, 0.0), (2.0, 0.0)]  # the trainer's two levels, 3 s
+        assert hosted_iteration(g, levels, W, staleness) == pytest.approx(steady_iteration(g, 3.0, W, staleness))
+
+
+def test_a_critic_beside_the_rollout_is_ppos_synchronous_critical_path_again():
+    """PPO with the critic in the rollout's processes: reference R beside values V, the actor's
+    update beside the critic's. Synchronously G + max(R, V) + max(Ua, Uc) + W; overlapped, the
+    next generation runs between the critic's values and its update: V + max(Ua, G + Uc) + W
+    (R <= V), which gains nothing where the two updates cost the same."""
+    g, r, v, ua, uc = 0.5, 0.1, 0.12, 0.4, 0.4
+    levels = [(r, v), (ua, uc)]
+    assert hosted_iteration(g, levels, W, 0) == pytest.approx(g + v + ua + W)
+    assert hosted_iteration(g, levels, W, 1) == pytest.approx(v + g + uc + W)
+    assert hosted_iteration(g, levels, W, 1) == pytest.approx(hosted_iteration(g, levels, W, 0))
+    # A costlier actor update (or a longer generation hidden under it) is where overlap pays.
+    heavy = [(r, v), (1.5, uc)]
+    assert hosted_iteration(g, heavy, W, 1) == pytest.approx(v + 1.5 + W)
+    assert hosted_iteration(g, heavy, W, 0) - hosted_iteration(g, heavy, W, 1) == pytest.approx(g)
+    with pytest.raises(ValueError, match="seconds must be >= 0"):
+        hosted_iteration(g, [(r, -v)], W, 1)

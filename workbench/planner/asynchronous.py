@@ -119,6 +119,40 @@ def trainer_seconds(
     return sum(max(row) for row in per_level)
 
 
+def hosted_iteration(
+    generate_s: float,
+    levels: Sequence[tuple[float, float]],
+    push_s: float,
+    max_staleness: int,
+) -> float:
+    """Seconds per steady iteration of a split plan whose rollout pool also hosts other models'
+    calls (`placement.critic_beside="rollout"`: PPO's critic). `levels` are the dependency levels
+    of the calls after generation (`Dataflow.levels()`), each (trainer pool's seconds, rollout
+    pool's seconds), the calls of a level on one pool in turn and the pools side by side.
+
+    max_staleness=0 (synchronous): generation, then the levels, then the push. Otherwise the
+    next generation is launched once the first level's calls are queued (`algorithms.pipeline`),
+    so on the rollout pool it runs after that level's hosted calls and delays its later ones:
+    with the critic hosted, max(R, V) + max(U_actor, G + U_critic) + W where the synchronous
+    split takes G + max(R, V) + max(U_actor, U_critic) + W. With nothing hosted this is
+    `steady_iteration`'s max(G, T) + W. Cores are not shared here (`sharing` is not modelled)."""
+    _check(generate_s, sum(t for t, _ in levels), push_s, max_staleness)
+    if any(min(level) < 0 for level in levels):
+        raise ValueError(f"asynchronous model: seconds must be >= 0 (levels {list(levels)})")
+    if max_staleness == 0:
+        return generate_s + sum(max(level) for level in levels) + push_s
+    start = rollout_free = 0.0  # when the level starts; when the rollout pool is free again
+    for k, (trainer_s, hosted_s) in enumerate(levels):
+        rollout_free = max(start, rollout_free) + hosted_s
+        if k == 0:
+            rollout_free += generate_s  # launched behind the first level's hosted calls
+            end = max(start + trainer_s, rollout_free - generate_s)
+        else:
+            end = max(start + trainer_s, rollout_free)
+        start = end
+    return max(start, rollout_free) + push_s
+
+
 @dataclass(frozen=True)
 class PipelineSpan:
     """One bar of the pipeline's schedule."""
