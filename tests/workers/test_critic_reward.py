@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from algorithms.losses import CriticLoss
-from workbench import Batch
+from workbench import Batch, Mesh
 from workbench.data.prompts import tokenize_prompts
 from workbench.engines.contract import OptimConfig
 from workbench.engines.hf_rollout import HFRollout
@@ -54,10 +54,16 @@ def reward_dir(model_dir, tmp_path_factory):
     return str(path)
 
 
-def test_reward_and_cost_scores_match_a_local_forward(session, reward_dir, rollout):
+@pytest.mark.parametrize("mesh", [None, Mesh(pp=2), Mesh(tp=2)], ids=["dp2", "pp2", "tp2"])
+def test_reward_and_cost_scores_match_a_local_forward(session, reward_dir, rollout, mesh):
+    """Data parallel, two pipeline stages, or tensor parallel: the scores are the local model's."""
     pool = session.pool("rm_pool", 2)
-    reward = session.group("reward", RewardModelWorker, pool, ScoreModelConfig(model_path=reward_dir))
-    cost = session.group("cost", CostModelWorker, pool, ScoreModelConfig(model_path=reward_dir))
+    scorers = {
+        role: (cls, ScoreModelConfig(model_path=reward_dir))
+        for role, cls in (("reward", RewardModelWorker), ("cost", CostModelWorker))
+    }
+    groups = session.fused(pool, mesh=mesh, **scorers)
+    reward, cost = groups["reward"], groups["cost"]
     scores = reward.compute_reward(rollout).get()
     costs = cost.compute_cost(rollout).get()
 
@@ -151,3 +157,9 @@ def test_reused_values_forward_is_refused_where_the_values_would_be_stale(model_
     assert not has_dropout(model)
     model.config.attention_dropout = 0.1  # a random training forward is not the values' forward
     assert has_dropout(model)
+
+
+def test_a_scorers_stages_divide_its_layers(reward_dir):
+    config = ScoreModelConfig(model_path=reward_dir)
+    with pytest.raises(ConfigError, match=r"num_hidden_layers.*pp=3"):
+        config.check_layout(Mesh(pp=3), "reward")

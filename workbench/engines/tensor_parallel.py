@@ -29,7 +29,7 @@ from workbench.engines.contract import Forward, LossFn, OptimConfig
 from workbench.engines.fsdp import decoder_layers
 from workbench.engines.pipeline_stages import check_pipeline
 from workbench.errors import ConfigError
-from workbench.models.load import load_config
+from workbench.models.load import read_config
 
 COLUMN = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
 ROW = ("self_attn.o_proj", "mlp.down_proj")
@@ -75,7 +75,7 @@ def check_tensor_parallel_layout(
             f"a tensor-parallel generation layout (gen_tp={gen_tp}) runs the "
             f"HF rollout; use rollout='hf', or gen_tp=1 for vLLM",
         )
-    config = load_config(model_path, trust_remote_code)
+    config = read_config(model_path, trust_remote_code)  # a saved value model too
     for size in {mesh.tp, gen_tp}:
         check_tensor_parallel(config, size, f"{owner}.model_path ({model_path})")
     check_pipeline(config, mesh.pp, f"{owner}.model_path ({model_path})")

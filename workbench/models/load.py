@@ -223,6 +223,14 @@ def check_directory(path: str | os.PathLike) -> Path:
 
 def load_config(path: str | os.PathLike, trust_remote_code: bool = False):
     """The checkpoint's config, checked to be a causal LM."""
+    config = read_config(path, trust_remote_code)
+    check_causal_lm(config, path)
+    return config
+
+
+def read_config(path: str | os.PathLike, trust_remote_code: bool = False):
+    """The checkpoint's config, whatever its head (a causal LM, or a saved value model of one):
+    what layout checks read its shapes from."""
     from transformers import AutoConfig
 
     path = check_directory(path)
@@ -233,7 +241,6 @@ def load_config(path: str | os.PathLike, trust_remote_code: bool = False):
             f"cannot read the config of {str(path)!r}: {error}\nIf this checkpoint ships its "
             f"own modelling code, pass LoadConfig(trust_remote_code=True) (only for code you trust)."
         ) from error
-    check_causal_lm(config, path)
     return config
 
 

@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 import torch
 
 from workbench import checks
-from workbench.controller import DP_PROTO, Worker, register
+from workbench.controller import THREE_D_PROTO, Worker, register
 from workbench.data.batch import Batch
-from workbench.engines.backends import check_data_parallel_only
 from workbench.engines.forward import trim_padding
+from workbench.engines.pipeline import PipelinedModel
+from workbench.engines.tensor_parallel import check_tensor_parallel_layout, parallelize
 from workbench.errors import ConfigError
 from workbench.models.load import LoadConfig, check_model_dir, compile_forward, for_worker
 from workbench.models.value import last_token_index, load_value_model, token_values
@@ -41,9 +42,12 @@ class ScoreModelConfig:
         checks.of_type("ScoreModelConfig", "load", self.load, LoadConfig, "pass a workbench.models.load.LoadConfig")
 
     def check_layout(self, mesh, role: str) -> None:
-        """Driver-side, before workers start: a decoder-only scorer with its tokenizer."""
-        check_data_parallel_only("RewardModelWorker", mesh, role)
+        """Driver-side, before workers start: a decoder-only scorer with its tokenizer, cut as the
+        "3d" backend cuts a critic (pipeline stages over pp, tensor parallel over tp, data-parallel
+        replicas; a generation layout, from processes fused with the actor, is not its concern)."""
         check_model_dir(self.model_path, "ScoreModelConfig.model_path", "value", self.load.trust_remote_code)
+        if mesh.tp > 1 or mesh.pp > 1:
+            check_tensor_parallel_layout("ScoreModelConfig", mesh, role, self.model_path, self.load.trust_remote_code)
 
 
 class RewardModelWorker(Worker):
@@ -52,7 +56,10 @@ class RewardModelWorker(Worker):
     def __init__(self, config: ScoreModelConfig):
         super().__init__(config)
         loaded = load_value_model(config.model_path, for_worker(config.load, self.device, trained=False))
-        self.model = compile_forward(loaded.model.eval().requires_grad_(False), config.load)
+        model = parallelize(loaded.model, self.device_mesh["tp"] if self.mesh.tp > 1 else None)
+        if self.mesh.pp > 1:  # every rank of the pipeline gets the last stage's scores
+            model = PipelinedModel(model, self.device_mesh["pp"])
+        self.model = compile_forward(model.eval().requires_grad_(False), config.load)
 
     @torch.no_grad()
     def _score(self, batch: Batch) -> Batch:
@@ -69,7 +76,7 @@ class RewardModelWorker(Worker):
         token_level[torch.arange(len(batch), device=scores.device), last] = scores
         return Batch({self.output_key: scores, f"token_level_{self.output_key}": token_level * mask})
 
-    @register(DP_PROTO)
+    @register(THREE_D_PROTO)
     def compute_reward(self, batch: Batch) -> Batch:
         return self._score(batch)
 
@@ -79,6 +86,6 @@ class CostModelWorker(RewardModelWorker):
 
     output_key = "costs"
 
-    @register(DP_PROTO)
+    @register(THREE_D_PROTO)
     def compute_cost(self, batch: Batch) -> Batch:
         return self._score(batch)
