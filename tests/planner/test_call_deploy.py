@@ -1,6 +1,7 @@
 """A per-call plan runs: every call on its planned mesh, a trained model's replica brought up to
 date through a weight channel, and PPO's metrics equal those of the colocated plan."""
 
+import math
 import sys
 import time
 
@@ -49,11 +50,11 @@ def kit(tmp_path_factory):
     return {"workers": workers, "batches": [prompts[:4], prompts[4:]]}
 
 
-def ppo_metrics(handles, batches):
+def ppo_metrics(handles, batches, iterations=2):
     """Two PPO iterations (pi_old recomputed: the actor's inference call runs too); what they
     learned, without the clocks."""
     config = PPOConfig(sampling=SamplingConfig(max_new_tokens=6, n=2, seed=0), kl_coef=0.05, old_log_probs="recompute")
-    metrics = PPO(Groups(**handles), config).fit(batches, 2, log=None)
+    metrics = PPO(Groups(**handles), config).fit(batches, iterations, log=None)
     return [{k: v for k, v in m.items() if not k.startswith(("timing_s/", "perf/"))} for m in metrics]
 
 
@@ -95,6 +96,31 @@ def test_calls_on_other_meshes_match_the_colocated_plan(session, kit):
     assert critic.version == 2 and critic.held == {"critic_d1": 1}
 
 
+def test_a_searched_plan_deploys_and_runs(session, kit):
+    """The search, kept to plans this runtime runs and to one-device meshes of a 2-device
+    machine, spreads PPO's calls over both devices; the plan deploys and trains."""
+    from workbench.planner import PlanSpace, Workload, cluster_preset, multi_chain
+    from workbench.planner.call_deploy import runtime_refusal
+
+    space = PlanSpace(
+        PPO_FLOW,
+        PPO_FLOW.model_specs("tiny-1m"),
+        Workload.tiny(),
+        cluster_preset("local", 2),
+        meshes=[D0, D1],
+        runnable=True,
+        max_tp=1,
+        max_pp=1,
+    )
+    plan = multi_chain(space, (0, 1), max_steps=300).plan
+    assert runtime_refusal(plan, PPO_FLOW) is None
+    assert len({mesh for mesh, _ in plan.layouts.values()}) == 2, plan.describe()
+    handles = deploy_calls(plan, session, kit["workers"], PPO_FLOW)
+    [metrics] = ppo_metrics(handles, kit["batches"][:1], iterations=1)
+    assert all(math.isfinite(v) for v in metrics.values())
+    assert {p.name for p in session.pools.values()} == {"calls_d0", "calls_d1"}
+
+
 def test_partially_overlapping_meshes_are_refused_before_any_pool(session):
     plan = per_call(gen=D01)
     workers = {m: (EchoWorker, None) for m in PPO_FLOW.models}
@@ -131,3 +157,13 @@ def test_what_this_runtime_cannot_run_is_refused_with_the_call(kit):
     tp_rollout.layouts["gen"] = (DeviceMesh(2, 2), Mesh(1, 2, 1))
     with pytest.raises(PlannerError, match=r"'gen' of model 'actor' on d2-3 .* data parallelism only"):
         plan_groups(tp_rollout, PPO_FLOW, workers)
+
+
+def test_the_actors_generation_in_another_layout_on_its_devices_is_the_hybrid_engines(kit):
+    plan = ExecutionPlan({c.name: (D01, Mesh(1, 2, 1)) for c in PPO_FLOW.calls})
+    plan.layouts["gen"] = (D01, Mesh(1, 1, 2))
+    specs = {s.role: s for s in plan_groups(plan, PPO_FLOW, kit["workers"])}
+    assert set(specs) == {"actor", "reference", "critic", "reward"}  # no replica: one group per model
+    actor = specs["actor"].layout
+    assert (actor.tp, actor.dp, actor.gen_tp, actor.transition) == (2, 1, 1, "hybridflow")
+    assert specs["actor"].calls == ["gen", "old_log_prob", "update_actor"]

@@ -176,7 +176,7 @@ def _replica(model: str, call, mesh: DeviceMesh, layout: Mesh, worker: tuple[typ
     if not trained:
         return GroupSpec(f"{model}_{mesh}", model, mesh, layout, worker, home=model)
     if call.kind == "generate":
-        if not hasattr(config, "train") or not hasattr(config, "rollout"):
+        if config is not None and not (hasattr(config, "train") and hasattr(config, "rollout")):
             raise PlannerError(f"{where}: generation apart from training needs an ActorRolloutRefWorker config")
         if layout.tp > 1 or layout.pp > 1:
             raise PlannerError(
@@ -191,7 +191,7 @@ def _replica(model: str, call, mesh: DeviceMesh, layout: Mesh, worker: tuple[typ
             f"{where}: {method} of a trained model runs where it trains (a replica holds no trainer to run it); "
             f"only {list(PUSHED_METHODS)} run on replicas so far. Put the call on {model!r}'s training mesh"
         )
-    if getattr(config, "backend", None) != "fsdp" or getattr(config, "lora", None) is not None:
+    if config is not None and (getattr(config, "backend", None) != "fsdp" or getattr(config, "lora", None) is not None):
         raise PlannerError(
             f"{where}: a replica loads pushed weights into FSDP shards; use backend='fsdp' without LoRA "
             f"(got backend={getattr(config, 'backend', None)!r}, lora={getattr(config, 'lora', None)!r})"
@@ -201,6 +201,16 @@ def _replica(model: str, call, mesh: DeviceMesh, layout: Mesh, worker: tuple[typ
 
 def _replace(config: Any, **changes: Any) -> Any:
     return dataclasses.replace(config, **changes) if dataclasses.is_dataclass(config) else config
+
+
+def runtime_refusal(plan: ExecutionPlan, dataflow: Dataflow) -> str | None:
+    """Why this runtime cannot run `plan` whatever the workers' configs (None: it can): the
+    placement rules `deploy_calls` checks, for a search to keep to runnable plans."""
+    try:
+        plan_groups(plan, dataflow, {m: (object, None) for m in dataflow.models})
+    except PlannerError as refusal:
+        return str(refusal)
+    return None
 
 
 def deploy_calls(
