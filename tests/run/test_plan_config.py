@@ -107,7 +107,7 @@ def edited(change):
         (7, (), "placement.plan", "automap"),
         ("no/such/plan.yaml", (), "placement.plan", "no such plan file"),
         ("search", (), "placement.plan", "per-call execution plans"),
-        ({"calls": {"gen": {}}}, (), "placement.plan", "ExecutionPlan.deploy"),
+        ({"calls": {"gen": {}}}, (), "placement.plan", "deploy_calls"),
         (SPLIT, ("placement.critic_devices=2",), "placement.critic_devices", "not both"),
         (SPLIT, ("placement.rollout_devices=1", "asynchronous.enabled=true"), "placement.rollout_devices", "not both"),
         (edited(lambda v: v["sets"][1]["models"].pop("critic")), (), "placement.plan.sets[1].models", "model ->"),

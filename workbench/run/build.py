@@ -213,7 +213,8 @@ def algorithm(config: RunConfig, session: Session, policy: Path, plan: RunPlan |
 # ---- placement by a planner plan ---------------------------------------------------------------
 AUTOMAP = "automap"
 PER_CALL_KEYS = ("calls", "layouts")
-"""Keys of a per-call (ReaLHF) execution plan, which the runtime cannot run yet."""
+"""Keys of a per-call (ReaLHF) execution plan, which headless runs do not take yet (deploy_calls runs
+one from Python)."""
 
 
 @dataclass
@@ -352,9 +353,9 @@ def run_plan(config: RunConfig, policy: Path) -> RunPlan | None:
 
 
 _PER_CALL_FIX = (
-    "per-call execution plans (ReaLHF's, from the plan search) cannot run yet: the runtime that gives "
-    "every call its own mesh and reallocates parameters between them (issue 27 items 2-3, "
-    "ExecutionPlan.deploy) is missing; give a model-level plan (sets: ...) or automap"
+    "per-call execution plans (ReaLHF's, from the plan search) do not place headless runs yet; run one "
+    "from Python (workbench.planner.deploy_calls, search(..., runnable=True)), or give a model-level "
+    "plan (sets: ...) or automap"
 )
 
 
