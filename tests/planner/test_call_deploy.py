@@ -148,6 +148,8 @@ def test_what_this_runtime_cannot_run_is_refused_with_the_call(kit):
     workers = kit["workers"]
     with pytest.raises(PlannerError, match=r"'old_log_prob' of model 'actor' .* compute_log_prob"):
         plan_groups(per_call(old_log_prob=D1), PPO_FLOW, workers)
+    with pytest.raises(PlannerError, match=r"'old_log_prob' of model 'actor' .* compute_log_prob"):
+        plan_groups(per_call(gen=D1, old_log_prob=D1), PPO_FLOW, workers)  # beside the rollout group too
     other_layout = per_call()
     for call in other_layout.layouts:
         other_layout.layouts[call] = (D01, Mesh(1, 1, 2) if call == "values" else Mesh(1, 2, 1))

@@ -134,9 +134,8 @@ def plan_groups(plan: ExecutionPlan, dataflow: Dataflow, workers: dict[str, tupl
                 home.calls.append(call.name)
             else:
                 key = (mesh, _layout_key(layout))
-                if key not in replicas:
-                    replicas[key] = _replica(model, call, mesh, layout, workers[model], trained is not None)
-                replicas[key].calls.append(call.name)
+                replica = _replica(model, call, mesh, layout, workers[model], trained is not None)  # checks each call
+                replicas.setdefault(key, replica).calls.append(call.name)
         if any(r.role == ROLLOUT for r in replicas.values()):  # the home no longer generates
             home.worker = (home.worker[0], _replace(home.worker[1], rollout=None))
         specs.append(home)
