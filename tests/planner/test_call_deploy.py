@@ -7,6 +7,7 @@ import time
 
 import pytest
 import ray
+import torch
 
 from algorithms import PPO, Groups, PPOConfig
 from tests.controller.workers import EchoWorker
@@ -16,6 +17,7 @@ from workbench.data.prompts import tokenize_prompts
 from workbench.engines.contract import OptimConfig
 from workbench.engines.rollout import SamplingConfig
 from workbench.models import load, make_tiny
+from workbench.models.value import load_value_model
 from workbench.planner import DeviceMesh, ExecutionPlan, PlannerError, dataflow_preset, deploy_calls
 from workbench.planner.call_deploy import plan_groups
 from workbench.planner.routing import CallRouter
@@ -38,6 +40,13 @@ def per_call(**moved: DeviceMesh) -> ExecutionPlan:
 @pytest.fixture(scope="module")
 def kit(tmp_path_factory):
     model = str(make_tiny("1m", tmp_path_factory.mktemp("calls") / "m", seed=3))
+    # A reward model with its head saved: a head initialised in the worker would depend on what
+    # else its process built first (RewardModelWorker does not seed it), so plans would differ.
+    torch.manual_seed(0)
+    scorer = load_value_model(model)
+    reward_dir = str(tmp_path_factory.mktemp("calls") / "reward")
+    scorer.model.save_pretrained(reward_dir)
+    scorer.tokenizer.save_pretrained(reward_dir)
     problems = arithmetic.generate(arithmetic.ArithmeticConfig(digits=1), 8, seed=1)
     prompts = tokenize_prompts([p.__dict__ for p in problems], load(model).tokenizer, max_prompt_length=32)
     optim = OptimConfig(lr=1e-3)
@@ -45,7 +54,7 @@ def kit(tmp_path_factory):
         "actor": (ActorRolloutRefWorker, ActorConfig(model, optim=optim, mini_batch_size=8, micro_batch_size=4)),
         "reference": (ActorRolloutRefWorker, ActorConfig(model, train=False, rollout=None, reference=True)),
         "critic": (CriticWorker, CriticConfig(model, optim=optim, mini_batch_size=8, micro_batch_size=4)),
-        "reward": (RewardModelWorker, ScoreModelConfig(model)),
+        "reward": (RewardModelWorker, ScoreModelConfig(reward_dir)),
     }
     return {"workers": workers, "batches": [prompts[:4], prompts[4:]]}
 
@@ -98,7 +107,8 @@ def test_calls_on_other_meshes_match_the_colocated_plan(session, kit):
 
 def test_a_searched_plan_deploys_and_runs(session, kit):
     """The search, kept to plans this runtime runs and to one-device meshes of a 2-device
-    machine, spreads PPO's calls over both devices; the plan deploys and trains."""
+    machine, spreads PPO's calls over both devices; the plan deploys, and its iteration equals
+    the colocated plan's."""
     from workbench.planner import PlanSpace, Workload, cluster_preset, multi_chain
     from workbench.planner.call_deploy import runtime_refusal
 
@@ -117,8 +127,12 @@ def test_a_searched_plan_deploys_and_runs(session, kit):
     assert len({mesh for mesh, _ in plan.layouts.values()}) == 2, plan.describe()
     handles = deploy_calls(plan, session, kit["workers"], PPO_FLOW)
     [metrics] = ppo_metrics(handles, kit["batches"][:1], iterations=1)
-    assert all(math.isfinite(v) for v in metrics.values())
     assert {p.name for p in session.pools.values()} == {"calls_d0", "calls_d1"}
+    session.clear()
+    [colocated] = ppo_metrics(deploy_calls(per_call(), session, kit["workers"], PPO_FLOW), kit["batches"][:1], 1)
+    assert metrics.keys() == colocated.keys() and all(math.isfinite(v) for v in metrics.values())
+    for key, value in colocated.items():
+        assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
 
 
 def test_partially_overlapping_meshes_are_refused_before_any_pool(session):
