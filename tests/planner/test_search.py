@@ -111,3 +111,22 @@ def test_search_with_a_step_budget_is_deterministic():
 def test_mcmc_needs_a_budget(small_space):
     with pytest.raises(ValueError, match="budget"):
         mcmc(small_space, max_steps=None, time_limit=None)
+
+
+def test_a_runnable_search_keeps_to_plans_the_runtime_deploys():
+    """On 2 devices the 10M model's best plan mixes d0-1 with d0 and d1 (meshes that partially
+    overlap: no pool slices yet); runnable=True finds the best plan deploy_calls runs."""
+    from workbench.planner.call_deploy import runtime_refusal
+
+    flow, cluster = dataflow_preset("ppo"), cluster_preset("local", 2)
+    specs = flow.model_specs("tiny-10m")
+    free = PlanSpace(flow, specs, Workload.tiny(), cluster, max_tp=1, max_pp=1)
+    kept = PlanSpace(flow, specs, Workload.tiny(), cluster, max_tp=1, max_pp=1, runnable=True)
+    assert all(s.tp == s.pp == 1 for options in kept.options for _, s in options)
+    best_free, free_cost = exhaustive(free)
+    best_kept, kept_cost = exhaustive(kept)
+    assert "no pool slices" in runtime_refusal(free.plan(best_free), flow)
+    assert runtime_refusal(kept.plan(best_kept), flow) is None and kept_cost > free_cost
+    found = search(flow, "tiny-10m", Workload.tiny(), cluster, max_steps=300, seeds=(0, 1), runnable=True, max_tp=1)
+    assert runtime_refusal(found.plan, flow) is None
+    assert found.evaluation.cost == pytest.approx(kept_cost)

@@ -106,8 +106,8 @@ def edited(change):
     [
         (7, (), "placement.plan", "automap"),
         ("no/such/plan.yaml", (), "placement.plan", "no such plan file"),
-        ("search", (), "placement.plan", "per-call execution plans"),
-        ({"calls": {"gen": {}}}, (), "placement.plan", "ExecutionPlan.deploy"),
+        ("search", (), "placement.plan", "the search itself does not run"),
+        ({"layouts": {"gen": {}}}, (), "placement.plan", "calls: {<call>"),
         (SPLIT, ("placement.critic_devices=2",), "placement.critic_devices", "not both"),
         (SPLIT, ("placement.rollout_devices=1", "asynchronous.enabled=true"), "placement.rollout_devices", "not both"),
         (edited(lambda v: v["sets"][1]["models"].pop("critic")), (), "placement.plan.sets[1].models", "model ->"),
@@ -220,3 +220,45 @@ def edited_from(values, change):
     values = yaml.safe_load(yaml.safe_dump(values))
     change(values)
     return values
+
+
+PER_CALL = {
+    "name": "gen-and-values-apart",
+    "calls": {
+        "gen": {"devices": 1, "first_device": 1},
+        "old_log_prob": {"devices": 1},
+        "ref": {"devices": 1},
+        "values": {"devices": 1, "first_device": 1},
+        "update_critic": {"devices": 1},
+        "update_actor": {"devices": 1},
+    },
+}
+
+
+def test_a_per_call_plan_is_read_priced_and_read_back(tiny, tmp_path):
+    run = planned(config(tiny, plan=PER_CALL))
+    assert isinstance(run, build.CallRunPlan) and run.name == "gen-and-values-apart" and run.n_devices == 2
+    assert run.estimated_iteration_s > 0 and str(run.plan.layouts["gen"][0]) == "d1"
+    file = tmp_path / "plan.yaml"
+    file.write_text(yaml.safe_dump(run.to_dict()))
+    again = planned(config(tiny, plan=str(file)))
+    assert again.plan == run.plan and again.estimated_iteration_s == pytest.approx(run.estimated_iteration_s)
+
+
+@pytest.mark.parametrize(
+    "change, where, words",
+    [
+        (lambda v: v["calls"].pop("values"), "placement.plan.calls", "each call of the run"),
+        (lambda v: v["calls"]["gen"].update(devices=2, first_device=0), "placement.plan.calls", "not all"),
+        (lambda v: v["calls"]["old_log_prob"].update(first_device=1), "placement.plan.calls", "compute_log_prob"),
+        (
+            lambda v: [v["calls"][c].update(devices=2, first_device=2, tp=2) for c in ("values", "update_critic")],
+            "placement.plan.calls.values",
+            "3d",
+        ),
+    ],
+)
+def test_per_call_plan_refusals_name_the_field(tiny, change, where, words):
+    with pytest.raises(ConfigError) as info:
+        planned(config(tiny, plan=edited_from(PER_CALL, change)))
+    assert info.value.where == where and words in info.value.fix, str(info.value)

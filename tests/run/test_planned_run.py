@@ -86,3 +86,40 @@ def test_placement_plan_automap_runs_the_auto_mappers_plan(tiny, tmp_path, share
         group, _, world, mesh = where[role]
         assert (world, mesh.dp) == planned[role]
     assert where["reference"][0] is where["actor"][0]
+
+
+PER_CALL = {
+    "name": "gen-and-values-apart",
+    "calls": {
+        "gen": {"devices": 1, "first_device": 1},
+        "old_log_prob": {"devices": 1},
+        "ref": {"devices": 1},
+        "values": {"devices": 1, "first_device": 1},
+        "update_critic": {"devices": 1},
+        "update_actor": {"devices": 1},
+    },
+}
+
+
+def test_a_per_call_yaml_plan_runs_headless(tiny, tmp_path, shared_session):  # noqa: F811
+    """The actor generates on d1 and the critic's values run there while both train on d0."""
+    plan_file = tmp_path / "calls.yaml"
+    plan_file.write_text(yaml.safe_dump(PER_CALL))
+    out = tmp_path / "run"
+    config = tiny_config(tiny, out, *FAST, f"placement.plan={plan_file}")
+    seen: dict = {}
+
+    def note(algorithm, batch, metrics):  # where the groups are, while they are
+        g = algorithm.groups
+        seen.update(rollout=g.rollout.pool.name, actor=g.actor.pool.name, critic_version=g.critic.version)
+        seen["values"] = g.critic.routes["compute_values"].pool.name
+
+    result = Runner(config, session=shared_session, callbacks=[note]).run()
+    assert result.iterations == ITERATIONS
+    assert seen == {"rollout": "calls_d1", "actor": "calls_d0", "values": "calls_d1", "critic_version": ITERATIONS}
+    record = yaml.safe_load((out / "plan.yaml").read_text())
+    assert record["name"] == "gen-and-values-apart" and record["calls"]["values"]["first_device"] == 1
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == ITERATIONS
+    for row in rows:
+        assert row["planner/estimated_iteration_s"] == pytest.approx(record["estimated_iteration_s"], rel=1e-5)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from workbench.data.batch import Batch
 from workbench.engines.accumulation import NonFiniteStep, accumulate_gradients
@@ -102,6 +102,22 @@ class FSDPEngine:
         device = next(iter(state.values())).device if state else torch.device("cpu")
         whole = {name: torch.cat([piece[name] for piece in pieces]).to(device) for name in sharded}
         return {name: whole.get(name, value.detach()) for name, value in state.items()}
+
+    @torch.no_grad()
+    def load_full_weights(self, named) -> None:
+        """Load whole (name, tensor) pairs, one at a time, into this rank's shards in place: the
+        inverse of `iter_full_weights`, for a copy of a model trained elsewhere. Each rank cuts
+        its own piece locally (no collective)."""
+        state = self.model.state_dict()
+        for name, whole in named:
+            if name not in state:
+                raise KeyError(f"this model has no weight named {name!r}; is the sender the same model?")
+            target = state[name]
+            if isinstance(target, DTensor):
+                piece = distribute_tensor(whole, target.device_mesh, target.placements, src_data_rank=None)
+                target.to_local().copy_(piece.to_local())
+            else:
+                target.copy_(whole)
 
     def full_weights(self) -> dict[str, torch.Tensor]:
         """Every parameter and buffer unsharded, on every rank."""

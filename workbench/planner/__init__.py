@@ -13,8 +13,9 @@ switch as `workbench.hybrid.layouts` counts it) and `simulator` (call times) for
 cost model, `automap` (HybridFlow Alg. 1/2: joint layouts per colocated set, aligned
 allocations), `placement` (colocated sets and their layouts), `plan` (automap's result, with
 its table and Gantt bars), `plan_io` (a plan as YAML values and back, priced), `deploy` (a plan
-onto a live Session), `schedule` (TimeCost list scheduling), `execution` (ReaLHF plans,
-augmented graph, MaxMem), `search`
+onto a live Session), `call_deploy` / `routing` (a per-call ExecutionPlan onto a live Session:
+replicas, and handles that send each call to its group), `schedule` (TimeCost list
+scheduling), `execution` (ReaLHF plans, augmented graph, MaxMem), `search`
 (Metropolis-Hastings chains with a convergence report), `report` (tables and Gantt bars),
 `profiler` / `calibrate` (fit the local preset on this machine), `asynchronous` (the iteration
 model of an asynchronous plan: generation on a rollout pool overlapping training; `automap_async`
@@ -23,6 +24,7 @@ plans one, `async_compare` puts it beside the synchronous placements).
 
 from workbench.planner.asynchronous import AsyncEstimate, Sharing
 from workbench.planner.automap import AutoMapper, automap, automap_async, compositions, d_cost, set_partitions
+from workbench.planner.call_deploy import deploy_calls
 from workbench.planner.clusters import cluster_preset, cluster_presets
 from workbench.planner.dataflow import Call, Dataflow
 from workbench.planner.derive import DeriveError, dataflow_preset, derive_dataflow
@@ -54,6 +56,7 @@ __all__ = [
     "ClusterSpec",
     "ColocatedSet",
     "Dataflow",
+    "deploy_calls",
     "DeriveError",
     "Evaluation",
     "ExecutionPlan",

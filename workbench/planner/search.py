@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from workbench.controller.mesh import Mesh
+from workbench.planner.call_deploy import runtime_refusal
 from workbench.planner.dataflow import Dataflow
 from workbench.planner.execution import DeviceMesh, Evaluation, ExecutionPlan, PlanEvaluator, valid_meshes
 from workbench.planner.memory import (
@@ -44,15 +45,33 @@ class PlanSpace:
         n_iterations: int = 2,
         oom_penalty: float = 10.0,
         meshes: list[DeviceMesh] | None = None,
+        runnable: bool = False,
+        max_tp: int | None = None,
+        max_pp: int | None = None,
     ):
+        """runnable: keep to plans `deploy_calls` runs (call meshes identical or disjoint, and
+        what it does with a call away from its model's home: `call_deploy.runtime_refusal`);
+        the others cost infinity. max_tp / max_pp: bound every call's layout (max_tp=1,
+        max_pp=1 for workers without tensor or pipeline parallelism, backend="fsdp")."""
         self.flow, self.specs, self.wl, self.cluster = dataflow, specs, workload, cluster
         self.evaluator = PlanEvaluator(dataflow, specs, workload, cluster, n_iterations, oom_penalty)
         self.calls = [c.name for c in dataflow.calls]
+        self.runnable = runnable
         meshes = meshes if meshes is not None else valid_meshes(cluster)
         self.options: list[list[tuple[DeviceMesh, Mesh]]] = []
         for c in dataflow.calls:
             spec = specs[c.model]
-            opts = [(m, s) for m in meshes for s in strategies(spec, m.size, cluster.devices_per_node)]
+            opts = [
+                (m, s)
+                for m in meshes
+                for s in strategies(spec, m.size, cluster.devices_per_node)
+                if (max_tp is None or s.tp <= max_tp) and (max_pp is None or s.pp <= max_pp)
+            ]
+            if not opts:
+                raise ValueError(
+                    f"call {c.name!r}: no layout on meshes {[str(m) for m in meshes]} within max_tp={max_tp}, "
+                    f"max_pp={max_pp}; raise the limits or offer other meshes"
+                )
             self.options.append(opts)
         # Indexes for the local moves: same mesh / same (size, strategy).
         self._by_mesh, self._by_shape = [], []
@@ -78,8 +97,27 @@ class PlanSpace:
     def cost(self, choice: tuple[int, ...]) -> float:
         c = self._cache.get(choice)
         if c is None:
-            c = self._cache[choice] = self.evaluate(choice).cost
+            c = math.inf if self.refusal(choice) else self.evaluate(choice).cost
+            self._cache[choice] = c
         return c
+
+    def refusal(self, choice: tuple[int, ...]) -> str | None:
+        """With runnable=True, why the runtime would refuse this plan (None: it runs)."""
+        return runtime_refusal(self.plan(choice), self.flow) if self.runnable else None
+
+    def runnable_start(self, choice: tuple[int, ...]) -> tuple[int, ...]:
+        """`choice`, or, when the runtime would refuse it, a plan it runs: every call on the
+        largest mesh, each model's calls in one layout there."""
+        if self.refusal(choice) is None:
+            return choice
+        largest = max(m.size for opts in self.options for m, _ in opts)
+        layout: dict[str, Mesh] = {}
+        out = []
+        for call, opts in zip(self.flow.calls, self.options):
+            on_largest = [j for j, (m, _) in enumerate(opts) if m.size == largest and m.first == 0]
+            wanted = layout.setdefault(call.model, opts[on_largest[0]][1])
+            out.append(next((j for j in on_largest if opts[j][1] == wanted), on_largest[0]))
+        return tuple(out)
 
     def greedy(self) -> tuple[int, ...]:
         """Each call on the option with the least standalone time that fits in memory alone
@@ -172,7 +210,7 @@ def mcmc(
         raise ValueError("mcmc needs a budget: max_steps (deterministic) and/or time_limit")
     rng = random.Random(seed)
     t0 = time.perf_counter()
-    cur = init if init is not None else space.greedy()
+    cur = space.runnable_start(init if init is not None else space.greedy())
     cur_cost = space.cost(cur)
     fixed_beta = beta
     beta = fixed_beta if fixed_beta is not None else beta_scale / cur_cost
@@ -292,9 +330,22 @@ def search(
     seeds: tuple[int, ...] = (0, 1, 2, 3),
     n_iterations: int = 2,
     tolerance: float = 0.01,
+    runnable: bool = False,
+    max_tp: int | None = None,
+    max_pp: int | None = None,
 ) -> SearchResult:
     """ReaLHF search with the defaults: valid meshes, a 2-iteration unrolled graph, one chain
     per seed for `max_steps` proposals each. `result.convergence` says whether the chains'
-    best costs agree within `tolerance`."""
-    space = PlanSpace(dataflow, dataflow.model_specs(models), workload, cluster, n_iterations)
+    best costs agree within `tolerance`. runnable, max_tp, max_pp: keep to plans this runtime
+    deploys (`deploy_calls`), with layouts the workers run (PlanSpace)."""
+    space = PlanSpace(
+        dataflow,
+        dataflow.model_specs(models),
+        workload,
+        cluster,
+        n_iterations,
+        runnable=runnable,
+        max_tp=max_tp,
+        max_pp=max_pp,
+    )
     return multi_chain(space, seeds, max_steps=max_steps, time_limit=time_limit, tolerance=tolerance)

@@ -16,7 +16,20 @@ from workbench.data import arithmetic
 from workbench.data.prompts import PromptLoader, load_prompts, tokenize_prompts
 from workbench.data.tasks import Task, get_task
 from workbench.errors import ConfigError
-from workbench.planner import Dataflow, Plan, PlanFormatError, Workload, automap, set_partitions, specs_from_models
+from workbench.planner import (
+    Dataflow,
+    Evaluation,
+    ExecutionPlan,
+    Plan,
+    PlanEvaluator,
+    PlanFormatError,
+    Workload,
+    automap,
+    deploy_calls,
+    set_partitions,
+    specs_from_models,
+)
+from workbench.planner.call_plan_io import execution_plan_from_dict, execution_plan_to_dict
 from workbench.planner.clusters import cluster_preset
 from workbench.planner.derive import dataflow_preset
 from workbench.planner.plan_io import plan_from_dict, plan_to_dict
@@ -120,7 +133,7 @@ def algorithm_config(config: RunConfig):
         raise ConfigError(where, error.value, error.fix) from None
 
 
-def devices_needed(config: RunConfig, plan: RunPlan | None = None) -> int:
+def devices_needed(config: RunConfig, plan: RunPlan | CallRunPlan | None = None) -> int:
     if plan is not None:
         return plan.n_devices
     critic = "critic" in required_roles(config) and config.placement.critic_devices
@@ -154,7 +167,9 @@ def planner_models(config: RunConfig, policy: Path) -> dict[str, tuple[str, int,
     return models
 
 
-def algorithm(config: RunConfig, session: Session, policy: Path, plan: RunPlan | None = None) -> Algorithm:
+def algorithm(
+    config: RunConfig, session: Session, policy: Path, plan: RunPlan | CallRunPlan | None = None
+) -> Algorithm:
     """Pools and groups per the placement (or per `plan`, from `run_plan`), the rule reward
     (and cost), and the algorithm."""
     roles, place = required_roles(config), config.placement
@@ -175,6 +190,16 @@ def algorithm(config: RunConfig, session: Session, policy: Path, plan: RunPlan |
         reference="reference" in roles,
         temperature=config.actor.temperature if config.sampling.greedy else config.sampling.temperature,
     )
+    if isinstance(plan, CallRunPlan):
+        critic_config = replace(config.critic, model_path=critic_path(config, policy))
+        workers = {"actor": (ActorRolloutRefWorker, replace(actor_config, reference=False))}
+        if "reference" in roles:  # a group of its own: the plan may put its call anywhere
+            reference = replace(actor_config, train=False, rollout=None, reference=True)
+            workers["reference"] = (ActorRolloutRefWorker, reference)
+        workers |= {role: (CriticWorker, critic_config) for role in ("critic", "cost_critic") if role in roles}
+        for role, handle in deploy_calls(plan.plan, session, workers, plan.dataflow).items():
+            setattr(groups, role, handle)
+        return ALGORITHMS[config.algorithm_name](groups, algo_config)
     if plan is not None:
         critic_config = replace(config.critic, model_path=critic_path(config, policy))
         workers: dict[str, tuple[type, Any]] = {"actor": (ActorRolloutRefWorker, actor_config)}
@@ -213,7 +238,8 @@ def algorithm(config: RunConfig, session: Session, policy: Path, plan: RunPlan |
 # ---- placement by a planner plan ---------------------------------------------------------------
 AUTOMAP = "automap"
 PER_CALL_KEYS = ("calls", "layouts")
-"""Keys of a per-call (ReaLHF) execution plan, which the runtime cannot run yet."""
+"""Keys of a per-call (ReaLHF) execution plan: `calls:` (call_plan_io's form) runs; `layouts:` is not
+a form any writer makes."""
 
 
 @dataclass
@@ -263,6 +289,39 @@ class RunPlan:
         return dataclasses.replace(self.plan, sets=tuple(sets))
 
 
+@dataclass
+class CallRunPlan:
+    """A per-call (ReaLHF) plan a run places its calls by (`calls:`), priced by PlanEvaluator."""
+
+    plan: ExecutionPlan
+    dataflow: Dataflow
+    estimate: Evaluation
+    source: str
+    cluster: str
+    given_name: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.given_name or self.source
+
+    @property
+    def n_devices(self) -> int:
+        return max(mesh.first + mesh.size for mesh, _ in self.plan.layouts.values())
+
+    @property
+    def estimated_iteration_s(self) -> float:
+        return self.estimate.time
+
+    def to_dict(self) -> dict[str, Any]:
+        """plan.yaml: the plan's `calls:` form, with where it came from and the estimate."""
+        return {
+            "source": self.source,
+            "cluster": self.cluster,
+            **execution_plan_to_dict(self.plan, self.name),
+            "estimated_iteration_s": round(self.estimated_iteration_s, 6),
+        }
+
+
 def run_workload(config: RunConfig) -> Workload:
     """The planner's workload of one iteration of this run: prompts per batch, padded prompt
     length, response length, samples per prompt, epochs, mini-batches and micro-batch size of
@@ -307,7 +366,7 @@ def run_cluster(config: RunConfig) -> tuple[Any, str]:
     )
 
 
-def run_plan(config: RunConfig, policy: Path) -> RunPlan | None:
+def run_plan(config: RunConfig, policy: Path) -> RunPlan | CallRunPlan | None:
     """The plan of placement.plan (None when the run places by hand), read, priced and checked
     against the run on the driver: every refusal is a ConfigError naming the plan's field."""
     given = config.placement.plan
@@ -340,8 +399,10 @@ def run_plan(config: RunConfig, policy: Path) -> RunPlan | None:
         values, source = yaml.safe_load(file.read_text(encoding="utf-8")), str(file)
     else:
         values, source, file = given, "inline", None
-    if isinstance(values, dict) and any(k in values for k in PER_CALL_KEYS):
+    if isinstance(values, dict) and "layouts" in values:
         raise ConfigError("placement.plan", source, _PER_CALL_FIX)
+    if isinstance(values, dict) and "calls" in values:
+        return _call_plan(config, values, flow, specs, workload, cluster, source, where_priced, file)
     try:
         plan = plan_from_dict(values, flow, specs, workload, cluster, where="placement.plan")
     except PlanFormatError as error:
@@ -351,10 +412,35 @@ def run_plan(config: RunConfig, policy: Path) -> RunPlan | None:
     return RunPlan(plan, source, where_priced)
 
 
+def _call_plan(config, values, flow, specs, workload, cluster, source, where_priced, file) -> CallRunPlan:
+    """A `calls:` plan read, checked against what the run's workers run, and priced."""
+    try:
+        plan, name = execution_plan_from_dict(values, flow, cluster, where="placement.plan")
+    except PlanFormatError as error:
+        raise ConfigError(error.where, error.value, error.fix + (f" [in {file}]" if file else "")) from None
+    if config.actor.lora is not None:
+        raise ConfigError(
+            "placement.plan.calls",
+            "actor.lora",
+            "a per-call plan runs the reference as a group of its own: no LoRA yet",
+        )
+    backends = {"actor": config.actor.backend, "reference": config.actor.backend}
+    for call, (_, layout) in plan.layouts.items():
+        backend = backends.get(flow.call(call).model, config.critic.backend)
+        if (layout.tp > 1 or layout.pp > 1) and backend != "3d":
+            raise ConfigError(
+                f"placement.plan.calls.{call}",
+                layout.short(),
+                f"tensor and pipeline parallelism run on the 3d backend only (this model's is {backend!r}): tp 1, pp 1",
+            )
+    estimate = PlanEvaluator(flow, specs, workload, cluster).evaluate(plan)
+    return CallRunPlan(plan, flow, estimate, source, where_priced, name)
+
+
 _PER_CALL_FIX = (
-    "per-call execution plans (ReaLHF's, from the plan search) cannot run yet: the runtime that gives "
-    "every call its own mesh and reallocates parameters between them (issue 27 items 2-3, "
-    "ExecutionPlan.deploy) is missing; give a model-level plan (sets: ...) or automap"
+    "a per-call execution plan (ReaLHF's) is written as calls: {<call>: {devices, first_device, pp, tp, dp}} "
+    "(workbench.planner.call_plan_io; the search's plans: execution_plan_to_dict); the search itself does not "
+    "run from a config yet; or give a model-level plan (sets: ...) or automap"
 )
 
 

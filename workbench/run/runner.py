@@ -102,7 +102,7 @@ class Runner:
         self.history: list[dict] = []
         self.evaluations: list[dict] = []
         self.exported: dict[str, Path] = {}
-        self.plan: build.RunPlan | None = None
+        self.plan: build.RunPlan | build.CallRunPlan | None = None
 
     # ---- the run ------------------------------------------------------------------------------
     def run(self) -> RunResult:

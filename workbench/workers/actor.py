@@ -27,7 +27,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import psutil
-import ray
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
@@ -46,7 +45,7 @@ from workbench.engines.rollout import SamplingConfig, end_token_ids, response_te
 from workbench.engines.tensor_parallel import check_tensor_parallel_layout, parallelize
 from workbench.engines.vllm_rollout import VLLMRolloutConfig
 from workbench.errors import ConfigError
-from workbench.hybrid.channel import ChannelAddress, TransferStats, WeightChannel, open_address
+from workbench.hybrid.channel import WeightChannel
 from workbench.hybrid.layouts import generation_groups
 from workbench.hybrid.transition import HybridEngine
 from workbench.models.load import (
@@ -78,6 +77,7 @@ from workbench.workers.updates import (
     run_updates,
     save_rank_state,
 )
+from workbench.workers.weight_member import WeightChannelMember
 
 ROLLOUTS = ("hf", "vllm", None)
 
@@ -231,7 +231,7 @@ class ActorConfig:
             self.check_rows(batch.num_valid, role)
 
 
-class ActorRolloutRefWorker(Worker):
+class ActorRolloutRefWorker(Worker, WeightChannelMember):
     def __init__(self, config: ActorConfig):
         super().__init__(config)
         torch.manual_seed(config.seed)
@@ -428,39 +428,12 @@ class ActorRolloutRefWorker(Worker):
         )
 
     # ---- weights between pools (a rollout group on devices of its own) ----------------------
-    @register(ONE_TO_ALL, execute="rank_zero")
-    def open_weight_channel(self, size: int, local: bool) -> ChannelAddress:
-        """A rendezvous for a weight channel of `size` members, this rank its sender (rank 0)."""
-        return open_address(size, local, host="127.0.0.1" if local else ray.util.get_node_ip_address())
-
-    @register(ONE_TO_ALL)
-    def join_weight_channel(self, address: ChannelAddress, first_rank: int) -> bool:
-        """Join the channel at `address`: a trained group's rank 0 as its sender (first_rank=0),
-        every rank of a rollout group as a receiver (channel rank first_rank + rank). Collective
-        over the channel's members: the driver calls both groups at once."""
-        if self.channel is not None:
-            self.channel.close()
-            self.channel = None
-        if first_rank == 0 and self.rank != 0:
-            return False  # the other training ranks only help gather (send_weights)
-        self.channel = WeightChannel(address, first_rank + self.rank, self.device)
-        return True
-
     @register(ONE_TO_ALL)
     def send_weights(self, version: int) -> dict:
         """The trained weights (LoRA: the adapters alone) to the rollout group's ranks, one
         tensor at a time: every rank gathers each from the shards, rank 0 broadcasts it."""
         self._trained_model()
-        start = time.time()
-        named = self._weights_to_sync()
-        if self.rank == 0:
-            if self.channel is None:
-                raise RuntimeError("send_weights: no weight channel; connect one (workbench.workers.RolloutLink)")
-            stats = self.channel.send(named)
-        else:
-            stats = TransferStats(tensors=sum(1 for _ in named))  # gathers are collectives: take part
-        self.record_span("async.send_weights", start, time.time(), version=version, **stats.as_dict())
-        return {"version": version, **stats.as_dict()}
+        return self.send_over_channel(self._weights_to_sync(), version, "async.send_weights")
 
     @register(ONE_TO_ALL)
     def receive_weights(self, version: int) -> dict:
@@ -468,26 +441,16 @@ class ActorRolloutRefWorker(Worker):
         stamp the rows generated from now on with `version`."""
         if self.channel is None or self.rollout is None:
             raise RuntimeError("receive_weights: needs a rollout engine and a weight channel (RolloutLink)")
-        start, stats = time.time(), TransferStats()
-        incoming = self.channel.receive(stats)
-        try:
+
+        def load(incoming) -> None:
             if self.config.lora is not None and self.config.rollout == "vllm":
                 self.rollout.load_adapter(adapter_weights(incoming))
             else:
                 self.rollout.load_weights(incoming)
-        finally:
-            for _ in incoming:  # a failed load still takes the rest: the sender must not hang
-                pass
+
+        stats = self.receive_over_channel(load, version, "async.receive_weights")
         self.rollout_version = self.received_version = version
-        self.record_span(
-            "async.receive_weights",
-            start,
-            time.time(),
-            version=version,
-            peak_rss_bytes=psutil.Process().memory_info().rss,
-            **stats.as_dict(),
-        )
-        return {"version": version, **stats.as_dict()}
+        return stats
 
     def _weights_to_sync(self):
         """(name, full tensor) of what a rollout copy needs: every weight, or the adapters."""

@@ -37,6 +37,7 @@ from workbench.workers.updates import (
     run_updates,
     save_rank_state,
 )
+from workbench.workers.weight_member import WeightChannelMember
 
 
 @dataclass
@@ -124,7 +125,7 @@ class CriticConfig:
             self.check_rows(batch.num_valid, role)
 
 
-class CriticWorker(Worker):
+class CriticWorker(Worker, WeightChannelMember):
     def __init__(self, config: CriticConfig):
         super().__init__(config)
         torch.manual_seed(config.seed)
@@ -195,6 +196,18 @@ class CriticWorker(Worker):
             micro_batches = -(-len(batch) // cfg.micro_batch_size)
             metrics["values_forward_reused"] = (kept.reused if kept else 0) / max(1, micro_batches)
         return mean_over_ranks({k if "/" in k else f"critic/{k}": v for k, v in metrics.items()})
+
+    # ---- weights between pools (a replica computing values on other devices) ----------------
+    @register(ONE_TO_ALL)
+    def send_weights(self, version: int) -> dict:
+        """Every weight to the replica's ranks, one tensor at a time (gathered from the shards)."""
+        return self.send_over_channel(self.engine.iter_full_weights(), version, "replica.send_weights")
+
+    @register(ONE_TO_ALL)
+    def receive_weights(self, version: int) -> dict:
+        """Load the weights of the critic trained elsewhere into this replica's shards, in place."""
+        self.kept = None  # a kept forward ran on the old weights
+        return self.receive_over_channel(self.engine.load_full_weights, version, "replica.receive_weights")
 
     # ---- checkpoints -------------------------------------------------------------------------
     @register(ONE_TO_ALL, remembers_path=True)  # session.recover reloads the last path saved

@@ -1,4 +1,5 @@
-"""RolloutLink: the trained actor's weights, pushed to a rollout group on other devices.
+"""RolloutLink: the trained actor's weights, pushed to a rollout group on other devices (a
+WeightLink, which does the same for any trained group and a copy of its model elsewhere).
 
 A rollout group is an `ActorRolloutRefWorker` group with `train=False` and a rollout engine, on a
 pool of its own. The link joins the actor's rank 0 and every rollout rank in one weight channel
@@ -65,29 +66,30 @@ def check_rollout_pair(actor: Any, rollout: Any) -> None:
         )
 
 
-class RolloutLink:
-    """A weight channel from `actor` (trained) to `rollout` (generation only)."""
+class WeightLink:
+    """A weight channel from a trained group's rank 0 to every rank of a copy of its model on
+    other devices (a rollout group, a critic's replica): both workers offer the weight-channel
+    methods (workbench.workers.weight_member)."""
 
-    def __init__(self, actor: Any, rollout: Any):
-        check_rollout_pair(actor, rollout)
-        self.actor, self.rollout = actor, rollout
-        self.hostsets = (actor.hostset, rollout.hostset)
-        nodes = set(actor.pool.node_ids) | set(rollout.pool.node_ids)
-        address = actor.open_weight_channel(1 + rollout.world_size, len(nodes) <= 1).get()
-        joined = [actor.join_weight_channel(address, 0), rollout.join_weight_channel(address, 1)]
+    def __init__(self, trained: Any, copy: Any):
+        self.trained, self.copy = trained, copy
+        self.hostsets = (trained.hostset, copy.hostset)
+        nodes = set(trained.pool.node_ids) | set(copy.pool.node_ids)
+        address = trained.open_weight_channel(1 + copy.world_size, len(nodes) <= 1).get()
+        joined = [trained.join_weight_channel(address, 0), copy.join_weight_channel(address, 1)]
         for future in joined:  # the channel's rendezvous needs both groups at once
             future.get()
         self.pushes: list[list[DataFuture]] = []
 
     def current(self) -> bool:
         """Whether both groups are the processes this link joined (not re-created since)."""
-        return (self.actor.hostset, self.rollout.hostset) == self.hostsets
+        return (self.trained.hostset, self.copy.hostset) == self.hostsets
 
     def push(self, version: int) -> list[DataFuture]:
-        """Send the actor's current weights as policy `version`; returns [send, receive] at once.
+        """Send the trained group's current weights as `version`; returns [send, receive] at once.
         A push's failure surfaces at the next push (or `check()`), before more is sent."""
         self.check()
-        futures = [self.actor.send_weights(version), self.rollout.receive_weights(version)]
+        futures = [self.trained.send_weights(version), self.copy.receive_weights(version)]
         self.pushes.append(futures)
         return futures
 
@@ -95,3 +97,19 @@ class RolloutLink:
         """Wait for the pushes sent so far; their stats (raises the first one's error)."""
         done, self.pushes = self.pushes, []
         return [future.get() for futures in done for future in futures]
+
+
+class RolloutLink(WeightLink):
+    """A weight channel from `actor` (trained) to `rollout` (generation only)."""
+
+    def __init__(self, actor: Any, rollout: Any):
+        check_rollout_pair(actor, rollout)
+        super().__init__(actor, rollout)
+
+    @property
+    def actor(self) -> Any:
+        return self.trained
+
+    @property
+    def rollout(self) -> Any:
+        return self.copy

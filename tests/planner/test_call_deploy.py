@@ -1,0 +1,185 @@
+"""A per-call plan runs: every call on its planned mesh, a trained model's replica brought up to
+date through a weight channel, and PPO's metrics equal those of the colocated plan."""
+
+import math
+import sys
+import time
+
+import pytest
+import ray
+import torch
+
+from algorithms import PPO, Groups, PPOConfig
+from tests.controller.workers import EchoWorker
+from workbench.controller.mesh import Mesh
+from workbench.data import arithmetic
+from workbench.data.prompts import tokenize_prompts
+from workbench.engines.contract import OptimConfig
+from workbench.engines.rollout import SamplingConfig
+from workbench.models import load, make_tiny
+from workbench.models.value import load_value_model
+from workbench.planner import DeviceMesh, ExecutionPlan, PlannerError, dataflow_preset, deploy_calls
+from workbench.planner.call_deploy import plan_groups
+from workbench.planner.routing import CallRouter
+from workbench.workers import ActorConfig, ActorRolloutRefWorker
+from workbench.workers.critic import CriticConfig, CriticWorker
+from workbench.workers.reward import RewardModelWorker, ScoreModelConfig
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+PPO_FLOW = dataflow_preset("ppo")
+D0, D1, D01 = DeviceMesh(0, 1), DeviceMesh(1, 1), DeviceMesh(0, 2)
+ONE = Mesh(1, 1, 1)
+
+
+def per_call(**moved: DeviceMesh) -> ExecutionPlan:
+    """Every PPO call on d0 (one device, p1t1d1) except the ones moved."""
+    return ExecutionPlan({c.name: (moved.get(c.name, D0), ONE) for c in PPO_FLOW.calls})
+
+
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory):
+    model = str(make_tiny("1m", tmp_path_factory.mktemp("calls") / "m", seed=3))
+    # A reward model with its head saved: a head initialised in the worker would depend on what
+    # else its process built first (RewardModelWorker does not seed it), so plans would differ.
+    torch.manual_seed(0)
+    scorer = load_value_model(model)
+    reward_dir = str(tmp_path_factory.mktemp("calls") / "reward")
+    scorer.model.save_pretrained(reward_dir)
+    scorer.tokenizer.save_pretrained(reward_dir)
+    problems = arithmetic.generate(arithmetic.ArithmeticConfig(digits=1), 8, seed=1)
+    prompts = tokenize_prompts([p.__dict__ for p in problems], load(model).tokenizer, max_prompt_length=32)
+    optim = OptimConfig(lr=1e-3)
+    workers = {
+        "actor": (ActorRolloutRefWorker, ActorConfig(model, optim=optim, mini_batch_size=8, micro_batch_size=4)),
+        "reference": (ActorRolloutRefWorker, ActorConfig(model, train=False, rollout=None, reference=True)),
+        "critic": (CriticWorker, CriticConfig(model, optim=optim, mini_batch_size=8, micro_batch_size=4)),
+        "reward": (RewardModelWorker, ScoreModelConfig(reward_dir)),
+    }
+    return {"workers": workers, "batches": [prompts[:4], prompts[4:]]}
+
+
+def ppo_metrics(handles, batches, iterations=2):
+    """Two PPO iterations (pi_old recomputed: the actor's inference call runs too); what they
+    learned, without the clocks."""
+    config = PPOConfig(sampling=SamplingConfig(max_new_tokens=6, n=2, seed=0), kl_coef=0.05, old_log_probs="recompute")
+    metrics = PPO(Groups(**handles), config).fit(batches, iterations, log=None)
+    return [{k: v for k, v in m.items() if not k.startswith(("timing_s/", "perf/"))} for m in metrics]
+
+
+def test_calls_on_other_meshes_match_the_colocated_plan(session, kit):
+    colocated = deploy_calls(per_call(), session, kit["workers"], PPO_FLOW)
+    assert set(colocated) == {"actor", "reference", "critic", "reward"}
+    expected = ppo_metrics(colocated, kit["batches"])
+    session.clear()
+
+    # The actor generates on d1 (a rollout group) and the critic's values run on d1 (a replica)
+    # while both train on d0.
+    since = time.time()
+    handles = deploy_calls(per_call(gen=D1, values=D1), session, kit["workers"], PPO_FLOW)
+    assert set(handles) == {"actor", "reference", "critic", "reward", "rollout"}
+    critic = handles["critic"]
+    assert isinstance(critic, CallRouter) and critic.routes["compute_values"].role == "critic_d1"
+    assert handles["actor"].config.rollout is None  # the home no longer generates
+    hosts = {role: group.hostset for role, group in session.groups.items()}
+    assert hosts["rollout"] is hosts["critic_d1"] and hosts["actor"] is hosts["critic"]  # fused per mesh
+    assert hosts["rollout"] is not hosts["actor"]
+    got = ppo_metrics(handles, kit["batches"])
+
+    assert len(got) == len(expected) == 2
+    for mine, theirs in zip(got, expected):
+        assert mine.keys() == theirs.keys()
+        for key, value in theirs.items():
+            assert mine[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+    assert expected[0]["critic/vf_loss"] != expected[1]["critic/vf_loss"]  # the critic learned
+
+    spans = [r for r in session.trace() if r.start >= since]
+    ran = {(r.role, r.method) for r in spans}
+    assert {("critic_d1", "compute_values"), ("rollout", "generate_sequences")} <= ran
+    assert ("critic", "compute_values") not in ran and ("actor", "generate_sequences") not in ran
+    sent = [r for r in spans if r.method == "replica.send_weights" and r.rank == 0]
+    received = [r for r in spans if r.method == "replica.receive_weights"]
+    assert [r.extra["version"] for r in received] == [0, 1]  # before each iteration's values
+    assert [r.extra["bytes_received"] for r in received] == [r.extra["bytes_sent"] for r in sent]
+    assert sent[0].extra["bytes_sent"] > 0
+    assert critic.version == 2 and critic.held == {"critic_d1": 1}
+
+
+def test_a_searched_plan_deploys_and_runs(session, kit):
+    """The search, kept to plans this runtime runs and to one-device meshes of a 2-device
+    machine, spreads PPO's calls over both devices; the plan deploys, and its iteration equals
+    the colocated plan's."""
+    from workbench.planner import PlanSpace, Workload, cluster_preset, multi_chain
+    from workbench.planner.call_deploy import runtime_refusal
+
+    space = PlanSpace(
+        PPO_FLOW,
+        PPO_FLOW.model_specs("tiny-1m"),
+        Workload.tiny(),
+        cluster_preset("local", 2),
+        meshes=[D0, D1],
+        runnable=True,
+        max_tp=1,
+        max_pp=1,
+    )
+    plan = multi_chain(space, (0, 1), max_steps=300).plan
+    assert runtime_refusal(plan, PPO_FLOW) is None
+    assert len({mesh for mesh, _ in plan.layouts.values()}) == 2, plan.describe()
+    handles = deploy_calls(plan, session, kit["workers"], PPO_FLOW)
+    [metrics] = ppo_metrics(handles, kit["batches"][:1], iterations=1)
+    assert {p.name for p in session.pools.values()} == {"calls_d0", "calls_d1"}
+    session.clear()
+    [colocated] = ppo_metrics(deploy_calls(per_call(), session, kit["workers"], PPO_FLOW), kit["batches"][:1], 1)
+    assert metrics.keys() == colocated.keys() and all(math.isfinite(v) for v in metrics.values())
+    for key, value in colocated.items():
+        assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+
+
+def test_partially_overlapping_meshes_are_refused_before_any_pool(session):
+    plan = per_call(gen=D01)
+    workers = {m: (EchoWorker, None) for m in PPO_FLOW.models}
+    with pytest.raises(
+        PlannerError,
+        match=r"calls 'old_log_prob' on d0 and 'gen' on d0-1 share some devices but not all: .* no pool slices",
+    ):
+        deploy_calls(plan, session, workers, PPO_FLOW)
+    assert not session.pools
+
+
+def test_unknown_calls_and_missing_models_are_refused(session):
+    workers = {m: (EchoWorker, None) for m in PPO_FLOW.models}
+    bad = per_call()
+    bad.layouts["gen_greedy"] = (D1, ONE)
+    with pytest.raises(PlannerError, match=r"call\(s\) \['gen_greedy'\] that dataflow 'ppo' does not have"):
+        deploy_calls(bad, session, workers, PPO_FLOW)
+    del workers["critic"]
+    with pytest.raises(PlannerError, match=r"missing \['critic'\]"):
+        deploy_calls(per_call(), session, workers, PPO_FLOW)
+    assert not session.pools
+
+
+def test_what_this_runtime_cannot_run_is_refused_with_the_call(kit):
+    workers = kit["workers"]
+    with pytest.raises(PlannerError, match=r"'old_log_prob' of model 'actor' .* compute_log_prob"):
+        plan_groups(per_call(old_log_prob=D1), PPO_FLOW, workers)
+    with pytest.raises(PlannerError, match=r"'old_log_prob' of model 'actor' .* compute_log_prob"):
+        plan_groups(per_call(gen=D1, old_log_prob=D1), PPO_FLOW, workers)  # beside the rollout group too
+    other_layout = per_call()
+    for call in other_layout.layouts:
+        other_layout.layouts[call] = (D01, Mesh(1, 1, 2) if call == "values" else Mesh(1, 2, 1))
+    with pytest.raises(PlannerError, match=r"'values' of model 'critic' runs on its home devices d0-1 in layout"):
+        plan_groups(other_layout, PPO_FLOW, workers)
+    tp_rollout = ExecutionPlan({c.name: (D01, Mesh(1, 1, 2)) for c in PPO_FLOW.calls})
+    tp_rollout.layouts["gen"] = (DeviceMesh(2, 2), Mesh(1, 2, 1))
+    with pytest.raises(PlannerError, match=r"'gen' of model 'actor' on d2-3 .* data parallelism only"):
+        plan_groups(tp_rollout, PPO_FLOW, workers)
+
+
+def test_the_actors_generation_in_another_layout_on_its_devices_is_the_hybrid_engines(kit):
+    plan = ExecutionPlan({c.name: (D01, Mesh(1, 2, 1)) for c in PPO_FLOW.calls})
+    plan.layouts["gen"] = (D01, Mesh(1, 1, 2))
+    specs = {s.role: s for s in plan_groups(plan, PPO_FLOW, kit["workers"])}
+    assert set(specs) == {"actor", "reference", "critic", "reward"}  # no replica: one group per model
+    actor = specs["actor"].layout
+    assert (actor.tp, actor.dp, actor.gen_tp, actor.transition) == (2, 1, 1, "hybridflow")
+    assert specs["actor"].calls == ["gen", "old_log_prob", "update_actor"]

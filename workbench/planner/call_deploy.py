@@ -1,0 +1,251 @@
+"""From a per-call plan (ReaLHF's ExecutionPlan) to real resources: every call on its planned mesh.
+
+    handles = plan.deploy(session, {"actor": (ActorRolloutRefWorker, actor_cfg), ...}, dataflow)
+    ppo = PPO(Groups(**handles), PPOConfig())
+
+One pool per distinct device mesh. Each model has a home group: its train call's (mesh, layout),
+or a frozen model's first call's; every other (mesh, layout) its calls use gets a replica group.
+Models on the same (mesh, layout) share one process per device (`session.fused`), as
+`deploy.deploy_sets` does. What this runtime does with a call away from its model's home:
+
+  * the actor's generation on its own devices in another layout: the 3D-HybridEngine's
+    generation layout (the home group's `Mesh.with_generation`);
+  * the actor's generation on other devices: a generate-only rollout group (`Groups.rollout`),
+    which the algorithm brings up to date after each update (RolloutLink);
+  * another call of a trained model on other devices (the critic's values): a replica that a
+    CallRouter (workbench.planner.routing) sends the call to, its weights pushed from the home
+    through a weight channel before a call that would read older ones;
+  * a frozen model's call on other devices: a replica with the same weights, never pushed.
+
+Refused, on the driver before any pool is reserved: meshes that partially overlap (the
+controller has no pool slices yet), any other layout on a model's own devices (reallocation
+inside a pool is not wired), the actor's log-probs away from its training (a replica would
+need a trainer's forward), and two calls running one worker method on different placements
+(a handle routes by method). The planner stays free of Ray: this module calls the session.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from workbench import steps
+from workbench.controller.mesh import Mesh
+from workbench.planner.dataflow import Dataflow
+from workbench.planner.errors import PlannerError
+from workbench.planner.execution import DeviceMesh, ExecutionPlan
+from workbench.planner.strategy import is_generation_layout
+
+if TYPE_CHECKING:
+    from workbench.session import Session
+
+ROLLOUT = "rollout"
+"""The role of the actor's generation group on other devices (algorithms.Groups.rollout)."""
+PUSHED_METHODS = ("compute_values",)
+"""Methods a replica of a trained model runs on weights pushed from its home (the workers that
+offer send/receive_weights: CriticWorker)."""
+
+
+@dataclass
+class GroupSpec:
+    """One worker group a per-call plan starts."""
+
+    role: str
+    """Its name in the session: the model's for a home group, its own for a replica."""
+    model: str
+    mesh: DeviceMesh
+    layout: Mesh
+    worker: tuple[type, Any]
+    calls: list[str] = field(default_factory=list)
+    home: str | None = None
+    """For a replica: the home group's role."""
+
+
+def _layout_key(layout: Mesh) -> tuple[int, int, int]:
+    return (layout.pp, layout.tp, layout.dp)
+
+
+def _where(mesh: DeviceMesh, layout: Mesh) -> str:
+    return f"{mesh}:{layout.short()}"
+
+
+def check_calls(plan: ExecutionPlan, dataflow: Dataflow, workers: dict[str, Any]) -> None:
+    """The plan covers exactly the dataflow's calls, `workers` exactly its models, and the call
+    meshes are pairwise identical or disjoint."""
+    names = [c.name for c in dataflow.calls]
+    unknown = [c for c in plan.layouts if c not in names]
+    if unknown:
+        raise PlannerError(
+            f"the plan places call(s) {unknown} that dataflow {dataflow.name!r} does not have; its calls: {names}"
+        )
+    missing = [c for c in names if c not in plan.layouts]
+    if missing:
+        raise PlannerError(f"the plan gives no (mesh, layout) to call(s) {missing} of dataflow {dataflow.name!r}")
+    models = list(dataflow.models)
+    absent, extra = [m for m in models if m not in workers], [w for w in workers if w not in models]
+    if absent or extra:
+        raise PlannerError(
+            f"deploy needs a (Worker class, config) for each model of dataflow {dataflow.name!r} {models}; "
+            + (f"missing {absent}" if absent else f"not in the dataflow: {extra}")
+        )
+    first_call: dict[DeviceMesh, str] = {}
+    for call, (mesh, _) in plan.layouts.items():
+        first_call.setdefault(mesh, call)
+    meshes = sorted(first_call)
+    for i, a in enumerate(meshes):
+        for b in meshes[i + 1 :]:
+            if a.overlaps(b):
+                raise PlannerError(
+                    f"calls {first_call[a]!r} on {a} and {first_call[b]!r} on {b} share some devices but not all: "
+                    f"the controller has no pool slices yet, so call meshes must be identical or disjoint; "
+                    f"put both on one mesh or on devices apart"
+                )
+
+
+def plan_groups(plan: ExecutionPlan, dataflow: Dataflow, workers: dict[str, tuple[type, Any]]) -> list[GroupSpec]:
+    """The groups a per-call plan needs, checked (no session, no Ray): home groups first."""
+    check_calls(plan, dataflow, workers)
+    specs: list[GroupSpec] = []
+    for model in dataflow.models:
+        calls = dataflow.calls_of(model)
+        trained = next((c for c in calls if c.kind == "train"), None)
+        home_call = trained or calls[0]
+        home_mesh, home_layout = plan.layouts[home_call.name]
+        home = GroupSpec(model, model, home_mesh, home_layout, workers[model])
+        replicas: dict[tuple[DeviceMesh, tuple[int, int, int]], GroupSpec] = {}
+        routed: dict[str, tuple[DeviceMesh, Mesh, str]] = {}  # worker method -> where, which call
+        for call in calls:
+            mesh, layout = plan.layouts[call.name]
+            method = _worker_method(call.name, model)
+            if method in routed and routed[method][:2] != (mesh, layout):
+                other_mesh, other_layout, other = routed[method]
+                raise PlannerError(
+                    f"calls {other!r} ({_where(other_mesh, other_layout)}) and {call.name!r} "
+                    f"({_where(mesh, layout)}) of model {model!r} both run {method}, and a handle routes "
+                    f"by method: give them the same mesh and layout"
+                )
+            routed[method] = (mesh, layout, call.name)
+            if (mesh, _layout_key(layout)) == (home_mesh, _layout_key(home_layout)):
+                home.calls.append(call.name)
+            elif mesh == home_mesh:
+                home.layout = _generation_layout(model, call, home, layout, trained is not None)
+                home.calls.append(call.name)
+            else:
+                key = (mesh, _layout_key(layout))
+                replica = _replica(model, call, mesh, layout, workers[model], trained is not None)  # checks each call
+                replicas.setdefault(key, replica).calls.append(call.name)
+        if any(r.role == ROLLOUT for r in replicas.values()):  # the home no longer generates
+            home.worker = (home.worker[0], _replace(home.worker[1], rollout=None))
+        specs.append(home)
+        specs += replicas.values()
+    roles = [s.role for s in specs]
+    if len(set(roles)) != len(roles):
+        raise PlannerError(f"the plan needs groups {roles}; a role name repeats (one generation group at most)")
+    return specs
+
+
+def _worker_method(call: str, model: str) -> str:
+    step = steps.BY_NAME.get(call)
+    if step is None or step.worker_method is None:
+        raise PlannerError(
+            f"call {call!r} of model {model!r} is not a worker step of workbench.steps, so no worker method "
+            f"is known to route it; name the call after its step (derive_dataflow does)"
+        )
+    return step.worker_method
+
+
+def _generation_layout(model: str, call, home: GroupSpec, layout: Mesh, trained: bool) -> Mesh:
+    """The home layout generating in `layout` on the same devices (the 3D-HybridEngine)."""
+    if call.kind == "generate" and trained and is_generation_layout(home.layout, layout) and not home.layout.gen_tp:
+        return home.layout.with_generation(layout, "hybridflow")
+    raise PlannerError(
+        f"call {call.name!r} of model {model!r} runs on its home devices {home.mesh} in layout {layout.short()}, "
+        f"but the model lives there in {home.layout.short()}: on one mesh only the trained actor's generation may "
+        f"change layout (the hybrid engine: same pp and tp or divisors of them); reallocation inside a pool is "
+        f"not wired yet. Give the call {home.layout.short()}, or devices apart"
+    )
+
+
+def _replica(model: str, call, mesh: DeviceMesh, layout: Mesh, worker: tuple[type, Any], trained: bool):
+    """The group that runs `call` of `model` on devices apart from its home."""
+    cls, config = worker
+    where = f"call {call.name!r} of model {model!r} on {mesh} ({layout.short()})"
+    if not trained:
+        return GroupSpec(f"{model}_{mesh}", model, mesh, layout, worker, home=model)
+    if call.kind == "generate":
+        if config is not None and not (hasattr(config, "train") and hasattr(config, "rollout")):
+            raise PlannerError(f"{where}: generation apart from training needs an ActorRolloutRefWorker config")
+        if layout.tp > 1 or layout.pp > 1:
+            raise PlannerError(
+                f"{where}: a rollout group on other devices takes whole weights; give it data parallelism "
+                f"only (p1t1d{layout.world_size})"
+            )
+        rollout = _replace(config, train=False, reference=False)
+        return GroupSpec(ROLLOUT, model, mesh, layout, (cls, rollout), home=model)
+    method = _worker_method(call.name, model)
+    if method not in PUSHED_METHODS:
+        raise PlannerError(
+            f"{where}: {method} of a trained model runs where it trains (a replica holds no trainer to run it); "
+            f"only {list(PUSHED_METHODS)} run on replicas so far. Put the call on {model!r}'s training mesh"
+        )
+    if config is not None and (getattr(config, "backend", None) != "fsdp" or getattr(config, "lora", None) is not None):
+        raise PlannerError(
+            f"{where}: a replica loads pushed weights into FSDP shards; use backend='fsdp' without LoRA "
+            f"(got backend={getattr(config, 'backend', None)!r}, lora={getattr(config, 'lora', None)!r})"
+        )
+    return GroupSpec(f"{model}_{mesh}", model, mesh, layout, worker, home=model)
+
+
+def _replace(config: Any, **changes: Any) -> Any:
+    return dataclasses.replace(config, **changes) if dataclasses.is_dataclass(config) else config
+
+
+def runtime_refusal(plan: ExecutionPlan, dataflow: Dataflow) -> str | None:
+    """Why this runtime cannot run `plan` whatever the workers' configs (None: it can): the
+    placement rules `deploy_calls` checks, for a search to keep to runnable plans."""
+    try:
+        plan_groups(plan, dataflow, {m: (object, None) for m in dataflow.models})
+    except PlannerError as refusal:
+        return str(refusal)
+    return None
+
+
+def deploy_calls(
+    plan: ExecutionPlan, session: Session, workers: dict[str, tuple[type, Any]], dataflow: Dataflow
+) -> dict[str, Any]:
+    """Start what `plan` needs on `session`; returns a handle per model (its home group, or a
+    CallRouter when some of its calls run on replicas) and `rollout` when the actor generates on
+    devices of its own. Everything is checked before the first pool is reserved."""
+    from workbench.planner.routing import CallRouter
+
+    specs = plan_groups(plan, dataflow, workers)
+    for spec in specs:
+        check: Callable | None = getattr(spec.worker[1], "check_layout", None)
+        if check is not None:
+            check(spec.layout, spec.role)
+    pools = {mesh: session.pool(f"calls_{mesh}", mesh.size) for mesh in sorted({s.mesh for s in specs})}
+    fused: dict[tuple[DeviceMesh, tuple[int, int, int]], list[GroupSpec]] = {}
+    for spec in specs:
+        fused.setdefault((spec.mesh, _layout_key(spec.layout)), []).append(spec)
+    groups: dict[str, Any] = {}
+    for (mesh, _), here in fused.items():
+        # The generation layout only matters to the model that generates; keep it if any.
+        layout = max((s.layout for s in here), key=lambda x: x.gen_tp is not None)
+        groups |= session.fused(pools[mesh], mesh=layout, **{s.role: s.worker for s in here})
+    handles: dict[str, Any] = {}
+    for model in dataflow.models:
+        replicas = [s for s in specs if s.home == model and s.role != ROLLOUT]
+        if not replicas:
+            handles[model] = groups[model]
+            continue
+        trained = any(c.kind == "train" for c in dataflow.calls_of(model))
+        routes = {_worker_method(c, model): groups[s.role] for s in replicas for c in s.calls}
+        train_method = next(
+            (_worker_method(c.name, model) for c in dataflow.calls_of(model) if c.kind == "train"), None
+        )
+        handles[model] = CallRouter(model, groups[model], routes, train_method if trained else None)
+    if ROLLOUT in groups:
+        handles[ROLLOUT] = groups[ROLLOUT]
+    return handles
