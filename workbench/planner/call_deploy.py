@@ -1,6 +1,6 @@
 """From a per-call plan (ReaLHF's ExecutionPlan) to real resources: every call on its planned mesh.
 
-    handles = plan.deploy(session, {"actor": (ActorRolloutRefWorker, actor_cfg), ...}, dataflow)
+    handles = deploy_calls(plan, session, {"actor": (ActorRolloutRefWorker, actor_cfg), ...}, dataflow)
     ppo = PPO(Groups(**handles), PPOConfig())
 
 One pool per distinct device mesh. Each model has a home group: its train call's (mesh, layout),
