@@ -95,6 +95,16 @@ def test_automap_plans_the_run_on_the_calibrated_cluster_when_there_is_one(tiny,
     assert calibrated.cluster.startswith("calibrated local cluster") and str(path) in calibrated.cluster
 
 
+def test_placement_plan_search_finds_a_per_call_plan_this_runtime_runs(tiny):
+    run = planned(config(tiny, "placement.num_devices=2", plan="search"))
+    assert run.source == "search" and run.n_devices <= 2
+    assert set(run.call_times) == {c.name for c in run.dataflow.calls} and min(run.call_times.values()) > 0
+    record = run.to_dict()
+    assert set(record["calls"]) == set(run.call_times) and record["estimated_iteration_s"] > 0
+    again = planned(config(tiny, "placement.num_devices=2", plan=record))  # plan.yaml runs again as it is
+    assert again.plan.layouts == run.plan.layouts
+
+
 def edited(change):
     values = yaml.safe_load(yaml.safe_dump(SPLIT))
     change(values)
@@ -106,7 +116,6 @@ def edited(change):
     [
         (7, (), "placement.plan", "automap"),
         ("no/such/plan.yaml", (), "placement.plan", "no such plan file"),
-        ("search", (), "placement.plan", "the search itself does not run"),
         ({"layouts": {"gen": {}}}, (), "placement.plan", "calls: {<call>"),
         (SPLIT, ("placement.critic_devices=2",), "placement.critic_devices", "not both"),
         (SPLIT, ("placement.rollout_devices=1", "asynchronous.enabled=true"), "placement.rollout_devices", "not both"),

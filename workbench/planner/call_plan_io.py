@@ -22,7 +22,7 @@ from workbench.planner.plan_io import PlanFormatError
 from workbench.planner.specs import ClusterSpec
 
 CALL_KEYS = ("devices", "first_device", "pp", "tp", "dp")
-PLAN_KEYS = ("name", "calls", "estimated_iteration_s", "source", "cluster", "measured_iteration_s")
+PLAN_KEYS = ("name", "calls", "estimated_iteration_s", "estimated_call_s", "source", "cluster", "measured_iteration_s")
 """Besides `calls` (and `name`), what a run writes in its plan.yaml for the reader: ignored when read
 back (the estimate is recomputed), so `placement.plan=<plan.yaml>` runs the plan again."""
 

@@ -26,6 +26,7 @@ from workbench.planner import (
     Workload,
     automap,
     deploy_calls,
+    search,
     set_partitions,
     specs_from_models,
 )
@@ -237,6 +238,7 @@ def algorithm(
 
 # ---- placement by a planner plan ---------------------------------------------------------------
 AUTOMAP = "automap"
+SEARCH = "search"
 PER_CALL_KEYS = ("calls", "layouts")
 """Keys of a per-call (ReaLHF) execution plan: `calls:` (call_plan_io's form) runs; `layouts:` is not
 a form any writer makes."""
@@ -312,13 +314,24 @@ class CallRunPlan:
     def estimated_iteration_s(self) -> float:
         return self.estimate.time
 
+    @property
+    def call_times(self) -> dict[str, float]:
+        """Estimated seconds of each call in the first iteration, as the driver sees it (its
+        dispatch included; a parameter reallocation before it is a task of its own)."""
+        times: dict[str, float] = {}
+        for task in self.estimate.graph.tasks:
+            if task.iteration == 0 and task.call is not None and task.kind in ("compute", "dispatch"):
+                times[task.call] = times.get(task.call, 0.0) + task.cost
+        return times
+
     def to_dict(self) -> dict[str, Any]:
-        """plan.yaml: the plan's `calls:` form, with where it came from and the estimate."""
+        """plan.yaml: the plan's `calls:` form, with where it came from and the estimates."""
         return {
             "source": self.source,
             "cluster": self.cluster,
             **execution_plan_to_dict(self.plan, self.name),
             "estimated_iteration_s": round(self.estimated_iteration_s, 6),
+            "estimated_call_s": {k: round(v, 6) for k, v in self.call_times.items()},
         }
 
 
@@ -388,10 +401,10 @@ def run_plan(config: RunConfig, policy: Path) -> RunPlan | CallRunPlan | None:
             raise ConfigError("placement.plan", given, f"the auto-mapper found no plan: {error}") from None
         values, source, file = plan_to_dict(found), AUTOMAP, None
         _reference_layout_as_actor(values)  # the reference runs in the actor's processes
+    elif given == SEARCH:
+        values, source, file = searched_plan(config, flow, specs, workload, cluster), SEARCH, None
     elif isinstance(given, str):
         file = Path(given).expanduser()
-        if given in ("search", "mcmc"):
-            raise ConfigError("placement.plan", given, _PER_CALL_FIX)
         if not file.is_file():
             raise ConfigError(
                 "placement.plan", given, 'no such plan file: give "automap", a YAML plan file or a plan mapping'
@@ -439,9 +452,33 @@ def _call_plan(config, values, flow, specs, workload, cluster, source, where_pri
 
 _PER_CALL_FIX = (
     "a per-call execution plan (ReaLHF's) is written as calls: {<call>: {devices, first_device, pp, tp, dp}} "
-    "(workbench.planner.call_plan_io; the search's plans: execution_plan_to_dict); the search itself does not "
-    "run from a config yet; or give a model-level plan (sets: ...) or automap"
+    "(workbench.planner.call_plan_io; the search's plans: execution_plan_to_dict), or found by the search "
+    "(search); or give a model-level plan (sets: ...) or automap"
 )
+SEARCH_STEPS = 2_000
+"""Proposals per chain of the search a run makes (2 chains): a few seconds here, and the
+search's own tests show its chains agree long before."""
+
+
+def searched_plan(config: RunConfig, flow, specs, workload, cluster) -> dict[str, Any]:
+    """placement.plan=search: ReaLHF's search over the plans this runtime deploys, written in the
+    `calls:` form."""
+    three_d = config.actor.backend == "3d" and ("critic" not in flow.models or config.critic.backend == "3d")
+    try:
+        found = search(
+            flow,
+            specs,
+            workload,
+            cluster,
+            max_steps=SEARCH_STEPS,
+            seeds=(0, 1),
+            runnable=True,
+            max_tp=None if three_d else 1,
+            max_pp=1,
+        )
+    except Exception as error:
+        raise ConfigError("placement.plan", SEARCH, f"the search found no plan: {error}") from None
+    return execution_plan_to_dict(found.plan, "search")
 
 
 def _reference_with_actor(placement: tuple[tuple[str, ...], ...]) -> bool:

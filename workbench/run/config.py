@@ -117,9 +117,11 @@ class PlacementSection:
     """Place the models by a planner plan instead of the fields above (which then keep their
     defaults): "automap" (the auto-mapper's plan for the run's models and workload on this
     machine's cluster: the calibrated local cluster when `calibration` exists, else the
-    placeholder preset), a model-level plan written as a mapping (`sets:` with `devices` and,
-    per model, pp/tp/dp and the actor's `generation` layout; workbench.planner.plan_io), or the
-    path of a YAML file holding one. null: the hand-written pools above."""
+    placeholder preset), "search" (ReaLHF's search on the same cluster, over the per-call plans
+    this runtime deploys: every call on its own mesh), a plan written as a mapping (model-level:
+    `sets:` with `devices` and, per model, pp/tp/dp and the actor's `generation` layout,
+    workbench.planner.plan_io; per-call: `calls:`, workbench.planner.call_plan_io), or the path
+    of a YAML file holding one. null: the hand-written pools above."""
     calibration: str = ".cache/planner/local-calibration.json"
     """This machine's planner calibration (`python -m workbench calibrate` or
     workbench.planner.calibrate); used to price a plan when the file exists."""
@@ -306,8 +308,8 @@ class RunConfig:
             raise ConfigError(
                 "placement.plan",
                 plan,
-                'give "automap", a plan mapping (sets: ...) or the path of a YAML plan file; or null for the '
-                "hand-written pools",
+                'give "automap", "search", a plan mapping (sets: ... or calls: ...) or the path of a YAML plan '
+                "file; or null for the hand-written pools",
             )
         hand = {
             name: getattr(place, name)
