@@ -123,8 +123,9 @@ class PlacementSection:
     workbench.planner.plan_io; per-call: `calls:`, workbench.planner.call_plan_io), or the path
     of a YAML file holding one. null: the hand-written pools above."""
     calibration: str = ".cache/planner/local-calibration.json"
-    """This machine's planner calibration (`python -m workbench calibrate` or
-    workbench.planner.calibrate); used to price a plan when the file exists."""
+    """This machine's planner calibration (`bench/calibration.py --save PATH`, or
+    `workbench.planner.profiler.calibrate(session, models).save(PATH)`); used to price a plan when
+    the file exists."""
 
 
 @dataclass
