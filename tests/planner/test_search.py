@@ -1,3 +1,5 @@
+import random
+
 import pytest
 
 from workbench.planner import (
@@ -130,3 +132,25 @@ def test_a_runnable_search_keeps_to_plans_the_runtime_deploys():
     found = search(flow, "tiny-10m", Workload.tiny(), cluster, max_steps=300, seeds=(0, 1), runnable=True, max_tp=1)
     assert runtime_refusal(found.plan, flow) is None
     assert found.evaluation.cost == pytest.approx(kept_cost)
+
+
+def test_a_runnable_search_crosses_to_a_split_the_runtime_runs():
+    """Every one-call step from "everything on both devices" toward "the actor on one device, the
+    critic on the other" overlaps meshes partly, which the runtime refuses: chains started from
+    random runnable plans (each model's calls together) still reach the split, the optimum here."""
+    from tests.planner.test_calibrate import MEM_BW, PEAK, _synthetic
+    from workbench.planner.calibrate import fit
+    from workbench.planner.specs import model_preset
+
+    timings, collectives = _synthetic()
+    cluster = fit(timings, collectives, peak_flops=PEAK, memory_bandwidth=MEM_BW, slowdown={1: 1.0, 2: 1.0}).cluster(
+        1, 2
+    )
+    flow, spec = dataflow_preset("ppo"), model_preset("tiny-10m")
+    wl = Workload(global_batch=8, prompt_len=16, response_len=16, n_samples=2, param_sharding="full")
+    space = PlanSpace(flow, flow.model_specs(spec), wl, cluster, runnable=True, max_tp=1, max_pp=1)
+    best, cost = exhaustive(space)
+    assert len({mesh for mesh, _ in space.plan(best).layouts.values()}) == 2  # a split is the optimum
+    found = search(flow, spec, wl, cluster, runnable=True, max_tp=1, max_pp=1, max_steps=2000)
+    assert found.evaluation.cost == pytest.approx(cost)
+    assert space.refusal(space.random_runnable(random.Random(0))) is None

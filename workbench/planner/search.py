@@ -149,6 +149,20 @@ class PlanSpace:
         """A uniformly random option for every call."""
         return tuple(rng.randrange(len(o)) for o in self.options)
 
+    def random_runnable(self, rng: random.Random, tries: int = 200) -> tuple[int, ...] | None:
+        """A random plan the runtime deploys, or None: each model's calls together on one random
+        option (a model's calls share their options). A uniformly random plan almost never runs
+        (its calls' meshes overlap partly), and a chain cannot walk out of a refused start."""
+        for _ in range(tries):
+            option: dict[str, int] = {}
+            choice = tuple(
+                option.setdefault(call.model, rng.randrange(len(opts)))
+                for call, opts in zip(self.flow.calls, self.options)
+            )
+            if self.refusal(choice) is None:
+                return choice
+        return None
+
     def _move_one(self, choice: tuple[int, ...], i: int, rng: random.Random) -> int:
         m, s = self.options[i][choice[i]]
         move = rng.random()
@@ -291,10 +305,12 @@ def multi_chain(
 ) -> SearchResult:
     """One chain per seed; the best chain's result with a `convergence` report. The first
     chain starts from the greedy plan (ReaLHF), the others from a random plan drawn from their
-    seed, so that agreement means the chains found the same optimum from different places."""
+    seed (a random runnable one when the space keeps to what runs), so that agreement means the
+    chains found the same optimum from different places."""
     runs = []
     for i, s in enumerate(seeds):
-        start = None if i == 0 else space.random_plan(random.Random(f"start {s}"))
+        rng = random.Random(f"start {s}")
+        start = None if i == 0 else (space.random_runnable(rng) if space.runnable else None) or space.random_plan(rng)
         runs.append(mcmc(space, max_steps=max_steps, time_limit=time_limit, seed=s, init=start, **kw))
     best = min(runs, key=lambda r: (r.evaluation.cost, r.seed))
     best.convergence = Convergence(
