@@ -8,6 +8,7 @@ import json
 import pytest
 import yaml
 
+from tests.run.test_plan_config import PER_CALL
 from tests.run.test_runner import tiny, tiny_config  # noqa: F401  (a fixture)
 from workbench.run.runner import Runner
 
@@ -86,19 +87,6 @@ def test_placement_plan_automap_runs_the_auto_mappers_plan(tiny, tmp_path, share
         group, _, world, mesh = where[role]
         assert (world, mesh.dp) == planned[role]
     assert where["reference"][0] is where["actor"][0]
-
-
-PER_CALL = {
-    "name": "gen-and-values-apart",
-    "calls": {
-        "gen": {"devices": 1, "first_device": 1},
-        "old_log_prob": {"devices": 1},
-        "ref": {"devices": 1},
-        "values": {"devices": 1, "first_device": 1},
-        "update_critic": {"devices": 1},
-        "update_actor": {"devices": 1},
-    },
-}
 
 
 def test_a_per_call_yaml_plan_runs_headless(tiny, tmp_path, shared_session):  # noqa: F811

@@ -37,7 +37,7 @@ from workbench.engines.accumulation import NonFiniteStep, combine_metrics, micro
 from workbench.engines.checkpoint import load_sharded, save_sharded
 from workbench.engines.contract import Forward, LossFn, OptimConfig
 from workbench.engines.pipeline_stages import Stage, output_width
-from workbench.engines.tensor_parallel import TensorParallelEngine, parallelize
+from workbench.engines.tensor_parallel import TensorParallelEngine, adamw, parallelize
 
 
 @dataclass
@@ -183,14 +183,7 @@ class PipelineEngine(TensorParallelEngine):
         self.model, self.optim = PipelinedModel(model, pp_mesh), optim
         self.tp_group = tp_mesh.get_group() if tp_mesh is not None and tp_mesh.size() > 1 else None
         self.pp_group, self.dp_group = self.model.group, dp_group
-        self.optimizer = torch.optim.AdamW(
-            self.model.hf.parameters(),
-            lr=optim.lr,
-            betas=optim.betas,
-            eps=optim.eps,
-            weight_decay=optim.weight_decay,
-            foreach=False,
-        )
+        self.optimizer = adamw(self.model.hf.parameters(), optim)
 
     def train_step(self, loss_fn: LossFn, micro_batches: list[Batch], forward: Forward) -> dict[str, float]:
         """One optimizer step: every micro-batch through one GPipe schedule, weighted as

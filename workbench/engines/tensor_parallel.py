@@ -93,6 +93,13 @@ def llama_tp_plan(model: torch.nn.Module) -> dict:
     return plan
 
 
+def adamw(params, optim: OptimConfig) -> torch.optim.AdamW:
+    # foreach kernels refuse lists that mix DTensor and plain tensors (norms are plain).
+    return torch.optim.AdamW(
+        params, lr=optim.lr, betas=optim.betas, eps=optim.eps, weight_decay=optim.weight_decay, foreach=False
+    )
+
+
 def parallelize(model: torch.nn.Module, tp_mesh) -> torch.nn.Module:
     """Cut `model` over the ranks of `tp_mesh` in place (a no-op for one rank)."""
     if tp_mesh is None or tp_mesh.size() == 1:
@@ -123,15 +130,7 @@ class TensorParallelEngine:
         self.tp_group = tp_mesh.get_group() if tp_mesh is not None and tp_mesh.size() > 1 else None
         self.dp_group = dp_group
         self.pp_group = None  # stages of a pipeline (PipelineEngine): the norm sums over them
-        # foreach kernels refuse lists that mix DTensor and plain tensors (norms are plain).
-        self.optimizer = torch.optim.AdamW(
-            model.parameters(),
-            lr=optim.lr,
-            betas=optim.betas,
-            eps=optim.eps,
-            weight_decay=optim.weight_decay,
-            foreach=False,
-        )
+        self.optimizer = adamw(model.parameters(), optim)
 
     def train_step(self, loss_fn: LossFn, micro_batches: list[Batch], forward: Forward) -> dict[str, float]:
         """One optimizer step over micro-batches, weighted as workbench.engines.accumulation says."""
