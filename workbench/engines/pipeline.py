@@ -22,7 +22,6 @@ calls); the shapes are given to PipelineStage, so it infers nothing.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -33,7 +32,7 @@ from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 from torch.distributed.tensor import DTensor
 
 from workbench.data.batch import Batch
-from workbench.engines.accumulation import NonFiniteStep, combine_metrics, micro_batch_weights
+from workbench.engines.accumulation import combine_metrics, micro_batch_weights
 from workbench.engines.checkpoint import load_sharded, save_sharded
 from workbench.engines.contract import Forward, LossFn, OptimConfig
 from workbench.engines.pipeline_stages import Stage, output_width
@@ -211,15 +210,7 @@ class PipelineEngine(TensorParallelEngine):
         )
         totals = [combine_metrics(parts, shares) if self.model.stage.last else None]
         dist.broadcast_object_list(totals, src=self.model.last_rank, group=self.pp_group)
-        self._average_over_replicas()
-        grad_norm = self._clip(self.optim.grad_clip if self.optim.grad_clip > 0 else math.inf)
-        if not math.isfinite(grad_norm):  # the norm is global: every rank skips together
-            self.optimizer.zero_grad(set_to_none=True)
-            raise NonFiniteStep(
-                f"the gradient norm is {grad_norm} (loss metrics {totals[0]}); this optimizer step was skipped"
-            )
-        self.optimizer.step()
-        return {**totals[0], "grad_norm": grad_norm, "lr": self.optimizer.param_groups[0]["lr"]}
+        return self._step(totals[0])
 
     @torch.no_grad()
     def iter_full_weights(self):

@@ -136,6 +136,11 @@ class TensorParallelEngine:
         """One optimizer step over micro-batches, weighted as workbench.engines.accumulation says."""
         self.optimizer.zero_grad(set_to_none=True)
         totals = accumulate_gradients(self.model, loss_fn, micro_batches, forward, self.dp_group)
+        return self._step(totals)
+
+    def _step(self, totals: dict[str, float]) -> dict[str, float]:
+        """Average the replicas' gradients, clip, and step (or skip, on every rank, when the
+        global norm is not finite); the step's metrics."""
         self._average_over_replicas()
         grad_norm = self._clip(self.optim.grad_clip if self.optim.grad_clip > 0 else math.inf)
         if not math.isfinite(grad_norm):  # the norm is global: every rank skips together
