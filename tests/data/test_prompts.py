@@ -150,6 +150,20 @@ def test_loader_batches_resume_from_a_batch_count(tokenizer, tmp_path):
     assert [list(next(resumed)["uid"]) for _ in range(2)] == two_epochs[4:]
 
 
+def test_mean_width_is_the_mean_padded_width_of_the_first_epochs_batches(tokenizer, rows):
+    cfg = PromptLoaderConfig(batch_size=2, shuffle=True, seed=3)
+    loader = PromptLoader(rows, tokenizer, cfg)
+    widths = [b["input_ids"].shape[1] for b in PromptLoader(rows, tokenizer, cfg)]
+    assert loader.mean_width() == pytest.approx(sum(widths) / len(widths))
+    assert loader.epoch == 0  # reading the widths consumes no epoch
+    longest = max(len(tokenizer(r["prompt"])["input_ids"]) for r in rows)
+    assert loader.mean_width() < longest  # one batch holds only the short prompts
+    padded = PromptLoader(
+        rows, tokenizer, PromptLoaderConfig(batch_size=2, max_prompt_length=40, pad_to_max_length=True)
+    )
+    assert padded.mean_width() == 40
+
+
 def test_loader_drop_last_and_no_shuffle(tokenizer, rows):
     loader = PromptLoader(rows, tokenizer, PromptLoaderConfig(batch_size=2, drop_last=True, shuffle=False))
     batches = list(loader)

@@ -48,6 +48,17 @@ def planned(cfg):
     return build.run_plan(cfg, Path(cfg.model.path))
 
 
+def test_the_workload_prices_the_prompts_the_workers_see(tiny):
+    # max_prompt_length is a bound; the loader pads each Batch to its longest prompt, so the
+    # planner is given the loader's mean width (pricing the bound made every call ~1.5x dearer).
+    cfg = config(tiny, "data.loader.max_prompt_length=64")
+    assert build.run_workload(cfg).prompt_len == 64
+    assert build.run_workload(cfg, prompt_width=10.4).prompt_len == 10
+    cfg.placement.plan = SPLIT
+    wide, narrow = (build.run_plan(cfg, Path(cfg.model.path), w) for w in (None, 10.0))
+    assert narrow.estimated_iteration_s < wide.estimated_iteration_s
+
+
 def test_no_plan_keeps_the_hand_written_pools(tiny):
     assert planned(config(tiny)) is None
 

@@ -310,6 +310,15 @@ class PromptLoader:
                     f"to keep their last {limit} tokens"
                 )
 
+    def mean_width(self, most_batches: int = 32) -> float:
+        """Mean columns of this loader's Batches (its first epoch, up to `most_batches` of them):
+        the padded prompt length the workers compute on, which a planner should price rather
+        than max_prompt_length (prompts are padded to the longest in their Batch)."""
+        if self.cfg.pad_to_max_length:
+            return float(self.cfg.max_prompt_length)
+        widths = [self._batch(0, i)["input_ids"].shape[1] for i in range(min(len(self), most_batches))]
+        return sum(widths) / len(widths) if widths else float(self.cfg.max_prompt_length)
+
     def __len__(self) -> int:
         full, rest = divmod(len(self.rows), self.cfg.batch_size)
         return full + (1 if rest and not self.cfg.drop_last else 0)

@@ -335,15 +335,16 @@ class CallRunPlan:
         }
 
 
-def run_workload(config: RunConfig) -> Workload:
+def run_workload(config: RunConfig, prompt_width: float | None = None) -> Workload:
     """The planner's workload of one iteration of this run: prompts per batch, padded prompt
-    length, response length, samples per prompt, epochs, mini-batches and micro-batch size of
-    the actor's update; FSDP-sharded workers ("full")."""
+    length (`prompt_width`, the loader's mean Batch width, when known; else the most a Batch
+    may have), response length, samples per prompt, epochs, mini-batches and micro-batch size
+    of the actor's update; FSDP-sharded workers ("full")."""
     batch = config.data.loader.batch_size
     rows = batch * config.sampling.n
     return Workload(
         global_batch=batch,
-        prompt_len=config.data.loader.max_prompt_length,
+        prompt_len=max(1, round(prompt_width)) if prompt_width else config.data.loader.max_prompt_length,
         response_len=config.sampling.max_new_tokens,
         n_samples=config.sampling.n,
         ppo_epochs=config.actor.epochs,
@@ -379,9 +380,10 @@ def run_cluster(config: RunConfig) -> tuple[Any, str]:
     )
 
 
-def run_plan(config: RunConfig, policy: Path) -> RunPlan | CallRunPlan | None:
-    """The plan of placement.plan (None when the run places by hand), read, priced and checked
-    against the run on the driver: every refusal is a ConfigError naming the plan's field."""
+def run_plan(config: RunConfig, policy: Path, prompt_width: float | None = None) -> RunPlan | CallRunPlan | None:
+    """The plan of placement.plan (None when the run places by hand), read, priced (for prompts
+    of `prompt_width` tokens, see `run_workload`) and checked against the run on the driver:
+    every refusal is a ConfigError naming the plan's field."""
     given = config.placement.plan
     if given is None:
         return None
@@ -389,7 +391,7 @@ def run_plan(config: RunConfig, policy: Path) -> RunPlan | CallRunPlan | None:
     roles = list(planner_models(config, policy))
     flow = run_dataflow(config, roles)
     specs = specs_from_models(planner_models(config, policy))
-    workload, (cluster, where_priced) = run_workload(config), run_cluster(config)
+    workload, (cluster, where_priced) = run_workload(config, prompt_width), run_cluster(config)
     if given == AUTOMAP:
         three_d = config.actor.backend == "3d" and ("critic" not in roles or config.critic.backend == "3d")
         placements = [p for p in set_partitions(flow.models) if _reference_with_actor(p)]
