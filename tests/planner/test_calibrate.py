@@ -20,6 +20,8 @@ TRUE = dict(
     bandwidth_efficiency=0.3,
     intra_node_bandwidth=0.4e9,
     collective_latency=3e-4,
+    shard_overhead=4e-3,
+    gather_overhead=1.5e-3,
 )
 
 
@@ -38,6 +40,10 @@ def _synthetic():
             timings.append(Timing("train", model, b, t, 0, 4, mini_batches=max(1, b // 8)))
         for b, p, r in [(1, 16, 16), (8, 16, 16), (32, 16, 16), (32, 16, 32)]:
             timings.append(Timing("generate", model, b, p, r, b))
+        # The same model sharded over two devices (FSDP), and its weights gathered whole.
+        timings.append(Timing("inference", model, 16, 16, 16, 4, dp=2))
+        timings.append(Timing("train", model, 32, 8, 8, 4, mini_batches=2, dp=2))
+        timings.append(Timing("sync", model, 1, 0, 0, 1, dp=2))
     timings = [dataclasses.replace(t, seconds=t.predict(truth)) for t in timings]
     coll = [CollectiveTiming(n, 2, 0.0) for n in (4e3, 1e6, 4e6, 16e6)]
     coll = [dataclasses.replace(c, seconds=c.predict(truth)) for c in coll]
@@ -60,6 +66,18 @@ def test_fit_is_robust_to_noise():
     cal = fit(noisy, coll, peak_flops=PEAK, memory_bandwidth=MEM_BW, slowdown={1: 1.0})
     assert cal.train_efficiency == pytest.approx(TRUE["train_efficiency"], rel=0.1)
     assert cal.inference_efficiency == pytest.approx(TRUE["inference_efficiency"], rel=0.1)
+
+
+def test_sharded_calls_cost_their_fixed_costs_per_collective_and_per_tensor():
+    truth = _truth()
+    free = dataclasses.replace(truth, shard_overhead=0.0, gather_overhead=0.0)
+    forward = Timing("inference", MEDIUM, 16, 16, 16, 4, dp=2)  # 2 micro-batches per rank
+    sync = Timing("sync", MEDIUM, 1, 0, 0, 1, dp=2)
+    # One all-gather per FSDP unit (6 layers + the root) per micro-batch; one gather per tensor.
+    assert forward.predict(truth) - forward.predict(free) == pytest.approx(2 * 7 * 4e-3)
+    assert sync.predict(truth) - sync.predict(free) == pytest.approx((9 * 6 + 3) * 1.5e-3)
+    alone = Timing("inference", MEDIUM, 16, 16, 16, 4)  # one device: nothing is gathered
+    assert alone.predict(truth) == alone.predict(free)
 
 
 def test_fit_cores_from_slowdown():
@@ -134,9 +152,9 @@ def test_shared_schedule_matches_list_scheduling_without_contention():
     assert shared.start == plain.start and shared.end == plain.end
 
 
-def test_workload_of_a_timing_has_no_recomputation():
+def test_workload_of_a_timing_has_no_recomputation_and_sharded_weights():
     t = Timing("train", SMALL, 16, 48, 0, 4, mini_batches=2)
-    assert t.workload() == Workload(16, 48, 0, 1, 1, 2, 4, False)
+    assert t.workload() == Workload(16, 48, 0, 1, 1, 2, 4, False, param_sharding="full")  # as the profiler's FSDP engine
 
 
 def test_fit_pins_a_zero_overhead_at_zero():

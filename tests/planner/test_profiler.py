@@ -8,6 +8,7 @@ from workbench.planner.profiler import Profiler, ProfileShapes
 
 TINY = ProfileShapes(
     forward=((4, 8, 8), (8, 16, 8)),
+    sharded_forward=((4, 8, 8),),
     generate=((2, 8, 4), (8, 8, 8)),
     rows_per_step=4,
     repeats=1,
@@ -23,7 +24,11 @@ def test_profile_and_fit_on_workers(session, tmp_path_factory):
     finally:
         profiler.close()
     kinds = sorted({t.kind for t in cal.timings})
-    assert kinds == ["generate", "inference", "train"] and len(cal.timings) == 6
+    assert kinds == ["generate", "inference", "sync", "train"] and len(cal.timings) == 6 + 3
+    sharded = [t for t in cal.timings if t.dp == 2]
+    assert sorted(t.kind for t in sharded) == ["inference", "sync", "train"]
+    assert [t.batch for t in sharded if t.kind != "sync"] == [8, 8]  # both ranks' sequences
+    assert cal.shard_overhead >= 0 and cal.gather_overhead >= 0
     assert all(t.seconds > 0 for t in cal.timings)
     assert {c.group for c in cal.collectives} == {2} and cal.intra_node_bandwidth > 0
     assert cal.machine["threads"] == 1 and set(cal.machine["slowdown"]) == {"1", "2"}

@@ -50,9 +50,11 @@ CPU_DTYPE_BYTES = 4  # the workers compute and communicate in fp32 on a CPU
 
 @dataclass(frozen=True)
 class Timing:
-    """One measured model function call on one device (one process, one thread)."""
+    """One measured model function call on one device (one process, one thread), or on `dp`
+    devices holding FSDP shards of the model; "sync" is a sharded model's weights gathered
+    tensor by tensor into a whole copy (the actor's weight sync into its rollout)."""
 
-    kind: Literal["train", "inference", "generate"]
+    kind: Literal["train", "inference", "generate", "sync"]
     model: ModelSpec
     batch: int
     """Sequences in the call."""
@@ -66,6 +68,8 @@ class Timing:
     """Optimizer steps (train)."""
     seconds: float = 0.0
     """Measured median."""
+    dp: int = 1
+    """Devices the call ran on, each with 1/dp of the sequences and of the weights (FSDP)."""
 
     def workload(self) -> Workload:
         return Workload(
@@ -76,16 +80,19 @@ class Timing:
             ppo_mini_batches=self.mini_batches,
             micro_batch_size=self.micro_batch_size,
             recompute=False,
+            param_sharding="full",
         )
 
     def predict(self, cluster: ClusterSpec) -> float:
         """The simulator's time for this call on `cluster`."""
-        sim = Simulator(cluster, self.workload())
+        sim, mesh = Simulator(cluster, self.workload()), Mesh(1, 1, self.dp)
         if self.kind == "train":
-            return sim.train(self.model, ONE)
+            return sim.train(self.model, mesh)
         if self.kind == "inference":
-            return sim.inference(self.model, ONE)
-        return sim.generate(self.model, ONE)
+            return sim.inference(self.model, mesh)
+        if self.kind == "sync":
+            return sim.reshard_time(self.model, mesh, mesh)
+        return sim.generate(self.model, mesh)
 
 
 @dataclass(frozen=True)
@@ -134,6 +141,10 @@ class Calibration:
     """Seconds per training micro-batch beyond its FLOPs (see ClusterSpec.train_overhead)."""
     inference_overhead: float = 0.0
     """Seconds per forward-only micro-batch beyond its FLOPs (ClusterSpec.inference_overhead)."""
+    shard_overhead: float = 0.0
+    """Seconds per collective of an FSDP unit beyond its bytes (ClusterSpec.shard_overhead)."""
+    gather_overhead: float = 0.0
+    """Seconds per tensor gathered whole from shards beyond its bytes (ClusterSpec.gather_overhead)."""
 
     def cluster(self, n_nodes: int = 1, devices_per_node: int = 4) -> ClusterSpec:
         """The `local` preset with these figures."""
@@ -154,6 +165,8 @@ class Calibration:
             step_overhead=self.step_overhead,
             train_overhead=self.train_overhead,
             inference_overhead=self.inference_overhead,
+            shard_overhead=self.shard_overhead,
+            gather_overhead=self.gather_overhead,
             kernel_latency=self.kernel_latency,
             call_overhead=self.call_overhead,
             driver_bandwidth=self.driver_bandwidth,
@@ -169,7 +182,12 @@ class Calibration:
         """(label, measured s, predicted s) of every profiled call under the fit."""
         c = self.cluster()
         return [
-            (f"{t.kind} {t.model.name} b{t.batch} p{t.prompt_len} r{t.response_len}", t.seconds, t.predict(c))
+            (
+                f"{t.kind} {t.model.name} b{t.batch} p{t.prompt_len} r{t.response_len}"
+                + (f" dp{t.dp}" if t.dp > 1 else ""),
+                t.seconds,
+                t.predict(c),
+            )
             for t in self.timings
         ]
 
@@ -346,12 +364,14 @@ def fit(
     call_overhead: float = 0.0,
     driver_bandwidth: float = float("inf"),
 ) -> Calibration:
-    """All fitted figures as one Calibration (kernel latency and call overhead as measured)."""
+    """All fitted figures as one Calibration (kernel latency and call overhead as measured).
+    One-device calls fix the compute figures; then, with those and the collectives' fixed,
+    the sharded calls (`Timing.dp` > 1) fix `shard_overhead` and the syncs `gather_overhead`."""
     train_eff, inf_eff, bw_eff, overhead, train_overhead, inference_overhead = fit_compute(
-        timings, peak_flops, memory_bandwidth, kernel_latency
+        [t for t in timings if t.dp == 1 and t.kind != "sync"], peak_flops, memory_bandwidth, kernel_latency
     )
     bw, lat = fit_collectives(collectives)
-    return Calibration(
+    cal = Calibration(
         peak_flops,
         train_eff,
         inf_eff,
@@ -371,6 +391,25 @@ def fit(
         train_overhead,
         inference_overhead,
     )
+    sharded = [t for t in timings if t.dp > 1 and t.kind in ("train", "inference")]
+    cal.shard_overhead = fit_fixed_cost(sharded, cal.cluster(), "shard_overhead")
+    cal.gather_overhead = fit_fixed_cost([t for t in timings if t.kind == "sync"], cal.cluster(), "gather_overhead")
+    return cal
+
+
+def fit_fixed_cost(timings: list[Timing], cluster: ClusterSpec, field: str) -> float:
+    """The value >= 0 of one per-operation cost of `cluster` (a field each prediction is
+    linear in) that minimises the timings' squared relative error, the rest held fixed;
+    0 without timings."""
+    if not timings:
+        return 0.0
+    measured = np.array([t.seconds for t in timings])
+    base = np.array([t.predict(dataclasses.replace(cluster, **{field: 0.0})) for t in timings])
+    per_unit = np.array([t.predict(dataclasses.replace(cluster, **{field: 1.0})) for t in timings]) - base
+    w = per_unit / measured
+    if not np.any(w > 0):
+        return 0.0
+    return max(0.0, float(np.sum(w * (measured - base) / measured) / np.sum(w * w)))
 
 
 def _placeholder(peak_flops: float, memory_bandwidth: float) -> ClusterSpec:

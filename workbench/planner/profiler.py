@@ -24,13 +24,14 @@ from dataclasses import dataclass, field
 import psutil
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 
 from workbench.controller import ONE_TO_ALL, Worker, register
 from workbench.data.batch import Batch
 from workbench.engines.backends import make_engine
 from workbench.engines.contract import OptimConfig
 from workbench.engines.forward import model_outputs, response_log_probs
-from workbench.engines.hf_rollout import HFRollout
+from workbench.engines.hf_rollout import HFRollout, weightless_copy
 from workbench.engines.rollout import SamplingConfig, response_texts
 from workbench.models.load import load
 from workbench.planner.calibrate import Calibration, CollectiveTiming, Timing, fit
@@ -47,6 +48,9 @@ class ProfileShapes:
     are told apart."""
     generate: tuple[tuple[int, int, int], ...] = ((2, 16, 16), (8, 16, 16), (32, 16, 16), (32, 16, 32))
     """(sequences, prompt tokens, new tokens) of generation calls."""
+    sharded_forward: tuple[tuple[int, int, int], ...] = ((8, 16, 16), (16, 8, 8))
+    """Shapes of each rank's share of the calls timed with the weights sharded over two
+    devices (FSDP), which fix the cost of its collectives beyond their bytes."""
     micro_batch_size: int = 4
     rows_per_step: int = 8
     """Sequences per optimizer step in train calls."""
@@ -141,28 +145,7 @@ class ProbeWorker(Worker):
                 loaded.tokenizer,
             )
         spec, rollout, engine, tokenizer = self._models[model_path]
-        mb, out = shapes.micro_batch_size, []
-        for rows, prompt, response in shapes.forward:
-            batch = _batch(rows, prompt, response, spec.vocab)
-
-            @torch.no_grad()
-            def infer():
-                engine.model.eval()
-                for i in range(0, rows, mb):
-                    response_log_probs(engine.model, batch[i : i + mb])
-
-            def train():
-                for s in range(0, rows, shapes.rows_per_step):
-                    mini = batch[s : s + shapes.rows_per_step]
-                    engine.train_step(_loss, [mini[i : i + mb] for i in range(0, len(mini), mb)], model_outputs)
-
-            steps = -(-rows // shapes.rows_per_step)
-            out.append(
-                Timing("inference", spec, rows, prompt, response, mb, seconds=_median_time(infer, shapes.repeats))
-            )
-            out.append(
-                Timing("train", spec, rows, prompt, response, mb, steps, seconds=_median_time(train, shapes.repeats))
-            )
+        out = _forward_timings(engine, spec, shapes.forward, shapes)
         for rows, prompt, new in shapes.generate:
             prompts = _batch(rows, prompt, 0, spec.vocab)
             sampling = SamplingConfig(max_new_tokens=new, seed=0)
@@ -180,6 +163,29 @@ class ProbeWorker(Worker):
                     ),
                 )
             )
+        return out
+
+    @register(ONE_TO_ALL)
+    def sharded_calls(self, name: str, model_path: str, shapes: ProfileShapes) -> list[Timing]:
+        """On ranks 0 and 1 (the others idle): train and inference calls with the model's
+        weights FSDP-sharded over the two (each rank its share of the sequences), and the
+        weight sync a sharded actor runs before generating (every tensor gathered whole into
+        the rollout's copy)."""
+        dp = 2
+        group = dist.new_group(list(range(dp)))  # every rank must create it
+        if self.rank >= dp:
+            dist.barrier()
+            return []
+        loaded = load(model_path)
+        spec = ModelSpec.from_hf_config(loaded.model.config, name)
+        rollout = HFRollout(weightless_copy(loaded.model), loaded.tokenizer.pad_token_id, loaded.tokenizer.eos_token_id)
+        mesh = DeviceMesh.from_group(group, self.device.type, mesh_dim_names=("dp",))
+        engine = make_engine(loaded.model, OptimConfig(), mesh["dp"])
+        rollout.materialize(engine.iter_full_weights())
+        out = _forward_timings(engine, spec, shapes.sharded_forward, shapes, dp)
+        seconds = _median_time(lambda: rollout.load_weights(engine.iter_full_weights()), shapes.repeats)
+        out.append(Timing("sync", spec, 1, 0, 0, 1, seconds=seconds, dp=dp))
+        dist.barrier()
         return out
 
     @register(ONE_TO_ALL)
@@ -208,6 +214,32 @@ class ProbeWorker(Worker):
         for _ in range(work):
             a = torch.tanh(a @ a)
         return time.perf_counter() - start
+
+
+def _forward_timings(engine, spec: ModelSpec, forward, shapes: ProfileShapes, dp: int = 1) -> list[Timing]:
+    """Inference and train calls of `forward`'s shapes on this rank, whose share of a call on
+    `dp` ranks is the shape's sequences (the Timing counts all ranks' sequences)."""
+    mb, out = shapes.micro_batch_size, []
+    for rows, prompt, response in forward:
+        batch = _batch(rows, prompt, response, spec.vocab)
+
+        @torch.no_grad()
+        def infer():
+            engine.model.eval()
+            for i in range(0, rows, mb):
+                response_log_probs(engine.model, batch[i : i + mb])
+
+        def train():
+            for s in range(0, rows, shapes.rows_per_step):
+                mini = batch[s : s + shapes.rows_per_step]
+                engine.train_step(_loss, [mini[i : i + mb] for i in range(0, len(mini), mb)], model_outputs)
+
+        steps = -(-rows // shapes.rows_per_step)
+        total = rows * dp
+        infer_s, train_s = _median_time(infer, shapes.repeats), _median_time(train, shapes.repeats)
+        out.append(Timing("inference", spec, total, prompt, response, mb, seconds=infer_s, dp=dp))
+        out.append(Timing("train", spec, total, prompt, response, mb, steps, seconds=train_s, dp=dp))
+    return out
 
 
 @dataclass
@@ -245,11 +277,16 @@ class Profiler:
         result.machine["driver_bandwidth"] = 2 * payload.numel() * 8 / max(echo - result.machine["call_overhead"], 1e-6)
         for name, path in self.models.items():
             result.timings += self.one.model_calls(name, str(path), self.shapes).get()[0]
+            # The ranks time their shares together; the slower rank is the call's time.
+            per_rank = [t for t in self.all.sharded_calls(name, str(path), self.shapes).get() if t]
+            result.timings += [max(same, key=lambda t: t.seconds) for same in zip(*per_rank)]
         for g in sorted({2, self.devices}):
             result.collectives += self.all.all_reduce(self.shapes.allreduce_bytes, g).get()[0]
         alone = None
         for k in range(1, self.devices + 1):
-            seconds = statistics.median([max(self.all.busy(k).get()) for _ in range(3)])
+            # The least of three: other work on the machine only ever slows a run down, and one
+            # slowed run (a busy core) would halve the cores the planner believes it has.
+            seconds = min(max(self.all.busy(k).get()) for _ in range(3))
             alone = alone or seconds
             result.slowdown[k] = seconds / alone
         result.machine.update(

@@ -145,11 +145,9 @@ class Simulator:
             gathers = 2 if train else 1
             volume = weights * (gathers * self.dtype_bytes + (GRAD_BYTES if train else 0)) / 2
             units = spec.n_layers / s.pp + 1  # one FSDP unit per decoder layer, plus the root
-            total += self.allreduce(
-                volume * n_micro,
-                s.dp,
-                n_ops=(gathers + train) * units * n_micro,
-                members_per_node=s.dp_peers_per_node(c.devices_per_node),
+            n_ops = (gathers + train) * units * n_micro
+            total += n_ops * c.shard_overhead + self.allreduce(
+                volume * n_micro, s.dp, n_ops=n_ops, members_per_node=s.dp_peers_per_node(c.devices_per_node)
             )
         elif train and s.dp > 1:
             # Distributed optimizer: reduce-scatter fp32 grads + all-gather the params,
@@ -242,13 +240,15 @@ class Simulator:
         gather = 0.0
         if self.wl.param_sharding == "full" and train.dp > 1:
             # Table 2 assumes data-parallel replicas hold whole training shards; FSDP / ZeRO-3
-            # ranks hold 1/dp of one, so each first all-gathers its generation shard (one
-            # gather per layer, half an all-reduce's volume each).
+            # ranks hold 1/dp of one, so each first all-gathers its generation shard: tensor by
+            # tensor, as the workers' sync does (`iter_full_weights`; the LoRA adapters in one
+            # collective), half an all-reduce's volume in all.
             shard = spec.synced_params / gen.model_parallel * self.dtype_bytes
-            gather = self.allreduce(
+            n_ops = 1 if spec.lora_rank else synced_tensors(spec)
+            gather = n_ops * self.cluster.gather_overhead + self.allreduce(
                 shard / 2,
                 train.dp,
-                n_ops=1 if spec.lora_rank else spec.n_layers + 1,
+                n_ops=n_ops,
                 members_per_node=train.dp_peers_per_node(self.cluster.devices_per_node),
             )
         crosses = _gather_crosses(train.with_generation(gen, method), self.cluster.devices_per_node)
@@ -279,7 +279,7 @@ class Simulator:
         group = trainer.world_size if sharded else trainer.model_parallel
         gather = self.allreduce(
             nbytes / 2, group, n_ops=tensors, members_per_node=min(group, self.cluster.devices_per_node)
-        )
+        ) + (tensors * self.cluster.gather_overhead if group > 1 else 0.0)
         send = nbytes / self.link_bandwidth(crosses_nodes) + tensors * self.cluster.collective_latency
         return gather + send + self.weight_copy_time(nbytes / rollout.model_parallel)
 

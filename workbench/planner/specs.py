@@ -288,6 +288,18 @@ class ClusterSpec:
     t = (n + n½)/r∞ model of a kernel moving n bytes at rate r∞, with n½/r∞ written as a time.
     Charged for every kernel of a layer (`KERNELS_PER_LAYER`) in each decoding step and each
     forward pass, so small per-device work (large TP, tiny models) gets less efficient."""
+    shard_overhead: float = 0.0
+    """Seconds each collective of a sharded data-parallel unit costs beyond its bytes and
+    `collective_latency`: FSDP2 copies a layer's shards into one buffer before its all-gather
+    and out after, and runs hooks around it (likewise for the gradient reduce-scatter). 0 on
+    GPU presets, where the copies run at HBM speed beside the transfer; on this CPU about as
+    much as the transfer itself (a dp-2 forward of tiny-10m: +50 ms over a replica's, half of
+    it beyond the all-gathers' bytes; the calibration fits it from two-device calls)."""
+    gather_overhead: float = 0.0
+    """Seconds each tensor gathered whole from its shards costs beyond its bytes and
+    `collective_latency` (a sharded actor's weight sync into its rollout copy and its weight
+    push gather tensor by tensor: DTensor's dispatch and the copy out): 0 on GPU presets;
+    fitted from a timed sync on this CPU."""
     call_overhead: float = 0.0
     """Seconds each model-function call costs beyond its work: the driver's dispatch, argument
     hand-off and result collection. Negligible against minute-long calls on GPUs (HybridFlow
