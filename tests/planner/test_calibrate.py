@@ -154,7 +154,9 @@ def test_shared_schedule_matches_list_scheduling_without_contention():
 
 def test_workload_of_a_timing_has_no_recomputation_and_sharded_weights():
     t = Timing("train", SMALL, 16, 48, 0, 4, mini_batches=2)
-    assert t.workload() == Workload(16, 48, 0, 1, 1, 2, 4, False, param_sharding="full")  # as the profiler's FSDP engine
+    assert t.workload() == Workload(
+        16, 48, 0, 1, 1, 2, 4, False, param_sharding="full"
+    )  # as the profiler's FSDP engine
 
 
 def test_fit_pins_a_zero_overhead_at_zero():
