@@ -65,7 +65,7 @@ def test_staleness_zero_plans_the_synchronous_split():
 
 def test_the_comparison_with_colocation_flips_where_the_numbers_say():
     verdicts = {}
-    for response_len in (256, 1024, 4096):
+    for response_len in (128, 1024, 4096):
         cmp = compare_async(GRPO, "llama2-7b", workload(response_len), H100, max_staleness=1)
         assert cmp.colocated is not None and cmp.asynchronous is not None
         faster = cmp.asynchronous.iteration_time < cmp.colocated.iteration_time
@@ -74,7 +74,7 @@ def test_the_comparison_with_colocation_flips_where_the_numbers_say():
         assert ("does not beat" in cmp.table()) != faster
     # short responses: training dominates and half the devices train; long ones: generation on
     # half the devices dominates; in between the overlap wins
-    assert verdicts == {256: False, 1024: True, 4096: False}
+    assert verdicts == {128: False, 1024: True, 4096: False}
 
 
 def test_automap_takes_the_async_plan_only_when_asked_and_faster():
@@ -83,7 +83,7 @@ def test_automap_takes_the_async_plan_only_when_asked_and_faster():
     assert not isinstance(sync, AsyncPlan)  # unchanged by default
     best = automap(GRPO, "llama2-7b", wl, H100, max_staleness=1)
     assert isinstance(best, AsyncPlan) and best.iteration_time < sync.iteration_time
-    short = workload(256)
+    short = workload(128)
     assert not isinstance(automap(GRPO, "llama2-7b", short, H100, max_staleness=1), AsyncPlan)
     one = cluster_preset("h100", 1)  # no room for a rollout pool: the synchronous plan stands
     assert not isinstance(automap(GRPO, "tiny-1m", Workload.tiny(), one, max_staleness=1), AsyncPlan)

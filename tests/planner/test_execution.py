@@ -148,3 +148,25 @@ def test_driver_stage_and_dispatch_are_tasks_of_the_iteration(tiny_workload):
     grown = evs[1].makespan - evs[0].makespan
     assert driver.cost + 0.01 - 1e-9 <= grown <= driver.cost + len(flow.calls) * 0.01 + 1e-9
     assert driver.cost > 0
+
+
+def test_a_generation_layout_on_the_trained_models_devices_costs_the_hybrid_engine_switch():
+    # Reallocation's special case: the actor generating at t_g | t on its own devices switches
+    # through the 3D-HybridEngine (Table 2's bytes), as the runtime does, not through a general
+    # reallocation into a copy; on other devices, or at a layout it cannot switch to, it is one.
+    flow = dataflow_preset("ppo")
+    cluster = cluster_preset("a100_80g", 16)
+    ev = PlanEvaluator(flow, flow.model_specs("llama2-7b"), Workload(), cluster, n_iterations=1)
+    spec, everywhere, train = ev.specs["actor"], DeviceMesh(0, 16), Mesh(1, 8, 2)
+
+    def param_task(gen_mesh, gen):
+        layouts = {c.name: (everywhere, train) for c in flow.calls}
+        layouts["gen"] = (gen_mesh, gen)
+        graph = ev.evaluate(ExecutionPlan(layouts)).graph
+        return next(t for t in graph.tasks if t.kind == "param" and t.call == "gen")
+
+    switch = param_task(everywhere, Mesh(1, 2, 8))
+    assert switch.cost == pytest.approx(ev.sim.reshard_time(spec, train, Mesh(1, 2, 8)))
+    assert switch.cost < ev.sim.realloc_time(spec, train, (0, 16), Mesh(1, 2, 8), (0, 16))
+    moved = param_task(DeviceMesh(0, 8), Mesh(1, 2, 4))  # half the devices: reallocated
+    assert moved.cost == pytest.approx(ev.sim.realloc_time(spec, train, (0, 16), Mesh(1, 2, 4), (0, 8)))

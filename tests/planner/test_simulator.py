@@ -5,7 +5,8 @@ import dataclasses
 import pytest
 
 from workbench import Mesh
-from workbench.planner import Simulator, Workload, cluster_preset, model_preset
+from workbench.planner import Simulator, Workload, cluster_preset, dataflow_preset, model_preset
+from workbench.planner.automap import AutoMapper
 from workbench.planner.memory import GRAD_BYTES, WEIGHT_BYTES
 from workbench.planner.simulator import synced_tensors
 
@@ -75,7 +76,9 @@ def test_small_per_device_work_stops_tensor_parallelism_from_always_winning():
     # 7B decoding its whole batch at once on 8 A100s: per-kernel, per-step and per-all-reduce
     # fixed costs make tp=8 lose to a smaller degree: they are a larger share of its time.
     spec, gpu = model_preset("llama2-7b"), cluster_preset("a100_80g", 8)
-    ideal = dataclasses.replace(gpu, kernel_latency=0.0, step_overhead=0.0, collective_latency=0.0)
+    ideal = dataclasses.replace(
+        gpu, kernel_latency=0.0, step_overhead=0.0, collective_latency=0.0, sequence_overhead=0.0
+    )
     times = {}
     for name, cluster in (("gpu", gpu), ("ideal", ideal)):
         sim = Simulator(cluster, Workload())
@@ -188,3 +191,28 @@ def test_the_pipeline_bubble_is_the_gpipe_schedules_the_runtime_runs(monkeypatch
     opt.inference(SPEC, Mesh(2, 1, 1))
     # 32 sequences, 4 optimizer steps of 8 rows, micro-batches of 4: m = 2 per step
     assert seen == [(2, 2), (2, 1)]
+
+
+@pytest.mark.parametrize(("model", "fastest"), [("llama2-7b", 2), ("llama2-13b", 4)])
+def test_generation_tensor_parallelism_ranks_as_hybridflow_measured(model, fastest):
+    # The actor trained 1-8-2 on 16 A100s (HybridFlow's generation-TP ablation): the smaller
+    # generation TP wins, 2 for 7B and 4 for 13B, because every running sequence costs the
+    # engine's host a little per step and a big TP replica runs many of them. Without that
+    # per-sequence cost the planner ranks TP 8 fastest for both.
+    flow = dataflow_preset("ppo")
+    times = {}
+    for cluster in (
+        cluster_preset("a100_80g", 16),
+        dataclasses.replace(cluster_preset("a100_80g", 16), sequence_overhead=0.0),
+    ):
+        mapper = AutoMapper(flow, flow.model_specs(model), Workload(), cluster)
+        free = cluster.device_memory
+        gen = {}
+        for layout in mapper.layouts("actor", 16):
+            if (layout.strategy.tp, layout.strategy.dp) == (8, 2) and layout.generation.pp == 1:
+                choice = mapper._generating_choice("actor", layout, free - layout.static.total)
+                gen[layout.generation.tp] = choice.call_times["gen"]
+        times[cluster.sequence_overhead > 0] = gen
+    assert set(times[True]) == {1, 2, 4, 8}
+    assert min(times[True], key=times[True].get) == fastest, times[True]
+    assert min(times[False], key=times[False].get) == 8, times[False]

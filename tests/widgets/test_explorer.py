@@ -152,7 +152,7 @@ ASYNC = dict(
 
 def test_an_async_split_shows_both_estimates_and_whether_it_beats_colocation():
     verdicts = {}
-    for response_len in (256, 1024, 4096):
+    for response_len in (128, 1024, 4096):
         explorer = PlacementExplorer(placement="async split", max_staleness=1, response_len=response_len, **ASYNC)
         a = explorer.data()["asynchronous"]
         assert a["asynchronous_s"] == pytest.approx(max(a["generation_s"], a["trainer_s"]) + a["push_s"])
@@ -166,7 +166,7 @@ def test_an_async_split_shows_both_estimates_and_whether_it_beats_colocation():
         assert ("<b>beats colocation</b>" in summary) == a["beats_colocation"]
         assert ("<b>does not beat colocation</b>" in summary) != a["beats_colocation"]
         verdicts[response_len] = a["beats_colocation"]
-    assert verdicts == {256: False, 1024: True, 4096: False}  # the overlap wins in between
+    assert verdicts == {128: False, 1024: True, 4096: False}  # the overlap wins in between
 
 
 def test_the_staleness_slider_runs_the_split_synchronously_at_zero():

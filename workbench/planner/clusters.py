@@ -21,8 +21,17 @@ from workbench.planner.specs import GIB, ClusterSpec
 #     (nccl-tests all_reduce_perf, 8 x A100, 8 B - 64 KiB: ~15-25 us);
 #   step_overhead 2 ms: per decoding step/forward outside kernels (sampling, scheduling,
 #     Python): an assumption of the order of an inference engine's CPU time per step.
-_GPU_LATENCIES = dict(kernel_latency=5e-6, collective_latency=20e-6, step_overhead=2e-3, allocation="aligned")
-_GPU_LATENCY_NOTE = "kernel 5 us, collective 20 us, step 2 ms (see clusters.py); ReaLHF meshes"
+#   sequence_overhead 50 us: host work per running sequence per decoding step (scheduling,
+#     block tables, input preparation, sampling bookkeeping) in the vLLM of the papers' time
+#     (0.3-0.5). vLLM's profile of 0.5.3 (blog, "vLLM v0.6.0: 2.7x Throughput Improvement",
+#     2024-09-05; Llama-3-8B, one H100) puts scheduling at 29% of the time against 38% on the
+#     GPU, i.e. tens of us per sequence at a few hundred sequences. With it the planner ranks
+#     generation TP as HybridFlow measured (actor trained 1-8-2 on 16 A100s: 2 fastest for 7B,
+#     4 for 13B); without it, 8 for both (tests/planner/test_simulator.py).
+_GPU_LATENCIES = dict(
+    kernel_latency=5e-6, collective_latency=20e-6, step_overhead=2e-3, sequence_overhead=50e-6, allocation="aligned"
+)
+_GPU_LATENCY_NOTE = "kernel 5 us, collective 20 us, step 2 ms, 50 us per sequence-step (see clusters.py); ReaLHF meshes"
 
 
 def _a100(n_nodes: int) -> ClusterSpec:

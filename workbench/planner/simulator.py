@@ -188,7 +188,7 @@ class Simulator:
         mem = read / (c.memory_bandwidth * c.bandwidth_efficiency)
         comp = 2 * spec.matmul_params * b / (s.tp * c.peak_flops * c.inference_efficiency)
         fixed = c.step_overhead + self.kernel_time(spec, s)
-        step = (max(mem, comp) if c.decode_overlap else mem + comp) + fixed
+        step = (max(mem, comp) if c.decode_overlap else mem + comp) + fixed + b * c.sequence_overhead
         if s.tp > 1:
             step += self.allreduce(
                 b * spec.hidden * self.dtype_bytes * spec.n_layers * 2, s.tp, n_ops=2 * spec.n_layers
