@@ -163,3 +163,17 @@ def test_a_scorers_stages_divide_its_layers(reward_dir):
     config = ScoreModelConfig(model_path=reward_dir)
     with pytest.raises(ConfigError, match=r"num_hidden_layers.*pp=3"):
         config.check_layout(Mesh(pp=3), "reward")
+
+
+def test_a_fresh_score_head_is_the_same_on_every_rank_and_seeded(session, model_dir, rollout):
+    # A plain causal-LM directory has no score head: each rank makes one at load, from the
+    # config's seed, so both data-parallel ranks score with the head a seeded local load makes.
+    reward = session.group(
+        "fresh_reward", RewardModelWorker, session.pool("fresh_rm", 2), ScoreModelConfig(model_path=model_dir, seed=5)
+    )
+    torch.manual_seed(5)
+    local = load_value_model(model_dir).model
+    with torch.no_grad():
+        values = token_values(local, rollout["input_ids"], rollout["attention_mask"], rollout["position_ids"])
+    expected = values[torch.arange(len(rollout)), last_token_index(rollout["attention_mask"])]
+    assert (reward.compute_reward(rollout).get()["scores"] - expected).abs().max() <= 1e-5

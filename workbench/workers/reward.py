@@ -29,10 +29,14 @@ class ScoreModelConfig:
     """A trained value model (see workbench.stages.reward_model) or any causal-LM directory."""
     micro_batch_size: int = 8
     load: LoadConfig = field(default_factory=LoadConfig)
+    seed: int = 0
+    """Seeds the score head a plain causal-LM directory lacks (made afresh at load): every rank,
+    process and run then scores with the same head."""
 
     def __post_init__(self):
         if not isinstance(self.model_path, (str, os.PathLike)) or not str(self.model_path):
             raise ConfigError("ScoreModelConfig.model_path", self.model_path, "give a local checkpoint directory")
+        checks.of_type("ScoreModelConfig", "seed", self.seed, int, "give a whole number")
         checks.whole(
             "ScoreModelConfig",
             "micro_batch_size",
@@ -55,6 +59,7 @@ class RewardModelWorker(Worker):
 
     def __init__(self, config: ScoreModelConfig):
         super().__init__(config)
+        torch.manual_seed(config.seed)  # a head the checkpoint lacks is made here: the same on every rank
         loaded = load_value_model(config.model_path, for_worker(config.load, self.device, trained=False))
         model = parallelize(loaded.model, self.device_mesh["tp"] if self.mesh.tp > 1 else None)
         if self.mesh.pp > 1:  # every rank of the pipeline gets the last stage's scores
