@@ -204,15 +204,30 @@ class ProbeWorker(Worker):
         return out
 
     @register(ONE_TO_ALL)
-    def busy(self, active: int, work: int = 40) -> float:
-        """Seconds for a fixed single-thread GEMM loop on ranks < active (others idle)."""
+    def busy(self, active: int, model_path: str, steps: int = 3) -> float:
+        """Seconds of a few training steps of the model (forward, backward, AdamW: the memory
+        traffic of the workers' own calls, which a cache-resident GEMM loop does not have) on
+        ranks < active, each on its own copy, the others idle."""
+        if getattr(self, "_busy", (None,))[0] != model_path:
+            loaded = load(model_path)
+            model = loaded.model.train()
+            vocab = model.config.vocab_size
+            self._busy = (model_path, model, torch.optim.AdamW(model.parameters()), _batch(8, 16, 16, vocab))
+        _, model, optimizer, batch = self._busy
+
+        def step():
+            _loss(model_outputs(model, batch), batch)[0].backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+        if self.rank < active:
+            step()  # warm: the first step allocates the optimizer's moments
         dist.barrier()
         if self.rank >= active:
             return 0.0
-        a = torch.randn(384, 384)
         start = time.perf_counter()
-        for _ in range(work):
-            a = torch.tanh(a @ a)
+        for _ in range(steps):
+            step()
         return time.perf_counter() - start
 
 
@@ -283,10 +298,13 @@ class Profiler:
         for g in sorted({2, self.devices}):
             result.collectives += self.all.all_reduce(self.shapes.allreduce_bytes, g).get()[0]
         alone = None
+        probe_model = str(next(iter(self.models.values())))  # sharing is probed with the first model's steps
         for k in range(1, self.devices + 1):
             # The least of three: other work on the machine only ever slows a run down, and one
-            # slowed run (a busy core) would halve the cores the planner believes it has.
-            seconds = min(max(self.all.busy(k).get()) for _ in range(3))
+            # slowed run (a busy core) would halve the cores the planner believes it has. A
+            # training step, not a GEMM loop: concurrent steps share memory bandwidth and caches
+            # (two 10m-model updates slow each other ~1.3x here, two GEMM loops ~1.05x).
+            seconds = min(max(self.all.busy(k, probe_model).get()) for _ in range(3))
             alone = alone or seconds
             result.slowdown[k] = seconds / alone
         result.machine.update(
