@@ -42,8 +42,8 @@ def test_the_median_is_over_the_last_iterations():
 
 
 def test_a_call_that_is_no_worker_step_is_refused_by_name():
-    with pytest.raises(ValueError, match=r"call 'adv' is not a worker step"):
-        call_spans([], ["adv"])
+    with pytest.raises(ValueError, match=r"call\(s\) \['adv', 'typo'\] are not worker steps"):
+        call_spans([], ["gen", "adv", "typo"])
 
 
 def test_compare_rounds_and_keeps_the_measured_order():

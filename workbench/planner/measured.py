@@ -41,7 +41,7 @@ def call_spans(records: Iterable[CallRecord], calls: Iterable[str]) -> dict[str,
     """Measured seconds of each call (a step name) in each iteration that ran it:
     {call: {iteration: seconds}}. Spans without an iteration tag (outside an algorithm) are
     left out."""
-    methods = {call: _worker_method(call) for call in calls}
+    methods = _worker_methods(calls)
     runs: dict[tuple[str, int, object], list[CallRecord]] = {}  # (call, iteration, driver call) -> spans
     for r in records:
         call, iteration = r.extra.get("step"), r.extra.get("iteration")
@@ -109,11 +109,19 @@ def check_table(check: dict, where: dict[str, str] | None = None) -> str:
     return text_table(header, rows + [iteration])
 
 
-def _worker_method(call: str) -> str:
-    step = steps.BY_NAME.get(call)
-    if step is None or step.worker_method is None:
+def _worker_methods(calls: Iterable[str]) -> dict[str, str]:
+    """The worker method each call (a step name) runs; every call that is no worker step, named."""
+    methods: dict[str, str] = {}
+    unknown: list[str] = []
+    for call in calls:
+        method = getattr(steps.BY_NAME.get(call), "worker_method", None)
+        if method is None:
+            unknown.append(call)
+        else:
+            methods[call] = method
+    if unknown:
         raise ValueError(
-            f"call {call!r} is not a worker step of workbench.steps, so no span measures it; "
+            f"call(s) {unknown} are not worker steps of workbench.steps, so no span measures them; "
             f"the worker steps: {[s.name for s in steps.STEPS if s.worker_method]}"
         )
-    return step.worker_method
+    return methods
