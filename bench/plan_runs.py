@@ -28,6 +28,7 @@ import yaml
 
 from workbench import Session
 from workbench.models import make_tiny
+from workbench.planner.measured import compare, measured_call_seconds
 from workbench.planner.profiler import calibrate
 from workbench.run.config import load_config
 from workbench.run.runner import Runner
@@ -35,16 +36,9 @@ from workbench.tracing import load_records
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "runs" / "plan_runs"
-CALL_METHODS = {  # the worker method each call of the dataflow runs
-    "gen": "generate_sequences",
-    "old_log_prob": "compute_log_prob",
-    "ref": "compute_ref_log_prob",
-    "values": "compute_values",
-    "update_critic": "update_critic",
-    "update_actor": "update_actor",
-}
+CALLS = ("gen", "old_log_prob", "ref", "values", "update_critic", "update_actor")  # the run's dataflow
 PLANS = {
-    "colocated": {"name": "colocated", "calls": {c: {"devices": 2} for c in CALL_METHODS}},
+    "colocated": {"name": "colocated", "calls": {c: {"devices": 2} for c in CALLS}},
     "automap": "automap",
     "search": "search",
 }
@@ -89,7 +83,7 @@ def one_run(session, plan, name, model_dir, calibration, args, round_) -> dict:
     record = yaml.safe_load((out / "plan.yaml").read_text())
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "timing_s/step" in r][args.warmup :]
-    measured = {c: call_seconds(load_records(out / "trace.jsonl"), m, args.iterations) for c, m in CALL_METHODS.items()}
+    measured = measured_call_seconds(load_records(out / "trace.jsonl"), CALLS, last=args.iterations)
     return {
         "plan": {k: record[k] for k in ("calls", "sets") if k in record},
         "estimated_call_s": record.get("estimated_call_s", {}),
@@ -97,17 +91,6 @@ def one_run(session, plan, name, model_dir, calibration, args, round_) -> dict:
         "measured_call_s": measured,
         "measured_iteration_s": statistics.median(r["timing_s/step"] for r in rows),
     }
-
-
-def call_seconds(records, method: str, last: int) -> float:
-    """Median seconds of the `last` calls of `method`: each from its first rank's start to its
-    last rank's end."""
-    calls: dict[int, list] = {}
-    for r in records:
-        if r.method.split(".")[-1] == method:
-            calls.setdefault(r.call_id, []).append(r)
-    spans = [max(r.end for r in rs) - min(r.start for r in rs) for _, rs in sorted(calls.items())]
-    return statistics.median(spans[-last:])
 
 
 def main() -> None:
@@ -137,20 +120,10 @@ def main() -> None:
                 )
     table = {}
     for name, runs in results.items():
-        est = runs[0]["estimated_call_s"]
         measured = {c: statistics.median(r["measured_call_s"][c] for r in runs) for c in runs[0]["measured_call_s"]}
-        it_est, it_meas = runs[0]["estimated_iteration_s"], statistics.median(r["measured_iteration_s"] for r in runs)
-        table[name] = {
-            "plan": runs[0]["plan"],
-            "estimated_iteration_s": round(it_est, 3),
-            "measured_iteration_s": round(it_meas, 3),
-            "iteration_error": round(it_est / it_meas - 1, 3),
-            "per_call": {
-                c: {"estimated_s": round(est[c], 4), "measured_s": round(m, 4), "error": round(est[c] / m - 1, 3)}
-                for c, m in measured.items()
-                if c in est
-            },
-        }
+        it_meas = statistics.median(r["measured_iteration_s"] for r in runs)
+        check = compare(runs[0]["estimated_call_s"], measured, runs[0]["estimated_iteration_s"], it_meas)
+        table[name] = {"plan": runs[0]["plan"], **check}
         print(f"{name}: {json.dumps(table[name])}", flush=True)
     by_estimate = min(table, key=lambda n: table[n]["estimated_iteration_s"])
     by_measurement = min(table, key=lambda n: table[n]["measured_iteration_s"])

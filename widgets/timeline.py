@@ -1,6 +1,6 @@
 """LiveTimeline: the real trace of a running session, a lane per pool and rank.
 
-    timeline = LiveTimeline(session, estimate=plan)     # plan: the planner's Plan, optional
+    timeline = LiveTimeline(session, estimate=plan)     # optional: a Plan, or a per-call plan's Evaluation
     timeline                                            # in a notebook: the live figure
     ppo.fit(prompts, 4, callbacks=[timeline])           # new spans stream in after every iteration
 
@@ -28,13 +28,19 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from matplotlib.figure import Figure
 
 from widgets import plots
 from widgets.ui import FigureParts, View, escape, role_colour
+from workbench import steps
+from workbench.planner.execution import Evaluation
+from workbench.planner.report import device_range, execution_gantt
 from workbench.tracing import CallRecord, load_records
+
+if TYPE_CHECKING:
+    from workbench.planner.plan import Plan
 
 COLUMNS = [
     "span",
@@ -77,11 +83,13 @@ class LiveTimeline(View):
         since: float | None = None,
         keep_batches: int = 2,
     ):
-        """source: a Session, a list of CallRecords or a trace.jsonl path; estimate: a planner
-        Plan to draw beside it; last_iterations: the figure opens on (and follows) the latest
-        iterations, the static picture shows only them (None: all); since: only spans that
-        started at or after this `time.time()` (a session's trace keeps the spans of its earlier
-        runs); keep_batches: as a `fit` callback, hold the last batches for click-through."""
+        """source: a Session, a list of CallRecords or a trace.jsonl path; estimate: the
+        planner's estimate to draw beside it, a model-level Plan or a scored per-call plan (the
+        Evaluation of a search result or of PlanEvaluator); last_iterations: the figure opens on
+        (and follows) the latest iterations, the static picture shows only them (None: all);
+        since: only spans that started at or after this `time.time()` (a session's trace keeps
+        the spans of its earlier runs); keep_batches: as a `fit` callback, hold the last batches
+        for click-through."""
         super().__init__()
         if last_iterations is not None and (not isinstance(last_iterations, int) or last_iterations < 1):
             raise ValueError(f"LiveTimeline: last_iterations must be a positive int or None, got {last_iterations!r}")
@@ -277,19 +285,7 @@ class LiveTimeline(View):
                 )
             out["iterations"], out["marks"] = IterationMarks(records).rows(t0)
         if self.estimate is not None:
-            plan = self.estimate
-            sets = {(s.devices.start, s.devices.stop): i for i, s in enumerate(plan.sets)}
-            out["estimate_lanes"] = [s.name for s in plan.sets]
-            for bar in plan.gantt():
-                out["estimate"].append(
-                    {
-                        "lane": sets[bar.devices],
-                        "call": bar.call,
-                        "role": plan.dataflow.call(bar.call).model,
-                        "start": bar.start,
-                        "end": bar.end,
-                    }
-                )
+            out["estimate_lanes"], out["estimate"] = estimate_bars(self.estimate)
         return out
 
     def summary(self) -> str:
@@ -310,7 +306,7 @@ class LiveTimeline(View):
         elif its:
             text += f"; iterations {its[0]}-{its[-1]}" if len(its) > 1 else f"; iteration {its[0]}"
         if self.estimate is not None:
-            text += f"; planner estimate {self.estimate.iteration_time:.2f} s per iteration"
+            text += f"; planner estimate {estimate_seconds(self.estimate):.2f} s per iteration"
         return escape(text)
 
     def _cached(self, name: str, compute: Callable[[], Any]) -> Any:
@@ -488,7 +484,8 @@ class LiveTimeline(View):
             "seconds": [b["end"] - b["start"] for b in bars],
             "colour": [role_colour(b["role"]) for b in bars],
         }
-        source = ColumnDataSource({**columns, "start": [], "end": []}, name="timeline_estimate")
+        at_zero = {"start": [b["start"] for b in bars], "end": [b["end"] for b in bars]}  # columns of one length
+        source = ColumnDataSource({**columns, **at_zero}, name="timeline_estimate")
         fig = plots.new_figure(
             "planner's estimate of one iteration, under the latest measured one (same time axis)",
             x_range=x_range,
@@ -595,6 +592,49 @@ class Refresher:
             with self._asked_for:
                 self._done = asked
                 self._asked_for.notify_all()
+
+
+def estimate_bars(estimate: Plan | Evaluation) -> tuple[list[str], list[dict]]:
+    """Lanes and bars (lane, call, role, start, end) of one estimated iteration: a model-level
+    Plan's (a lane per colocated set), or a scored per-call plan's (an Evaluation, from the
+    search or PlanEvaluator: a lane per device mesh, its calls' compute; parameter moves
+    between meshes are left out)."""
+    if isinstance(estimate, Evaluation):
+        bars = [b for b in execution_gantt(estimate) if b.iteration == 0 and b.kind == "compute" and b.call]
+        meshes = sorted({b.devices for b in bars})
+        lanes = [device_range(*m) for m in meshes]
+        return lanes, [
+            {
+                "lane": meshes.index(b.devices),
+                "call": b.call,
+                "role": _call_role(b.call),
+                "start": b.start,
+                "end": b.end,
+            }
+            for b in bars
+        ]
+    sets = {(s.devices.start, s.devices.stop): i for i, s in enumerate(estimate.sets)}
+    return [s.name for s in estimate.sets], [
+        {
+            "lane": sets[bar.devices],
+            "call": bar.call,
+            "role": estimate.dataflow.call(bar.call).model,
+            "start": bar.start,
+            "end": bar.end,
+        }
+        for bar in estimate.gantt()
+    ]
+
+
+def estimate_seconds(estimate: Plan | Evaluation) -> float:
+    """Estimated seconds per iteration of either kind of estimate."""
+    return estimate.time if isinstance(estimate, Evaluation) else estimate.iteration_time
+
+
+def _call_role(call: str) -> str:
+    """The role a planner call (a step name) runs on, for its colour."""
+    step = steps.BY_NAME.get(call)
+    return step.role if step is not None else call
 
 
 def _start(record: CallRecord) -> float:

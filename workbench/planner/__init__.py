@@ -17,6 +17,7 @@ onto a live Session), `call_deploy` / `routing` (a per-call ExecutionPlan onto a
 replicas, and handles that send each call to its group), `schedule` (TimeCost list
 scheduling), `execution` (ReaLHF plans, augmented graph, MaxMem), `search`
 (Metropolis-Hastings chains with a convergence report), `report` (tables and Gantt bars),
+`measured` (the estimate beside a run's trace: seconds per call and per iteration),
 `profiler` / `calibrate` (fit the local preset on this machine), `asynchronous` (the iteration
 model of an asynchronous plan: generation on a rollout pool overlapping training; `automap_async`
 plans one, `async_compare` puts it beside the synchronous placements).

@@ -33,6 +33,7 @@ from workbench.planner import (
 from workbench.planner.call_plan_io import execution_plan_from_dict, execution_plan_to_dict
 from workbench.planner.clusters import cluster_preset
 from workbench.planner.derive import dataflow_preset
+from workbench.planner.measured import estimated_call_seconds
 from workbench.planner.plan_io import plan_from_dict, plan_to_dict
 from workbench.run.config import FROM_MODEL, RunConfig
 from workbench.session import Session
@@ -318,11 +319,7 @@ class CallRunPlan:
     def call_times(self) -> dict[str, float]:
         """Estimated seconds of each call in the first iteration, as the driver sees it (its
         dispatch included; a parameter reallocation before it is a task of its own)."""
-        times: dict[str, float] = {}
-        for task in self.estimate.graph.tasks:
-            if task.iteration == 0 and task.call is not None and task.kind in ("compute", "dispatch"):
-                times[task.call] = times.get(task.call, 0.0) + task.cost
-        return times
+        return estimated_call_seconds(self.estimate)
 
     def to_dict(self) -> dict[str, Any]:
         """plan.yaml: the plan's `calls:` form, with where it came from and the estimates."""
