@@ -27,7 +27,7 @@ from workbench.engines.forward import model_outputs
 from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig
 from workbench.errors import ConfigError, DispatchError, WorkerCallError
-from workbench.hybrid import layouts
+from workbench.hybrid import layouts, realloc
 from workbench.models import load, make_tiny
 from workbench.workers import ActorConfig
 from workbench.workers.critic import CriticConfig, CriticWorker
@@ -116,6 +116,52 @@ def test_generation_layouts_equal_the_unsharded_model_and_table_2(shared_session
         assert (x["bytes_received"], x["peak_param_bytes"], x["redundant_bytes"]) == table2(
             model_bytes, tp, dp, gen_tp, method
         )
+
+
+@both(LAYOUTS)
+def test_the_switch_as_a_reallocation_is_bit_identical_and_keeps_each_methods_guarantees(
+    shared_session, switching_actor, unsharded
+):
+    """executor="realloc" moves the weights by point-to-point (`realloc.switch_placements`):
+    the same generation pieces bit for bit, the same peak and redundancy (hybridflow's training
+    piece re-pointed inside its generation piece, not kept beside it), training restored after;
+    the bytes are the plan's: Table 2's, for deepspeed_chat less the ZeRO-3 twins' share."""
+    actor, mesh = switching_actor, switching_actor.mesh
+    model, tokenizer = unsharded
+    rows = actor.switch_by_each_executor().get()
+    model_bytes = rows[0]["allgather"]["stats"]["model_bytes"]
+    table = layouts.transition_bytes(mesh, model_bytes)
+    shapes = {name: tuple(t.shape) for name, t in model.named_parameters()}
+    planned = realloc.rank_bytes(
+        realloc.llama_params(shapes, model.config.num_hidden_layers), *realloc.switch_placements(mesh)
+    )
+    d = mesh.dp if mesh.transition == "deepspeed_chat" else 1
+    twins = model_bytes * (d - 1) // (d * mesh.tp)
+    for rank, row in enumerate(rows):
+        gathered, moved = row["allgather"]["stats"], row["realloc"]["stats"]
+        assert row["different"] == [], (rank, row["different"])
+        assert row["allgather"]["restored"] and row["realloc"]["restored"], rank
+        assert row["allgather"]["inside"] == row["realloc"]["inside"] == (mesh.transition != "vanilla"), rank
+        assert moved["executor"] == "realloc" and moved["checked"] and moved["model_bytes"] == model_bytes
+        assert (moved["peak_param_bytes"], moved["redundant_bytes"]) == (table[rank].peak_params, table[rank].redundant)
+        assert (gathered["peak_param_bytes"], gathered["redundant_bytes"]) == (
+            moved["peak_param_bytes"],
+            moved["redundant_bytes"],
+        )
+        assert (moved["bytes_sent"], moved["bytes_received"]) == tuple(planned[rank])
+        assert tuple(planned[rank]) == (table[rank].sent - twins, table[rank].received - twins)
+    batch = prompts(tokenizer, 8)
+    expected = HFRollout(copy.deepcopy(model), tokenizer.pad_token_id, tokenizer.eos_token_id).generate(batch, GREEDY)
+    actor.use_transition_executor("realloc")
+    try:
+        since = time.time()
+        out = actor.generate_sequences(batch, GREEDY).get()
+    finally:
+        actor.use_transition_executor("allgather")  # the group is shared
+    assert torch.equal(out["responses"], expected["responses"])
+    spans = transitions(shared_session, since)
+    assert sorted(s.rank for s in spans) == list(range(mesh.world_size))
+    assert all(s.extra["executor"] == "realloc" and s.extra["checked"] for s in spans)
 
 
 def table2(m: int, t: int, d: int, t_g: int, method: str) -> tuple[int, int, int]:
