@@ -74,15 +74,17 @@ class TransitionBenchWorker(ActorRolloutRefWorker):
     def timed_switch(self, executor: str) -> dict:
         """One switch to the generation layout by `executor` and back (both ranks' clocks start
         behind a barrier): its seconds and the bytes this rank received."""
+        # (No `self.config` here: a method naming an attribute `config` beside `dist` makes Ray's
+        # cloudpickle ship the submodule torch.distributed.config, which does not pickle.)
         engine = self.hybrid
         engine.to_training()
-        engine.executor = executor
+        engine.executor, previous = executor, engine.executor
         try:
             dist.barrier()
             stats = engine.to_generation()
             engine.to_training()
         finally:
-            engine.executor = self.config.transition_executor
+            engine.executor = previous
         return {"seconds": stats.seconds, "bytes_received": stats.bytes_received}
 
     @register(ONE_TO_ALL)
