@@ -25,8 +25,10 @@ allocation and copies. A fourth prototypes the fix for that cost: per decoder la
 layer's pieces packed into one buffer, one all-gather, each weight's generation piece copied out,
 into buffers kept between switches (hybridflow and vanilla; "bucketed/raw" is its ratio).
 
-The switch as a parameter reallocation (`HybridEngine(executor="realloc")`: batched
-point-to-point per decoder layer) against the all-gather switch: in every repeat, after the
+The generations switch by all-gather (`transition_executor="allgather"`, as before the engine's
+default became the reallocation). The switch as a parameter reallocation
+(`HybridEngine(executor="realloc")`: batched point-to-point per decoder layer) against the
+all-gather switch: in every repeat, after the
 generation, each method's group switches once by each executor (order alternating between
 repeats), behind a barrier, with no generation in between; "realloc/allgather" is the ratio of
 their medians (of the max over ranks).
@@ -201,7 +203,14 @@ def bench_layout(
     tp, dp, gen_tp = LAYOUTS[name]
     world = tp * dp
     meshes = {m: Mesh(tp=tp, dp=dp, gen_tp=gen_tp, transition=m) for m in METHODS}
-    config = ActorConfig(model_path=model_dir, backend="3d", train=False, check_weight_sync=False, mini_batch_size=dp)
+    config = ActorConfig(
+        model_path=model_dir,
+        backend="3d",
+        train=False,
+        check_weight_sync=False,
+        mini_batch_size=dp,
+        transition_executor="allgather",  # the switch columns: the all-gathers, as in runs 1-4
+    )
     batch = prompts(tokenizer, 2 * world)
     seconds = {m: [] for m in METHODS}
     raw = {m: [] for m in METHODS}
@@ -256,7 +265,7 @@ def bench_layout(
                 f"{name} {method}: counted bytes {received[method]} differ from layouts.transition_bytes {expected}"
             )
         sec, base = statistics.median(seconds[method]), statistics.median(raw[method])
-        gather_s, realloc_s = (statistics.median(by_executor[method][e]) for e in EXECUTORS)
+        gather_s, realloc_s = (statistics.median(by_executor[method][e]) for e in ("allgather", "realloc"))
         figures[method] = {
             "bytes_received_per_rank": max(received[method]),
             "gather_group_size": len(layouts.gather_group(meshes[method], 0)),
@@ -372,6 +381,7 @@ def main() -> None:
             "backend": "gloo (CPU)",
             "check_weight_sync": False,
             "train": False,
+            "generation_switch_executor": "allgather",
             "methods": list(METHODS),
             "wall_seconds": round(time.time() - start, 1),
         },

@@ -14,13 +14,15 @@ Generation: cut into t_g <= t pieces over the generation groups of `mesh.transit
   each rank keeps its 1/d partition beside it (redundant M/(t·d)).
 `to_training()` drops the generation buffers (hybridflow first copies each training piece out).
 
-The same switch runs as a parameter reallocation with `executor="realloc"`: batched
-point-to-point (`workbench.hybrid.reallocate`), one decoder layer at a time, from the training
-layout to the block each rank gathers (`realloc.switch_placements`), the generation pieces and
-what each method keeps coming out bit-identical. hybridflow's training piece is copied once into
-its generation piece and re-pointed there layer by layer (zero redundancy, peak M/t_g as
-before); vanilla moves Table 2's bytes; deepspeed_chat (d-1)/d·M/(p·t) fewer than its ZeRO-3
-all-gather, since every rank already holds its whole tensor piece.
+By default (`executor="realloc"`) the weights move as a parameter reallocation instead of by
+those all-gathers: batched point-to-point (`workbench.hybrid.reallocate`), one decoder layer at a
+time, from the training layout to the block each rank gathers (`realloc.switch_placements`), the
+generation pieces and what each method keeps coming out bit-identical. hybridflow's training
+piece is copied once into its generation piece and re-pointed there layer by layer (zero
+redundancy, peak M/t_g as before); vanilla moves Table 2's bytes; deepspeed_chat
+(d-1)/d·M/(p·t) fewer than its ZeRO-3 all-gather, since every rank already holds its whole
+tensor piece. It took 0.57-0.72x the all-gathers' time on CPU/gloo for all three methods
+(bench/results/transition/run5_realloc). `executor="allgather"` keeps the collectives above.
 
 Weights that are whole on every rank (norms) are shared by both models and never moved; the
 counted bytes and memory cover the tensor-parallel weights, the M of Table 2.
@@ -44,9 +46,10 @@ from workbench.hybrid.reallocate import Reallocator
 # torch >= 2.13 names the one-tensor all-gather all_gather_single (all_gather_into_tensor before).
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
-EXECUTORS = ("allgather", "realloc")
-"""How `HybridEngine.to_generation` moves the weights: all-gathers in each method's gather groups
-(Table 2's collectives), or the equivalent reallocation by point-to-point."""
+EXECUTORS = ("realloc", "allgather")
+"""How `HybridEngine.to_generation` moves the weights: the switch as a reallocation by
+point-to-point (the default), or all-gathers in each method's gather groups (Table 2's
+collectives)."""
 
 
 @dataclass
@@ -56,7 +59,7 @@ class TransitionStats:
     method: str
     seconds: float = 0.0
     """The switch itself: all-gathers and re-pointing."""
-    executor: str = "allgather"
+    executor: str = "realloc"
     """How the weights moved (`EXECUTORS`)."""
     bytes_sent: int = 0
     """Bytes this rank sent in its all-gathers (ring: its piece to each other member), or in its
@@ -92,7 +95,7 @@ class HybridEngine:
         tp_group=None,
         gen_tp_group=None,
         check: bool = True,
-        executor: str = "allgather",
+        executor: str = "realloc",
     ):
         if mesh.pp != 1:
             raise NotImplementedError(f"HybridEngine: pipeline parallelism is not built yet (mesh {mesh}); use pp=1")
