@@ -25,13 +25,12 @@ allocation and copies. A fourth prototypes the fix for that cost: per decoder la
 layer's pieces packed into one buffer, one all-gather, each weight's generation piece copied out,
 into buffers kept between switches (hybridflow and vanilla; "bucketed/raw" is its ratio).
 
-The generations switch by all-gather (`transition_executor="allgather"`, as before the engine's
-default became the reallocation). The switch as a parameter reallocation
+The generations above switch by all-gather (`transition_executor="allgather"`, as before the
+engine's default became the reallocation). Last, the switch as a parameter reallocation
 (`HybridEngine(executor="realloc")`: batched point-to-point per decoder layer) against the
-all-gather switch: in every repeat, after the
-generation, each method's group switches once by each executor (order alternating between
-repeats), behind a barrier, with no generation in between; "realloc/allgather" is the ratio of
-their medians (of the max over ranks).
+all-gather switch: in every repeat, after the generation, each method's group switches once by
+each executor (order alternating between repeats), behind a barrier, with no generation in
+between; "realloc/allgather" is the ratio of their medians (of the max over ranks).
 
 Last line: one JSON object; `ratio` is the max over the layouts run (`ratio_by_layout` has each).
 """
