@@ -25,6 +25,13 @@ allocation and copies. A fourth prototypes the fix for that cost: per decoder la
 layer's pieces packed into one buffer, one all-gather, each weight's generation piece copied out,
 into buffers kept between switches (hybridflow and vanilla; "bucketed/raw" is its ratio).
 
+The generations above switch by all-gather (`transition_executor="allgather"`, as before the
+engine's default became the reallocation). Last, the switch as a parameter reallocation
+(`HybridEngine(executor="realloc")`: batched point-to-point per decoder layer) against the
+all-gather switch: in every repeat, after the generation, each method's group switches once by
+each executor (order alternating between repeats), behind a barrier, with no generation in
+between; "realloc/allgather" is the ratio of their medians (of the max over ranks).
+
 Last line: one JSON object; `ratio` is the max over the layouts run (`ratio_by_layout` has each).
 """
 
@@ -45,6 +52,7 @@ from workbench.data.prompts import tokenize_prompts
 from workbench.engines.rollout import SamplingConfig
 from workbench.engines.tensor_parallel import local, shard_dim
 from workbench.hybrid import layouts
+from workbench.hybrid.transition import EXECUTORS
 from workbench.models import load, make_tiny
 from workbench.workers import ActorConfig, ActorRolloutRefWorker
 
@@ -62,6 +70,23 @@ class TransitionBenchWorker(ActorRolloutRefWorker):
     def _sync_rollout_weights(self) -> None:
         dist.barrier()  # every rank starts the switch together: dispatch skew is not its cost
         super()._sync_rollout_weights()
+
+    @register(ONE_TO_ALL)
+    def timed_switch(self, executor: str) -> dict:
+        """One switch to the generation layout by `executor` and back (both ranks' clocks start
+        behind a barrier): its seconds and the bytes this rank received."""
+        # (No `self.config` here: a method naming an attribute `config` beside `dist` makes Ray's
+        # cloudpickle ship the submodule torch.distributed.config, which does not pickle.)
+        engine = self.hybrid
+        engine.to_training()
+        engine.executor, previous = executor, engine.executor
+        try:
+            dist.barrier()
+            stats = engine.to_generation()
+            engine.to_training()
+        finally:
+            engine.executor = previous
+        return {"seconds": stats.seconds, "bytes_received": stats.bytes_received}
 
     @register(ONE_TO_ALL)
     def raw_all_gather(self, received_by_rank: list[int]) -> float:
@@ -177,12 +202,21 @@ def bench_layout(
     tp, dp, gen_tp = LAYOUTS[name]
     world = tp * dp
     meshes = {m: Mesh(tp=tp, dp=dp, gen_tp=gen_tp, transition=m) for m in METHODS}
-    config = ActorConfig(model_path=model_dir, backend="3d", train=False, check_weight_sync=False, mini_batch_size=dp)
+    config = ActorConfig(
+        model_path=model_dir,
+        backend="3d",
+        train=False,
+        check_weight_sync=False,
+        mini_batch_size=dp,
+        transition_executor="allgather",  # the switch columns: the all-gathers, as in runs 1-4
+    )
     batch = prompts(tokenizer, 2 * world)
     seconds = {m: [] for m in METHODS}
     raw = {m: [] for m in METHODS}
     per_tensor = {m: [] for m in METHODS}
     bucketed = {m: [] for m in METHODS}
+    by_executor = {m: {e: [] for e in EXECUTORS} for m in METHODS}
+    realloc_received: dict[str, list[int]] = {}
     received: dict[str, list[int]] = {}
     model_bytes = 0
     alternate = len(METHODS) * world <= max_workers
@@ -210,7 +244,13 @@ def bench_layout(
                 gathered = max(groups[method].raw_all_gather(received[method]).get())
                 collectives = max(groups[method].per_tensor_all_gathers().get())
                 prototype = max(groups[method].bucketed_switch().get())
+                switched = {}
+                for executor in EXECUTORS if r % 2 else EXECUTORS[::-1]:
+                    switched[executor] = groups[method].timed_switch(executor).get()
+                realloc_received[method] = [row["bytes_received"] for row in switched["realloc"]]
                 if r >= 0:
+                    for executor, rows in switched.items():
+                        by_executor[method][executor].append(max(row["seconds"] for row in rows))
                     seconds[method].append(max(s.extra["seconds"] for s in spans))
                     raw[method].append(gathered)
                     per_tensor[method].append(collectives)
@@ -224,6 +264,7 @@ def bench_layout(
                 f"{name} {method}: counted bytes {received[method]} differ from layouts.transition_bytes {expected}"
             )
         sec, base = statistics.median(seconds[method]), statistics.median(raw[method])
+        gather_s, realloc_s = (statistics.median(by_executor[method][e]) for e in ("allgather", "realloc"))
         figures[method] = {
             "bytes_received_per_rank": max(received[method]),
             "gather_group_size": len(layouts.gather_group(meshes[method], 0)),
@@ -236,6 +277,12 @@ def bench_layout(
             "raw_all": raw[method],
             "per_tensor_all": per_tensor[method],
             "bucketed_all": bucketed[method],
+            "allgather_switch_seconds": gather_s,
+            "realloc_switch_seconds": realloc_s,
+            "realloc_over_allgather": realloc_s / gather_s if gather_s else None,
+            "realloc_bytes_received_per_rank": max(realloc_received[method]),
+            "allgather_switch_all": by_executor[method]["allgather"],
+            "realloc_switch_all": by_executor[method]["realloc"],
         }
     return {
         "processes": world,
@@ -268,6 +315,15 @@ def table(name: str, result: dict) -> str:
             f"{f['seconds']:>11.4f}{f['raw_all_gather_seconds']:>14.4f}"
             f"{f['per_tensor_all_gathers_seconds']:>22.4f}{_num(bucketed, 12)}{ratio:>12}"
             f"{_num(bucketed and bucketed / f['raw_all_gather_seconds'], 14, 2)}"
+        )
+    lines.append(
+        f"{'method':<16}{'MiB recv/rank (realloc)':>25}{'all-gather switch s':>21}{'realloc switch s':>18}"
+        f"{'realloc/allgather':>19}"
+    )
+    for method, f in result["methods"].items():
+        lines.append(
+            f"{method:<16}{f['realloc_bytes_received_per_rank'] / 2**20:>25.2f}{f['allgather_switch_seconds']:>21.4f}"
+            f"{f['realloc_switch_seconds']:>18.4f}{_num(f['realloc_over_allgather'], 19, 2)}"
         )
     return "\n".join(lines)
 
@@ -309,6 +365,9 @@ def main() -> None:
             "(medians over repeats of the max over ranks)"
         ),
         "ratio_by_layout": ratios,
+        "realloc_over_allgather": {
+            name: {m: f["realloc_over_allgather"] for m, f in r["methods"].items()} for name, r in results.items()
+        },
         "layouts": results,
         "settings": {
             "model": args.model,
@@ -321,6 +380,7 @@ def main() -> None:
             "backend": "gloo (CPU)",
             "check_weight_sync": False,
             "train": False,
+            "generation_switch_executor": "allgather",
             "methods": list(METHODS),
             "wall_seconds": round(time.time() - start, 1),
         },

@@ -27,7 +27,7 @@ from workbench.engines.forward import model_outputs
 from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig
 from workbench.errors import ConfigError, DispatchError, WorkerCallError
-from workbench.hybrid import layouts
+from workbench.hybrid import layouts, realloc
 from workbench.models import load, make_tiny
 from workbench.workers import ActorConfig
 from workbench.workers.critic import CriticConfig, CriticWorker
@@ -108,14 +108,70 @@ def test_generation_layouts_equal_the_unsharded_model_and_table_2(shared_session
     assert sorted(s.rank for s in spans) == list(range(mesh.world_size))
     model_bytes = spans[0].extra["model_bytes"]
     derived = layouts.transition_bytes(mesh, model_bytes)
+    twins = zero3_twins(mesh, model_bytes)  # the default executor is the reallocation
     for span in spans:
         x, want = span.extra, derived[span.rank]
-        counted = (x["bytes_received"], x["bytes_sent"], x["peak_param_bytes"], x["redundant_bytes"])
+        counted = (x["bytes_received"] + twins, x["bytes_sent"] + twins, x["peak_param_bytes"], x["redundant_bytes"])
         assert counted == (want.received, want.sent, want.peak_params, want.redundant), (span.rank, x, want)
-        assert x["checked"] and x["model_bytes"] == model_bytes
-        assert (x["bytes_received"], x["peak_param_bytes"], x["redundant_bytes"]) == table2(
+        assert x["executor"] == "realloc" and x["checked"] and x["model_bytes"] == model_bytes
+        assert (x["bytes_received"] + twins, x["peak_param_bytes"], x["redundant_bytes"]) == table2(
             model_bytes, tp, dp, gen_tp, method
         )
+
+
+def zero3_twins(mesh: Mesh, model_bytes: int) -> int:
+    """Bytes per rank deepspeed_chat's ZeRO-3 all-gather moves beyond the reallocation (each way):
+    (d-1)/d of the rank's own tensor piece M/t, refetched from its data-parallel twins; 0 for the
+    other methods (`realloc.switch_placements`)."""
+    d = mesh.dp if mesh.transition == "deepspeed_chat" else 1
+    return model_bytes * (d - 1) // (d * mesh.tp)
+
+
+@both(LAYOUTS)
+def test_the_switch_as_a_reallocation_is_bit_identical_and_keeps_each_methods_guarantees(
+    shared_session, switching_actor, unsharded
+):
+    """executor="realloc" (the default) moves the weights by point-to-point
+    (`realloc.switch_placements`), "allgather" by Table 2's all-gathers: the same generation
+    pieces bit for bit, the same peak and redundancy (hybridflow's training piece re-pointed
+    inside its generation piece, not kept beside it), training restored after; the reallocation's
+    bytes are its plan's: Table 2's, for deepspeed_chat less the ZeRO-3 twins' share."""
+    actor, mesh = switching_actor, switching_actor.mesh
+    model, tokenizer = unsharded
+    rows = actor.switch_by_each_executor().get()
+    model_bytes = rows[0]["allgather"]["stats"]["model_bytes"]
+    table = layouts.transition_bytes(mesh, model_bytes)
+    shapes = {name: tuple(t.shape) for name, t in model.named_parameters()}
+    planned = realloc.rank_bytes(
+        realloc.llama_params(shapes, model.config.num_hidden_layers), *realloc.switch_placements(mesh)
+    )
+    twins = zero3_twins(mesh, model_bytes)
+    for rank, row in enumerate(rows):
+        gathered, moved = row["allgather"]["stats"], row["realloc"]["stats"]
+        assert row["different"] == [], (rank, row["different"])
+        assert row["allgather"]["restored"] and row["realloc"]["restored"], rank
+        assert row["allgather"]["inside"] == row["realloc"]["inside"] == (mesh.transition != "vanilla"), rank
+        assert moved["executor"] == "realloc" and moved["checked"] and moved["model_bytes"] == model_bytes
+        assert (moved["peak_param_bytes"], moved["redundant_bytes"]) == (table[rank].peak_params, table[rank].redundant)
+        assert (gathered["peak_param_bytes"], gathered["redundant_bytes"]) == (
+            moved["peak_param_bytes"],
+            moved["redundant_bytes"],
+        )
+        assert (moved["bytes_sent"], moved["bytes_received"]) == tuple(planned[rank])
+        assert tuple(planned[rank]) == (table[rank].sent - twins, table[rank].received - twins)
+        assert (gathered["bytes_sent"], gathered["bytes_received"]) == (table[rank].sent, table[rank].received)
+    batch = prompts(tokenizer, 8)
+    expected = HFRollout(copy.deepcopy(model), tokenizer.pad_token_id, tokenizer.eos_token_id).generate(batch, GREEDY)
+    actor.use_transition_executor("allgather")  # the default generations use "realloc"
+    try:
+        since = time.time()
+        out = actor.generate_sequences(batch, GREEDY).get()
+    finally:
+        actor.use_transition_executor("realloc")  # the group is shared
+    assert torch.equal(out["responses"], expected["responses"])
+    spans = transitions(shared_session, since)
+    assert sorted(s.rank for s in spans) == list(range(mesh.world_size))
+    assert all(s.extra["executor"] == "allgather" and s.extra["checked"] for s in spans)
 
 
 def table2(m: int, t: int, d: int, t_g: int, method: str) -> tuple[int, int, int]:

@@ -1,6 +1,6 @@
 """Parameter reallocation plans as data: every destination element comes from exactly one sender
-that holds it, the planner counts the plan's bytes, and the 3D-HybridEngine's hybridflow switch
-is the special case it should be (no processes here: tests/hybrid/test_reallocate.py runs them)."""
+that holds it, the planner counts the plan's bytes, and the 3D-HybridEngine's three switches are
+special cases with Table 2's bytes (no processes here: tests/hybrid/test_reallocate.py runs them)."""
 
 import itertools
 
@@ -20,6 +20,7 @@ from workbench.hybrid.realloc import (
     llama_split,
     plan,
     rank_bytes,
+    switch_placements,
 )
 from workbench.planner import ModelSpec, Simulator, Workload, cluster_preset, realloc_bytes
 
@@ -52,11 +53,11 @@ def _holds(placement, rank, param, n_units=SHAPE[1] + 2):
     return placement.holds(rank, param, placement.stage_map(n_units))
 
 
-def shard_bytes(placement, rank, params=PARAMS):
+def shard_bytes(placement, rank, params=PARAMS, n_units=SHAPE[1] + 2):
     """Bytes of the weights `rank` holds under `placement`."""
     total = 0
     for q in params:
-        held = _holds(placement, rank, q)
+        held = _holds(placement, rank, q, n_units)
         if held is not False:
             total += q.numel * q.itemsize // (1 if held is None else placement.mesh.tp)
     return total
@@ -156,24 +157,36 @@ def _uniform_model(pp):
     return [Param(f"l{i}.{w}", (16, 24), dim, i) for i in range(n) for w, dim in (("a", 0), ("b", 1))], n
 
 
+def _staged(placement, n):
+    """`placement` with the uniform model's n layer units spread evenly over its stages."""
+    pp = placement.mesh.pp
+    return Placement(placement.mesh, ranks=placement.ranks, stages=tuple(i * pp // n for i in range(n)))
+
+
 @pytest.mark.parametrize("name", HYBRID)
-def test_the_hybridflow_switch_is_a_reallocation_with_its_bytes(name):
-    mesh = Mesh(**HYBRID[name], transition="hybridflow")
+@pytest.mark.parametrize("method", TRANSITION_METHODS)
+def test_each_switch_is_a_reallocation_to_the_block_it_gathers_with_table_2s_bytes(name, method):
+    """Each method's switch, planned as a reallocation from the training layout to the block each
+    rank holds at its peak, moves Table 2's bytes; deepspeed_chat's exactly the ZeRO-3 share less
+    (its all-gather refetches (d-1)/d of each rank's own piece from its data-parallel twins)."""
+    mesh = Mesh(**HYBRID[name], transition=method)
     params, n = _uniform_model(mesh.pp)
-    src, dst = hybrid_engine_placements(mesh)
-    gen_pp = mesh.gen_pp or mesh.pp
-    src = Placement(src.mesh, stages=tuple(i * mesh.pp // n for i in range(n)))
-    dst = Placement(dst.mesh, ranks=dst.ranks, stages=tuple(i * gen_pp // n for i in range(n)))
-    for r in range(mesh.world_size):  # the placements hold what layouts says each rank holds
-        shard, gshard = layouts.train_shard(mesh, r), layouts.gen_shard(mesh, r)
-        first = next(q for q in params if q.dim == 0 and src.stages[q.layer] == shard.pp[0])
-        assert _holds(src, r, first, n) == (shard.tp[0] * 16 // mesh.tp, shard.tp[1] * 16 // mesh.tp)
-        gen_tp = mesh.gen_tp or mesh.tp
-        assert dst.mesh.coord(dst.index(r)).tp * mesh.tp // gen_tp == gshard.tp[0]
-    counted = plan(params, src, dst).bytes_per_rank()
+    src, dst = (_staged(p, n) for p in switch_placements(mesh))
     model_bytes = sum(q.numel * q.itemsize for q in params)
     table = layouts.transition_bytes(mesh, model_bytes)
-    assert [(b.received, b.sent) for _, b in sorted(counted.items())] == [(t.received, t.sent) for t in table]
+    for r in range(mesh.world_size):  # the destination holds what layouts says the rank gathers
+        block = layouts.gathered_shard(mesh, r)
+        assert block.contains(layouts.gen_shard(mesh, r))  # the generation piece is a view inside it
+        for q in params:
+            width = q.shape[q.dim] // mesh.tp
+            inside = block.pp[0] <= src.stages[q.layer] < block.pp[1]
+            assert _holds(dst, r, q, n) == ((block.tp[0] * width, block.tp[1] * width) if inside else False)
+        assert shard_bytes(dst, r, params, n) == table[r].peak_params
+    counted = plan(params, src, dst).bytes_per_rank()
+    assert counted == rank_bytes(params, src, dst)  # the planner's count of the same plan
+    d = mesh.dp if method == "deepspeed_chat" else 1
+    twins = model_bytes * (d - 1) // (d * mesh.pp * mesh.tp)
+    assert [tuple(counted[r]) for r in range(mesh.world_size)] == [(t.sent - twins, t.received - twins) for t in table]
 
 
 @pytest.mark.parametrize("name", HYBRID)
@@ -184,10 +197,7 @@ def test_the_other_switches_move_more_than_a_reallocation_to_their_generation_la
     the generation layout keeps any model parallelism."""
     mesh = Mesh(**HYBRID[name], transition=method)
     params, n = _uniform_model(mesh.pp)
-    src, dst = hybrid_engine_placements(mesh)
-    gen_pp = mesh.gen_pp or mesh.pp
-    src = Placement(src.mesh, stages=tuple(i * mesh.pp // n for i in range(n)))
-    dst = Placement(dst.mesh, ranks=dst.ranks, stages=tuple(i * gen_pp // n for i in range(n)))
+    src, dst = (_staged(p, n) for p in hybrid_engine_placements(mesh))
     counted = plan(params, src, dst).bytes_per_rank()
     table = layouts.transition_bytes(mesh, sum(q.numel * q.itemsize for q in params))
     for r, t in enumerate(table):

@@ -1,6 +1,10 @@
-"""A test-only actor that can corrupt its next weight switch (shipped to Ray workers by value)."""
+"""A test-only actor that can corrupt its next weight switch and compare the switch's two
+executors on its live weights (shipped to Ray workers by value)."""
+
+import torch
 
 from workbench.controller import ONE_TO_ALL, register
+from workbench.engines.tensor_parallel import local, shard_dim
 from workbench.workers import ActorRolloutRefWorker
 
 
@@ -20,3 +24,41 @@ class CorruptibleActor(ActorRolloutRefWorker):
                 return out
 
             engine._generation_piece = corrupted
+
+    @register(ONE_TO_ALL)
+    def use_transition_executor(self, executor: str) -> None:
+        """Switch by `executor` from the next generation on (until the layout changes)."""
+        self.hybrid.executor = executor
+
+    @register(ONE_TO_ALL)
+    def switch_by_each_executor(self) -> dict:
+        """Switch to generation by all-gather, back, then by reallocation, back: per executor the
+        switch's stats, whether each cut training piece lives inside its generation piece while
+        generating and came back bit-identical (own contiguous storage) after; and the names of
+        the generation pieces that differ between the two."""
+        engine, executor = self.hybrid, self.hybrid.executor
+        engine.to_training()
+        cut = _cut_pairs(engine)
+        before = {name: local(train).clone() for name, train, _ in cut}
+        result, generated = {}, {}
+        for way in ("allgather", "realloc"):
+            engine.executor = way
+            stats = engine.to_generation()
+            generated[way] = {name: local(gen).clone() for name, _, gen in cut}
+            inside = [_same_storage(local(train), local(gen)) for _, train, gen in cut]
+            engine.to_training()
+            restored = [
+                torch.equal(local(train), before[name]) and local(train).is_contiguous() for name, train, _ in cut
+            ]
+            result[way] = {"stats": stats.as_dict(), "inside": all(inside), "restored": all(restored)}
+        engine.executor = executor
+        result["different"] = [n for n in before if not torch.equal(generated["allgather"][n], generated["realloc"][n])]
+        return result
+
+
+def _cut_pairs(engine):
+    return [(name, train, gen) for name, train, gen in engine.pairs if shard_dim(train) is not None]
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()

@@ -387,6 +387,31 @@ def hybrid_engine_placements(mesh: Mesh) -> tuple[Placement, Placement]:
     return Placement(Mesh(mesh.pp, mesh.tp, mesh.dp)), Placement(gen, ranks=ranks)
 
 
+def switch_placements(mesh: Mesh) -> tuple[Placement, Placement]:
+    """The 3D-HybridEngine's switch under `mesh.transition` as a reallocation: the training
+    layout and the layout each rank holds at the switch's peak (`layouts.gathered_shard`),
+    the generation piece being a view inside it.
+
+    - hybridflow: the generation layout itself (`hybrid_engine_placements`: strided groups, so
+      each rank's generation piece contains its training piece);
+    - vanilla: the whole model on every rank (its TP·PP group rebuilds it), or the training
+      layout when the generation layout is the training one (nothing moves);
+    - deepspeed_chat: the whole model on every rank.
+
+    Planned from the training layout's pieces, the bytes are Table 2's
+    (`layouts.transition_bytes`) for hybridflow and vanilla. deepspeed_chat's all-gather starts
+    from ZeRO-3 partitions (each data-parallel copy holds 1/d of its tensor piece) that a
+    `Placement` does not describe: from whole tensor pieces each rank receives the rest of the
+    model from its own replica, (d-1)/d · M/(p·t) less than Table 2 counts (and sends as much
+    less), the part of its own piece ZeRO-3 made it fetch from its d-1 twins."""
+    src, gen = hybrid_engine_placements(mesh)
+    if mesh.transition == "hybridflow":
+        return src, gen
+    if mesh.transition == "vanilla" and mesh.micro_dp == 1:
+        return src, src
+    return src, Placement(Mesh(1, 1, mesh.world_size))
+
+
 def describe(plan_: TransferPlan) -> str:
     """A short table: per rank, MiB sent and received and its peers."""
     peers: defaultdict[int, set[int]] = defaultdict(set)

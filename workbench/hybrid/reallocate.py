@@ -24,7 +24,7 @@ run any collective on the group first, e.g. a barrier). Checked here on gloo onl
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 
 import torch
@@ -178,14 +178,17 @@ class Reallocator:
         source: Mapping[str, torch.Tensor] | None = None,
         out: dict[str, torch.Tensor] | None = None,
         alias: bool = False,
+        done: Callable[[list[str]], None] | None = None,
     ) -> tuple[dict[str, torch.Tensor], ReallocStats]:
         """Move the weights. `source`: this rank's source pieces by name (what it holds in the
         source layout; None or empty on a rank that holds none); `out`: destination pieces to
         fill in place (missing ones are allocated). `alias`: a destination piece not in `out`
         that is whole and contiguous inside this rank's source piece becomes a view of it, not a
         copy (it then changes when the source does: for weights given up after the move, or
-        moved again after every update). Returns this rank's destination pieces by name and what
-        it cost. Every rank of the plan must call it (collective)."""
+        moved again after every update). `done`: called with a layer unit's destination names
+        as soon as their pieces are filled (a caller giving up source pieces layer by layer keeps
+        its peak at one layer's worth of both). Returns this rank's destination pieces by name
+        and what it cost. Every rank of the plan must call it (collective)."""
         source = source or {}
         out = {} if out is None else out
         self._check(source, out)
@@ -236,6 +239,8 @@ class Reallocator:
                     for f, at, shape in leg.fragments:
                         self._slice(out[f.name], f, f.dst_start).copy_(self._staging(leg, f, at, shape))
             stats.messages += len(works)
+            if done is not None and names:
+                done(names)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         stats.seconds = time.perf_counter() - start

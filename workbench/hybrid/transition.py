@@ -14,6 +14,16 @@ Generation: cut into t_g <= t pieces over the generation groups of `mesh.transit
   each rank keeps its 1/d partition beside it (redundant M/(t·d)).
 `to_training()` drops the generation buffers (hybridflow first copies each training piece out).
 
+By default (`executor="realloc"`) the weights move as a parameter reallocation instead of by
+those all-gathers: batched point-to-point (`workbench.hybrid.reallocate`), one decoder layer at a
+time, from the training layout to the block each rank gathers (`realloc.switch_placements`), the
+generation pieces and what each method keeps coming out bit-identical. hybridflow's training
+piece is copied once into its generation piece and re-pointed there layer by layer (zero
+redundancy, peak M/t_g as before); vanilla moves Table 2's bytes; deepspeed_chat
+(d-1)/d·M/(p·t) fewer than its ZeRO-3 all-gather, since every rank already holds its whole
+tensor piece. It took 0.57-0.72x the all-gathers' time on CPU/gloo for all three methods
+(bench/results/transition/run5_realloc). `executor="allgather"` keeps the collectives above.
+
 Weights that are whole on every rank (norms) are shared by both models and never moved; the
 counted bytes and memory cover the tensor-parallel weights, the M of Table 2.
 """
@@ -30,9 +40,16 @@ from workbench.controller.mesh import Mesh
 from workbench.engines.tensor_parallel import local, shard_dim
 from workbench.errors import WeightSyncError
 from workbench.hybrid import layouts
+from workbench.hybrid.realloc import Param, llama_layer, plan, switch_placements
+from workbench.hybrid.reallocate import Reallocator
 
 # torch >= 2.13 names the one-tensor all-gather all_gather_single (all_gather_into_tensor before).
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+EXECUTORS = ("realloc", "allgather")
+"""How `HybridEngine.to_generation` moves the weights: the switch as a reallocation by
+point-to-point (the default), or all-gathers in each method's gather groups (Table 2's
+collectives)."""
 
 
 @dataclass
@@ -42,10 +59,13 @@ class TransitionStats:
     method: str
     seconds: float = 0.0
     """The switch itself: all-gathers and re-pointing."""
+    executor: str = "realloc"
+    """How the weights moved (`EXECUTORS`)."""
     bytes_sent: int = 0
-    """Bytes this rank sent in its all-gathers (ring: its piece to each other member)."""
+    """Bytes this rank sent in its all-gathers (ring: its piece to each other member), or in its
+    reallocation messages."""
     bytes_received: int = 0
-    """Bytes this rank received (every other member's piece)."""
+    """Bytes this rank received (every other member's piece, or its reallocation fragments)."""
     model_bytes: int = 0
     """M: the tensor-parallel weights of the whole model."""
     peak_param_bytes: int = 0
@@ -75,10 +95,14 @@ class HybridEngine:
         tp_group=None,
         gen_tp_group=None,
         check: bool = True,
+        executor: str = "realloc",
     ):
         if mesh.pp != 1:
             raise NotImplementedError(f"HybridEngine: pipeline parallelism is not built yet (mesh {mesh}); use pp=1")
         self.mesh, self.rank, self.check = mesh, rank, check
+        self.executor = executor
+        self._checked_executor()
+        self._reallocator: Reallocator | None = None  # planned at its first use
         # The generation piece holds the training piece: hybridflow, or vanilla with nothing to
         # change (the generation layout is the training layout).
         self.aliases = mesh.transition == "hybridflow" or (
@@ -123,9 +147,12 @@ class HybridEngine:
     def to_generation(self) -> TransitionStats:
         self.to_training()  # after a failed generation the last switch may still be in place
         start = time.time()
-        stats = TransitionStats(method=self.mesh.transition)
-        for bucket in self.buckets:
-            self._switch(bucket, stats)
+        stats = TransitionStats(method=self.mesh.transition, executor=self._checked_executor())
+        if self.executor == "realloc":
+            self._reallocate(stats)
+        else:
+            for bucket in self.buckets:
+                self._switch(bucket, stats)
         stats.peak_param_bytes, stats.redundant_bytes = self._resident_bytes()
         self.in_generation = True
         stats.seconds = time.time() - start
@@ -171,6 +198,47 @@ class HybridEngine:
             stats.bytes_sent += nbytes * (size - 1)  # ring: its part, then the size-2 it relays
             stats.bytes_received += nbytes * (size - 1)
             local(gen).data = self._generation_piece(whole, piece, dim)
+
+    def _checked_executor(self) -> str:
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"HybridEngine: executor {self.executor!r}; use one of {', '.join(EXECUTORS)}")
+        return self.executor
+
+    def _reallocate(self, stats: TransitionStats) -> None:
+        """The switch as a reallocation: each layer's generation pieces filled by point-to-point,
+        then finished as the all-gather path finishes them (`_generation_piece`) before the next
+        layer, so the training pieces hybridflow re-points are given up layer by layer."""
+        cut = {name: (train, gen, dim) for name, train, gen in self.pairs if (dim := shard_dim(train)) is not None}
+        if self._reallocator is None:
+            self._reallocator = self._plan_reallocation(cut)
+        out: dict[str, torch.Tensor] = {}
+
+        def finish(names: list[str]) -> None:
+            for name in names:
+                train, gen, dim = cut[name]
+                local(gen).data = self._generation_piece(out.pop(name), local(train), dim)
+
+        source = {name: local(train) for name, (train, _, _) in cut.items()}
+        _, moved = self._reallocator.run(source, out=out, alias=True, done=finish)
+        stats.bytes_sent, stats.bytes_received = moved.bytes_sent, moved.bytes_received
+        stats.model_bytes = sum(local(t).numel() * local(t).element_size() * self.mesh.tp for t, _, _ in cut.values())
+
+    def _plan_reallocation(self, cut: dict) -> Reallocator:
+        """This rank's part of the switch planned as a reallocation over the default group (its
+        ranks are the mesh's, as the gather groups assume)."""
+        n_layers = len({name.split(".")[2] for name in cut if name.startswith("model.layers.")})
+        params = [
+            Param(name, tuple(train.shape), dim, llama_layer(name, n_layers), str(local(train).dtype)[len("torch.") :])
+            for name, (train, _, dim) in cut.items()
+        ]
+        device = local(next(iter(cut.values()))[0]).device if cut else "cpu"
+        reallocator = Reallocator(plan(params, *switch_placements(self.mesh)), device=device)
+        if reallocator.rank != self.rank:
+            raise ValueError(
+                f"HybridEngine (executor='realloc'): rank {self.rank} is rank {reallocator.rank} of the default "
+                "process group; the reallocation needs the mesh's ranks to be the group's"
+            )
+        return reallocator
 
     def _contribution(self, piece: torch.Tensor) -> torch.Tensor:
         """What this rank sends of a training piece: all of it, or for deepspeed_chat its 1/d

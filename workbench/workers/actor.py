@@ -47,7 +47,7 @@ from workbench.engines.vllm_rollout import VLLMRolloutConfig
 from workbench.errors import ConfigError
 from workbench.hybrid.channel import WeightChannel
 from workbench.hybrid.layouts import generation_groups
-from workbench.hybrid.transition import HybridEngine
+from workbench.hybrid.transition import EXECUTORS, HybridEngine
 from workbench.models.load import (
     LoadConfig,
     check_compiled_training,
@@ -128,6 +128,11 @@ class ActorConfig:
     check_weight_sync: bool = True
     """backend="3d": after every switch to the generation layout, compare a per-tensor checksum of
     the generation pieces with the training pieces (WeightSyncError on a mismatch)."""
+    transition_executor: str = "realloc"
+    """backend="3d": how the switch to the generation layout moves the weights: "realloc" (the
+    switch as a parameter reallocation by point-to-point, faster) or "allgather" (each method's
+    all-gathers, HybridFlow Table 2's collectives); bit-identical weights either way, see
+    workbench.hybrid.transition."""
 
     def __post_init__(self):
         checks.one_of(
@@ -136,6 +141,7 @@ class ActorConfig:
         checks.one_of(
             "ActorConfig", "backend", self.backend, BACKENDS, fix=f"unknown training backend; use one of {BACKENDS}"
         )
+        checks.one_of("ActorConfig", "transition_executor", self.transition_executor, EXECUTORS)
         checks.one_of("ActorConfig", "zero_stage", self.zero_stage, (1, 2, 3), fix="not a ZeRO stage; use 1, 2 or 3")
         check_training_fields("ActorConfig", self)
         checks.real(
@@ -304,6 +310,7 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember):
             tp_group=self.device_mesh["tp"].get_group(),
             gen_tp_group=self._gen_tp_group,
             check=self.config.check_weight_sync,
+            executor=self.config.transition_executor,
         )
 
     def generation_changed(self, previous) -> None:
