@@ -108,6 +108,20 @@ def test_a_refused_pool_resize_leaves_pool_and_groups_as_they_were(clean):
     assert actor.all_reduce().get() == [3.0, 3.0]
 
 
+def test_releasing_a_pool_keeps_the_others_and_names_what_went(clean):
+    first, second = clean.pool("first", 1), clean.pool("second", 1)
+    gone, kept = clean.group("gone", EchoWorker, first), clean.group("kept", EchoWorker, second)
+    with pytest.raises(ConfigError, match=r"pool.*'third'.*its pools: \['first', 'second'\]"):
+        clean.release("third")
+    clean.release(first)
+    assert sorted(clean.pools) == ["second"] and len(live_placement_groups()) == 1
+    with pytest.raises(GroupRemovedError, match=r"'gone' no longer exists: its pool 'first' was released"):
+        gone.all_reduce()
+    assert kept.all_reduce().get() == [1.0]
+    clean.group("gone", EchoWorker, clean.pool("first", 1))  # the devices are free again
+    assert gone.all_reduce().get() == [1.0]
+
+
 def test_handles_follow_their_role_and_fused_partners_say_what_happened(clean):
     pool = clean.pool("one", 1)
     groups = clean.fused(pool, actor=EchoWorker, reference=ReferenceLike)

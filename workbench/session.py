@@ -190,6 +190,16 @@ class Session:
         self.pools[name] = pool
         return pool
 
+    def release(self, pool: str | ResourcePool) -> None:
+        """Give back a pool's devices and tear down the groups on it (and any role fused with
+        them), keeping every other pool and group: e.g. the pools of a plan deployed before,
+        when the next one is deployed beside them. Their handles then say which pool went."""
+        self._check_open()
+        name = pool.name if isinstance(pool, ResourcePool) else pool
+        if name not in self.pools:
+            raise ConfigError("pool", name, f"this session has no such pool; its pools: {sorted(self.pools)}")
+        self._drop_pool(name, reason=f"its pool {name!r} was released (session.release)")
+
     def _drop_pool(self, name: str, reason: str | None = None) -> None:
         for role, group in list(self.groups.items()):
             if group.pool.name == name:

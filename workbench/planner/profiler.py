@@ -332,7 +332,7 @@ class Profiler:
 
     def close(self) -> None:
         for name in ("calibration_one", "calibration_all"):
-            self.session._drop_pool(name)
+            self.session.release(name)
 
 
 def calibrate(
