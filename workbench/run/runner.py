@@ -114,7 +114,8 @@ class Runner:
         policy = build.model_dir(cfg)
         self.tokenizer, _ = load_tokenizer(policy, cfg.actor.load)
         loader, self.eval_batch = build.prompt_data(cfg, self.tokenizer)
-        self.plan = build.run_plan(cfg, policy, loader.mean_width())  # read, priced, checked before any worker starts
+        width = loader.mean_width() if cfg.placement.plan is not None else None  # only a plan is priced
+        self.plan = build.run_plan(cfg, policy, width)  # read, priced and checked before any worker starts
         if self.plan is not None:
             self._write_plan()
         self.session = self.given_session or Session(
