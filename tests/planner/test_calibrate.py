@@ -80,6 +80,14 @@ def test_sharded_calls_cost_their_fixed_costs_per_collective_and_per_tensor():
     assert alone.predict(truth) == alone.predict(free)
 
 
+def test_a_gather_cheaper_than_the_fitted_latency_is_fitted_not_floored():
+    timings, coll = _synthetic()
+    truth = dataclasses.replace(_truth(), gather_overhead=-1e-4)  # latency 3e-4 + overhead > 0
+    timings = [dataclasses.replace(t, seconds=t.predict(truth)) if t.kind == "sync" else t for t in timings]
+    cal = fit(timings, coll, peak_flops=PEAK, memory_bandwidth=MEM_BW, slowdown={1: 1.0})
+    assert cal.gather_overhead == pytest.approx(-1e-4, rel=1e-3)
+
+
 def test_fit_cores_from_slowdown():
     assert fit_cores({1: 1.0, 2: 1.0, 4: 2.0}) == pytest.approx(2.0, abs=0.02)
     assert fit_cores({1: 1.0, 2: 1.5, 3: 2.25}) == pytest.approx(4 / 3, abs=0.02)

@@ -28,7 +28,7 @@ def test_profile_and_fit_on_workers(session, tmp_path_factory):
     sharded = [t for t in cal.timings if t.dp == 2]
     assert sorted(t.kind for t in sharded) == ["inference", "sync", "train"]
     assert [t.batch for t in sharded if t.kind != "sync"] == [8, 8]  # both ranks' sequences
-    assert cal.shard_overhead >= 0 and cal.gather_overhead >= 0
+    assert cal.shard_overhead >= 0 and cal.gather_overhead >= -cal.collective_latency  # per tensor: >= 0 in all
     assert all(t.seconds > 0 for t in cal.timings)
     assert {c.group for c in cal.collectives} == {2} and cal.intra_node_bandwidth > 0
     assert cal.machine["threads"] == 1 and set(cal.machine["slowdown"]) == {"1", "2"}

@@ -393,12 +393,15 @@ def fit(
     )
     sharded = [t for t in timings if t.dp > 1 and t.kind in ("train", "inference")]
     cal.shard_overhead = fit_fixed_cost(sharded, cal.cluster(), "shard_overhead")
-    cal.gather_overhead = fit_fixed_cost([t for t in timings if t.kind == "sync"], cal.cluster(), "gather_overhead")
+    # A whole-tensor gather's fixed cost is latency + overhead >= 0: a small tensor's gather may
+    # cost less than the all-reduce latency the collectives fitted, so the overhead may be negative.
+    syncs = [t for t in timings if t.kind == "sync"]
+    cal.gather_overhead = fit_fixed_cost(syncs, cal.cluster(), "gather_overhead", lower=-lat)
     return cal
 
 
-def fit_fixed_cost(timings: list[Timing], cluster: ClusterSpec, field: str) -> float:
-    """The value >= 0 of one per-operation cost of `cluster` (a field each prediction is
+def fit_fixed_cost(timings: list[Timing], cluster: ClusterSpec, field: str, lower: float = 0.0) -> float:
+    """The value >= `lower` of one per-operation cost of `cluster` (a field each prediction is
     linear in) that minimises the timings' squared relative error, the rest held fixed;
     0 without timings."""
     if not timings:
@@ -409,7 +412,7 @@ def fit_fixed_cost(timings: list[Timing], cluster: ClusterSpec, field: str) -> f
     w = per_unit / measured
     if not np.any(w > 0):
         return 0.0
-    return max(0.0, float(np.sum(w * (measured - base) / measured) / np.sum(w * w)))
+    return max(lower, float(np.sum(w * (measured - base) / measured) / np.sum(w * w)))
 
 
 def _placeholder(peak_flops: float, memory_bandwidth: float) -> ClusterSpec:

@@ -306,7 +306,8 @@ class ClusterSpec:
     """Seconds each tensor gathered whole from its shards costs beyond its bytes and
     `collective_latency` (a sharded actor's weight sync into its rollout copy and its weight
     push gather tensor by tensor: DTensor's dispatch and the copy out): 0 on GPU presets;
-    fitted from a timed sync on this CPU."""
+    fitted from a timed sync on this CPU, down to -collective_latency (a small tensor's gather
+    can cost less than the all-reduce latency the collectives fitted)."""
     call_overhead: float = 0.0
     """Seconds each model-function call costs beyond its work: the driver's dispatch, argument
     hand-off and result collection. Negligible against minute-long calls on GPUs (HybridFlow
