@@ -141,3 +141,67 @@ def test_pretraining_nll_of_a_large_vocabulary_is_chunked_and_equal():
     nll = torch.nn.functional.cross_entropy(exact, input_ids[:, 1:], reduction="none")
     mask = loss_mask[:, 1:].float()
     assert within(got, ((nll * mask).sum(1) / mask.sum(1)).double())
+
+
+def repeated_prompts(rows_per_prompt: int = 3, prompts: int = 3, prompt: int = 7, r: int = 6, seed: int = 0) -> Batch:
+    """Each of `prompts` left-padded prompts (lengths differ) `rows_per_prompt` times, rows
+    shuffled, with responses of different lengths: GRPO's n samples per prompt."""
+    g = torch.Generator().manual_seed(seed)
+    rows = prompts * rows_per_prompt
+    prompt_mask = (torch.arange(prompt)[None] >= torch.tensor([0, 2, 3][:prompts])[:, None]).long()
+    prompt_ids = torch.randint(3, 200, (prompts, prompt), generator=g) * prompt_mask
+    order = torch.randperm(rows, generator=g)
+    prompt_ids = prompt_ids.repeat_interleave(rows_per_prompt, 0)[order]
+    prompt_mask = prompt_mask.repeat_interleave(rows_per_prompt, 0)[order]
+    lengths = torch.randint(1, r + 1, (rows,), generator=g)
+    response_mask = (torch.arange(r)[None] < lengths[:, None]).long()
+    responses = torch.randint(3, 200, (rows, r), generator=g) * response_mask
+    attention = torch.cat([prompt_mask, response_mask], 1)
+    return Batch(
+        {
+            "input_ids": torch.cat([prompt_ids, responses], 1),
+            "attention_mask": attention,
+            "position_ids": (attention.cumsum(1) - 1).clamp(min=0),
+            "responses": responses,
+            "response_mask": response_mask,
+        }
+    )
+
+
+def log_probs_and_grads(model, rows: Batch, share: bool, monkeypatch) -> tuple[torch.Tensor, dict]:
+    monkeypatch.setattr(forward, "can_share_prompts", lambda model: share)
+    model.zero_grad()
+    log_probs, entropy = response_log_probs(model, rows, with_entropy=True)
+    (log_probs.sum() + entropy.sum()).backward()
+    return log_probs.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("r", [6, 1], ids=["responses", "one-token"])
+def test_each_prompt_computed_once_gives_the_plain_forwards_log_probs_and_gradients(tmp_path, monkeypatch, r):
+    model = load(make_tiny("1m", tmp_path / "m", seed=1)).model.train()
+    rows = repeated_prompts(r=r)
+    assert forward.repeats_prompts(rows) and forward.can_share_prompts(model)
+    calls = []
+    model.register_forward_pre_hook(
+        lambda module, args, kwargs: calls.append(kwargs["input_ids"].shape), with_kwargs=True
+    )
+    plain, plain_grads = log_probs_and_grads(model, rows, False, monkeypatch)
+    shared, shared_grads = log_probs_and_grads(model, rows, True, monkeypatch)
+    # plain: one call over every row; shared: the 3 distinct prompts, then every row's responses
+    assert calls[0][0] == 9 and calls[1] == (3, 7) and (r == 1 or calls[2] == (9, r - 1))
+    assert torch.allclose(shared, plain, atol=1e-5, rtol=0), (shared - plain).abs().max()
+    assert plain_grads.keys() == shared_grads.keys() and len(plain_grads) > 0
+    for name, grad in plain_grads.items():
+        assert torch.allclose(shared_grads[name], grad, atol=1e-5, rtol=1e-4), name
+
+
+def test_prompts_are_shared_only_where_rows_repeat_them_and_the_model_can(tmp_path):
+    model = load(make_tiny("1m", tmp_path / "m", seed=1)).model
+    assert not forward.repeats_prompts(batch(0, 5))  # random prompts: no two rows alike
+    assert not forward.repeats_prompts(repeated_prompts(rows_per_prompt=1))
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert not forward.can_share_prompts(model.train())  # transformers drops the cache there
+    assert forward.can_share_prompts(model.eval())
+    model.gradient_checkpointing_disable()
+    model.compile()
+    assert not forward.can_share_prompts(model)  # a compiled forward keeps one graph

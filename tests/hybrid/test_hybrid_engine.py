@@ -22,6 +22,7 @@ from tests.workers.reference import advantages_for, assert_checkpoint_roundtrip,
 from workbench import Mesh
 from workbench.data import arithmetic
 from workbench.data.prompts import tokenize_prompts
+from workbench.engines import forward
 from workbench.engines.contract import OptimConfig
 from workbench.engines.forward import model_outputs
 from workbench.engines.hf_rollout import HFRollout
@@ -201,13 +202,19 @@ def single_process_step(model, train, dp: int, micro: int = 2):
 
 
 @both(["1-4-1to1-2-2-1", "1-2-2to1-1-2-2"], ["hybridflow"])
-def test_tensor_parallel_update_equals_single_process_and_next_generation_uses_it(switching_actor, unsharded, tmp_path):
+def test_tensor_parallel_update_equals_single_process_and_next_generation_uses_it(
+    switching_actor, unsharded, tmp_path, monkeypatch
+):
+    """Two samples per prompt: the ranks' forwards compute each prompt once (KV cache of
+    sharded heads, workbench.engines.forward.shared_prompt_logits); the reference step here
+    computes every row whole."""
     actor = switching_actor
     tp, dp = actor.mesh.tp, actor.mesh.dp
     model, tokenizer = unsharded
     actor.save_checkpoint(str(tmp_path / "untrained")).get()  # put back at the end: the group is shared
     batch = prompts(tokenizer, 8)
-    rolled = actor.generate_sequences(batch, SamplingConfig(max_new_tokens=10, n=1, seed=3)).get()
+    rolled = actor.generate_sequences(prompts(tokenizer, 4), SamplingConfig(max_new_tokens=10, n=2, seed=3)).get()
+    monkeypatch.setattr(forward, "can_share_prompts", lambda model: False)
     scored = actor.compute_log_prob(rolled).get()
     assert ((scored["old_log_probs"] - rolled["rollout_log_probs"]).abs() * rolled["response_mask"]).max() <= 1e-4
     ref = actor.compute_ref_log_prob(rolled).get()["ref_log_probs"]

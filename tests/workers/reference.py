@@ -12,6 +12,10 @@ from workbench.engines.contract import OptimConfig
 from workbench.engines.forward import model_outputs
 
 OPTIM = OptimConfig(lr=1e-3, grad_clip=1.0)
+ADAM_SAFE_GRAD = 1e-6
+"""Below this |gradient| AdamW's first step amplifies rounding: lr * g / (|g| + eps), eps = 1e-8,
+turns a nearly cancelling gradient's different rounding (another summation order: ranks,
+micro-batches, a prompt computed once for its samples) into a parameter difference of up to lr."""
 
 
 def prompts(tokenizer, n=8):
@@ -50,3 +54,16 @@ def assert_checkpoint_roundtrip(actor, batch, path):
     actor.load_checkpoint(str(path)).get()
     restored = actor.compute_log_prob(batch).get()["old_log_probs"]
     assert torch.equal(restored, saved)
+
+
+def param_diffs(trained: dict, single, grads: dict) -> tuple[float, float]:
+    """(max |trained - single| over every weight, the same where the single-process gradient is
+    at least ADAM_SAFE_GRAD): the second is held to rounding, the first to AdamW's 2 lr."""
+    worst = worst_safe = 0.0
+    for name, expected in single.state_dict().items():
+        diff = (trained[name] - expected).abs()
+        worst = max(worst, diff.max().item())
+        if name in grads:
+            safe = grads[name].abs() >= ADAM_SAFE_GRAD
+            worst_safe = max(worst_safe, diff[safe].max().item() if safe.any() else 0.0)
+    return worst, worst_safe

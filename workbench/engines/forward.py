@@ -53,8 +53,15 @@ def pad_responses(values: torch.Tensor, r: int) -> torch.Tensor:
     return torch.nn.functional.pad(values, (0, r - values.shape[1])) if values.shape[1] < r else values
 
 
-def response_logits(model: torch.nn.Module, batch: Batch | dict) -> torch.Tensor:
-    """Logits that predict each response token: B x R x V."""
+def response_logits(model: torch.nn.Module, batch: Batch | dict, share_prompts: bool | None = None) -> torch.Tensor:
+    """Logits that predict each response token: B x R x V.
+
+    share_prompts: compute each distinct prompt once (`shared_prompt_logits`); None = where it
+    saves work (rows repeat a prompt) and the model can (`can_share_prompts`)."""
+    if share_prompts is None:
+        share_prompts = can_share_prompts(model) and repeats_prompts(batch)
+    if share_prompts:
+        return shared_prompt_logits(model, batch)
     responses = batch["responses"]
     r = responses.shape[1]
     # Only the last r + 1 positions go through the LM head where the model can (transformers'
@@ -68,6 +75,68 @@ def response_logits(model: torch.nn.Module, batch: Batch | dict) -> torch.Tensor
         **keep,
     ).logits
     return logits[:, -r - 1 : -1]
+
+
+def shared_prompt_logits(model: torch.nn.Module, batch: Batch | dict) -> torch.Tensor:
+    """`response_logits` with each distinct prompt computed once. GRPO-style batches repeat
+    every prompt n times, and chat prompts are most of a row (SmolLM2, 8 prompts x 4 samples:
+    46 prompt and 16 response tokens a row), so a plain forward computes the same prompt
+    positions n times, forward and backward. Here the distinct prompts run once and fill a KV
+    cache; it is indexed out to every row and the responses run on it. Autograd goes through
+    the indexing, so each prompt's gradient is the sum over its rows': the same step as the
+    plain forward, within fp32 rounding (different matmul shapes)."""
+    responses = batch["responses"]
+    r = responses.shape[1]
+    p = batch["input_ids"].shape[1] - r
+    prompt = slice(0, p)
+    distinct, rows = torch.unique(
+        torch.cat([batch["input_ids"][:, prompt], batch["attention_mask"][:, prompt]], 1), dim=0, return_inverse=True
+    )
+    first = torch.full((len(distinct),), len(rows), dtype=torch.long, device=rows.device)
+    first = first.scatter_reduce(0, rows, torch.arange(len(rows), device=rows.device), "amin")
+    keep = {"logits_to_keep": 1} if keeps_logits(model) else {}
+    out = model(
+        input_ids=batch["input_ids"][first, prompt],
+        attention_mask=batch["attention_mask"][first, prompt],
+        position_ids=batch["position_ids"][first, prompt],
+        use_cache=True,
+        **keep,
+    )
+    cache, first_logits = out.past_key_values, out.logits[rows, -1:]
+    del out
+    if r == 1:
+        return first_logits
+    cache.batch_select_indices(rows)  # each row's copy of its prompt's keys and values
+    rest = slice(p, p + r - 1)  # the last response token predicts nothing
+    logits = model(
+        input_ids=batch["input_ids"][:, rest],
+        attention_mask=batch["attention_mask"][:, : p + r - 1],
+        position_ids=batch["position_ids"][:, rest],
+        past_key_values=cache,
+        use_cache=True,
+    ).logits
+    return torch.cat([first_logits, logits], 1)
+
+
+def repeats_prompts(batch: Batch | dict) -> bool:
+    """Whether some rows share their prompt (token ids and mask), e.g. n samples per prompt."""
+    p = batch["input_ids"].shape[1] - batch["responses"].shape[1]
+    prompts = torch.cat([batch["input_ids"][:, :p], batch["attention_mask"][:, :p]], 1)
+    return len(prompts) > 1 and len(torch.unique(prompts, dim=0)) < len(prompts)
+
+
+def can_share_prompts(model: torch.nn.Module) -> bool:
+    """Whether `model` (DeepSpeed's `.module`, a peft wrapper, FSDP2 and tensor-parallel
+    included) is a transformers causal LM that continues from a KV cache with gradients: not a
+    compiled or pipeline-parallel model (other call signatures), not one that checkpoints
+    activations in training (transformers turns the cache off there)."""
+    from transformers import PreTrainedModel
+
+    inner = getattr(model, "module", model)
+    inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+    if not isinstance(inner, PreTrainedModel) or getattr(inner, "_compiled_call_impl", None) is not None:
+        return False  # not a transformers model, or compiled in place (LoadConfig.compile): one graph
+    return not (inner.training and getattr(inner, "is_gradient_checkpointing", False))
 
 
 def keeps_logits(model: torch.nn.Module) -> bool:
