@@ -33,7 +33,7 @@ from workbench.planner.memory import ADAM_BYTES, GRAD_BYTES, WEIGHT_BYTES, gener
 from workbench.planner.specs import ClusterSpec, ModelSpec, Workload
 
 if TYPE_CHECKING:
-    from workbench.planner.dataflow import Call
+    from workbench.planner.dataflow import Call, Dataflow
 
 INF = float("inf")
 OPTIMIZER_STEP_BYTES = GRAD_BYTES + 2 * ADAM_BYTES + WEIGHT_BYTES
@@ -340,6 +340,12 @@ class Simulator:
         computed on the driver) and send the assembled batch to each of `n_trained` models."""
         batch = sum(self.output_bytes(c) for c in gathered)
         return (1 + n_trained) * batch / self.cluster.driver_bandwidth
+
+    def driver_step_time(self, flow: Dataflow) -> float:
+        """`driver_time` of one iteration of `flow`: its `driver_inputs` gathered, the batch sent
+        to each of its trained models."""
+        n_trained = sum(c.kind == "train" for c in flow.calls)
+        return self.driver_time([flow.call(d) for d in flow.driver_inputs()], n_trained)
 
     def data_transfer_time(self, nbytes: float, crosses_nodes: bool) -> float:
         if nbytes <= 0:
