@@ -333,12 +333,41 @@ def polish(
                         moved = list(best)
                         moved[i], moved[k] = a, b
                         around.append(tuple(moved))
+            around += _level_splits(space, best, cost)
             nearest = min(around, key=cost, default=best)
             if cost(nearest) >= best_cost:
                 return best
             best, best_cost = nearest, cost(nearest)
     except TimeoutError:
         return best
+
+
+def _level_splits(space: PlanSpace, choice: tuple[int, ...], cost) -> list[tuple[int, ...]]:
+    """Calls of one dependency level sharing a mesh spread over its equal parts (2, or one part
+    per call), each on its cheapest option there with the others fixed: the colocated ->
+    split step that takes many calls at once, so neither a chain nor the smaller moves find it."""
+    level = space.flow.levels()
+    valid = {m for opts in space.options for m, _ in opts}
+    groups: dict[tuple, list[int]] = {}
+    for i, j in enumerate(choice):
+        groups.setdefault((level[space.calls[i]], space.options[i][j][0]), []).append(i)
+    out = []
+    for (_, mesh_), calls in groups.items():
+        for n in sorted({2, len(calls)}):
+            if len(calls) < 2 or mesh_.size % n:
+                continue
+            parts = [DeviceMesh(mesh_.first + p * mesh_.size // n, mesh_.size // n) for p in range(n)]
+            if not all(p in valid for p in parts):
+                continue
+            moved = list(choice)
+            for k, i in enumerate(calls):
+                on_part = [j for j, (m, _) in enumerate(space.options[i]) if m == parts[k % n]]
+                if not on_part:
+                    break
+                moved[i] = min(on_part, key=lambda j, i=i: cost(choice[:i] + (j,) + choice[i + 1 :]))
+            else:
+                out.append(tuple(moved))
+    return out
 
 
 @dataclass
