@@ -64,8 +64,9 @@ def test_no_switch_when_generation_keeps_the_training_layout():
 
 @pytest.mark.parametrize("method", TRANSITION_METHODS)
 def test_switch_time_is_table_2_bytes_over_the_link_plus_the_buffer_copy(method):
+    # By all-gathers (the realloc executor's pricing: tests/planner/test_switch_pricing.py).
     cluster = cluster_preset("a100_80g", 16)
-    sim = Simulator(cluster, Workload(transition=method))
+    sim = Simulator(cluster, Workload(transition=method, transition_executor="allgather"))
     train, gen = Mesh(1, 8, 2), Mesh(1, 2, 8)
     bytes_ = table2(method, 8, 1, 2, 2, 1)[0]
     crosses = method == "deepspeed_chat"  # its all-gather spans both machines

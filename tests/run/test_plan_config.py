@@ -48,6 +48,12 @@ def planned(cfg):
     return build.run_plan(cfg, Path(cfg.model.path))
 
 
+def test_the_workload_prices_the_switch_the_actor_runs(tiny):
+    assert build.run_workload(config(tiny)).transition_executor == "realloc"
+    cfg = config(tiny, "actor.transition_executor=allgather")
+    assert build.run_workload(cfg).transition_executor == "allgather"
+
+
 def test_the_workload_prices_the_prompts_the_workers_see(tiny):
     # max_prompt_length is a bound; the loader pads each Batch to its longest prompt, so the
     # planner is given the loader's mean width (pricing the bound made every call ~1.5x dearer).

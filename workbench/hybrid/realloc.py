@@ -412,6 +412,23 @@ def switch_placements(mesh: Mesh) -> tuple[Placement, Placement]:
     return src, Placement(Mesh(1, 1, mesh.world_size))
 
 
+def switch_plan(params: Iterable[Param], mesh: Mesh) -> TransferPlan:
+    """The hybrid engine's switch under `mesh` as the reallocation it runs: the cut weights
+    only (whole ones, the norms, are shared by both models and never move)."""
+    return plan(_cut(params), *switch_placements(mesh))
+
+
+def switch_bytes(params: Iterable[Param], mesh: Mesh) -> dict[int, RankBytes]:
+    """Bytes each rank sends and receives in `switch_plan(params, mesh)` (what the hybrid
+    engine's reallocation counts), by `rank_bytes`: cheap enough for the planner, which prices
+    the switch with it."""
+    return rank_bytes(_cut(params), *switch_placements(mesh))
+
+
+def _cut(params: Iterable[Param]) -> list[Param]:
+    return [p for p in params if p.dim is not None]
+
+
 def describe(plan_: TransferPlan) -> str:
     """A short table: per rank, MiB sent and received and its peers."""
     peers: defaultdict[int, set[int]] = defaultdict(set)

@@ -40,7 +40,7 @@ from workbench.controller.mesh import Mesh
 from workbench.engines.tensor_parallel import local, shard_dim
 from workbench.errors import WeightSyncError
 from workbench.hybrid import layouts
-from workbench.hybrid.realloc import Param, llama_layer, plan, switch_placements
+from workbench.hybrid.realloc import Param, llama_layer, switch_plan
 from workbench.hybrid.reallocate import Reallocator
 
 # torch >= 2.13 names the one-tensor all-gather all_gather_single (all_gather_into_tensor before).
@@ -232,7 +232,7 @@ class HybridEngine:
             for name, (train, _, dim) in cut.items()
         ]
         device = local(next(iter(cut.values()))[0]).device if cut else "cpu"
-        reallocator = Reallocator(plan(params, *switch_placements(self.mesh)), device=device)
+        reallocator = Reallocator(switch_plan(params, self.mesh), device=device)
         if reallocator.rank != self.rank:
             raise ValueError(
                 f"HybridEngine (executor='realloc'): rank {self.rank} is rank {reallocator.rank} of the default "

@@ -240,11 +240,9 @@ def placement_estimates(
 
     def trainer_s(f: Dataflow) -> float:
         calls = [k for k in f.calls if k.kind != "generate"]
-        trains = [k for k in calls if k.kind == "train"]
-        gathered = list(dict.fromkeys(d for k in trains for d in k.deps if f.call(d).kind != "train"))
         moved = sum(sim.data_transfer_time(sim.output_bytes(k), False) for k in gens)
         work = sum(sim.call_time(k, specs[k.model], train_mesh, trained=f.trained(k.model)) for k in calls)
-        return work + moved + sim.driver_time([f.call(d) for d in gathered], len(trains))
+        return work + moved + sim.driver_step_time(f)
 
     def alone(seconds: float, devices: int) -> float:  # the simulator's full speed -> one side running alone
         return seconds / sharing.alone(devices) if sharing else seconds

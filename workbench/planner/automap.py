@@ -42,6 +42,7 @@ from workbench.planner.memory import (
 )
 from workbench.planner.placement import ColocatedSet, ModelAssignment, pack_sets, span
 from workbench.planner.plan import AsyncPlan, Plan
+from workbench.planner.schedule import concurrent_time, shared_cores
 from workbench.planner.simulator import INF, Simulator
 from workbench.planner.specs import ClusterSpec, ModelSpec, Workload
 from workbench.planner.strategy import generation_strategies, strategies
@@ -139,6 +140,8 @@ class AutoMapper:
         self.sim = Simulator(cluster, workload)
         self.level = dataflow.levels()
         self.n_levels = dataflow.n_levels
+        trains = [self.level[c.name] for c in dataflow.calls if c.kind == "train"]
+        self._driver_level = min(trains) if trains and dataflow.driver_inputs() else None
         self._layouts: dict[tuple[str, int], list[_Layout]] = {}
         self._sets: dict[tuple[tuple[str, ...], int], tuple | None] = {}
 
@@ -315,7 +318,9 @@ class AutoMapper:
                 continue
             hi = [n - sum(mins) + m for m in mins]
             tables = [self._table(p, lo, h) for p, lo, h in zip(placement, mins, hi)]
-            found, count = self._best_allocation(tables, n)
+            found, count = self._best_allocation(
+                tables, n, lambda rows, placement=placement: sum(self.level_times(rows, placement))
+            )
             n_alloc += count
             if found is not None and (best is None or found[0] < best[0]):
                 best = (found[0], placement, found[1])
@@ -377,12 +382,47 @@ class AutoMapper:
             if sum(alloc) > n:
                 continue
             count += 1
-            if cost_of is not None and pack_aligned(list(alloc), u, self.cluster.n_nodes) is None:
-                continue  # a custom cost may need the sets' places (d_cost does not)
+            if pack_aligned(list(alloc), u, self.cluster.n_nodes) is None:
+                continue  # the cost may need the sets' places (shared cores, a custom cost)
             cost = score([t[a] for t, a in zip(tables, alloc)])
-            if (best is None or cost < best[0]) and pack_aligned(list(alloc), u, self.cluster.n_nodes) is not None:
+            if best is None or cost < best[0]:
                 best = (cost, alloc)
         return best, count
+
+    def level_times(self, rows: Sequence[tuple], placement: Sequence[tuple[str, ...]]) -> tuple[float, ...]:
+        """Seconds of each dependency level for the sets of `placement` and their (level costs,
+        devices used) rows: HybridFlow's d_cost terms (the slowest set of the level), priced as
+        TimeCost prices the same plan over one iteration (tests/planner/test_automap_agreement.py):
+
+        - on devices that time-share cores (`ClusterSpec.cores_per_node`) the level's sets slow
+          each other by TimeCost's rule (`schedule.concurrent_time`); the driver's dispatch of
+          each call (`call_overhead`) holds no device and is not slowed;
+        - the driver's step (`Simulator.driver_step_time`) runs before the training calls.
+
+        Differences by design: levels are barriers here (TimeCost lets a set run into the next
+        level while another finishes, so it is never slower on devices of their own); a call's
+        dispatch is charged in series with the call (TimeCost overlaps it with the call running
+        before it on the same devices: up to `call_overhead` per call less); data moved between
+        sets is left out (it holds no device; well under a millisecond per call)."""
+        shared = shared_cores(self.cluster)
+        if shared is None:
+            times = [max(col) for col in zip(*(r[0] for r in rows))]
+        else:
+            order, packed = self._packing([r[1] for r in rows])
+            devices = {i: (first, first + rows[i][1]) for i, (first, _, _) in zip(order, packed)}
+            times = []
+            for level in range(self.n_levels):
+                dispatch = [self.cluster.call_overhead * self._calls_in_level(models, level) for models in placement]
+                works = [
+                    (r[0][level] - d, devices[i]) for i, (r, d) in enumerate(zip(rows, dispatch)) if r[0][level] > 0
+                ]
+                times.append(concurrent_time(works, shared) + max(dispatch, default=0.0))
+        if self._driver_level is not None:  # the driver's step runs before the training calls
+            times[self._driver_level] += self.sim.driver_step_time(self.flow)
+        return tuple(times)
+
+    def _calls_in_level(self, models: tuple[str, ...], level: int) -> int:
+        return sum(c.model in models and self.level[c.name] == level for c in self.flow.calls)
 
     def _packing(self, alloc: Sequence[int]) -> tuple[list[int], list[tuple]]:
         """Set indices in packing order and their (first device, per-node counts, nodes)."""
@@ -398,12 +438,11 @@ class AutoMapper:
     def _build(self, best, stats) -> Plan:
         cost, placement, alloc = best
         order, packed = self._packing(alloc)
-        sets, call_times, levels = [], {}, [0.0] * self.n_levels
+        sets, call_times = [], {}
+        levels = self.level_times([(self.set_cost(models, k)[0], k) for models, k in zip(placement, alloc)], placement)
         for i, (first, counts, nodes) in zip(order, packed):
             models = placement[i]
-            st, choices, peak = self.set_cost(models, alloc[i])
-            for level, v in enumerate(st):
-                levels[level] = max(levels[level], v)
+            _, choices, peak = self.set_cost(models, alloc[i])
             assigns = {}
             for m in models:
                 c = choices[m]

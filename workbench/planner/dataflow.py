@@ -89,6 +89,12 @@ class Dataflow:
         calls = tuple(dataclasses.replace(c, model=role) if c.kind == "generate" else c for c in self.calls)
         return dataclasses.replace(self, name=f"{self.name}+{role}", calls=calls)
 
+    def driver_inputs(self) -> tuple[str, ...]:
+        """Calls whose outputs the driver gathers before the training calls (it computes the
+        advantages): the training calls' dependencies that do not train, in call order."""
+        trains = [c for c in self.calls if c.kind == "train"]
+        return tuple(dict.fromkeys(d for c in trains for d in c.deps if self.call(d).kind != "train"))
+
     def levels(self) -> dict[str, int]:
         """The topological level of every call (longest dependency chain from a source). For
         PPO: 0 generation, 1 preparation, 2 training (HybridFlow §2 calls them stages)."""

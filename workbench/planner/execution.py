@@ -27,7 +27,7 @@ from workbench.planner.memory import (
     train_activations,
     transition,
 )
-from workbench.planner.schedule import Schedule, TaskGraph, time_cost
+from workbench.planner.schedule import Schedule, TaskGraph, shared_cores, time_cost
 from workbench.planner.simulator import Simulator
 from workbench.planner.specs import ClusterSpec, ModelSpec, Workload
 from workbench.planner.strategy import is_generation_layout
@@ -171,8 +171,7 @@ class PlanEvaluator:
 
     def build_graph(self, plan: ExecutionPlan, kv_budget: dict[str, float]) -> TaskGraph:
         g, ids, u = TaskGraph(), {}, self.cluster.devices_per_node
-        trains = [c for c in self.flow.calls if c.kind == "train"]
-        gathered = list(dict.fromkeys(d for c in trains for d in c.deps if self.flow.call(d).kind != "train"))
+        gathered = self.flow.driver_inputs()
         for k in range(self.n_iterations):
             driver = None
             for c in self.flow.calls:
@@ -182,7 +181,7 @@ class PlanEvaluator:
                     if driver is None:  # the driver-side step (advantages), once per iteration
                         driver = g.add(
                             f"driver@{k}",
-                            self.sim.driver_time([self.flow.call(d) for d in gathered], len(trains)),
+                            self.sim.driver_step_time(self.flow),
                             (),
                             [ids[d, k] for d in gathered],
                             kind="driver",
@@ -250,13 +249,7 @@ class PlanEvaluator:
         static, dyn, kv_budget = self.memory(plan)
         max_mem = max(a + b for a, b in zip(static, dyn))
         graph = self.build_graph(plan, kv_budget)
-        c = self.cluster
-        shared = (
-            None
-            if c.cores_per_node is None or c.cores_per_node >= c.devices_per_node
-            else (c.devices_per_node, c.cores_per_node)
-        )
-        sched = time_cost(graph, shared)
+        sched = time_cost(graph, shared_cores(self.cluster))
         t = sched.makespan / self.n_iterations
         q = self.cluster.device_memory
         oom = max_mem > q

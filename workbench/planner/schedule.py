@@ -15,7 +15,12 @@ of every overlapping mesh.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from workbench.planner.specs import ClusterSpec
 
 
 @dataclass
@@ -105,6 +110,28 @@ def time_cost(graph: TaskGraph, shared_cores: tuple[int, float] | None = None) -
     if done != n:
         raise ValueError("task graph has a cycle")
     return Schedule(start, end, max(end, default=0.0))
+
+
+def shared_cores(cluster: ClusterSpec) -> tuple[int, float] | None:
+    """`time_cost`'s shared_cores for `cluster`: (devices, cores) per machine when its devices
+    time-share fewer cores than they are (`ClusterSpec.cores_per_node`), else None."""
+    c = cluster
+    if c.cores_per_node is None or c.cores_per_node >= c.devices_per_node:
+        return None
+    return (c.devices_per_node, c.cores_per_node)
+
+
+def concurrent_time(works: Sequence[tuple[float, tuple[int, int]]], shared: tuple[int, float] | None = None) -> float:
+    """Seconds until all of `works` end when they start together, each (seconds alone, its
+    [first, last) devices) on devices no other one uses: the longest, or with `shared` cores
+    TimeCost's processor sharing. The auto-mapper prices the sets of one dependency level with
+    it, so both planners slow concurrent work on shared cores by the same rule."""
+    if shared is None:
+        return max((w for w, _ in works), default=0.0)
+    graph = TaskGraph()
+    for seconds, devices in works:
+        graph.add("concurrent", seconds, devices)
+    return time_cost(graph, shared).makespan
 
 
 def _shared_time_cost(graph: TaskGraph, devices_per_node: int, cores: float) -> Schedule:

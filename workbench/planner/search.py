@@ -4,9 +4,11 @@ Cost(p) = TimeCost(p) if MaxMem(p) fits, else an OOM-penalised TimeCost. The cha
 P(p) ∝ exp(-β·Cost(p)); it starts from the greedy plan (each call on its own fastest
 mesh/strategy), proposes a new mesh and/or strategy for one random call, accepts with
 min(1, P(new)/P(old)), and keeps the best plan seen until its step budget (and, if given, a
-wall-time limit) is spent. `search` runs several chains from different seeds and reports
-whether they agree: the best cost of each chain, their spread, and where each last improved,
-so a result that depends on the seed says so. With a step budget and no time limit the
+wall-time limit) is spent; then `polish` descends from that plan to the local optimum beside
+it (moves of one call, of one model's calls, of a colocated set, of two calls at once).
+`search` runs several chains from different seeds (the first from the auto-mapper's plan)
+and reports whether they agree: the best cost of each chain, their spread, and where each
+last improved, so a result that depends on the seed says so. With a step budget and no time limit the
 result depends only on the seeds, not on how fast the machine is.
 """
 
@@ -19,8 +21,10 @@ import time
 from dataclasses import dataclass, field
 
 from workbench.controller.mesh import Mesh
+from workbench.planner.automap import automap
 from workbench.planner.call_deploy import runtime_refusal
 from workbench.planner.dataflow import Dataflow
+from workbench.planner.errors import PlannerError
 from workbench.planner.execution import DeviceMesh, Evaluation, ExecutionPlan, PlanEvaluator, valid_meshes
 from workbench.planner.memory import (
     generation_weights,
@@ -82,6 +86,7 @@ class PlanSpace:
                 by_shape.setdefault((m.size, s), []).append(j)
             self._by_mesh.append(by_mesh)
             self._by_shape.append(by_shape)
+        self._index = [{o: j for j, o in enumerate(opts)} for opts in self.options]
         self._cache: dict[tuple[int, ...], float] = {}
 
     @property
@@ -104,6 +109,11 @@ class PlanSpace:
     def refusal(self, choice: tuple[int, ...]) -> str | None:
         """With runnable=True, why the runtime would refuse this plan (None: it runs)."""
         return runtime_refusal(self.plan(choice), self.flow) if self.runnable else None
+
+    def choice_of(self, plan: ExecutionPlan) -> tuple[int, ...] | None:
+        """`plan` as option indices; None when a call's (mesh, strategy) is not an option here."""
+        choice = tuple(self._index[i].get(plan.layouts[c], -1) for i, c in enumerate(self.calls))
+        return None if -1 in choice else choice
 
     def runnable_start(self, choice: tuple[int, ...]) -> tuple[int, ...]:
         """`choice`, or, when the runtime would refuse it, a plan it runs: every call on the
@@ -171,6 +181,35 @@ class PlanSpace:
             return rng.randrange(len(self.options[i]))
         return rng.choice(pool)
 
+    def neighbours(self, choice: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """The plans `polish` tries around `choice`: one call to any option; every call of one
+        model to one option (its calls share the options); every call on one mesh to another
+        mesh of the same size, each keeping its strategy (a colocated set moved as a whole)."""
+        out = []
+        for i, opts in enumerate(self.options):
+            out += [choice[:i] + (j,) + choice[i + 1 :] for j in range(len(opts)) if j != choice[i]]
+        for model in dict.fromkeys(c.model for c in self.flow.calls):
+            idx = [i for i, c in enumerate(self.flow.calls) if c.model == model]
+            if len(idx) > 1 and all(self.options[i] == self.options[idx[0]] for i in idx):
+                for j in range(len(self.options[idx[0]])):
+                    moved = list(choice)
+                    for i in idx:
+                        moved[i] = j
+                    out.append(tuple(moved))
+        meshes = {self.options[i][j][0] for i, j in enumerate(choice)}
+        targets = {m for opts in self.options for m, _ in opts}
+        for m in meshes:
+            on = [i for i, j in enumerate(choice) if self.options[i][j][0] == m]
+            for t in targets:
+                if t.size != m.size or t == m:
+                    continue
+                moved = list(choice)
+                for i in on:
+                    moved[i] = self._index[i].get((t, self.options[i][choice[i]][1]), -1)
+                if -1 not in moved:
+                    out.append(tuple(moved))
+        return out
+
     def propose(self, choice: tuple[int, ...], rng: random.Random) -> tuple[int, ...]:
         """Change one random call (or, one time in four, two): to any option, or to a new
         strategy on the same mesh, or to the same strategy on another mesh of the same size.
@@ -201,6 +240,9 @@ class SearchResult:
     """Set by `multi_chain` / `search`: agreement of the chains."""
     chains: list[SearchResult] = field(default_factory=list)
     """Every chain's result (multi_chain / search)."""
+    chain_cost: float = 0.0
+    """The best cost the chain itself reached, before `polish` (equal to the result's when the
+    polish found nothing cheaper)."""
 
 
 def mcmc(
@@ -212,6 +254,7 @@ def mcmc(
     beta: float | None = None,
     beta_scale: float = 20.0,
     init: tuple[int, ...] | None = None,
+    polish_best: bool = True,
 ) -> SearchResult:
     """Metropolis-Hastings from the greedy plan (or `init`) for `max_steps` proposals (and at
     most `time_limit` seconds when given; then the result depends on the machine's speed).
@@ -219,7 +262,8 @@ def mcmc(
     5% worse than the best is accepted with probability 1/e. Rescaling when the best improves
     keeps the temperature at the scale of good plans rather than of an OOM-penalised greedy
     start. (20 was chosen on the enumerable test space: colder chains stuck in near-tie local
-    optima more often.)"""
+    optima more often.) `polish_best`: end with `polish` of the best plan (within the time
+    limit; not counted in the steps or the history; `chain_cost` keeps what the chain reached)."""
     if max_steps is None and time_limit is None:
         raise ValueError("mcmc needs a budget: max_steps (deterministic) and/or time_limit")
     rng = random.Random(seed)
@@ -243,6 +287,9 @@ def mcmc(
                 history.append((steps, best_cost))
                 if fixed_beta is None:
                     beta = beta_scale / best_cost
+    chain_cost = best_cost
+    if polish_best:
+        best = polish(space, best, deadline=None if time_limit is None else t0 + time_limit)
     return SearchResult(
         space.plan(best),
         space.evaluate(best),
@@ -253,7 +300,74 @@ def mcmc(
         history[0][1],
         history,
         seed,
+        chain_cost=chain_cost,
     )
+
+
+def polish(
+    space: PlanSpace, choice: tuple[int, ...], pair_options: int = 4, deadline: float | None = None
+) -> tuple[int, ...]:
+    """Steepest descent from `choice` until no neighbour is cheaper (or `time.perf_counter()`
+    passes `deadline`): `PlanSpace.neighbours`, plus every pair of calls moved together, each
+    to one of its `pair_options` best options alone (two calls leaving one mesh for its two
+    halves: a step no single move takes without first getting worse). A chain at a finite
+    temperature ends near an optimum, rarely on it; without this, chains of different seeds
+    near the same optimum report different costs."""
+    best, best_cost = choice, space.cost(choice)
+
+    def cost(c: tuple[int, ...]) -> float:
+        if deadline is not None and time.perf_counter() > deadline:
+            raise TimeoutError
+        return space.cost(c)
+
+    try:
+        while True:
+            around = space.neighbours(best)
+            shortlist = []
+            for i, opts in enumerate(space.options):
+                alone = sorted(range(len(opts)), key=lambda j, i=i: cost(best[:i] + (j,) + best[i + 1 :]))
+                shortlist.append([j for j in alone if j != best[i]][:pair_options])
+            for i, k in itertools.combinations(range(len(best)), 2):
+                for a in shortlist[i]:
+                    for b in shortlist[k]:
+                        moved = list(best)
+                        moved[i], moved[k] = a, b
+                        around.append(tuple(moved))
+            around += _level_splits(space, best, cost)
+            nearest = min(around, key=cost, default=best)
+            if cost(nearest) >= best_cost:
+                return best
+            best, best_cost = nearest, cost(nearest)
+    except TimeoutError:
+        return best
+
+
+def _level_splits(space: PlanSpace, choice: tuple[int, ...], cost) -> list[tuple[int, ...]]:
+    """Calls of one dependency level sharing a mesh spread over its equal parts (2, or one part
+    per call), each on its cheapest option there with the others fixed: the colocated ->
+    split step that takes many calls at once, so neither a chain nor the smaller moves find it."""
+    level = space.flow.levels()
+    valid = {m for opts in space.options for m, _ in opts}
+    groups: dict[tuple, list[int]] = {}
+    for i, j in enumerate(choice):
+        groups.setdefault((level[space.calls[i]], space.options[i][j][0]), []).append(i)
+    out = []
+    for (_, mesh_), calls in groups.items():
+        for n in sorted({2, len(calls)}):
+            if len(calls) < 2 or mesh_.size % n:
+                continue
+            parts = [DeviceMesh(mesh_.first + p * mesh_.size // n, mesh_.size // n) for p in range(n)]
+            if not all(p in valid for p in parts):
+                continue
+            moved = list(choice)
+            for k, i in enumerate(calls):
+                on_part = [j for j, (m, _) in enumerate(space.options[i]) if m == parts[k % n]]
+                if not on_part:
+                    break
+                moved[i] = min(on_part, key=lambda j, i=i: cost(choice[:i] + (j,) + choice[i + 1 :]))
+            else:
+                out.append(tuple(moved))
+    return out
 
 
 @dataclass
@@ -301,16 +415,22 @@ def multi_chain(
     max_steps: int | None = 20_000,
     time_limit: float | None = None,
     tolerance: float = 0.01,
+    first_start: tuple[int, ...] | None = None,
     **kw,
 ) -> SearchResult:
     """One chain per seed; the best chain's result with a `convergence` report. The first
-    chain starts from the greedy plan (ReaLHF), the others from a random plan drawn from their
-    seed (a random runnable one when the space keeps to what runs), so that agreement means the
-    chains found the same optimum from different places."""
+    chain starts from `first_start` (`search`: the auto-mapper's plan) or the greedy plan
+    (ReaLHF), the others from a random plan drawn from their seed (a random runnable one when
+    the space keeps to what runs), so that agreement means the chains found the same optimum
+    from different places."""
     runs = []
     for i, s in enumerate(seeds):
         rng = random.Random(f"start {s}")
-        start = None if i == 0 else (space.random_runnable(rng) if space.runnable else None) or space.random_plan(rng)
+        start = (
+            first_start
+            if i == 0
+            else (space.random_runnable(rng) if space.runnable else None) or space.random_plan(rng)
+        )
         runs.append(mcmc(space, max_steps=max_steps, time_limit=time_limit, seed=s, init=start, **kw))
     best = min(runs, key=lambda r: (r.evaluation.cost, r.seed))
     best.convergence = Convergence(
@@ -353,7 +473,8 @@ def search(
     """ReaLHF search with the defaults: valid meshes, a 2-iteration unrolled graph, one chain
     per seed for `max_steps` proposals each. `result.convergence` says whether the chains'
     best costs agree within `tolerance`. runnable, max_tp, max_pp: keep to plans this runtime
-    deploys (`deploy_calls`), with layouts the workers run (PlanSpace)."""
+    deploys (`deploy_calls`), with layouts the workers run (PlanSpace). The first chain starts
+    from the auto-mapper's plan (a good basin to start in: `automap_start`)."""
     space = PlanSpace(
         dataflow,
         dataflow.model_specs(models),
@@ -364,4 +485,17 @@ def search(
         max_tp=max_tp,
         max_pp=max_pp,
     )
-    return multi_chain(space, seeds, max_steps=max_steps, time_limit=time_limit, tolerance=tolerance)
+    start = automap_start(space, models, max_tp, max_pp)
+    return multi_chain(space, seeds, max_steps=max_steps, time_limit=time_limit, tolerance=tolerance, first_start=start)
+
+
+def automap_start(
+    space: PlanSpace, models: ModelSpec | str | dict, max_tp: int | None = None, max_pp: int | None = None
+) -> tuple[int, ...] | None:
+    """The auto-mapper's plan (HybridFlow Alg. 1, a fraction of a second) in `space`; None when
+    it finds none or its layouts are not options of `space`."""
+    try:
+        plan = automap(space.flow, models, space.wl, space.cluster, max_tp=max_tp, max_pp=max_pp)
+    except PlannerError:
+        return None
+    return space.choice_of(plan.to_execution_plan())

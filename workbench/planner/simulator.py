@@ -33,7 +33,7 @@ from workbench.planner.memory import ADAM_BYTES, GRAD_BYTES, WEIGHT_BYTES, gener
 from workbench.planner.specs import ClusterSpec, ModelSpec, Workload
 
 if TYPE_CHECKING:
-    from workbench.planner.dataflow import Call
+    from workbench.planner.dataflow import Call, Dataflow
 
 INF = float("inf")
 OPTIMIZER_STEP_BYTES = GRAD_BYTES + 2 * ADAM_BYTES + WEIGHT_BYTES
@@ -224,7 +224,9 @@ class Simulator:
 
     # --- moving parameters and data ---------------------------------------------------------
     def reshard_time(self, spec: ModelSpec, train: Mesh, gen: Mesh, method: str | None = None) -> float:
-        """3D-HybridEngine train->generation switch: each device receives Table 2's bytes
+        """3D-HybridEngine train->generation switch as the runtime runs it
+        (`Workload.transition_executor`): by default a reallocation, each device moving the bytes
+        the engine's transfer plan counts (`switch_bytes`); with "allgather", Table 2's bytes
         (`memory.transition`) over the links its all-gather group spans."""
         method = method or self.wl.transition
         key = ("reshard", spec, train, gen, method)
@@ -251,16 +253,31 @@ class Simulator:
                 n_ops=n_ops,
                 members_per_node=train.dp_peers_per_node(self.cluster.devices_per_node),
             )
-        crosses = _gather_crosses(train.with_generation(gen, method), self.cluster.devices_per_node)
+        copy = self.weight_copy_time(t.generation_params * share * self._widen)
+        u = self.cluster.devices_per_node
+        if self.wl.transition_executor == "realloc":
+            per_rank = switch_bytes(spec, train, gen, method, self.dtype_bytes)
+            busiest = max(max(b) for b in per_rank.values()) * share
+            # Every rank of the switch is a source rank, so its sender is in its own training
+            # replica (realloc's rule 2): the bytes cross machines only where a replica does.
+            return gather + copy + self._moved_time(busiest, train.replica_spans_nodes(u), spec.n_layers)
+        crosses = _gather_crosses(train.with_generation(gen, method), u)
         return (
             gather
-            + self.weight_copy_time(t.generation_params * share * self._widen)
+            + copy
             + (
                 0.0
                 if t.comm_bytes <= 0
                 else t.comm_bytes * share * self._widen / self.link_bandwidth(crosses) + self.cluster.collective_latency
             )
         )
+
+    def _moved_time(self, busiest: float, crosses: bool, n_layers: int) -> float:
+        """A reallocation's time: the busiest device's bytes over its link plus one collective
+        latency per layer unit (the runtime moves one layer at a time); 0 when nothing moves."""
+        if busiest <= 0:
+            return 0.0
+        return busiest / self.link_bandwidth(crosses) + (n_layers + 2) * self.cluster.collective_latency
 
     def weight_push_time(self, spec: ModelSpec, trainer: Mesh, rollout: Mesh, crosses_nodes: bool) -> float:
         """Asynchronous RL's weight push (`workbench.hybrid.channel`), after every update: the
@@ -303,12 +320,9 @@ class Simulator:
         per_rank = realloc_bytes(spec, src, src_devs[0], dst, dst_devs[0], self.dtype_bytes)
         # Under LoRA only the adapters move (the base was moved once): scale the weights' bytes.
         busiest = max(max(b) for b in per_rank.values()) * spec.synced_params / spec.param_count
-        if busiest <= 0:
-            return 0.0
         lo, hi = min(src_devs[0], dst_devs[0]), max(src_devs[1], dst_devs[1])
         u = self.cluster.devices_per_node
-        crosses = lo // u != (hi - 1) // u
-        return busiest / self.link_bandwidth(crosses) + (spec.n_layers + 2) * self.cluster.collective_latency
+        return self._moved_time(busiest, lo // u != (hi - 1) // u, spec.n_layers)
 
     def output_bytes(self, call: Call) -> float:
         """Bytes a call hands to its dependants: generated token ids (int64) and log-probs
@@ -326,6 +340,12 @@ class Simulator:
         computed on the driver) and send the assembled batch to each of `n_trained` models."""
         batch = sum(self.output_bytes(c) for c in gathered)
         return (1 + n_trained) * batch / self.cluster.driver_bandwidth
+
+    def driver_step_time(self, flow: Dataflow) -> float:
+        """`driver_time` of one iteration of `flow`: its `driver_inputs` gathered, the batch sent
+        to each of its trained models."""
+        n_trained = sum(c.kind == "train" for c in flow.calls)
+        return self.driver_time([flow.call(d) for d in flow.driver_inputs()], n_trained)
 
     def data_transfer_time(self, nbytes: float, crosses_nodes: bool) -> float:
         if nbytes <= 0:
@@ -356,14 +376,36 @@ def realloc_bytes(
     return _realloc_bytes(spec, src.pp, src.tp, src.dp, src_first, dst.pp, dst.tp, dst.dp, dst_first, dtype_bytes)
 
 
-@lru_cache(maxsize=4096)  # the search asks for the same pairs of layouts many times
-def _realloc_bytes(spec: ModelSpec, p1, t1, d1, first1, p2, t2, d2, first2, dtype_bytes) -> dict:
+def switch_bytes(
+    spec: ModelSpec, train: Mesh, gen: Mesh, method: str, dtype_bytes: int = 2
+) -> dict[int, realloc.RankBytes]:
+    """Bytes each device sends and receives in the hybrid engine's switch from `train` to the
+    generation layout `gen` by `method`, run as a reallocation: the runtime's own count
+    (`workbench.hybrid.realloc.switch_bytes`) over the model's Llama shapes."""
+    if dtype_bytes not in _DTYPES:
+        raise ValueError(f"switch_bytes: dtype_bytes={dtype_bytes!r}; use one of {sorted(_DTYPES)}")
+    return _switch_bytes(spec, train.pp, train.tp, train.dp, gen.pp, gen.tp, method, dtype_bytes)
+
+
+@lru_cache(maxsize=4096)
+def _switch_bytes(spec: ModelSpec, pp, tp, dp, gen_pp, gen_tp, method, dtype_bytes) -> dict:
+    return realloc.switch_bytes(_llama_params(spec, dtype_bytes), Mesh(pp, tp, dp, gen_pp, gen_tp, method))
+
+
+@lru_cache(maxsize=64)
+def _llama_params(spec: ModelSpec, dtype_bytes: int) -> list[realloc.Param]:
     shapes = realloc.llama_shapes(
         spec.hidden, spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.intermediate, spec.vocab, spec.value_head
     )
-    params = realloc.llama_params(shapes, spec.n_layers, _DTYPES[dtype_bytes])
+    return realloc.llama_params(shapes, spec.n_layers, _DTYPES[dtype_bytes])
+
+
+@lru_cache(maxsize=4096)  # the search asks for the same pairs of layouts many times
+def _realloc_bytes(spec: ModelSpec, p1, t1, d1, first1, p2, t2, d2, first2, dtype_bytes) -> dict:
     return realloc.rank_bytes(
-        params, realloc.Placement(Mesh(p1, t1, d1), first1), realloc.Placement(Mesh(p2, t2, d2), first2)
+        _llama_params(spec, dtype_bytes),
+        realloc.Placement(Mesh(p1, t1, d1), first1),
+        realloc.Placement(Mesh(p2, t2, d2), first2),
     )
 
 

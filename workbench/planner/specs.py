@@ -213,6 +213,11 @@ class Workload:
     (all-gather inside TP·PP groups, training shard kept beside) or "deepspeed_chat"
     (all-gather over all the actor's devices)."""
 
+    transition_executor: Literal["realloc", "allgather"] = "realloc"
+    """How the runtime moves the weights at that switch (`ActorConfig.transition_executor`):
+    "realloc" (point-to-point, `workbench.hybrid.realloc.switch_bytes`; deepspeed_chat then moves
+    (d-1)/d·M/(p·t) less than Table 2) or "allgather" (the collectives of Table 2)."""
+
     def __post_init__(self) -> None:
         if self.param_sharding not in ("optimizer", "full"):  # a typo would silently mean "optimizer"
             raise ValueError(
@@ -223,6 +228,11 @@ class Workload:
             raise ValueError(
                 f"Workload.transition={self.transition!r}: use 'hybridflow', "
                 f"'vanilla' or 'deepspeed_chat' (HybridFlow Table 2)"
+            )
+        if self.transition_executor not in ("realloc", "allgather"):
+            raise ValueError(
+                f"Workload.transition_executor={self.transition_executor!r}: use 'realloc' "
+                f"(point-to-point reallocation, the runtime's default) or 'allgather'"
             )
 
     @property
