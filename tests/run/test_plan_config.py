@@ -54,6 +54,13 @@ def test_the_workload_prices_the_switch_the_actor_runs(tiny):
     assert build.run_workload(cfg).transition_executor == "allgather"
 
 
+def test_the_workload_checkpoints_activations_only_where_the_actor_does(tiny):
+    # The planner's Workload defaults to the papers' full recomputation (a 4th forward per
+    # training pass); the workers checkpoint only with actor.load.gradient_checkpointing.
+    assert build.run_workload(config(tiny)).recompute is False
+    assert build.run_workload(config(tiny, "actor.load.gradient_checkpointing=true")).recompute is True
+
+
 def test_the_workload_prices_the_prompts_the_workers_see(tiny):
     # max_prompt_length is a bound; the loader pads each Batch to its longest prompt, so the
     # planner is given the loader's mean width (pricing the bound made every call ~1.5x dearer).

@@ -243,6 +243,15 @@ class Workload:
     def sequences(self) -> int:
         return self.global_batch * self.n_samples
 
+    def forward_tokens(self, train: bool, pp: int = 1) -> float:
+        """Tokens a training (`train`) or scoring forward computes per sequence. The workers run
+        a prompt once for all the rows of a micro-batch that repeat it
+        (`workbench.engines.forward.shared_prompt_logits`: GRPO's n samples sit side by side),
+        except under pipeline parallelism and, in training, activation checkpointing."""
+        shared = self.n_samples > 1 and pp == 1 and not (train and self.recompute)
+        rows_per_prompt = min(self.n_samples, self.micro_batch_size) if shared else 1
+        return self.prompt_len / rows_per_prompt + self.response_len
+
     @classmethod
     def tiny(cls) -> Workload:
         """A workload that runs on this CPU machine with the tiny kit."""

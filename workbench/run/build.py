@@ -336,7 +336,8 @@ def run_workload(config: RunConfig, prompt_width: float | None = None) -> Worklo
     """The planner's workload of one iteration of this run: prompts per batch, padded prompt
     length (`prompt_width`, the loader's mean Batch width, when known; else the most a Batch
     may have), response length, samples per prompt, epochs, mini-batches and micro-batch size
-    of the actor's update; FSDP-sharded workers ("full"); how the actor's switch moves weights."""
+    of the actor's update; FSDP-sharded workers ("full"); whether they checkpoint activations;
+    how the actor's switch moves weights."""
     batch = config.data.loader.batch_size
     rows = batch * config.sampling.n
     return Workload(
@@ -348,6 +349,7 @@ def run_workload(config: RunConfig, prompt_width: float | None = None) -> Worklo
         ppo_mini_batches=max(1, rows // max(1, config.actor.mini_batch_size)),
         micro_batch_size=config.actor.micro_batch_size,
         param_sharding="full",
+        recompute=config.actor.load.gradient_checkpointing,  # the papers' default (True) is not the workers'
         transition_executor=config.actor.transition_executor,
     )
 
