@@ -168,25 +168,24 @@ def repeated_prompts(rows_per_prompt: int = 3, prompts: int = 3, prompt: int = 7
     )
 
 
-def log_probs_and_grads(model, rows: Batch, share: bool, monkeypatch) -> tuple[torch.Tensor, dict]:
-    monkeypatch.setattr(forward, "can_share_prompts", lambda model: share)
+def log_probs_and_grads(model, rows: Batch, share: bool) -> tuple[torch.Tensor, dict]:
     model.zero_grad()
-    log_probs, entropy = response_log_probs(model, rows, with_entropy=True)
+    log_probs, entropy = response_log_probs(model, rows, with_entropy=True, share_prompts=share)
     (log_probs.sum() + entropy.sum()).backward()
     return log_probs.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
 @pytest.mark.parametrize("r", [6, 1], ids=["responses", "one-token"])
-def test_each_prompt_computed_once_gives_the_plain_forwards_log_probs_and_gradients(tmp_path, monkeypatch, r):
+def test_each_prompt_computed_once_gives_the_plain_forwards_log_probs_and_gradients(tmp_path, r):
     model = load(make_tiny("1m", tmp_path / "m", seed=1)).model.train()
     rows = repeated_prompts(r=r)
-    assert forward.repeats_prompts(rows) and forward.can_share_prompts(model)
+    assert forward.saved_prompt_tokens(rows) == (9 - 3) * 7 and forward.can_share_prompts(model)
     calls = []
     model.register_forward_pre_hook(
         lambda module, args, kwargs: calls.append(kwargs["input_ids"].shape), with_kwargs=True
     )
-    plain, plain_grads = log_probs_and_grads(model, rows, False, monkeypatch)
-    shared, shared_grads = log_probs_and_grads(model, rows, True, monkeypatch)
+    plain, plain_grads = log_probs_and_grads(model, rows, False)
+    shared, shared_grads = log_probs_and_grads(model, rows, True)
     # plain: one call over every row; shared: the 3 distinct prompts, then every row's responses
     assert calls[0][0] == 9 and calls[1] == (3, 7) and (r == 1 or calls[2] == (9, r - 1))
     assert torch.allclose(shared, plain, atol=1e-5, rtol=0), (shared - plain).abs().max()
@@ -195,10 +194,22 @@ def test_each_prompt_computed_once_gives_the_plain_forwards_log_probs_and_gradie
         assert torch.allclose(shared_grads[name], grad, atol=1e-5, rtol=1e-4), name
 
 
-def test_prompts_are_shared_only_where_rows_repeat_them_and_the_model_can(tmp_path):
+def test_prompts_are_shared_only_where_rows_repeat_them_the_model_can_and_it_pays(tmp_path, monkeypatch):
     model = load(make_tiny("1m", tmp_path / "m", seed=1)).model
-    assert not forward.repeats_prompts(batch(0, 5))  # random prompts: no two rows alike
-    assert not forward.repeats_prompts(repeated_prompts(rows_per_prompt=1))
+    assert forward.saved_prompt_tokens(batch(0, 5)) == 0  # random prompts: no two rows alike
+    assert forward.saved_prompt_tokens(repeated_prompts(rows_per_prompt=1)) == 0
+    calls = []
+    model.register_forward_pre_hook(
+        lambda module, args, kwargs: calls.append(kwargs.get("use_cache")), with_kwargs=True
+    )
+    rows = repeated_prompts()
+    response_log_probs(model, rows)  # auto: 42 prompt tokens of a 1m model save less than a call costs
+    assert calls == [None]
+    monkeypatch.setattr(forward, "SHARE_MIN_PARAM_TOKENS", 42 * forward.parameter_count(model))
+    response_log_probs(model, rows)  # auto, where the saving is worth it
+    assert calls[1:] == [True, True]
+    response_log_probs(model, rows, share_prompts=False)
+    assert calls[3:] == [None]
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     assert not forward.can_share_prompts(model.train())  # transformers drops the cache there
     assert forward.can_share_prompts(model.eval())

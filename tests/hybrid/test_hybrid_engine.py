@@ -64,7 +64,13 @@ def layout_actor(request, shared_session, model_dir):
     tp, dp, gen_tp = LAYOUTS[request.param]
     mesh = Mesh(tp=tp, dp=dp, gen_tp=gen_tp)
     cfg = ActorConfig(
-        model_path=model_dir, backend="3d", optim=OPTIM, mini_batch_size=8, micro_batch_size=2, reference=True
+        model_path=model_dir,
+        backend="3d",
+        optim=OPTIM,
+        mini_batch_size=8,
+        micro_batch_size=2,
+        reference=True,
+        share_prompts=True,  # a 1m model's forwards would not share by themselves (too little saved)
     )
     group = shared_session.group(
         "actor", CorruptibleActor, shared_session.pool("actor_pool", mesh.world_size), cfg, mesh=mesh

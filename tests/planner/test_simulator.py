@@ -218,19 +218,26 @@ def test_generation_tensor_parallelism_ranks_as_hybridflow_measured(model, faste
     assert min(times[False], key=times[False].get) == 8, times[False]
 
 
-def test_forwards_are_priced_with_each_repeated_prompt_computed_once():
+def test_forwards_are_priced_with_each_repeated_prompt_computed_once_where_the_workers_do():
     # workbench.engines.forward.shared_prompt_logits: a micro-batch's rows that repeat a prompt
-    # run it once, so a training or scoring forward computes prompt/n + response tokens a row.
-    assert OPT.forward_tokens(train=True) == 16 / 2 + 16
-    assert OPT.forward_tokens(train=False) == 16 / 2 + 16
-    assert OPT.forward_tokens(train=True, pp=2) == 32  # pipeline stages compute rows whole
+    # run it once where the saving is worth a second model call, so a training or scoring
+    # forward computes prompt/n + response tokens a row.
+    big = 1e10  # parameters: 16-32 prompt tokens saved per micro-batch of a 10B model, plenty
+    assert OPT.forward_tokens(train=True, params=big) == 16 / 2 + 16
+    assert OPT.forward_tokens(train=False, params=big) == 16 / 2 + 16
+    assert OPT.forward_tokens(train=False, params=1e6) == 32  # a tiny model: not worth a second call
+    assert OPT.forward_tokens(train=True, pp=2, params=big) == 32  # pipeline stages compute rows whole
     checkpointing = dataclasses.replace(OPT, recompute=True)
-    assert checkpointing.forward_tokens(train=True) == 32 and checkpointing.forward_tokens(train=False) == 24
+    assert (
+        checkpointing.forward_tokens(True, params=big) == 32 and checkpointing.forward_tokens(False, params=big) == 24
+    )
     four = dataclasses.replace(OPT, n_samples=4, micro_batch_size=2)
-    assert four.forward_tokens(train=True) == 16 / 2 + 16  # a micro-batch holds 2 of a prompt's 4 rows
+    assert four.forward_tokens(train=True, params=big) == 16 / 2 + 16  # a micro-batch holds 2 of a prompt's 4 rows
     one = dataclasses.replace(OPT, n_samples=1, global_batch=32)
-    assert one.forward_tokens(train=True) == 32
+    assert one.forward_tokens(train=True, params=big) == 32
     cluster = cluster_preset("local", 4)
+    spec = model_preset("llama2-7b")
     shared, whole = Simulator(cluster, OPT), Simulator(cluster, one)  # the same 32 sequences
     m = Mesh(1, 1, 1)
-    assert shared.train(SPEC, m) < whole.train(SPEC, m) and shared.inference(SPEC, m) < whole.inference(SPEC, m)
+    assert shared.train(spec, m) < whole.train(spec, m) and shared.inference(spec, m) < whole.inference(spec, m)
+    assert Simulator(cluster, OPT).train(SPEC, m) == Simulator(cluster, one).train(SPEC, m)  # tiny-10m: rows whole

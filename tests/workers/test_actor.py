@@ -49,6 +49,7 @@ def actor(request, shared_session, model_dir):
         mini_batch_size=8,
         micro_batch_size=2,
         vllm=VLLMRolloutConfig(max_model_len=128, cpu_threads_bind="per-rank"),
+        share_prompts=True,  # a 1m model's forwards would not share by themselves (too little saved)
     )
     group = shared_session.group("actor", ActorRolloutRefWorker, shared_session.pool("actor_pool", 2), config)
     yield group

@@ -67,6 +67,7 @@ def test_zero_stage_matches_single_process_and_restores_checkpoints(
         mini_batch_size=8,
         micro_batch_size=2,
         load=LoadConfig(compile=compiled),
+        share_prompts=True,  # a 1m model's forwards would not share by themselves (too little saved)
     )
     actor = session.group(
         "actor", ActorRolloutRefWorker, session.pool(f"zero{stage}{'c' if compiled else ''}", 2), config

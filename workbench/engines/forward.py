@@ -56,12 +56,13 @@ def pad_responses(values: torch.Tensor, r: int) -> torch.Tensor:
 def response_logits(model: torch.nn.Module, batch: Batch | dict, share_prompts: bool | None = None) -> torch.Tensor:
     """Logits that predict each response token: B x R x V.
 
-    share_prompts: compute each distinct prompt once (`shared_prompt_logits`); None = where it
-    saves work (rows repeat a prompt) and the model can (`can_share_prompts`)."""
-    if share_prompts is None:
-        share_prompts = can_share_prompts(model) and repeats_prompts(batch)
-    if share_prompts:
-        return shared_prompt_logits(model, batch)
+    share_prompts: compute each distinct prompt once (`shared_prompt_logits`) where rows repeat
+    one and the model can (`can_share_prompts`): True whenever so, False never, None (auto) only
+    where it saves more work than its second model call costs (`SHARE_MIN_PARAM_TOKENS`)."""
+    if share_prompts is not False and can_share_prompts(model):
+        saved = saved_prompt_tokens(batch)
+        if saved > 0 and (share_prompts or saved * parameter_count(model) >= SHARE_MIN_PARAM_TOKENS):
+            return shared_prompt_logits(model, batch)
     responses = batch["responses"]
     r = responses.shape[1]
     # Only the last r + 1 positions go through the LM head where the model can (transformers'
@@ -118,11 +119,28 @@ def shared_prompt_logits(model: torch.nn.Module, batch: Batch | dict) -> torch.T
     return torch.cat([first_logits, logits], 1)
 
 
-def repeats_prompts(batch: Batch | dict) -> bool:
-    """Whether some rows share their prompt (token ids and mask), e.g. n samples per prompt."""
+SHARE_MIN_PARAM_TOKENS = 2e10
+"""Auto sharing needs saved prompt tokens x parameters at least this (~150 tokens of a 135M
+model). Below it the second model call and the cache copy cost more than the prompt columns saved:
+tiny-10m with 8-token prompts, 2 samples each, scored 12-17% slower shared (bench/plan_runs.py);
+SmolLM2-135M with 46-token prompts, 4 samples each, trains 1.7x faster shared."""
+
+
+def saved_prompt_tokens(batch: Batch | dict) -> int:
+    """Prompt positions `shared_prompt_logits` would not compute: (rows - distinct prompts) x
+    prompt columns (token ids and mask alike, e.g. n samples per prompt)."""
     p = batch["input_ids"].shape[1] - batch["responses"].shape[1]
     prompts = torch.cat([batch["input_ids"][:, :p], batch["attention_mask"][:, :p]], 1)
-    return len(prompts) > 1 and len(torch.unique(prompts, dim=0)) < len(prompts)
+    return (len(prompts) - len(torch.unique(prompts, dim=0))) * p if len(prompts) > 1 else 0
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    """Every parameter of `model`, sharded ones (FSDP2, tensor parallel: DTensors) at full size."""
+    count = getattr(model, "_workbench_parameter_count", None)
+    if count is None:
+        count = sum(p.numel() for p in model.parameters())
+        model._workbench_parameter_count = count  # asked at every forward
+    return count
 
 
 def can_share_prompts(model: torch.nn.Module) -> bool:
@@ -239,11 +257,16 @@ class ChunkedLogProbs(torch.autograd.Function):
 
 
 def response_log_probs(
-    model: torch.nn.Module, batch: Batch, temperature: float = 1.0, with_entropy: bool = False
+    model: torch.nn.Module,
+    batch: Batch,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    share_prompts: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(log-probs, entropy) of batch["responses"], each B x R, zero where response_mask is 0."""
+    """(log-probs, entropy) of batch["responses"], each B x R, zero where response_mask is 0;
+    share_prompts as in `response_logits`."""
     inputs, kept = trim_padding(batch)
-    logits = response_logits(model, inputs)
+    logits = response_logits(model, inputs, share_prompts)
     log_probs, entropy = token_log_probs(logits, inputs["responses"], temperature, with_entropy)
     r = batch["responses"].shape[1]
     mask = batch["response_mask"].to(log_probs.dtype)
@@ -252,7 +275,11 @@ def response_log_probs(
 
 
 def model_outputs(
-    model: torch.nn.Module, batch: Batch, needs: tuple[str, ...] = ("log_probs",), temperature: float = 1.0
+    model: torch.nn.Module,
+    batch: Batch,
+    needs: tuple[str, ...] = ("log_probs",),
+    temperature: float = 1.0,
+    share_prompts: bool | None = None,
 ) -> dict[str, torch.Tensor]:
     """What a loss's `needs` names, from forwards of `model` over `batch`: "log_probs" and
     "entropy" of the responses (at `temperature`), "values" (a value model), "nll" (pre-training
@@ -264,7 +291,7 @@ def model_outputs(
     if "nll" in needs:
         out["nll"] = sequence_nll(model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
     if "log_probs" in needs or "entropy" in needs:
-        log_probs, entropy = response_log_probs(model, batch, temperature, with_entropy="entropy" in needs)
+        log_probs, entropy = response_log_probs(model, batch, temperature, "entropy" in needs, share_prompts)
         out["log_probs"] = log_probs
         if entropy is not None:
             out["entropy"] = entropy

@@ -102,7 +102,7 @@ class Simulator:
         seqs = wl.sequences * bf
         epochs = wl.ppo_epochs if train else 1
         steps = wl.ppo_epochs * wl.ppo_mini_batches if train else 1
-        tokens = seqs * wl.forward_tokens(train, s.pp) * epochs
+        tokens = seqs * wl.forward_tokens(train, s.pp, spec.param_count) * epochs
         # fwd = 1, bwd = 2 forward-equivalents, recomputation one more forward.
         passes = (4 if wl.recompute else 3) if train else 1
         eff = c.train_efficiency if train else c.inference_efficiency

@@ -243,14 +243,23 @@ class Workload:
     def sequences(self) -> int:
         return self.global_batch * self.n_samples
 
-    def forward_tokens(self, train: bool, pp: int = 1) -> float:
-        """Tokens a training (`train`) or scoring forward computes per sequence. The workers run
-        a prompt once for all the rows of a micro-batch that repeat it
-        (`workbench.engines.forward.shared_prompt_logits`: GRPO's n samples sit side by side),
-        except under pipeline parallelism and, in training, activation checkpointing."""
-        shared = self.n_samples > 1 and pp == 1 and not (train and self.recompute)
-        rows_per_prompt = min(self.n_samples, self.micro_batch_size) if shared else 1
-        return self.prompt_len / rows_per_prompt + self.response_len
+    def forward_tokens(self, train: bool, pp: int = 1, params: float = 0.0) -> float:
+        """Tokens a training (`train`) or scoring forward of a `params`-parameter model computes
+        per sequence. The workers run a prompt once for all the rows of a micro-batch that
+        repeat it (`workbench.engines.forward.shared_prompt_logits`: GRPO's n samples sit side by
+        side) where that saves enough (`SHARE_MIN_PARAM_TOKENS`), except under pipeline
+        parallelism and, in training, activation checkpointing."""
+        from workbench.engines.forward import SHARE_MIN_PARAM_TOKENS
+
+        rows_per_prompt = min(self.n_samples, self.micro_batch_size)
+        saved = (self.micro_batch_size - self.micro_batch_size / rows_per_prompt) * self.prompt_len
+        shared = (
+            rows_per_prompt > 1
+            and pp == 1
+            and not (train and self.recompute)
+            and saved * params >= SHARE_MIN_PARAM_TOKENS
+        )
+        return self.prompt_len / (rows_per_prompt if shared else 1) + self.response_len
 
     @classmethod
     def tiny(cls) -> Workload:

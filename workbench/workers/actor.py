@@ -112,6 +112,10 @@ class ActorConfig:
     """Shuffle rows between mini-batches (seeded by `seed` and the update count)."""
     temperature: float = 1.0
     """Log-probs use log_softmax(logits / temperature): set it to the sampling temperature."""
+    share_prompts: bool | None = None
+    """Training and scoring forwards compute a prompt once for the rows of a micro-batch that
+    repeat it (n samples per prompt; workbench.engines.forward.shared_prompt_logits): None where
+    it saves more than it costs, True whenever rows repeat one, False never."""
     seed: int = 0
     load: LoadConfig = field(default_factory=LoadConfig)
     hf: HFRolloutConfig = field(default_factory=HFRolloutConfig)
@@ -151,6 +155,13 @@ class ActorConfig:
             0,
             low_open=True,
             fix="use a temperature > 0 (the sampling temperature; 1.0 for greedy sampling)",
+        )
+        checks.one_of(
+            "ActorConfig",
+            "share_prompts",
+            self.share_prompts,
+            (None, True, False),
+            fix="use None (auto), True or False",
         )
         checks.of_type("ActorConfig", "load", self.load, LoadConfig, "pass a workbench.models.load.LoadConfig")
         if self.train:
@@ -501,7 +512,11 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember):
         model.eval()
         parts = [
             response_log_probs(
-                model, batch[i : i + self.config.micro_batch_size], self.config.temperature, with_entropy
+                model,
+                batch[i : i + self.config.micro_batch_size],
+                self.config.temperature,
+                with_entropy,
+                self.config.share_prompts,
             )
             for i in range(0, len(batch), self.config.micro_batch_size)
         ]
@@ -536,7 +551,8 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember):
         the loss's temperature if it names one (else this worker's)."""
         wanted = needs(loss_fn, ("log_probs",))
         temperature = getattr(loss_fn, "temperature", self.config.temperature)
-        return lambda model, mb: model_outputs(model, mb, wanted, temperature)
+        share = self.config.share_prompts
+        return lambda model, mb: model_outputs(model, mb, wanted, temperature, share)
 
     def _rows_per_step(self) -> int:
         """This rank's share of a mini-batch."""
