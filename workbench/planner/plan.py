@@ -294,14 +294,19 @@ def plan_gantt(plan: Plan) -> list[GanttBar]:
     level = plan.dataflow.levels()
     bars, t0 = [], 0.0
     for s_i, length in enumerate(plan.level_times):
+        in_level = {
+            cs.name: [c for c in plan.dataflow.calls if level[c.name] == s_i and c.model in cs.models]
+            for cs in plan.sets
+        }
+        longest = max((sum(plan.call_times[c.name] for c in calls) for calls in in_level.values()), default=0.0)
+        # A level's priced length can exceed its longest set's calls (sets slowing each other on
+        # shared cores, the driver's step before training): its calls are drawn stretched to it.
+        stretch = length / longest if longest > 0 else 1.0
         for cs in plan.sets:
             t = t0
-            for call in plan.dataflow.calls:
-                if level[call.name] == s_i and call.model in cs.models:
-                    d = plan.call_times[call.name]
-                    bars.append(
-                        GanttBar(call.name, call.name, "compute", (cs.devices.start, cs.devices.stop), t, t + d)
-                    )
-                    t += d
+            for call in in_level[cs.name]:
+                d = plan.call_times[call.name] * stretch
+                bars.append(GanttBar(call.name, call.name, "compute", (cs.devices.start, cs.devices.stop), t, t + d))
+                t += d
         t0 += length
     return bars
