@@ -60,9 +60,10 @@ def response_logits(model: torch.nn.Module, batch: Batch | dict, share_prompts: 
     one and the model can (`can_share_prompts`): True whenever so, False never, None (auto) only
     where it saves more work than its second model call costs (`SHARE_MIN_PARAM_TOKENS`)."""
     if share_prompts is not False and can_share_prompts(model):
-        saved = saved_prompt_tokens(batch)
+        groups = prompt_groups(batch)
+        saved = saved_prompt_tokens(batch, groups)
         if saved > 0 and (share_prompts or saved * parameter_count(model) >= SHARE_MIN_PARAM_TOKENS):
-            return shared_prompt_logits(model, batch)
+            return shared_prompt_logits(model, batch, groups)
     responses = batch["responses"]
     r = responses.shape[1]
     # Only the last r + 1 positions go through the LM head where the model can (transformers'
@@ -78,22 +79,22 @@ def response_logits(model: torch.nn.Module, batch: Batch | dict, share_prompts: 
     return logits[:, -r - 1 : -1]
 
 
-def shared_prompt_logits(model: torch.nn.Module, batch: Batch | dict) -> torch.Tensor:
+def shared_prompt_logits(
+    model: torch.nn.Module, batch: Batch | dict, groups: tuple[int, torch.Tensor] | None = None
+) -> torch.Tensor:
     """`response_logits` with each distinct prompt computed once. GRPO-style batches repeat
     every prompt n times, and chat prompts are most of a row (SmolLM2, 8 prompts x 4 samples:
     46 prompt and 16 response tokens a row), so a plain forward computes the same prompt
     positions n times, forward and backward. Here the distinct prompts run once and fill a KV
     cache; it is indexed out to every row and the responses run on it. Autograd goes through
     the indexing, so each prompt's gradient is the sum over its rows': the same step as the
-    plain forward, within fp32 rounding (different matmul shapes)."""
-    responses = batch["responses"]
-    r = responses.shape[1]
+    plain forward, within fp32 rounding (different matmul shapes). `groups`: `prompt_groups(batch)`
+    when already known."""
+    r = batch["responses"].shape[1]
     p = batch["input_ids"].shape[1] - r
     prompt = slice(0, p)
-    distinct, rows = torch.unique(
-        torch.cat([batch["input_ids"][:, prompt], batch["attention_mask"][:, prompt]], 1), dim=0, return_inverse=True
-    )
-    first = torch.full((len(distinct),), len(rows), dtype=torch.long, device=rows.device)
+    distinct, rows = groups if groups is not None else prompt_groups(batch)
+    first = torch.full((distinct,), len(rows), dtype=torch.long, device=rows.device)
     first = first.scatter_reduce(0, rows, torch.arange(len(rows), device=rows.device), "amin")
     keep = {"logits_to_keep": 1} if keeps_logits(model) else {}
     out = model(
@@ -126,12 +127,20 @@ tiny-10m with 8-token prompts, 2 samples each, scored 12-17% slower shared (benc
 SmolLM2-135M with 46-token prompts, 4 samples each, trains 1.7x faster shared."""
 
 
-def saved_prompt_tokens(batch: Batch | dict) -> int:
-    """Prompt positions `shared_prompt_logits` would not compute: (rows - distinct prompts) x
-    prompt columns (token ids and mask alike, e.g. n samples per prompt)."""
+def prompt_groups(batch: Batch | dict) -> tuple[int, torch.Tensor]:
+    """(distinct prompts, each row's prompt index among them): rows alike in prompt token ids
+    and mask share one, e.g. n samples per prompt."""
     p = batch["input_ids"].shape[1] - batch["responses"].shape[1]
     prompts = torch.cat([batch["input_ids"][:, :p], batch["attention_mask"][:, :p]], 1)
-    return (len(prompts) - len(torch.unique(prompts, dim=0))) * p if len(prompts) > 1 else 0
+    distinct, rows = torch.unique(prompts, dim=0, return_inverse=True)
+    return len(distinct), rows
+
+
+def saved_prompt_tokens(batch: Batch | dict, groups: tuple[int, torch.Tensor] | None = None) -> int:
+    """Prompt positions `shared_prompt_logits` would not compute: (rows - distinct prompts) x
+    prompt columns. `groups`: `prompt_groups(batch)` when already known."""
+    distinct, rows = groups if groups is not None else prompt_groups(batch)
+    return (len(rows) - distinct) * (batch["input_ids"].shape[1] - batch["responses"].shape[1])
 
 
 def parameter_count(model: torch.nn.Module) -> int:
