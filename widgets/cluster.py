@@ -60,7 +60,13 @@ class ClusterView(View):
             else []
         )
         pools = [
-            {"pool": p.name, "devices_per_node": list(p.devices_per_node), "resource": p.resource}
+            {
+                "pool": p.name,
+                "devices_per_node": list(p.devices_per_node),
+                "resource": p.resource,
+                "slice_of": p.parent,
+                "devices": list(p.devices),
+            }
             for p in self.session.pools.values()
         ]
         workers, seen = [], set()
@@ -99,7 +105,14 @@ class ClusterView(View):
     def summary(self) -> str:
         d = self.data()
         nodes = ", ".join(f"{n['node'][:8]} ({n['cpus']:g} CPU, {n['gpus']:g} GPU)" for n in d["nodes"])
-        pools = ", ".join(f"{p['pool']} {p['devices_per_node']}" for p in d["pools"]) or "none"
+        pools = (
+            ", ".join(
+                f"{p['pool']} {p['devices_per_node']}"
+                + (f" (devices {p['devices']} of {p['slice_of']})" if p["slice_of"] else "")
+                for p in d["pools"]
+            )
+            or "none"
+        )
         rows = []
         for w in d["workers"]:
             memory = "" if w["memory_mib"] is None else f"{w['memory_mib']:.0f} MiB"

@@ -168,6 +168,8 @@ class Session:
             f"pool {name!r}", "max_colocate", max_colocate, fix="use a whole number >= 1 (worker processes per device)"
         )
         old = self.pools.get(name)
+        if old is not None and old.parent is not None:
+            raise ConfigError("pool name", name, f"it names a slice of pool {old.parent!r}; pick another name")
         if old is not None:
             shape = [devices] if isinstance(devices, int) else devices
             same = sum(old.devices_per_node) == devices if isinstance(devices, int) else old.devices_per_node == shape
@@ -190,6 +192,26 @@ class Session:
         self.pools[name] = pool
         return pool
 
+    def slice(self, name: str, pool: ResourcePool | str, first: int, size: int) -> ResourcePool:
+        """A pool of devices [first, first + size) of `pool` (e.g. the reference on d0-1 while
+        the actor trains on d0-3): groups on it share those devices with the groups on `pool`
+        and on its other slices, and calls on shared devices run in the order issued. It goes
+        with its pool. Re-creating a slice with the same name and devices returns it."""
+        self._check_open()
+        parent = self._pool(pool)
+        if parent.parent is not None:
+            raise ConfigError("slice of", parent.name, f"slice pool {parent.parent!r} itself (a slice has no slices)")
+        if not isinstance(name, str) or not name or (name in self.pools and self.pools[name].parent != parent.name):
+            raise ConfigError("slice name", name, "give the slice a non-empty name that no pool of this session has")
+        piece = parent.slice(name, first, size)
+        old = self.pools.get(name)
+        if old is not None:
+            if old.devices == piece.devices:
+                return old
+            self._drop_pool(name, reason=f"its slice {name!r} was re-created over other devices")
+        self.pools[name] = piece
+        return piece
+
     def release(self, pool: str | ResourcePool) -> None:
         """Give back a pool's devices and tear down the groups on it (and any role fused with
         them), keeping every other pool and group: e.g. the pools of a plan deployed before,
@@ -201,8 +223,10 @@ class Session:
         self._drop_pool(name, reason=f"its pool {name!r} was released (session.release)")
 
     def _drop_pool(self, name: str, reason: str | None = None) -> None:
+        for piece in [p.name for p in self.pools.values() if p.parent == name]:  # its slices go with it
+            self._drop_pool(piece, reason)
         for role, group in list(self.groups.items()):
-            if group.pool.name == name:
+            if role in self.groups and group.pool.name == name:
                 self._drop_group(role, reason or f"its pool {name!r} was released")
         self.pools.pop(name).release()
 
@@ -298,14 +322,17 @@ class Session:
             check = getattr(spec[1], "check_layout", None)
             if callable(check):
                 check(mesh, role)
-        sharing = {id(g.hostset) for g in self.groups.values() if g.pool.name == pool.name}
         replaced = {id(self.groups[r].hostset) for r in specs if r in self.groups}
-        if len(sharing - replaced) + 1 > pool.max_colocate:
-            raise DispatchError(
-                f"pool {pool.name!r} already runs {len(sharing - replaced)} separate group(s), its "
-                f"max_colocate; fuse roles into one process (session.fused) or create the pool with "
-                f"a larger max_colocate"
-            )
+        for device in pool.devices:  # processes per device, with the pool's slices and parent
+            sharing = {
+                id(g.hostset) for g in self.groups.values() if g.pool.shares_devices(pool) and device in g.pool.devices
+            }
+            if len(sharing - replaced) + 1 > pool.max_colocate:
+                raise DispatchError(
+                    f"pool {pool.name!r} already runs {len(sharing - replaced)} separate group(s) on its "
+                    f"device {device}, its max_colocate; fuse roles into one process (session.fused) or "
+                    f"create the pool with a larger max_colocate"
+                )
         for role in specs:
             if role in self.groups:
                 self._drop_group(role, f"it was being re-created, and starting the new {role!r} failed")

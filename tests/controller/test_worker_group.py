@@ -15,6 +15,7 @@ import torch
 from tests.controller.workers import EchoWorker, ReferenceLike
 from workbench import Batch, DispatchError, Mesh, PlacementError, WorkerCallError, WorkerDiedError
 from workbench.controller.future import _UNSET
+from workbench.errors import ConfigError, GroupRemovedError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -72,6 +73,51 @@ def test_disjoint_pools_overlap_and_colocated_groups_take_turns(session):
 
     assert disjoint < 1.6, f"disjoint pools did not overlap: {disjoint:.2f} s"
     assert colocated >= 2.0, f"colocated groups ran concurrently: {colocated:.2f} s"
+
+
+def test_slices_share_their_pools_devices_call_by_call(session):
+    """A slice is some of a pool's devices (a per-call plan's reference on d0 while the actor
+    trains on d0-1): a call on it waits for another group's call on any of its devices, calls on
+    disjoint slices run concurrently, and the slices go with their pool."""
+    pool = session.pool("whole", 2)
+    whole = session.group("whole", EchoWorker, pool)
+    left = session.group("left", EchoWorker, session.slice("left", pool, 0, 1))
+    right = session.group("right", EchoWorker, session.slice("right", "whole", 1, 1))
+    where = {g.role: g.where().get() for g in (whole, left, right)}
+    assert {w["world"] for w in where["left"] + where["right"]} == {1}  # a world of its own
+    bundle = [g.pool.scheduling(0)["scheduling_strategy"].placement_group_bundle_index for g in (left, right)]
+    assert bundle == [0, 1] and left.pool.placement is right.pool.placement is pool.placement  # the pool's devices
+    assert len(session.pools) == 3 and session.slice("left", pool, 0, 1) is left.pool
+
+    def seconds(*calls):
+        start = time.monotonic()
+        futures = [group.sleep(s) for group, s in calls]
+        for future in futures:
+            future.get()
+        return time.monotonic() - start
+
+    assert seconds((left, 1.0), (right, 1.0)) < 1.6  # disjoint slices overlap
+    assert seconds((left, 1.0), (whole, 1.0)) >= 2.0  # the pool's call waits for device 0
+    assert seconds((whole, 1.0), (right, 1.0)) >= 2.0  # and a slice's for the pool's
+    assert 1.5 <= seconds((left, 1.0), (right, 0.2), (whole, 0.5)) < 2.3  # after both slices, not more
+
+    with pytest.raises(PlacementError, match=r"slice 'far' of pool 'whole': devices \[1, 1\+2\) are not within"):
+        session.slice("far", pool, 1, 2)
+    with pytest.raises(ConfigError, match=r"slice pool 'whole' itself"):
+        session.slice("nested", "left", 0, 1)
+    with pytest.raises(ConfigError, match=r"names a slice of pool 'whole'"):
+        session.pool("left", 1)
+    squeezed = session.pool("squeezed", 2, max_colocate=2)
+    session.group("a", EchoWorker, squeezed)
+    session.group("b", EchoWorker, session.slice("b", squeezed, 1, 1))
+    with pytest.raises(DispatchError, match=r"already runs 2 separate group\(s\) on its device 1"):
+        session.group("c", EchoWorker, session.slice("c", squeezed, 1, 1))
+    session.group("c", EchoWorker, session.slice("c0", squeezed, 0, 1))  # device 0 has room
+
+    session.release(pool)
+    assert "left" not in session.pools and "right" not in session.pools and "whole" not in session.pools
+    with pytest.raises(GroupRemovedError, match="'whole' was released"):
+        left.where()
 
 
 def test_fused_roles_share_processes_but_are_separate_groups(session):

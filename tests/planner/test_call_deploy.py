@@ -135,15 +135,58 @@ def test_a_searched_plan_deploys_and_runs(session, kit):
         assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
 
 
-def test_partially_overlapping_meshes_are_refused_before_any_pool(session):
-    plan = per_call(gen=D01)
+def test_meshes_that_share_some_devices_run_on_slices_of_one_pool(session, kit):
+    """The actor and critic on d0, the reference on d0-1 (two data-parallel ranks), the reward on
+    d1: one pool spans d0-1 and the one-device meshes are its slices; the iteration equals the
+    colocated plan's, and the reference's rank on d0 waits its turn behind the actor."""
+    plan = per_call(reward=D1)
+    plan.layouts["ref"] = (D01, Mesh(1, 1, 2))
+    handles = deploy_calls(plan, session, kit["workers"], PPO_FLOW)
+    pools = {name: pool for name, pool in session.pools.items()}
+    assert set(pools) == {"calls_d0-1", "calls_d0", "calls_d1"}
+    assert pools["calls_d0"].parent == pools["calls_d1"].parent == "calls_d0-1"
+    assert (pools["calls_d0"].devices, pools["calls_d1"].devices) == ((0,), (1,))
+    hosts = {role: group.hostset for role, group in session.groups.items()}
+    assert hosts["actor"] is hosts["critic"] and hosts["actor"].pool.name == "calls_d0"
+    assert hosts["reference"].pool.name == "calls_d0-1" and hosts["reward"].pool.name == "calls_d1"
+    since = time.time()
+    [got] = ppo_metrics(handles, kit["batches"][:1], iterations=1)
+    spans = [r for r in session.trace() if r.start >= since]
+    session.clear()
+    [expected] = ppo_metrics(deploy_calls(per_call(), session, kit["workers"], PPO_FLOW), kit["batches"][:1], 1)
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+    ref = [r for r in spans if (r.role, r.method) == ("reference", "compute_ref_log_prob")]
+    assert sorted(r.rank for r in ref) == [0, 1]
+    on_d0 = [r for r in spans if r.role in ("actor", "critic") and r.rank == 0]
+    for r in ref:  # on device 0 nothing of the actor's process runs inside the reference's call
+        if r.rank == 0:
+            assert all(o.end <= r.start + 1e-3 or o.start >= r.end - 1e-3 for o in on_d0), r
+
+
+def test_a_trained_models_copy_on_devices_it_shares_with_its_home_is_refused_before_any_pool(session):
     workers = {m: (EchoWorker, None) for m in PPO_FLOW.models}
     with pytest.raises(
-        PlannerError,
-        match=r"calls 'old_log_prob' on d0 and 'gen' on d0-1 share some devices but not all: .* no pool slices",
+        PlannerError, match=r"call 'gen' of model 'actor' on d0-1 shares devices with the model's home d0 but not all"
     ):
-        deploy_calls(plan, session, workers, PPO_FLOW)
+        deploy_calls(per_call(gen=D01), session, workers, PPO_FLOW)
     assert not session.pools
+
+
+def test_overlapping_meshes_share_one_span():
+    from workbench.planner.call_deploy import spans
+
+    d = DeviceMesh
+    assert spans([d(0, 4), d(0, 2), d(2, 2), d(4, 1), d(5, 1)]) == {
+        d(0, 4): d(0, 4),
+        d(0, 2): d(0, 4),
+        d(2, 2): d(0, 4),
+        d(4, 1): d(4, 1),
+        d(5, 1): d(5, 1),
+    }
+    assert spans([d(0, 3), d(2, 2), d(6, 1)]) == {d(0, 3): d(0, 4), d(2, 2): d(0, 4), d(6, 1): d(6, 1)}  # chained
+    assert spans([]) == {}
 
 
 def test_unknown_calls_and_missing_models_are_refused(session):

@@ -119,8 +119,9 @@ def test_mcmc_needs_a_budget(small_space):
 
 
 def test_a_runnable_search_keeps_to_plans_the_runtime_deploys():
-    """On 2 devices the 10M model's best plan mixes d0-1 with d0 and d1 (meshes that partially
-    overlap: no pool slices yet); runnable=True finds the best plan deploy_calls runs."""
+    """On 2 devices the 10M model's best plan generates on d0-1 while the actor trains on d0 (a
+    copy of a trained model on devices it shares with its home, which the runtime refuses);
+    runnable=True finds the best plan deploy_calls runs."""
     from workbench.planner.call_deploy import runtime_refusal
 
     flow, cluster = dataflow_preset("ppo"), cluster_preset("local", 2)
@@ -130,7 +131,7 @@ def test_a_runnable_search_keeps_to_plans_the_runtime_deploys():
     assert all(s.tp == s.pp == 1 for options in kept.options for _, s in options)
     best_free, free_cost = exhaustive(free)
     best_kept, kept_cost = exhaustive(kept)
-    assert "no pool slices" in runtime_refusal(free.plan(best_free), flow)
+    assert "shares devices with the model's home" in runtime_refusal(free.plan(best_free), flow)
     assert runtime_refusal(kept.plan(best_kept), flow) is None and kept_cost > free_cost
     found = search(flow, "tiny-10m", Workload.tiny(), cluster, max_steps=300, seeds=(0, 1), runnable=True, max_tp=1)
     assert runtime_refusal(found.plan, flow) is None
@@ -138,9 +139,10 @@ def test_a_runnable_search_keeps_to_plans_the_runtime_deploys():
 
 
 def test_a_runnable_search_crosses_to_a_split_the_runtime_runs():
-    """Every one-call step from "everything on both devices" toward "the actor on one device, the
-    critic on the other" overlaps meshes partly, which the runtime refuses: chains started from
-    random runnable plans (each model's calls together) still reach the split, the optimum here."""
+    """Moving one call of a trained model from "everything on both devices" toward "the actor on
+    one device, the critic on the other" puts it on devices its home shares, which the runtime
+    refuses: chains started from random runnable plans (each model's calls together) still reach
+    the split, the optimum here."""
     from tests.planner.test_calibrate import MEM_BW, PEAK, _synthetic
     from workbench.planner.calibrate import fit
     from workbench.planner.specs import model_preset

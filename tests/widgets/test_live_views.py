@@ -75,7 +75,14 @@ def test_cluster_view_lists_every_worker(run):
     actors = [w for w in data["workers"] if "actor" in w["roles"]]
     assert sorted(w["rank"] for w in actors) == [0, 1]
     assert all(w["layout"] == "pp1 tp1 dp2" and w["memory_mib"] > 0 and w["pid"] for w in actors)
-    assert {"pool": "actor_pool", "devices_per_node": [2], "resource": "CPU"} in data["pools"]
+    [pool] = [p for p in data["pools"] if p["pool"] == "actor_pool"]
+    assert pool == {
+        "pool": "actor_pool",
+        "devices_per_node": [2],
+        "resource": "CPU",
+        "slice_of": None,
+        "devices": [0, 1],
+    }
     assert data["nodes"] and "actor_pool" in ClusterView(run["session"]).summary()
 
 

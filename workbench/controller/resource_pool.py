@@ -7,6 +7,13 @@ node with a label selector, so bundle i is rank i's device and ranks are ordered
 Groups created on the same pool are colocated: they share the devices (each worker takes
 1/max_colocate of its device) and their calls run one after another in the order issued.
 Groups on disjoint pools run concurrently.
+
+A slice (`pool.slice(name, first, size)`) is a pool of some of another pool's devices: the same
+placement group, some of its bundles. Per-call plans (ReaLHF) put calls on meshes that share
+some devices but not all, e.g. the actor's training on d0-3 and the reference on d0-1: one pool
+spans them and each mesh is a slice of it. Calls are ordered per device, so a call on a slice
+waits for the last call of another group on any of its devices, and calls on disjoint slices of
+one pool run concurrently.
 """
 
 from __future__ import annotations
@@ -56,13 +63,53 @@ class ResourcePool:
     node_ids: list[str] = field(default_factory=list)
     """The node of every device, in rank order."""
     placement: PlacementGroup | None = None
-    last_call: tuple = (None, [])
-    """(host set, object refs) of the last call issued on this pool; a call by another host
-    set waits for those refs first (time-sharing in issue order)."""
+    bundles: tuple[int, ...] = ()
+    """The placement group's bundle of each rank (a slice's are some of its parent's); () for
+    0, 1, ... world_size - 1."""
+    parent: str | None = None
+    """The pool this one is a slice of."""
+    last_calls: dict[int, tuple] = field(default_factory=dict)
+    """Bundle -> (host set, object refs) of the last call issued on that device, shared with
+    the pool's slices: a call by another host set waits for those refs first (time-sharing in
+    issue order)."""
 
     @property
     def world_size(self) -> int:
         return sum(self.devices_per_node)
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        """The placement group bundles (devices) of ranks 0, 1, ..."""
+        return self.bundles or tuple(range(self.world_size))
+
+    def slice(self, name: str, first: int, size: int) -> ResourcePool:
+        """A pool of devices [first, first + size) of this one (its ranks' order), sharing its
+        placement group and its per-device call order. Create slices with `Session.slice`."""
+        if not (checks.is_whole(first, 0) and checks.is_whole(size, 1) and first + size <= self.world_size):
+            raise PlacementError(
+                f"slice {name!r} of pool {self.name!r}: devices [{first}, {first}+{size}) are not within its "
+                f"{self.world_size} device(s); give 0 <= first and first + size <= {self.world_size}, size >= 1"
+            )
+        devices, nodes = self.devices[first : first + size], self.node_ids[first : first + size]
+        counts = [nodes.count(n) for n in dict.fromkeys(nodes)]
+        return ResourcePool(
+            name,
+            counts,
+            self.resource,
+            self.max_colocate,
+            list(nodes),
+            self.placement,
+            devices,
+            self.name,
+            self.last_calls,
+        )
+
+    def shares_devices(self, other: ResourcePool) -> bool:
+        """Whether some device of this pool is one of `other`'s (a slice and its parent, two
+        overlapping slices, or the same pool)."""
+        if self.placement is None or self.placement is not other.placement:
+            return self.name == other.name
+        return not set(self.devices).isdisjoint(other.devices)
 
     @classmethod
     def plan(cls, name: str, devices: int | list[int], exclude: PlacementGroup | None = None) -> list[str]:
@@ -111,8 +158,11 @@ class ResourcePool:
         if self.placement is None:
             raise PlacementError(f"pool {self.name!r} was released; create it again before placing workers on it")
         share = 1.0 / self.max_colocate
+        bundle = self.devices[rank]
         options = {
-            "scheduling_strategy": PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=rank),
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                self.placement, placement_group_bundle_index=bundle
+            ),
             "num_cpus": share,
         }
         if self.resource == "GPU":
@@ -120,12 +170,14 @@ class ResourcePool:
         return options
 
     def release(self) -> None:
-        if self.placement is not None:
+        """Give the devices back (a slice only forgets them: its parent holds them)."""
+        if self.placement is not None and self.parent is None:
             remove_placement_group(self.placement)
-            self.placement = None
+        self.placement = None
 
     def __repr__(self) -> str:
-        return f"ResourcePool({self.name!r}, devices_per_node={self.devices_per_node}, {self.resource})"
+        within = f", slice {list(self.devices)} of {self.parent!r}" if self.parent else ""
+        return f"ResourcePool({self.name!r}, devices_per_node={self.devices_per_node}, {self.resource}{within})"
 
 
 def reserved_per_node(resource: str, exclude: PlacementGroup | None = None) -> dict[str, float]:

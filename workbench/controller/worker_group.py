@@ -436,14 +436,17 @@ class WorkerGroup:
         return value.pad_to_multiple(chunks)
 
     def _other_groups_pending(self) -> list:
-        """Another group's last call on this pool, while unfinished: this call's ranks wait for it.
-        (Calls of one host set already run in issue order, Ray's actor FIFO.)"""
-        pool = self._hostset.pool
-        last_hosts, last_refs = pool.last_call
-        if last_hosts is self._hostset or not last_refs:
-            return []
-        pending = _unfinished(last_refs)
-        pool.last_call = (last_hosts, pending)  # what finished need not be asked about again
+        """Other groups' last calls on this pool's devices, while unfinished: this call's ranks
+        wait for them. (Calls of one host set already run in issue order, Ray's actor FIFO.)"""
+        pool, pending, asked = self._hostset.pool, [], {}
+        for device in pool.devices:
+            last_hosts, last_refs = pool.last_calls.get(device, (None, []))
+            if last_hosts is self._hostset or not last_refs:
+                continue
+            if id(last_refs) not in asked:  # one call's refs stand on each of its devices
+                asked[id(last_refs)] = _unfinished(last_refs)
+                pending += asked[id(last_refs)]
+            pool.last_calls[device] = (last_hosts, asked[id(last_refs)])  # what finished need not be asked again
         return pending
 
     def _tag(self, plan: MethodPlan) -> tuple[int, dict]:
@@ -468,7 +471,8 @@ class WorkerGroup:
                 result = result[1]
             hostset.note_task(result, number)
             outputs.append(result)
-        self._hostset.pool.last_call = (self._hostset, metas or outputs)
+        last = (self._hostset, metas or outputs)
+        hostset.pool.last_calls.update(dict.fromkeys(hostset.pool.devices, last))
         return metas, outputs
 
     def _remember_path(self, plan: MethodPlan, args: tuple, kwargs: dict) -> None:

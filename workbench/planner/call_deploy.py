@@ -3,8 +3,11 @@
     handles = deploy_calls(plan, session, {"actor": (ActorRolloutRefWorker, actor_cfg), ...}, dataflow)
     ppo = PPO(Groups(**handles), PPOConfig())
 
-One pool per distinct device mesh. Each model has a home group: its train call's (mesh, layout),
-or a frozen model's first call's; every other (mesh, layout) its calls use gets a replica group.
+One pool per set of overlapping device meshes, spanning them; a mesh that is not the whole span
+is a slice of that pool (`Session.slice`: e.g. the reference on d0-1 while the actor trains on
+d0-3), and calls on shared devices run in the order issued. Each model has a home group: its
+train call's (mesh, layout), or a frozen model's first call's; every other (mesh, layout) its
+calls use gets a replica group.
 Models on the same (mesh, layout) share one process per device (`session.fused`), as
 `deploy.deploy_sets` does. What this runtime does with a call away from its model's home:
 
@@ -17,17 +20,18 @@ Models on the same (mesh, layout) share one process per device (`session.fused`)
     through a weight channel before a call that would read older ones;
   * a frozen model's call on other devices: a replica with the same weights, never pushed.
 
-Refused, on the driver before any pool is reserved: meshes that partially overlap (the
-controller has no pool slices yet), any other layout on a model's own devices (reallocation
-inside a pool is not wired), the actor's log-probs away from its training (a replica would
-need a trainer's forward), and two calls running one worker method on different placements
-(a handle routes by method). The planner stays free of Ray: this module calls the session.
+Refused, on the driver before any pool is reserved: a trained model's replica on devices it
+shares with its home (a weight push is one collective across both groups, and calls on shared
+devices run in turn), any other layout on a model's own devices (reallocation inside a pool is
+not wired), the actor's log-probs away from its training (a replica would need a trainer's
+forward), and two calls running one worker method on different placements (a handle routes by
+method). The planner stays free of Ray: this module calls the session.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -72,8 +76,7 @@ def _where(mesh: DeviceMesh, layout: Mesh) -> str:
 
 
 def check_calls(plan: ExecutionPlan, dataflow: Dataflow, workers: dict[str, Any]) -> None:
-    """The plan covers exactly the dataflow's calls, `workers` exactly its models, and the call
-    meshes are pairwise identical or disjoint."""
+    """The plan covers exactly the dataflow's calls and `workers` exactly its models."""
     names = [c.name for c in dataflow.calls]
     unknown = [c for c in plan.layouts if c not in names]
     if unknown:
@@ -90,18 +93,22 @@ def check_calls(plan: ExecutionPlan, dataflow: Dataflow, workers: dict[str, Any]
             f"deploy needs a (Worker class, config) for each model of dataflow {dataflow.name!r} {models}; "
             + (f"missing {absent}" if absent else f"not in the dataflow: {extra}")
         )
-    first_call: dict[DeviceMesh, str] = {}
-    for call, (mesh, _) in plan.layouts.items():
-        first_call.setdefault(mesh, call)
-    meshes = sorted(first_call)
-    for i, a in enumerate(meshes):
-        for b in meshes[i + 1 :]:
-            if a.overlaps(b):
-                raise PlannerError(
-                    f"calls {first_call[a]!r} on {a} and {first_call[b]!r} on {b} share some devices but not all: "
-                    f"the controller has no pool slices yet, so call meshes must be identical or disjoint; "
-                    f"put both on one mesh or on devices apart"
-                )
+
+
+def spans(meshes: Iterable[DeviceMesh]) -> dict[DeviceMesh, DeviceMesh]:
+    """Each mesh's span: the smallest mesh covering every mesh it overlaps, directly or through
+    others (one pool each; the meshes inside are its slices)."""
+    out: dict[DeviceMesh, DeviceMesh] = {}
+    group: list[DeviceMesh] = []
+    end = 0
+    for mesh in sorted(set(meshes)) + [None]:
+        if group and (mesh is None or mesh.first >= end):  # past every mesh so far: the span ends
+            out |= dict.fromkeys(group, DeviceMesh(group[0].first, end - group[0].first))
+            group = []
+        if mesh is not None:
+            group.append(mesh)
+            end = max(end, mesh.first + mesh.size)
+    return out
 
 
 def plan_groups(plan: ExecutionPlan, dataflow: Dataflow, workers: dict[str, tuple[type, Any]]) -> list[GroupSpec]:
@@ -133,6 +140,13 @@ def plan_groups(plan: ExecutionPlan, dataflow: Dataflow, workers: dict[str, tupl
                 home.layout = _generation_layout(model, call, home, layout, trained is not None)
                 home.calls.append(call.name)
             else:
+                if trained is not None and mesh.overlaps(home_mesh):
+                    raise PlannerError(
+                        f"call {call.name!r} of model {model!r} on {mesh} shares devices with the model's home "
+                        f"{home_mesh} but not all: a copy there would take its weights by a push, one collective "
+                        f"across both groups, and calls on shared devices run in turn. Put the call on {home_mesh} "
+                        f"or on devices apart from it"
+                    )
                 key = (mesh, _layout_key(layout))
                 replica = _replica(model, call, mesh, layout, workers[model], trained is not None)  # checks each call
                 replicas.setdefault(key, replica).calls.append(call.name)
@@ -225,7 +239,11 @@ def deploy_calls(
         check: Callable | None = getattr(spec.worker[1], "check_layout", None)
         if check is not None:
             check(spec.layout, spec.role)
-    pools = {mesh: session.pool(f"calls_{mesh}", mesh.size) for mesh in sorted({s.mesh for s in specs})}
+    span_of = spans(s.mesh for s in specs)
+    pools = {span: session.pool(f"calls_{span}", span.size) for span in sorted(set(span_of.values()))}
+    for mesh, span in span_of.items():
+        if mesh != span:
+            pools[mesh] = session.slice(f"calls_{mesh}", pools[span], mesh.first - span.first, mesh.size)
     fused: dict[tuple[DeviceMesh, tuple[int, int, int]], list[GroupSpec]] = {}
     for spec in specs:
         fused.setdefault((spec.mesh, _layout_key(spec.layout)), []).append(spec)

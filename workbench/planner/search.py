@@ -161,8 +161,9 @@ class PlanSpace:
 
     def random_runnable(self, rng: random.Random, tries: int = 200) -> tuple[int, ...] | None:
         """A random plan the runtime deploys, or None: each model's calls together on one random
-        option (a model's calls share their options). A uniformly random plan almost never runs
-        (its calls' meshes overlap partly), and a chain cannot walk out of a refused start."""
+        option (a model's calls share their options). A uniformly random plan seldom runs (a
+        trained model's calls land on meshes that overlap partly), and a chain cannot walk out
+        of a refused start."""
         for _ in range(tries):
             option: dict[str, int] = {}
             choice = tuple(

@@ -50,13 +50,12 @@ def check_rollout_pair(actor: Any, rollout: Any) -> None:
             rollout.mesh,
             "a rollout group takes whole weights: give it data-parallel ranks only (tp=1, pp=1)",
         )
-    shared = {id(actor.pool), id(rollout.pool)}
-    if len(shared) == 1 or actor.pool.name == rollout.pool.name:
+    if actor.pool.shares_devices(rollout.pool):
         raise ConfigError(
             "Groups.rollout: its pool",
             rollout.pool.name,
-            "the rollout must have devices of its own (calls on one pool run in turn, so the weights "
-            "could not pass); create it on another ResourcePool",
+            f"the rollout must have devices of its own, none of pool {actor.pool.name!r}'s (calls on shared "
+            "devices run in turn, so the weights could not pass); create it on another ResourcePool",
         )
     if r.temperature != a.temperature:
         raise ConfigError(
