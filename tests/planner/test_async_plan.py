@@ -15,8 +15,9 @@ from workbench.planner import (
     dataflow_preset,
 )
 from workbench.planner.async_compare import compare_async, placement_estimates
-from workbench.planner.asynchronous import steady_iteration
+from workbench.planner.asynchronous import Sharing, steady_iteration
 from workbench.planner.calibrate import Calibration
+from workbench.planner.simulator import Simulator
 
 GRPO = dataflow_preset("grpo")
 H100 = cluster_preset("h100", 8)
@@ -44,7 +45,8 @@ def test_an_async_plan_is_the_slower_side_plus_the_push_of_its_sets():
         ]
         for s in trainer_sets
     ]
-    assert plan.trainer_time == pytest.approx(d_cost(costs))
+    driver = Simulator(H100, workload(1024)).driver_step_time(plan.dataflow)  # the driver's step, as in sync plans
+    assert plan.trainer_time == pytest.approx(d_cost(costs) + driver)
     assert plan.push_time > 0
     expected = max(plan.generation_time, plan.trainer_time) + plan.push_time
     assert plan.iteration_time == pytest.approx(expected)
@@ -53,6 +55,27 @@ def test_an_async_plan_is_the_slower_side_plus_the_push_of_its_sets():
     # the rollout never switches layouts: no generation layout, no transition
     a = rollout.assignments["rollout"]
     assert a.generation is None and a.transition is None
+
+
+def test_on_shared_cores_both_sides_of_an_async_plan_slow_each_other():
+    """4 devices time-sharing 2 cores (this machine's calibrated shape): the trainer's side is
+    priced as synchronous plans price their levels, generation alone on its set, and the overlap
+    by `Sharing`; the same sets on as many cores as devices are faster."""
+    flow, wl = dataflow_preset("grpo"), Workload.tiny()
+    shared = dataclasses.replace(cluster_preset("local", 4), cores_per_node=2.0)
+    plan = automap_async(flow, "tiny-10m", wl, shared, max_staleness=1)
+    rollout = plan.set_of("rollout")
+    trainer_devices = sum(s.n_devices for s in plan.sets if s is not rollout)
+    assert plan.sharing == Sharing(2.0, trainer_devices, rollout.n_devices)
+    generation = plan.call_times["gen"] / plan.sharing.alone(rollout.n_devices)
+    assert plan.generation_time == pytest.approx(generation)
+    assert plan.iteration_time == pytest.approx(
+        steady_iteration(plan.generation_time, plan.trainer_time, plan.push_time, 1, sharing=plan.sharing)
+    )
+    assert plan.iteration_time > max(plan.generation_time, plan.trainer_time) + plan.push_time  # they slow each other
+    assert plan.with_staleness(1).iteration_time == pytest.approx(plan.iteration_time)
+    roomy = automap_async(flow, "tiny-10m", wl, dataclasses.replace(shared, cores_per_node=None), max_staleness=1)
+    assert roomy.sharing is None and roomy.iteration_time < plan.iteration_time
 
 
 def test_staleness_zero_plans_the_synchronous_split():

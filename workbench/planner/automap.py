@@ -27,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from workbench.controller.mesh import Mesh
-from workbench.planner.asynchronous import steady_iteration
+from workbench.planner.asynchronous import Sharing, steady_iteration
 from workbench.planner.dataflow import Dataflow
 from workbench.planner.errors import ModelDoesNotFitError, NoFeasiblePlanError, PlannerError
 from workbench.planner.memory import (
@@ -469,7 +469,12 @@ class AutoMapper:
         the rest by `placements` (set partitions of them; default: every one), each allocation
         scored by the asynchronous iteration model (`asynchronous.steady_iteration`): the
         rollout set's generation G, the trainer sets' d_cost T and the push W of `source`'s
-        weights, max(G, T) + W (G + T + W at max_staleness 0)."""
+        weights, max(G, T) + W (G + T + W at max_staleness 0).
+
+        Priced as the synchronous plans are: T by `level_times` (the driver's step, sets slowing
+        each other on shared cores), G as the rollout set running alone, and on one machine whose
+        devices time-share fewer cores the two sides slow each other while they overlap
+        (`asynchronous.Sharing`, the model `bench/async_rl.py` checks)."""
         t0 = time.perf_counter()
         if rollout not in self.flow.models or self.flow.trained(rollout) or not self.flow.generates(rollout):
             raise PlannerError(
@@ -484,9 +489,9 @@ class AutoMapper:
         best, n_alloc, n_place = None, 0, 0
 
         def pieces(placement, rows) -> tuple[float, float, float]:
-            gen = sum(rows[-1][0])
-            trainer = d_cost([r[0] for r in rows[:-1]])
             used = [r[1] for r in rows]
+            gen = concurrent_time([(sum(rows[-1][0]), (0, used[-1]))], shared_cores(self.cluster))
+            trainer = sum(self.level_times(rows[:-1], placement[:-1]))
             home = next(i for i, p in enumerate(placement) if source in p)
             at = dict(zip(*self._packing(used)))
             crosses = len(set(at[home][2]) | set(at[len(placement) - 1][2])) > 1
@@ -506,7 +511,8 @@ class AutoMapper:
             tables = [self._table(p, lo, hi) for p, lo in zip(placement, mins) if lo is not None]
 
             def score(rows, placement=placement) -> float:
-                return steady_iteration(*pieces(placement, rows), max_staleness)
+                sharing = self._sides_sharing([r[1] for r in rows])
+                return steady_iteration(*pieces(placement, rows), max_staleness, sharing=sharing)
 
             found, count = self._best_allocation(tables, n, score)
             n_alloc += count
@@ -529,7 +535,17 @@ class AutoMapper:
             push_time=push,
             rollout=rollout,
             source=source,
+            sharing=self._sides_sharing(best[2]),
         )
+
+    def _sides_sharing(self, used: Sequence[int]) -> Sharing | None:
+        """How an async plan's trainer sets and rollout set (the last of `used` devices) share
+        cores while both run: on one machine with fewer cores than devices, else not at all
+        (sets on other machines do not share theirs)."""
+        shared = shared_cores(self.cluster)
+        if shared is None or self.cluster.n_nodes > 1:
+            return None
+        return Sharing(shared[1], sum(used[:-1]), used[-1])
 
 
 def _pareto(layouts: list[_Layout]) -> list[_Layout]:

@@ -13,7 +13,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from workbench.controller.mesh import Mesh
-from workbench.planner.asynchronous import COST_MODEL, AsyncEstimate, estimate, steady_iteration
+from workbench.planner.asynchronous import COST_MODEL, AsyncEstimate, Sharing, estimate, steady_iteration
 from workbench.planner.dataflow import Dataflow
 from workbench.planner.deploy import deploy_sets, reserve_pools
 from workbench.planner.errors import PlannerError
@@ -140,13 +140,16 @@ class AsyncPlan(Plan):
     generation_time: float = 0.0
     """G: the rollout set's calls (generation), seconds."""
     trainer_time: float = 0.0
-    """T: the trainer's sets, their calls by dependency level (d_cost), seconds."""
+    """T: the trainer's sets, their calls by dependency level (d_cost with the driver's step,
+    `AutoMapper.level_times`), seconds."""
     push_time: float = 0.0
     """W: the weight push from `source` to the rollout after each update (Simulator.weight_push_time)."""
     rollout: str = "rollout"
     """The rollout role (Dataflow.with_rollout)."""
     source: str = "actor"
     """The trained model whose weights the rollout takes."""
+    sharing: Sharing | None = None
+    """How both sides share one machine's cores while they overlap (None: they do not)."""
 
     @property
     def synchronous_time(self) -> float:
@@ -161,12 +164,15 @@ class AsyncPlan(Plan):
             self.push_time,
             self.max_staleness,
             iterations,
+            sharing=self.sharing,
             source=COST_MODEL,
         )
 
     def with_staleness(self, max_staleness: int) -> AsyncPlan:
         """The same placement, allocation and layouts under another bound."""
-        t = steady_iteration(self.generation_time, self.trainer_time, self.push_time, max_staleness)
+        t = steady_iteration(
+            self.generation_time, self.trainer_time, self.push_time, max_staleness, sharing=self.sharing
+        )
         return dataclasses.replace(self, max_staleness=max_staleness, iteration_time=t)
 
     def describe(self) -> str:
