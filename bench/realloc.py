@@ -18,7 +18,8 @@ one `all_to_all_single` per layer over the whole group with the same bytes per p
 gloo's own collective takes for them. A second reallocation column runs with `alias=True` (pieces a
 rank keeps whole and contiguous become views of its source pieces instead of copies). The four alternate
 inside every repeat in rotating order, each behind a barrier; a figure is the median over
-repeats of the max over ranks. Ratio = reallocation / raw p2p (goal <= 1.5). Each rank's counted
+repeats of the max over ranks. Ratio = reallocation / raw p2p (goal <= 1.5; the stricter of the
+two readings of the issue's "a raw collective": collective_ratio is reallocation / all-to-all). Each rank's counted
 bytes are checked against the planner's formula (`workbench.planner.realloc_bytes`), and every
 destination weight against slicing the whole model, before timing starts.
 
@@ -204,7 +205,9 @@ def main() -> None:
             flush=True,
         )
     ratios = {k: v["ratio"] for k, v in figures.items()}
+    collective = {k: v["realloc_seconds"] / v["all_to_all_seconds"] for k, v in figures.items()}
     print(f"reallocation / raw p2p of the same bytes: max {max(ratios.values()):.2f} (goal <= 1.5)")
+    print(f"reallocation / gloo's all_to_all_single of the same bytes: max {max(collective.values()):.2f}")
     summary = {
         "bench": "realloc",
         "ratio": max(ratios.values()),
@@ -212,6 +215,8 @@ def main() -> None:
         "bytes per pair and layer, one message per pair (medians over repeats of the max over ranks)",
         "ratio_by_pair": ratios,
         "alias_ratio_by_pair": {k: v["alias_ratio"] for k, v in figures.items()},
+        "collective_ratio": max(collective.values()),
+        "collective_ratio_by_pair": collective,
         "pairs": figures,
         "settings": {
             "model": args.model,
