@@ -271,13 +271,19 @@ def plot(ours: dict, trl: dict, points: list[float], path: Path, title: str) -> 
         )
     for x in points:  # the fixed points; each evaluation lands at the first step end after one
         ax.axvline(x, color="grey", lw=0.5, alpha=0.4)
-    start = ours["curve"][0]["acc"]
+    save_chart(fig, ax, ours["curve"][0]["acc"], path, title)
+
+
+def save_chart(fig, ax, start: float, path: Path, title: str, legend_size: int = 8) -> None:
+    """The goal line (start + GOAL_POINTS), axes, title and legend; then write the PNG."""
+    import matplotlib.pyplot as plt
+
     ax.axhline(100 * start + GOAL_POINTS, color="grey", ls="--", lw=1, label=f"start + {GOAL_POINTS:g} points")
     ax.set_xlabel("training wall-clock seconds (evaluations excluded)")
     ax.set_ylabel("held-out greedy exact match (%)")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=legend_size)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -370,6 +376,12 @@ def main() -> None:
     )
     parser.add_argument("--sweep-minutes", type=float, default=8.0, help="training minutes per sweep run")
     parser.add_argument("--sweep-every", type=float, default=4.0)
+    parser.add_argument(
+        "--sides",
+        choices=("both", "workbench", "trl"),
+        default="both",
+        help="run one side alone (another rate of it, for bench/real_model_horizon.py): no comparison, no chart",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "real_model")
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "real_model", help="the workbench's run folders")
     args = parser.parse_args()
@@ -401,9 +413,15 @@ def main() -> None:
         picks = sweep(session, args, data, train, held_out) if args.sweep else {}
         ours_setting = Setting.parse(picks["workbench"]) if picks else chosen(args, "workbench", args.workbench_setting)
         trl_setting = Setting.parse(picks["trl"]) if picks else chosen(args, "trl", args.trl_setting)
-        ours = run_workbench(session, args, ours_setting, data, points)
-    trl = run_trl(args, trl_setting, train, held_out, points)
+        if args.sides == "trl":
+            ours = None
+        else:
+            ours = run_workbench(session, args, ours_setting, data, points)
+    trl = run_trl(args, trl_setting, train, held_out, points) if args.sides != "workbench" else None
     load1 = os.getloadavg()
+    if ours is None or trl is None:
+        one_side(args, "trl" if ours is None else "workbench", trl or ours, points, load0, load1)
+        return
 
     same_prompt = trl["first_prompt_ids"] == ours["first_prompt_ids"]
     if not same_prompt:
@@ -471,6 +489,33 @@ def main() -> None:
         "loadavg_end": [round(x, 2) for x in load1],
     }
     (args.out / "result.json").write_text(json.dumps({**line, "sides": result}, indent=1))
+    print(json.dumps(line))
+
+
+def one_side(args, name: str, side: dict, points: list[float], load0, load1) -> None:
+    """`--sides workbench|trl`: that side's curve and step figures, for real_model_horizon.py."""
+    result = summary(side, side["curve"][-1]["acc"])
+    for p in side["curve"]:
+        print(f"{name} {p['seconds']:>7.1f} s  acc {p['acc']:.3f}")
+    settings = {
+        name: {"setting": side["setting"]},
+        **{k: getattr(args, k) for k in ("threads", "tokens", "prompts", "samples", "minutes", "every", "kl")},
+        "points_s": points,
+        "lora_rank": args.lora_rank,
+        "eval_size": args.eval_size,
+        "sides": name,
+    }
+    line = {
+        "bench": "real_model",
+        f"{name}_start_acc": result["start_acc"],
+        f"{name}_final_acc": result["final_acc"],
+        "per_step_s": {name: {"first": result["first_step_s"], "step": result["step_s"], **result["parts_s"]}},
+        "steps": {name: result["steps"]},
+        "settings": settings,
+        "loadavg_start": [round(x, 2) for x in load0],
+        "loadavg_end": [round(x, 2) for x in load1],
+    }
+    (args.out / "result.json").write_text(json.dumps({**line, "sides": {name: result}}, indent=1))
     print(json.dumps(line))
 
 
