@@ -18,6 +18,7 @@ one pool run concurrently.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import ray
@@ -90,18 +91,14 @@ class ResourcePool:
                 f"slice {name!r} of pool {self.name!r}: devices [{first}, {first}+{size}) are not within its "
                 f"{self.world_size} device(s); give 0 <= first and first + size <= {self.world_size}, size >= 1"
             )
-        devices, nodes = self.devices[first : first + size], self.node_ids[first : first + size]
-        counts = [nodes.count(n) for n in dict.fromkeys(nodes)]
-        return ResourcePool(
-            name,
-            counts,
-            self.resource,
-            self.max_colocate,
-            list(nodes),
-            self.placement,
-            devices,
-            self.name,
-            self.last_calls,
+        nodes = self.node_ids[first : first + size]
+        return dataclasses.replace(  # the same placement group and per-device call order
+            self,
+            name=name,
+            devices_per_node=[nodes.count(n) for n in dict.fromkeys(nodes)],
+            node_ids=nodes,
+            bundles=self.devices[first : first + size],
+            parent=self.name,
         )
 
     def shares_devices(self, other: ResourcePool) -> bool:
