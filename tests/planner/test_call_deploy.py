@@ -165,13 +165,42 @@ def test_meshes_that_share_some_devices_run_on_slices_of_one_pool(session, kit):
             assert all(o.end <= r.start + 1e-3 or o.start >= r.end - 1e-3 for o in on_d0), r
 
 
-def test_a_trained_models_copy_on_devices_it_shares_with_its_home_is_refused_before_any_pool(session):
-    workers = {m: (EchoWorker, None) for m in PPO_FLOW.models}
-    with pytest.raises(
-        PlannerError, match=r"call 'gen' of model 'actor' on d0-1 shares devices with the model's home d0 but not all"
-    ):
-        deploy_calls(per_call(gen=D01), session, workers, PPO_FLOW)
-    assert not session.pools
+def test_a_trained_models_copies_on_devices_its_home_shares_match_copies_apart(session, kit):
+    """The actor's generation and the critic's values on d0-1 (two ranks each) while both train
+    on d0: the copies share d0 with their home, take their weights through joint calls and take
+    turns there; the iteration equals the one with the same copies on d1-2, apart."""
+    d12 = DeviceMesh(1, 2)
+    two = Mesh(1, 1, 2)
+    apart = per_call()
+    apart.layouts |= {"gen": (d12, two), "values": (d12, two)}
+    [expected] = ppo_metrics(deploy_calls(apart, session, kit["workers"], PPO_FLOW), kit["batches"][:1], 1)
+    session.clear()
+
+    shared = per_call()
+    shared.layouts |= {"gen": (D01, two), "values": (D01, two)}
+    since = time.time()
+    handles = deploy_calls(shared, session, kit["workers"], PPO_FLOW)
+    assert {name: p.parent for name, p in session.pools.items()} == {"calls_d0-1": None, "calls_d0": "calls_d0-1"}
+    hosts = {role: group.hostset for role, group in session.groups.items()}
+    assert hosts["rollout"] is hosts["critic_d0-1"] and hosts["rollout"].pool.name == "calls_d0-1"
+    assert hosts["actor"] is hosts["critic"] and hosts["actor"].pool.name == "calls_d0"
+    [got] = ppo_metrics(handles, kit["batches"][:1], iterations=1)
+    handles["critic"].check()  # the pushes finished without error
+
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+    spans = [r for r in session.trace() if r.start >= since]
+    received = [r for r in spans if r.method in ("replica.receive_weights", "async.receive_weights")]
+    assert {r.rank for r in received} == {0, 1} and all(r.extra["bytes_received"] > 0 for r in received)
+    # On d0 the copies' rank and the home's process take turns, except in the pushes' joint calls.
+    pushes = ("send_weights", "receive_weights", "join_weight_channel")
+    home = [r for r in spans if r.role in ("actor", "critic") and r.rank == 0 and r.method not in pushes]
+    copies = [r for r in spans if r.role in ("rollout", "critic_d0-1") and r.rank == 0 and r.method not in pushes]
+    assert home and copies
+    for c in copies:
+        if "." not in c.method:  # a call's own span, not a span recorded inside it
+            assert all(h.end <= c.start + 1e-3 or h.start >= c.end - 1e-3 for h in home if "." not in h.method), c
 
 
 def test_overlapping_meshes_share_one_span():

@@ -20,7 +20,7 @@ class FakeGroup:
     def __init__(self, role, log):
         self.role, self.log, self.world_size, self.config = role, log, 1, f"{role} config"
         self.hostset = object()
-        self.pool = SimpleNamespace(node_ids=["node"])
+        self.pool = SimpleNamespace(node_ids=["node"], shares_devices=lambda other: False)
 
     def __getattr__(self, method):
         if method.startswith("_"):

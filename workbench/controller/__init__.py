@@ -19,7 +19,7 @@ from workbench.controller.protocols import (
 from workbench.controller.register import register
 from workbench.controller.resource_pool import ResourcePool
 from workbench.controller.worker import Worker
-from workbench.controller.worker_group import WorkerGroup
+from workbench.controller.worker_group import WorkerGroup, joint_calls
 
 
 def __getattr__(name: str):

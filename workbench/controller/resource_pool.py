@@ -72,7 +72,8 @@ class ResourcePool:
     last_calls: dict[int, tuple] = field(default_factory=dict)
     """Bundle -> (host set, object refs) of the last call issued on that device, shared with
     the pool's slices: a call by another host set waits for those refs first (time-sharing in
-    issue order)."""
+    issue order). The host set is None after joint calls of several (`joint_calls`): every
+    group waits for them."""
 
     @property
     def world_size(self) -> int:

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -31,6 +33,43 @@ from workbench.errors import DispatchError, GroupRemovedError, WorkerCallError, 
 from workbench.tracing import CallRecord, current_tags, new_call_number
 
 MAX_CALL_TAGS = 100_000  # tags kept per host set for spans not drained yet
+
+_JOINT: ContextVar[list[tuple[ResourcePool, tuple]] | None] = ContextVar("joint_calls", default=None)
+"""The calls issued so far inside a `joint_calls` block, (pool, (host set, refs)) each; None
+outside one. A context variable: a thread of the driver's own is never inside another's block."""
+
+
+@contextmanager
+def joint_calls() -> Iterator[None]:
+    """Calls issued inside run at once, even where their groups share devices: none waits for
+    another one of the block, each still waits for what was issued on its devices before it.
+    For calls that meet in one collective across groups (a weight channel's join and push between
+    a trained group and a copy on some of its devices): under the per-device turns, the one issued
+    second would wait for the first, which waits for it. After the block, a call on any of their
+    devices waits for all of them."""
+    if _JOINT.get() is not None:  # nested: the outer block decides
+        yield
+        return
+    token = _JOINT.set([])
+    try:
+        yield
+    finally:
+        issued = _JOINT.get() or []
+        _JOINT.reset(token)
+        _take_turns_after(issued)
+
+
+def _take_turns_after(issued: list[tuple[ResourcePool, tuple]]) -> None:
+    """Each device's last call becomes the joint calls issued on it (their host set where it is
+    one, else None: every group waits for them)."""
+    merged: dict[tuple[int, int], tuple[dict, set, list]] = {}
+    for pool, (hostset, refs) in issued:
+        for device in pool.devices:
+            _, hosts, all_refs = merged.setdefault((id(pool.last_calls), device), (pool.last_calls, set(), []))
+            hosts.add(hostset)
+            all_refs += refs
+    for (_, device), (last_calls, hosts, refs) in merged.items():
+        last_calls[device] = (next(iter(hosts)) if len(hosts) == 1 else None, refs)
 
 
 class HostSet:
@@ -472,7 +511,11 @@ class WorkerGroup:
             hostset.note_task(result, number)
             outputs.append(result)
         last = (self._hostset, metas or outputs)
-        hostset.pool.last_calls.update(dict.fromkeys(hostset.pool.devices, last))
+        joint = _JOINT.get()
+        if joint is not None:  # the block's calls take their turn together, when it ends
+            joint.append((hostset.pool, last))
+        else:
+            hostset.pool.last_calls.update(dict.fromkeys(hostset.pool.devices, last))
         return metas, outputs
 
     def _remember_path(self, plan: MethodPlan, args: tuple, kwargs: dict) -> None:
@@ -561,4 +604,4 @@ def _unfinished(refs: list) -> list:
     return pending
 
 
-__all__ = ["WorkerGroup", "HostSet", "Protocol", "WorkerCallError"]
+__all__ = ["WorkerGroup", "HostSet", "Protocol", "WorkerCallError", "joint_calls"]

@@ -3,7 +3,10 @@ rank of a rollout group on other devices, to move weights between pools (asynchr
 
 Each group already has its own torch.distributed world; a channel is a second, separate process
 group (gloo here, NCCL on GPUs) built from a store, so two worlds can talk without merging them.
-The sender is channel rank 0; rollout rank r is channel rank 1 + r. Tensors travel one at a
+Where two members share a device (a copy of the model on devices its home holds) the channel
+runs over gloo whatever the device: NCCL does not put two ranks of one communicator on one GPU,
+and gloo moves CUDA tensors through host memory. The sender is channel rank 0; rollout rank r is
+channel rank 1 + r. Tensors travel one at a
 time, each a broadcast from rank 0 preceded by a small header (name, shape, dtype), so a
 receiver needs no manifest and never holds more than one incoming tensor beside its model.
 """
@@ -40,29 +43,36 @@ class ChannelAddress:
     """The FileStore's path, or the TCPStore's host."""
     size: int
     port: int = 0
+    backend: str | None = None
+    """ "gloo" on every device (members share one), or None: NCCL on CUDA, gloo otherwise."""
 
 
-def open_address(size: int, local: bool, host: str = "127.0.0.1") -> ChannelAddress:
-    """A fresh rendezvous for `size` members, made on the member that will be rank 0."""
+def open_address(size: int, local: bool, host: str = "127.0.0.1", backend: str | None = None) -> ChannelAddress:
+    """A fresh rendezvous for `size` members, made on the member that will be rank 0
+    (backend="gloo" where members share a device)."""
+    if backend not in (None, "gloo"):
+        raise ValueError(f"weight channel backend {backend!r}: use None (by device) or 'gloo'")
     if local:
-        return ChannelAddress("file", os.path.join(tempfile.mkdtemp(prefix="workbench-channel-"), "store"), size)
+        where = os.path.join(tempfile.mkdtemp(prefix="workbench-channel-"), "store")
+        return ChannelAddress("file", where, size, backend=backend)
     with socket.socket() as s:
         s.bind((host, 0))
         port = s.getsockname()[1]
-    return ChannelAddress("tcp", host, size, port)
+    return ChannelAddress("tcp", host, size, port, backend)
 
 
 def open_group(address: ChannelAddress, rank: int, device: torch.device | str, timeout=DEFAULT_TIMEOUT):
     """(process group, its store): a group of its own for the `address.size` members, beside
-    whatever world each member's pool has (NCCL on CUDA, gloo otherwise). Every member calls it
-    with its own rank; the weight channel and `workbench.hybrid.reallocate` build theirs so."""
+    whatever world each member's pool has (NCCL on CUDA unless the address says gloo, gloo
+    otherwise). Every member calls it with its own rank; the weight channel and
+    `workbench.hybrid.reallocate` build theirs so."""
     if address.kind == "file":
         store: dist.Store = dist.FileStore(address.where, address.size)
     else:
         store = dist.TCPStore(
             address.where, address.port, address.size, is_master=rank == 0, timeout=timeout, wait_for_workers=True
         )
-    if torch.device(device).type == "cuda":
+    if torch.device(device).type == "cuda" and address.backend is None:
         return dist.ProcessGroupNCCL(store, rank, address.size), store  # type: ignore[attr-defined]
     return dist.ProcessGroupGloo(store, rank, address.size, timeout), store
 

@@ -13,19 +13,21 @@ Models on the same (mesh, layout) share one process per device (`session.fused`)
 
   * the actor's generation on its own devices in another layout: the 3D-HybridEngine's
     generation layout (the home group's `Mesh.with_generation`);
-  * the actor's generation on other devices: a generate-only rollout group (`Groups.rollout`),
-    which the algorithm brings up to date after each update (RolloutLink);
+  * the actor's generation on other devices (apart from its home's, or some of them): a
+    generate-only rollout group (`Groups.rollout`), which the algorithm brings up to date after
+    each update (RolloutLink);
   * another call of a trained model on other devices (the critic's values): a replica that a
     CallRouter (workbench.planner.routing) sends the call to, its weights pushed from the home
     through a weight channel before a call that would read older ones;
   * a frozen model's call on other devices: a replica with the same weights, never pushed.
+A copy on devices its home shares (generation on d0-1 while the actor trains on d0) takes its
+turns there like any other group; the push's two calls run as joint calls, over gloo.
 
-Refused, on the driver before any pool is reserved: a trained model's replica on devices it
-shares with its home (a weight push is one collective across both groups, and calls on shared
-devices run in turn), any other layout on a model's own devices (reallocation inside a pool is
-not wired), the actor's log-probs away from its training (a replica would need a trainer's
-forward), and two calls running one worker method on different placements (a handle routes by
-method). The planner stays free of Ray: this module calls the session.
+Refused, on the driver before any pool is reserved: any other layout on a model's own devices
+(reallocation inside a pool is not wired), the actor's log-probs away from its training (a
+replica would need a trainer's forward), and two calls running one worker method on different
+placements (a handle routes by method). The planner stays free of Ray: this module calls the
+session.
 """
 
 from __future__ import annotations
@@ -140,13 +142,6 @@ def plan_groups(plan: ExecutionPlan, dataflow: Dataflow, workers: dict[str, tupl
                 home.layout = _generation_layout(model, call, home, layout, trained is not None)
                 home.calls.append(call.name)
             else:
-                if trained is not None and mesh.overlaps(home_mesh):
-                    raise PlannerError(
-                        f"call {call.name!r} of model {model!r} on {mesh} shares devices with the model's home "
-                        f"{home_mesh} but not all: a copy there would take its weights by a push, one collective "
-                        f"across both groups, and calls on shared devices run in turn. Put the call on {home_mesh} "
-                        f"or on devices apart from it"
-                    )
                 key = (mesh, _layout_key(layout))
                 replica = _replica(model, call, mesh, layout, workers[model], trained is not None)  # checks each call
                 replicas.setdefault(key, replica).calls.append(call.name)
@@ -183,7 +178,7 @@ def _generation_layout(model: str, call, home: GroupSpec, layout: Mesh, trained:
 
 
 def _replica(model: str, call, mesh: DeviceMesh, layout: Mesh, worker: tuple[type, Any], trained: bool):
-    """The group that runs `call` of `model` on devices apart from its home."""
+    """The group that runs `call` of `model` on other devices than its home's (some may be its home's)."""
     cls, config = worker
     where = f"call {call.name!r} of model {model!r} on {mesh} ({layout.short()})"
     if not trained:

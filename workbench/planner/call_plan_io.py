@@ -6,9 +6,8 @@
       update_actor: {devices: 1, pp: 1, tp: 1, dp: 1}         # first_device 0 when not given
       ...
 
-Read with the same checks `deploy_calls` makes (call meshes identical or disjoint, what runs away
-from a model's home: `call_deploy.runtime_refusal`), each refusal a PlanFormatError naming the
-field."""
+Read with the same checks `deploy_calls` makes (what runs away from a model's home:
+`call_deploy.runtime_refusal`), each refusal a PlanFormatError naming the field."""
 
 from __future__ import annotations
 

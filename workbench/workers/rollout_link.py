@@ -1,10 +1,13 @@
 """RolloutLink: the trained actor's weights, pushed to a rollout group on other devices (a
 WeightLink, which does the same for any trained group and a copy of its model elsewhere).
 
-A rollout group is an `ActorRolloutRefWorker` group with `train=False` and a rollout engine, on a
-pool of its own. The link joins the actor's rank 0 and every rollout rank in one weight channel
-(workbench.hybrid.channel); `push(version)` then sends the current weights — all of them, or the
-LoRA adapters alone — one tensor at a time, loaded in place on each rollout rank. It returns at
+A rollout group is an `ActorRolloutRefWorker` group with `train=False` and a rollout engine, on
+devices of its own or on some (or all) of the actor's: there its ranks take turns with the
+actor's device by device, and the link's calls, which meet in one collective, run as joint
+calls (`workbench.controller.joint_calls`). The link joins the actor's rank 0 and every rollout
+rank in one weight channel (workbench.hybrid.channel); `push(version)` then sends the current
+weights — all of them, or the LoRA adapters alone — one tensor at a time, loaded in place on
+each rollout rank. It returns at
 once: the actor's ranks send after the calls queued before (an update), the rollout's ranks take
 the weights after theirs (a generation in flight), and the generations asked for afterwards use
 them. Both sides record spans (`async.send_weights`, `async.receive_weights`) with their bytes.
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from workbench.controller import joint_calls
 from workbench.controller.future import DataFuture
 from workbench.errors import ConfigError
 
@@ -50,13 +54,6 @@ def check_rollout_pair(actor: Any, rollout: Any) -> None:
             rollout.mesh,
             "a rollout group takes whole weights: give it data-parallel ranks only (tp=1, pp=1)",
         )
-    if actor.pool.shares_devices(rollout.pool):
-        raise ConfigError(
-            "Groups.rollout: its pool",
-            rollout.pool.name,
-            f"the rollout must have devices of its own, none of pool {actor.pool.name!r}'s (calls on shared "
-            "devices run in turn, so the weights could not pass); create it on another ResourcePool",
-        )
     if r.temperature != a.temperature:
         raise ConfigError(
             "Groups.rollout: ActorConfig.temperature",
@@ -66,17 +63,19 @@ def check_rollout_pair(actor: Any, rollout: Any) -> None:
 
 
 class WeightLink:
-    """A weight channel from a trained group's rank 0 to every rank of a copy of its model on
-    other devices (a rollout group, a critic's replica): both workers offer the weight-channel
-    methods (workbench.workers.weight_member)."""
+    """A weight channel from a trained group's rank 0 to every rank of a copy of its model in
+    another group (a rollout group, a critic's replica), on other devices or some of the same:
+    both workers offer the weight-channel methods (workbench.workers.weight_member)."""
 
     def __init__(self, trained: Any, copy: Any):
         self.trained, self.copy = trained, copy
         self.hostsets = (trained.hostset, copy.hostset)
         nodes = set(trained.pool.node_ids) | set(copy.pool.node_ids)
-        address = trained.open_weight_channel(1 + copy.world_size, len(nodes) <= 1).get()
-        joined = [trained.join_weight_channel(address, 0), copy.join_weight_channel(address, 1)]
-        for future in joined:  # the channel's rendezvous needs both groups at once
+        shared = trained.pool.shares_devices(copy.pool)
+        address = trained.open_weight_channel(1 + copy.world_size, len(nodes) <= 1, shared).get()
+        with joint_calls():  # the channel's rendezvous needs both groups at once
+            joined = [trained.join_weight_channel(address, 0), copy.join_weight_channel(address, 1)]
+        for future in joined:
             future.get()
         self.pushes: list[list[DataFuture]] = []
 
@@ -88,7 +87,8 @@ class WeightLink:
         """Send the trained group's current weights as `version`; returns [send, receive] at once.
         A push's failure surfaces at the next push (or `check()`), before more is sent."""
         self.check()
-        futures = [self.trained.send_weights(version), self.copy.receive_weights(version)]
+        with joint_calls():  # one collective: on shared devices neither may wait for the other
+            futures = [self.trained.send_weights(version), self.copy.receive_weights(version)]
         self.pushes.append(futures)
         return futures
 

@@ -29,9 +29,11 @@ class WeightChannelMember:
     channel: WeightChannel | None = None
 
     @register(ONE_TO_ALL, execute="rank_zero")
-    def open_weight_channel(self, size: int, local: bool) -> ChannelAddress:
-        """A rendezvous for a weight channel of `size` members, this rank its sender (rank 0)."""
-        return open_address(size, local, host="127.0.0.1" if local else ray.util.get_node_ip_address())
+    def open_weight_channel(self, size: int, local: bool, shared_device: bool = False) -> ChannelAddress:
+        """A rendezvous for a weight channel of `size` members, this rank its sender (rank 0);
+        over gloo where members share a device (workbench.hybrid.channel)."""
+        host = "127.0.0.1" if local else ray.util.get_node_ip_address()
+        return open_address(size, local, host=host, backend="gloo" if shared_device else None)
 
     @register(ONE_TO_ALL)
     def join_weight_channel(self, address: ChannelAddress, first_rank: int) -> bool:
