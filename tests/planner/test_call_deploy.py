@@ -203,6 +203,30 @@ def test_a_trained_models_copies_on_devices_its_home_shares_match_copies_apart(s
             assert all(h.end <= c.start + 1e-3 or h.start >= c.end - 1e-3 for h in home if "." not in h.method), c
 
 
+def test_values_beside_a_tensor_parallel_critic_equal_its_own(session, kit):
+    """The critic trains p1t2d1 on d0-1 and its values run p1t1d2 on a replica beside it: PPO
+    runs, and after the update the replica's values (weights pushed on the same devices) equal
+    the home's own tensor-parallel forward."""
+    import dataclasses
+
+    plan = ExecutionPlan({c.name: (D01, Mesh(1, 1, 2)) for c in PPO_FLOW.calls})
+    plan.layouts["update_critic"] = (D01, Mesh(1, 2, 1))
+    workers = dict(kit["workers"])
+    cls, config = workers["critic"]
+    workers["critic"] = (cls, dataclasses.replace(config, backend="3d"))
+    handles = deploy_calls(plan, session, workers, PPO_FLOW)
+    critic = handles["critic"]
+    replica = critic.routes["compute_values"]
+    assert replica.role == "critic_d0-1_p1t1d2" and replica.pool.name == critic.home.pool.name == "calls_d0-1"
+    [metrics] = ppo_metrics(handles, kit["batches"][:1], iterations=1)
+    assert all(math.isfinite(v) for v in metrics.values())
+    gen = handles["actor"].generate_sequences(kit["batches"][1], SamplingConfig(max_new_tokens=6, seed=0))
+    pushed = critic.compute_values(gen).get()["values"]  # the update's weights pushed first
+    own = critic.home.compute_values(gen).get()["values"]
+    assert critic.held == {"critic_d0-1_p1t1d2": 1} and critic.version == 1
+    assert pushed.abs().sum() > 0 and torch.allclose(pushed, own, rtol=1e-5, atol=1e-6)
+
+
 def test_overlapping_meshes_share_one_span():
     from workbench.planner.call_deploy import spans
 
@@ -236,15 +260,33 @@ def test_what_this_runtime_cannot_run_is_refused_with_the_call(kit):
         plan_groups(per_call(old_log_prob=D1), PPO_FLOW, workers)
     with pytest.raises(PlannerError, match=r"'old_log_prob' of model 'actor' .* compute_log_prob"):
         plan_groups(per_call(gen=D1, old_log_prob=D1), PPO_FLOW, workers)  # beside the rollout group too
-    other_layout = per_call()
-    for call in other_layout.layouts:
-        other_layout.layouts[call] = (D01, Mesh(1, 1, 2) if call == "values" else Mesh(1, 2, 1))
-    with pytest.raises(PlannerError, match=r"'values' of model 'critic' runs on its home devices d0-1 in layout"):
-        plan_groups(other_layout, PPO_FLOW, workers)
+    tp_values = ExecutionPlan({c.name: (D01, Mesh(1, 1, 2)) for c in PPO_FLOW.calls})
+    tp_values.layouts["values"] = (DeviceMesh(2, 2), Mesh(1, 2, 1))
+    with pytest.raises(PlannerError, match=r"'values' of model 'critic' on d2-3 .* data parallelism only"):
+        plan_groups(tp_values, PPO_FLOW, workers)
     tp_rollout = ExecutionPlan({c.name: (D01, Mesh(1, 1, 2)) for c in PPO_FLOW.calls})
     tp_rollout.layouts["gen"] = (DeviceMesh(2, 2), Mesh(1, 2, 1))
     with pytest.raises(PlannerError, match=r"'gen' of model 'actor' on d2-3 .* data parallelism only"):
         plan_groups(tp_rollout, PPO_FLOW, workers)
+
+
+def test_a_call_in_another_layout_on_its_models_devices_runs_on_a_replica_beside_the_home(kit):
+    """The critic trains tensor-parallel (p1t2d1) on d0-1 and computes values data-parallel
+    (p1t1d2) there: a replica beside the home, on the same devices, holding the pushed weights as
+    FSDP shards."""
+    import dataclasses
+
+    plan = ExecutionPlan({c.name: (D01, Mesh(1, 1, 2)) for c in PPO_FLOW.calls})
+    plan.layouts["update_critic"] = (D01, Mesh(1, 2, 1))
+    workers = dict(kit["workers"])
+    cls, config = workers["critic"]
+    workers["critic"] = (cls, dataclasses.replace(config, backend="3d"))
+    specs = {s.role: s for s in plan_groups(plan, PPO_FLOW, workers)}
+    assert set(specs) == {"actor", "reference", "critic", "reward", "critic_d0-1_p1t1d2"}
+    replica = specs["critic_d0-1_p1t1d2"]
+    assert (replica.mesh, replica.layout.short(), replica.calls, replica.home) == (D01, "p1t1d2", ["values"], "critic")
+    assert (replica.worker[1].backend, specs["critic"].worker[1].backend) == ("fsdp", "3d")
+    assert specs["critic"].calls == ["update_critic"] and specs["critic"].layout.short() == "p1t2d1"
 
 
 def test_the_actors_generation_in_another_layout_on_its_devices_is_the_hybrid_engines(kit):

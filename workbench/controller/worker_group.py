@@ -61,15 +61,19 @@ def joint_calls() -> Iterator[None]:
 
 def _take_turns_after(issued: list[tuple[ResourcePool, tuple]]) -> None:
     """Each device's last call becomes the joint calls issued on it (their host set where it is
-    one, else None: every group waits for them)."""
-    merged: dict[tuple[int, int], tuple[dict, set, list]] = {}
-    for pool, (hostset, refs) in issued:
+    one, else None: every group waits for them). Devices with the same calls share one list of
+    refs, as one call's devices do (a later call asks each list once)."""
+    on_device: dict[tuple[int, int], tuple[dict, list[int]]] = {}
+    for k, (pool, _) in enumerate(issued):
         for device in pool.devices:
-            _, hosts, all_refs = merged.setdefault((id(pool.last_calls), device), (pool.last_calls, set(), []))
-            hosts.add(hostset)
-            all_refs += refs
-    for (_, device), (last_calls, hosts, refs) in merged.items():
-        last_calls[device] = (next(iter(hosts)) if len(hosts) == 1 else None, refs)
+            on_device.setdefault((id(pool.last_calls), device), (pool.last_calls, []))[1].append(k)
+    shared: dict[tuple[int, ...], tuple] = {}
+    for (_, device), (last_calls, calls) in on_device.items():
+        if tuple(calls) not in shared:
+            hosts = {issued[k][1][0] for k in calls}
+            refs = [ref for k in calls for ref in issued[k][1][1]]
+            shared[tuple(calls)] = (next(iter(hosts)) if len(hosts) == 1 else None, refs)
+        last_calls[device] = shared[tuple(calls)]
 
 
 class HostSet:
@@ -486,7 +490,7 @@ class WorkerGroup:
                 asked[id(last_refs)] = _unfinished(last_refs)
                 pending += asked[id(last_refs)]
             pool.last_calls[device] = (last_hosts, asked[id(last_refs)])  # what finished need not be asked again
-        return pending
+        return list(dict.fromkeys(pending))  # joint calls may stand on several devices in several lists
 
     def _tag(self, plan: MethodPlan) -> tuple[int, dict]:
         """The call's number and its trace tags (kept until its spans are drained)."""

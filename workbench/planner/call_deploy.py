@@ -16,18 +16,21 @@ Models on the same (mesh, layout) share one process per device (`session.fused`)
   * the actor's generation on other devices (apart from its home's, or some of them): a
     generate-only rollout group (`Groups.rollout`), which the algorithm brings up to date after
     each update (RolloutLink);
-  * another call of a trained model on other devices (the critic's values): a replica that a
-    CallRouter (workbench.planner.routing) sends the call to, its weights pushed from the home
-    through a weight channel before a call that would read older ones;
-  * a frozen model's call on other devices: a replica with the same weights, never pushed.
-A copy on devices its home shares (generation on d0-1 while the actor trains on d0) takes its
-turns there like any other group; the push's two calls run as joint calls, over gloo.
+  * another call of a trained model elsewhere (the critic's values on other devices, or on its
+    own in another layout): a replica that a CallRouter (workbench.planner.routing) sends the
+    call to, its weights pushed from the home through a weight channel before a call that would
+    read older ones (held as FSDP shards, whatever backend the home trains in);
+  * a frozen model's call elsewhere: a replica with the same weights, never pushed.
+A copy on devices its home holds (generation on d0-1 while the actor trains on d0, or values in
+p1t1d2 beside a p1t2d1 home) takes its turns there like any other group; the push's two calls
+run as joint calls, over gloo. Such a copy holds its own weights beside the home's: the runtime
+does not yet reallocate a model's weights between layouts inside its own processes, except the
+hybrid engine's switch.
 
-Refused, on the driver before any pool is reserved: any other layout on a model's own devices
-(reallocation inside a pool is not wired), the actor's log-probs away from its training (a
-replica would need a trainer's forward), and two calls running one worker method on different
-placements (a handle routes by method). The planner stays free of Ray: this module calls the
-session.
+Refused, on the driver before any pool is reserved: the actor's log-probs away from its
+training (a replica would need a trainer's forward), a trained model's copy in a tensor- or
+pipeline-parallel layout, and two calls running one worker method on different placements (a
+handle routes by method). The planner stays free of Ray: this module calls the session.
 """
 
 from __future__ import annotations
@@ -138,12 +141,14 @@ def plan_groups(plan: ExecutionPlan, dataflow: Dataflow, workers: dict[str, tupl
             routed[method] = (mesh, layout, call.name)
             if (mesh, _layout_key(layout)) == (home_mesh, _layout_key(home_layout)):
                 home.calls.append(call.name)
-            elif mesh == home_mesh:
-                home.layout = _generation_layout(model, call, home, layout, trained is not None)
+            elif mesh == home_mesh and _hybrid_engine(call, home, layout, trained is not None):
+                home.layout = home.layout.with_generation(layout, "hybridflow")
                 home.calls.append(call.name)
-            else:
+            else:  # a copy in the call's layout, on other devices or on the home's own
                 key = (mesh, _layout_key(layout))
                 replica = _replica(model, call, mesh, layout, workers[model], trained is not None)  # checks each call
+                if mesh == home_mesh:  # beside the home on the same devices: named by its layout too
+                    replica.role = f"{replica.role}_{layout.short()}" if replica.role != ROLLOUT else ROLLOUT
                 replicas.setdefault(key, replica).calls.append(call.name)
         if any(r.role == ROLLOUT for r in replicas.values()):  # the home no longer generates
             home.worker = (home.worker[0], _replace(home.worker[1], rollout=None))
@@ -165,20 +170,15 @@ def _worker_method(call: str, model: str) -> str:
     return step.worker_method
 
 
-def _generation_layout(model: str, call, home: GroupSpec, layout: Mesh, trained: bool) -> Mesh:
-    """The home layout generating in `layout` on the same devices (the 3D-HybridEngine)."""
-    if call.kind == "generate" and trained and is_generation_layout(home.layout, layout) and not home.layout.gen_tp:
-        return home.layout.with_generation(layout, "hybridflow")
-    raise PlannerError(
-        f"call {call.name!r} of model {model!r} runs on its home devices {home.mesh} in layout {layout.short()}, "
-        f"but the model lives there in {home.layout.short()}: on one mesh only the trained actor's generation may "
-        f"change layout (the hybrid engine: same pp and tp or divisors of them); reallocation inside a pool is "
-        f"not wired yet. Give the call {home.layout.short()}, or devices apart"
-    )
+def _hybrid_engine(call, home: GroupSpec, layout: Mesh, trained: bool) -> bool:
+    """Whether the home itself generates in `layout` on its devices (the 3D-HybridEngine: the
+    trained actor, a layout of the same pp and tp or divisors of them, none chosen yet)."""
+    return call.kind == "generate" and trained and is_generation_layout(home.layout, layout) and not home.layout.gen_tp
 
 
 def _replica(model: str, call, mesh: DeviceMesh, layout: Mesh, worker: tuple[type, Any], trained: bool):
-    """The group that runs `call` of `model` on other devices than its home's (some may be its home's)."""
+    """The group that runs `call` of `model` away from its home: on other devices (some may be
+    the home's), or on the home's own in another layout."""
     cls, config = worker
     where = f"call {call.name!r} of model {model!r} on {mesh} ({layout.short()})"
     if not trained:
@@ -188,8 +188,8 @@ def _replica(model: str, call, mesh: DeviceMesh, layout: Mesh, worker: tuple[typ
             raise PlannerError(f"{where}: generation apart from training needs an ActorRolloutRefWorker config")
         if layout.tp > 1 or layout.pp > 1:
             raise PlannerError(
-                f"{where}: a rollout group on other devices takes whole weights; give it data parallelism "
-                f"only (p1t1d{layout.world_size})"
+                f"{where}: a rollout group apart from the hybrid engine takes whole weights; give it data "
+                f"parallelism only (p1t1d{layout.world_size})"
             )
         rollout = _replace(config, train=False, reference=False)
         return GroupSpec(ROLLOUT, model, mesh, layout, (cls, rollout), home=model)
@@ -199,11 +199,17 @@ def _replica(model: str, call, mesh: DeviceMesh, layout: Mesh, worker: tuple[typ
             f"{where}: {method} of a trained model runs where it trains (a replica holds no trainer to run it); "
             f"only {list(PUSHED_METHODS)} run on replicas so far. Put the call on {model!r}'s training mesh"
         )
-    if config is not None and (getattr(config, "backend", None) != "fsdp" or getattr(config, "lora", None) is not None):
+    if layout.tp > 1 or layout.pp > 1:
         raise PlannerError(
-            f"{where}: a replica loads pushed weights into FSDP shards; use backend='fsdp' without LoRA "
-            f"(got backend={getattr(config, 'backend', None)!r}, lora={getattr(config, 'lora', None)!r})"
+            f"{where}: a replica loads whole pushed weights into FSDP shards; give it data parallelism "
+            f"only (p1t1d{layout.world_size})"
         )
+    if config is not None and getattr(config, "lora", None) is not None:
+        raise PlannerError(f"{where}: a replica loads whole pushed weights, not LoRA adapters; use lora=None")
+    if config is not None and getattr(config, "backend", None) != "fsdp":
+        # The home trains tensor- or pipeline-parallel; the replica only computes, so it holds
+        # the pushed weights as FSDP shards whatever the home's backend.
+        worker = (cls, _replace(config, backend="fsdp"))
     return GroupSpec(f"{model}_{mesh}", model, mesh, layout, worker, home=model)
 
 
