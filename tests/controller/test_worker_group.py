@@ -108,11 +108,10 @@ def test_slices_share_their_pools_devices_call_by_call(session):
     with pytest.raises(ConfigError, match=r"names a slice of pool 'whole'"):
         session.pool("left", 1)
     squeezed = session.pool("squeezed", 2, max_colocate=2)
-    session.group("a", EchoWorker, squeezed)
     session.group("b", EchoWorker, session.slice("b", squeezed, 1, 1))
+    session.group("c", EchoWorker, session.slice("c", squeezed, 1, 1))
     with pytest.raises(DispatchError, match=r"already runs 2 separate group\(s\) on its device 1"):
-        session.group("c", EchoWorker, session.slice("c", squeezed, 1, 1))
-    session.group("c", EchoWorker, session.slice("c0", squeezed, 0, 1))  # device 0 has room
+        session.group("a", EchoWorker, squeezed)  # the pool's groups count its slices' on each device
 
     session.release(pool)
     assert "left" not in session.pools and "right" not in session.pools and "whole" not in session.pools

@@ -26,9 +26,12 @@ FLOW = dataflow_preset("ppo")
 
 @pytest.fixture(scope="module")
 def grid():
-    """{(model, devices): Plan or None when nothing fits}."""
+    """{(model, devices): Plan or None when nothing fits}. 128 devices for the smallest and the
+    largest model only: each such plan takes seconds to search, the others a fraction of one."""
     out = {}
     for model, n in itertools.product(MODELS, DEVICES):
+        if n == 128 and model not in (MODELS[0], MODELS[-1]):
+            continue
         try:
             out[model, n] = automap(FLOW, model, Workload(), cluster_preset("a100_80g", n))
         except (ModelDoesNotFitError, NoFeasiblePlanError):
@@ -38,7 +41,7 @@ def grid():
 
 def test_more_devices_never_give_a_slower_best_plan(grid):
     for model in MODELS:
-        costs = [grid[model, n] and grid[model, n].iteration_time for n in DEVICES]
+        costs = [grid[model, n] and grid[model, n].iteration_time for n in DEVICES if (model, n) in grid]
         feasible = [c for c in costs if c is not None]
         assert feasible, model
         first = costs.index(feasible[0])

@@ -42,7 +42,7 @@ def test_reward_model_ranks_unseen_correct_answers_first(sft_result, problems, t
     train, held_out = problems
     pairs = arithmetic.preference_pairs(train * 6, 2, seed=0)
     result = train_reward_model(
-        sft_result["path"], pairs, tmp_path / "rm", StageConfig(steps=600, lr=3e-4, seed=1, log_every=0)
+        sft_result["path"], pairs, tmp_path / "rm", StageConfig(steps=300, lr=1e-3, seed=1, log_every=0)
     )
     loaded = load_value_model(result["path"])
     accuracy = pairwise_accuracy(loaded.model, loaded.tokenizer, arithmetic.preference_pairs(held_out, 4, seed=5))
