@@ -93,11 +93,42 @@ def test_parameter_transfer_when_layouts_differ(tiny_workload):
     )
     r = ev.evaluate(plan)
     params = [(i, x) for i, x in enumerate(r.graph.tasks) if x.kind == "param"]
-    assert [x.name for _, x in params] == ["realloc actor->gen@0", "realloc actor->gen@1"]
+    # A data-parallel copy of the trained actor, as the runtime makes one: its weights pushed
+    # through a weight channel after each update.
+    assert [x.name for _, x in params] == ["push actor->d0-3@0", "push actor->d0-3@1"]
+    spec = ev.specs["actor"]
+    assert params[0][1].cost == pytest.approx(ev.sim.weight_push_time(spec, Mesh(1, 2, 1), Mesh(1, 1, 4), False))
     i1, p1 = params[1]
     train0 = [x.name for x in r.graph.tasks].index("train@0")
     assert p1.parents == (train0,)
     assert r.schedule.start[i1] >= r.schedule.end[train0]
+    # A tensor-parallel copy, which only ReaLHF's runtime makes: its layer-by-layer reallocation.
+    plan.layouts["gen"] = (DeviceMesh(0, 4), Mesh(1, 2, 2))
+    [tp_copy] = [x for x in ev.evaluate(plan).graph.tasks if x.kind == "param" and x.iteration == 0]
+    assert tp_copy.name == "realloc actor->gen@0"
+    assert tp_copy.cost == pytest.approx(ev.sim.realloc_time(spec, Mesh(1, 2, 1), (0, 2), Mesh(1, 2, 2), (0, 4)))
+
+
+def test_a_frozen_models_copy_moves_nothing_per_iteration(tiny_workload):
+    """A frozen model's second call elsewhere reads a copy loaded once: no per-iteration move,
+    whatever its layout; a trained model's copy is pushed every iteration."""
+    flow = Dataflow(
+        "toy",
+        (
+            Call("gen", "actor", "generate"),
+            Call("score", "rm", "inference", ("gen",)),
+            Call("rescore", "rm", "inference", ("score",)),
+            Call("train", "actor", "train", ("rescore",)),
+        ),
+        value_models=("rm",),
+    )
+    ev = PlanEvaluator(flow, flow.model_specs("tiny-10m"), tiny_workload, cluster_preset("local", 4), n_iterations=2)
+    layouts = {c.name: (DeviceMesh(0, 2), Mesh(1, 1, 2)) for c in flow.calls}
+    layouts["rescore"] = (DeviceMesh(2, 2), Mesh(1, 2, 1))
+    assert not [x for x in ev.evaluate(ExecutionPlan(layouts)).graph.tasks if x.kind == "param"]
+    layouts["gen"] = (DeviceMesh(2, 2), Mesh(1, 1, 2))
+    moved = [x.name for x in ev.evaluate(ExecutionPlan(layouts)).graph.tasks if x.kind == "param"]
+    assert moved == ["push actor->d2-3@0", "push actor->d2-3@1"]
 
 
 def test_max_mem_and_oom_penalty():

@@ -120,10 +120,10 @@ def test_mcmc_needs_a_budget(small_space):
 
 
 def test_a_runnable_search_keeps_to_plans_the_runtime_deploys():
-    """On 2 devices the 10M model's best plan generates on d0-1 while the actor trains on d0 (a
-    copy of a trained model on devices its home shares): the runtime runs it, so a runnable
-    search finds it; plans the runtime cannot run (the actor's log-probs away from its training)
-    cost infinity there."""
+    """On 2 devices the 10M model's best plan computes the actor's log-probs on its generation
+    copy, which the runtime refuses (a copy holds no trainer); the best plan deploy_calls runs
+    generates on d0-1 while the actor trains on d0 (a copy on devices its home shares), and a
+    runnable search finds it."""
     from workbench.planner.call_deploy import runtime_refusal
 
     flow, cluster = dataflow_preset("ppo"), cluster_preset("local", 2)
@@ -133,14 +133,12 @@ def test_a_runnable_search_keeps_to_plans_the_runtime_deploys():
     assert all(s.tp == s.pp == 1 for options in kept.options for _, s in options)
     best_free, free_cost = exhaustive(free)
     best_kept, kept_cost = exhaustive(kept)
-    best = free.plan(best_free)
+    assert "compute_log_prob" in runtime_refusal(free.plan(best_free), flow)
+    assert kept.cost(best_free) == math.inf and kept_cost >= free_cost
+    best = kept.plan(best_kept)
     home, gen = best.layouts["update_actor"][0], best.layouts["gen"][0]
+    assert runtime_refusal(best, flow) is None
     assert gen != home and gen.overlaps(home), best.describe()
-    assert runtime_refusal(best, flow) is None and kept_cost == pytest.approx(free_cost)
-    refused = free.plan(best_free)
-    refused.layouts["old_log_prob"] = best.layouts["gen"]
-    assert "compute_log_prob" in runtime_refusal(refused, flow)
-    assert kept.cost(kept.choice_of(refused)) == math.inf
     found = search(flow, "tiny-10m", Workload.tiny(), cluster, max_steps=300, seeds=(0, 1), runnable=True, max_tp=1)
     assert runtime_refusal(found.plan, flow) is None
     assert found.evaluation.cost == pytest.approx(kept_cost)

@@ -226,7 +226,8 @@ class PlanEvaluator:
 
     def _param_parents(self, g: TaskGraph, ids: dict, plan: ExecutionPlan, c, k: int) -> list[int]:
         """Parameter-version edges: a call reads the weights of the previous update; a
-        training call also waits for this iteration's readers of the old weights."""
+        training call also waits for this iteration's readers of the old weights. A call away
+        from its model's home first has the weights moved as the runtime moves them (see below)."""
         m = c.model
         train = self.train_call.get(m)
         after = [ids[train, k - 1]] if train and k > 0 else []
@@ -236,13 +237,26 @@ class PlanEvaluator:
         (src_mesh, src_s), (dst_mesh, dst_s) = self.home(m, plan), plan.layouts[c.name]
         if (src_mesh, src_s) == (dst_mesh, dst_s):
             return after
+        devs = (src_mesh.span,) if src_mesh == dst_mesh else (src_mesh.span, dst_mesh.span)
         if c.kind == "generate" and train and src_mesh == dst_mesh and is_generation_layout(src_s, dst_s):
             # The reallocation's special case the runtime runs here: the 3D-HybridEngine's
             # switch on the model's own devices (Table 2's bytes), as `memory` counts it.
             cost = self.sim.reshard_time(self.specs[m], src_s, dst_s)
-        else:
+        elif not train:
+            return []  # a frozen model's copy holds its own weights: nothing moves per iteration
+        elif dst_s.tp == dst_s.pp == 1:
+            # A data-parallel copy of a trained model, as the runtime makes one (a rollout group,
+            # a replica): the home pushes its weights after each update through a weight channel,
+            # once for every call that reads that copy.
+            key = ("push", m, dst_mesh, dst_s, k)
+            if key not in ids:
+                u = self.cluster.devices_per_node
+                crosses = min(src_mesh.first, dst_mesh.first) // u != (max(src_mesh.span[1], dst_mesh.span[1]) - 1) // u
+                cost = self.sim.weight_push_time(self.specs[m], src_s, dst_s, crosses)
+                ids[key] = g.add(f"push {m}->{dst_mesh}@{k}", cost, devs, after, kind="param", call=c.name, iteration=k)
+            return [ids[key]]
+        else:  # a layout only ReaLHF's runtime moves into: its layer-by-layer reallocation
             cost = self.sim.realloc_time(self.specs[m], src_s, src_mesh.span, dst_s, dst_mesh.span)
-        devs = (src_mesh.span,) if src_mesh == dst_mesh else (src_mesh.span, dst_mesh.span)
         return [g.add(f"realloc {m}->{c.name}@{k}", cost, devs, after, kind="param", call=c.name, iteration=k)]
 
     def evaluate(self, plan: ExecutionPlan) -> Evaluation:
