@@ -3,6 +3,9 @@ this machine, the colocated plan, the auto-mapper's plan and the search's plan, 
 (`placement.plan`), the planner's estimated seconds per call and per iteration beside the measured
 ones, and which plan is fastest by estimate and by measurement.
 
+The fourth plan, shared_copy, generates on a copy over both devices while the actor trains on
+one of them (a copy on devices its home shares).
+
 1. Profile this machine and fit the local cluster (`workbench.planner.profiler.calibrate`), saved
    where the runs read it (`placement.calibration`): nothing the runs measure feeds the estimates.
 2. Per round, each plan in turn (the machine is shared and noisy): a headless PPO run of the tiny
@@ -37,10 +40,24 @@ from workbench.tracing import load_records
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "runs" / "plan_runs"
 CALLS = ("gen", "old_log_prob", "ref", "values", "update_critic", "update_actor")  # the run's dataflow
+ONE_DEVICE = {"devices": 1, "first_device": 0}
 PLANS = {
     "colocated": {"name": "colocated", "calls": {c: {"devices": 2} for c in CALLS}},
     "automap": "automap",
     "search": "search",
+    # sixth_run's searched plan, before the planner priced the weight push: the actor trains on
+    # d0 and generates on a copy over d0-1, which shares d0 with it.
+    "shared_copy": {
+        "name": "shared_copy",
+        "calls": {
+            "gen": {"devices": 2, "dp": 2},
+            "old_log_prob": ONE_DEVICE,
+            "ref": {"devices": 2, "dp": 2},
+            "values": {"devices": 1, "first_device": 1},
+            "update_critic": {"devices": 1, "first_device": 1},
+            "update_actor": ONE_DEVICE,
+        },
+    },
 }
 
 

@@ -3,6 +3,7 @@ import random
 
 import pytest
 
+from workbench.controller.mesh import Mesh
 from workbench.planner import (
     Dataflow,
     ModelSpec,
@@ -16,7 +17,7 @@ from workbench.planner import (
     search,
 )
 from workbench.planner.automap import automap
-from workbench.planner.execution import DeviceMesh
+from workbench.planner.execution import DeviceMesh, ExecutionPlan
 from workbench.planner.search import _level_splits, automap_start, polish
 
 
@@ -120,10 +121,10 @@ def test_mcmc_needs_a_budget(small_space):
 
 
 def test_a_runnable_search_keeps_to_plans_the_runtime_deploys():
-    """On 2 devices the 10M model's best plan computes the actor's log-probs on its generation
-    copy, which the runtime refuses (a copy holds no trainer); the best plan deploy_calls runs
-    generates on d0-1 while the actor trains on d0 (a copy on devices its home shares), and a
-    runnable search finds it."""
+    """runnable=True prices what deploy_calls refuses at infinity (the actor's log-probs on its
+    generation copy: a copy holds no trainer) and what it runs as the free space does (a copy on
+    devices its home shares: generation on d0-1 while the actor trains on d0); on 2 devices both
+    spaces' optimum is the colocated plan, and a runnable search finds it."""
     from workbench.planner.call_deploy import runtime_refusal
 
     flow, cluster = dataflow_preset("ppo"), cluster_preset("local", 2)
@@ -131,14 +132,18 @@ def test_a_runnable_search_keeps_to_plans_the_runtime_deploys():
     free = PlanSpace(flow, specs, Workload.tiny(), cluster, max_tp=1, max_pp=1)
     kept = PlanSpace(flow, specs, Workload.tiny(), cluster, max_tp=1, max_pp=1, runnable=True)
     assert all(s.tp == s.pp == 1 for options in kept.options for _, s in options)
+    d0, both = DeviceMesh(0, 1), DeviceMesh(0, 2)
+    shared = ExecutionPlan({c.name: (d0, Mesh(1, 1, 1)) for c in flow.calls})
+    shared.layouts["gen"] = (both, Mesh(1, 1, 2))
+    assert runtime_refusal(shared, flow) is None
+    assert kept.cost(kept.choice_of(shared)) == free.cost(free.choice_of(shared)) < math.inf
+    shared.layouts["old_log_prob"] = shared.layouts["gen"]
+    assert "compute_log_prob" in runtime_refusal(shared, flow)
+    assert kept.cost(kept.choice_of(shared)) == math.inf
     best_free, free_cost = exhaustive(free)
     best_kept, kept_cost = exhaustive(kept)
-    assert "compute_log_prob" in runtime_refusal(free.plan(best_free), flow)
-    assert kept.cost(best_free) == math.inf and kept_cost >= free_cost
-    best = kept.plan(best_kept)
-    home, gen = best.layouts["update_actor"][0], best.layouts["gen"][0]
-    assert runtime_refusal(best, flow) is None
-    assert gen != home and gen.overlaps(home), best.describe()
+    assert kept_cost == pytest.approx(free_cost)
+    assert {mesh for mesh, _ in kept.plan(best_kept).layouts.values()} == {both}
     found = search(flow, "tiny-10m", Workload.tiny(), cluster, max_steps=300, seeds=(0, 1), runnable=True, max_tp=1)
     assert runtime_refusal(found.plan, flow) is None
     assert found.evaluation.cost == pytest.approx(kept_cost)

@@ -151,6 +151,7 @@ def test_the_weight_push_broadcasts_what_the_rollout_holds_tensor_by_tensor():
         memory_bandwidth=1e10,
         bandwidth_efficiency=1.0,
         dtype_bytes=4,
+        broadcast_tree=False,  # NCCL's pipelined broadcast (gloo's tree: below)
     )
     opt, full = Simulator(cluster, OPT), Simulator(cluster, FULL)
     one, spec = Mesh(1, 1, 1), SPEC  # 6 layers: 9 tensors each + embedding, final norm, head
@@ -173,6 +174,12 @@ def test_the_weight_push_broadcasts_what_the_rollout_holds_tensor_by_tensor():
     adapters = lora.adapter_params * 4
     expected = adapters / 1e9 + 84 * 1e-3 + 2 * adapters / 1e10
     assert opt.weight_push_time(lora, one, one, False) == pytest.approx(expected)
+    # gloo's binomial tree: 2 or 3 receivers take two sends in turn, 4 to 7 three
+    tree = Simulator(dataclasses.replace(cluster, broadcast_tree=True), OPT)
+    assert tree.weight_push_time(spec, one, one, False) == pytest.approx(sent + loaded)
+    for receivers, levels in ((2, 2), (3, 2), (4, 3), (7, 3)):
+        pushed = tree.weight_push_time(spec, one, Mesh(1, 1, receivers), False)
+        assert pushed == pytest.approx(levels * sent + loaded), receivers
 
 
 def test_the_pipeline_bubble_is_the_gpipe_schedules_the_runtime_runs(monkeypatch):

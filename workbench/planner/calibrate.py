@@ -173,6 +173,7 @@ class Calibration:
             cores_per_node=self.cores,
             dtype_bytes=CPU_DTYPE_BYTES,
             decode_overlap=False,
+            broadcast_tree=True,
             calibrated=True,
             note=f"calibrated on this machine ({self.machine.get('cpu_count', '?')} cores, "
             f"load {self.machine.get('loadavg', '?')})",
@@ -432,4 +433,5 @@ def _placeholder(peak_flops: float, memory_bandwidth: float) -> ClusterSpec:
         collective_latency=0.0,
         dtype_bytes=CPU_DTYPE_BYTES,
         decode_overlap=False,
+        broadcast_tree=True,
     )

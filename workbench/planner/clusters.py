@@ -113,6 +113,7 @@ def _local(n_nodes: int, devices_per_node: int = 4, calibration=None) -> Cluster
         collective_latency=200e-6,
         dtype_bytes=4,
         decode_overlap=False,
+        broadcast_tree=True,
         calibrated=False,
         note="UNCALIBRATED placeholder for this CPU machine; run calibration before trusting",
     )

@@ -172,6 +172,7 @@ class PlanEvaluator:
     def build_graph(self, plan: ExecutionPlan, kv_budget: dict[str, float]) -> TaskGraph:
         g, ids, u = TaskGraph(), {}, self.cluster.devices_per_node
         gathered = self.flow.driver_inputs()
+        last_on: dict[int, int] = {}  # device -> the last call issued on it
         for k in range(self.n_iterations):
             driver = None
             for c in self.flow.calls:
@@ -221,7 +222,11 @@ class PlanEvaluator:
                             iteration=k,
                         )
                     ]
-                ids[c.name, k] = g.add(f"{c.name}@{k}", cost, mesh_.span, parents, call=c.name, iteration=k)
+                # Calls on shared devices take turns in the order the algorithm issues them (the
+                # dataflow's): a call waits for the last one issued on any of its devices.
+                turns = sorted({last_on[d] for d in range(*mesh_.span) if d in last_on})
+                ids[c.name, k] = g.add(f"{c.name}@{k}", cost, mesh_.span, parents + turns, call=c.name, iteration=k)
+                last_on |= dict.fromkeys(range(*mesh_.span), ids[c.name, k])
         return g
 
     def _param_parents(self, g: TaskGraph, ids: dict, plan: ExecutionPlan, c, k: int) -> list[int]:

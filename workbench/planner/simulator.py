@@ -285,7 +285,8 @@ class Simulator:
         adapters: `ModelSpec.synced_params`) from its model-parallel or FSDP peers, broadcasts it
         tensor by tensor to every rollout rank (pipelined, as NCCL's ring and tree broadcasts
         are: every link carries the bytes once), and each rank loads it in place. Each tensor
-        pays one `collective_latency`: its two header broadcasts are a few bytes, and the fitted
+        pays one `collective_latency` (per level of gloo's broadcast tree, `broadcast_tree`, as do
+        the bytes): its two header broadcasts are a few bytes, and the fitted
         latency is a whole all-reduce's (a ring of messages); charging three per tensor made the
         measured push of bench/async_rl.py's first run (84 ms, tiny-10m, this machine) twice the
         estimate, one per tensor within about 20%. `crosses_nodes`: the pools are on different
@@ -298,6 +299,8 @@ class Simulator:
             nbytes / 2, group, n_ops=tensors, members_per_node=min(group, self.cluster.devices_per_node)
         ) + (tensors * self.cluster.gather_overhead if group > 1 else 0.0)
         send = nbytes / self.link_bandwidth(crosses_nodes) + tensors * self.cluster.collective_latency
+        if self.cluster.broadcast_tree:  # gloo: the tree's levels send in turn
+            send *= math.ceil(math.log2(rollout.world_size + 1))
         return gather + send + self.weight_copy_time(nbytes / rollout.model_parallel)
 
     def weight_copy_time(self, nbytes: float) -> float:

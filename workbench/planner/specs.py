@@ -359,6 +359,11 @@ class ClusterSpec:
     """Whether a decoding step's weight and KV reads overlap its matmuls, so the step costs the
     larger of the two (GPUs: the roofline). False on a calibrated CPU, where one thread streams
     the weights through the very matmuls it computes, and the step costs their sum."""
+    broadcast_tree: bool = False
+    """Whether a broadcast to r receivers takes ceil(log2(r + 1)) sends in turn (gloo's binomial
+    tree: 43 MB to 1 receiver 28 ms here, to 2 or 3 receivers 56 ms), as a weight push pays it.
+    False on GPU presets: NCCL pipelines its ring and tree broadcasts, so every link carries the
+    bytes about once whatever the receivers."""
     cores_per_node: float | None = None
     """Compute units the devices of one machine time-share: a CPU machine offering more
     logical devices than cores. With k busy devices each runs at min(1, cores/k) of its
