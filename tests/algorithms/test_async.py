@@ -84,9 +84,10 @@ def test_staleness_zero_is_the_synchronous_colocated_run_bit_exactly(session, ki
 
 
 def test_generation_runs_ahead_within_the_staleness_bound(session, kit):
+    ahead: dict[int, list] = {}
     for bound in (1, 2):
         trainer, rollout = split_pair(session, kit["model"])
-        metrics = grpo(trainer, rollout, off_policy_correction="tis").fit(
+        metrics = ahead[bound] = grpo(trainer, rollout, off_policy_correction="tis").fit(
             kit["batches"], 5, log=None, asynchronous=True, max_staleness=bound
         )
         stale = [m["async/staleness_max"] for m in metrics]  # from the rows' policy_version column
@@ -115,39 +116,27 @@ def test_generation_runs_ahead_within_the_staleness_bound(session, kit):
     overlap = sum(max(0.0, min(g.end, u.end) - max(g.start, u.start)) for g in gens for u in updates)
     assert overlap > 0  # the rollout generated while the actor trained
 
-
-def test_a_rollout_sharing_the_actors_device_takes_turns_and_learns_as_one_apart(session, kit):
-    """The rollout group on d0-1 while the actor trains on d0 (a slice of the same pool): the
-    weight pushes run as joint calls over gloo, the rollout's rank on d0 takes turns with the
-    actor there, and the run (generation a version ahead) equals one with the rollout apart."""
+    # The rollout on the trainer's own device: the weight link's calls run as joint calls (over
+    # gloo), the two groups take turns there, and the run learns what the run apart learned.
     import time
 
-    def run(train_pool, gen_pool):
-        trainer = session.group(
-            "async_trainer", ActorRolloutRefWorker, train_pool, actor_config(kit["model"], rollout=None)
-        )
-        rollout = session.group(
-            "async_rollout", ActorRolloutRefWorker, gen_pool, actor_config(kit["model"], train=False)
-        )
-        return grpo(trainer, rollout, off_policy_correction="tis").fit(
-            kit["batches"], 3, log=None, asynchronous=True, max_staleness=1
-        )
-
-    apart = run(session.pool("async_train", 1), session.pool("async_gen_two", 2))
-    shared_pool = session.pool("async_shared", 2)
     since = time.time()
-    shared = run(session.slice("async_shared_d0", shared_pool, 0, 1), shared_pool)
-    assert learned(shared) == learned(apart)
-    assert max(m["async/staleness_max"] for m in shared) == 1
-    spans = [r for r in session.trace() if r.start >= since and "." not in r.method and r.rank == 0]
+    train_pool = session.pool("async_train", 1)
+    trainer = session.group(
+        "async_trainer", ActorRolloutRefWorker, train_pool, actor_config(kit["model"], rollout=None)
+    )
+    rollout = session.group("async_rollout", ActorRolloutRefWorker, train_pool, actor_config(kit["model"], train=False))
+    shared = grpo(trainer, rollout, off_policy_correction="tis").fit(
+        kit["batches"], 5, log=None, asynchronous=True, max_staleness=1
+    )
+    assert learned(shared) == learned(ahead[1])
+    spans = [r for r in session.trace() if r.start >= since and "." not in r.method]
     joint = ("send_weights", "receive_weights", "join_weight_channel")
-    trainer = [r for r in spans if r.role == "async_trainer" and r.method not in joint]
-    rollout = [r for r in spans if r.role == "async_rollout" and r.method not in joint]
-    assert trainer and rollout
-    for g in rollout:  # on device 0 the two groups' calls never run at once
-        assert all(t.end <= g.start + 1e-3 or t.start >= g.end - 1e-3 for t in trainer), g
-    session.release("async_shared")
-    session.release("async_gen_two")
+    gens = [r for r in spans if r.role == "async_rollout" and r.method not in joint]
+    trains = [r for r in spans if r.role == "async_trainer" and r.method not in joint]
+    assert gens and trains
+    for g in gens:  # one device: the two groups' calls never run at once
+        assert all(t.end <= g.start + 1e-3 or t.start >= g.end - 1e-3 for t in trains), g
 
 
 def test_a_checkpoint_mid_pipeline_resumes_to_the_same_metrics(session, kit, tmp_path):
