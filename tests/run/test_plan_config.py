@@ -278,11 +278,17 @@ def test_a_per_call_plan_is_read_priced_and_read_back(tiny, tmp_path):
     assert again.plan == run.plan and again.estimated_iteration_s == pytest.approx(run.estimated_iteration_s)
 
 
+def test_a_per_call_plan_may_put_a_copy_on_devices_its_home_shares(tiny):
+    shared = planned(
+        config(tiny, plan=edited_from(PER_CALL, lambda v: v["calls"]["gen"].update(devices=2, first_device=0, dp=2)))
+    )
+    assert str(shared.plan.layouts["gen"][0]) == "d0-1" and shared.n_devices == 2
+
+
 @pytest.mark.parametrize(
     "change, where, words",
     [
         (lambda v: v["calls"].pop("values"), "placement.plan.calls", "each call of the run"),
-        (lambda v: v["calls"]["gen"].update(devices=2, first_device=0), "placement.plan.calls", "not all"),
         (lambda v: v["calls"]["old_log_prob"].update(first_device=1), "placement.plan.calls", "compute_log_prob"),
         (
             lambda v: [v["calls"][c].update(devices=2, first_device=2, tp=2) for c in ("values", "update_critic")],
