@@ -6,9 +6,9 @@ group (gloo here, NCCL on GPUs) built from a store, so two worlds can talk witho
 Where two members share a device (a copy of the model on devices its home holds) the channel
 runs over gloo whatever the device: NCCL does not put two ranks of one communicator on one GPU,
 and gloo moves CUDA tensors through host memory. The sender is channel rank 0; rollout rank r is
-channel rank 1 + r. Tensors travel one at a
-time, each a broadcast from rank 0 preceded by a small header (name, shape, dtype), so a
-receiver needs no manifest and never holds more than one incoming tensor beside its model.
+channel rank 1 + r. Tensors travel one at a time, each a broadcast from rank 0 preceded by a
+small header (name, shape, dtype), so a receiver needs no manifest and never holds more than one
+incoming tensor beside its model.
 """
 
 from __future__ import annotations

@@ -147,8 +147,8 @@ def plan_groups(plan: ExecutionPlan, dataflow: Dataflow, workers: dict[str, tupl
             else:  # a copy in the call's layout, on other devices or on the home's own
                 key = (mesh, _layout_key(layout))
                 replica = _replica(model, call, mesh, layout, workers[model], trained is not None)  # checks each call
-                if mesh == home_mesh:  # beside the home on the same devices: named by its layout too
-                    replica.role = f"{replica.role}_{layout.short()}" if replica.role != ROLLOUT else ROLLOUT
+                if mesh == home_mesh and replica.role != ROLLOUT:  # beside the home: named by its layout too
+                    replica.role += f"_{layout.short()}"
                 replicas.setdefault(key, replica).calls.append(call.name)
         if any(r.role == ROLLOUT for r in replicas.values()):  # the home no longer generates
             home.worker = (home.worker[0], _replace(home.worker[1], rollout=None))

@@ -194,9 +194,8 @@ class PlanEvaluator:
                     if src_mesh == mesh_:
                         parents.append(ids[d, k])
                         continue
-                    lo, hi = min(src_mesh.first, mesh_.first), max(src_mesh.span[1], mesh_.span[1])
                     cost = self.sim.data_transfer_time(
-                        self.sim.output_bytes(self.flow.call(d)), lo // u != (hi - 1) // u
+                        self.sim.output_bytes(self.flow.call(d)), _cross_nodes(src_mesh, mesh_, u)
                     )
                     parents.append(
                         g.add(f"data {d}->{c.name}@{k}", cost, (), [ids[d, k]], kind="data", call=c.name, iteration=k)
@@ -255,8 +254,7 @@ class PlanEvaluator:
             # once for every call that reads that copy.
             key = ("push", m, dst_mesh, dst_s, k)
             if key not in ids:
-                u = self.cluster.devices_per_node
-                crosses = min(src_mesh.first, dst_mesh.first) // u != (max(src_mesh.span[1], dst_mesh.span[1]) - 1) // u
+                crosses = _cross_nodes(src_mesh, dst_mesh, self.cluster.devices_per_node)
                 cost = self.sim.weight_push_time(self.specs[m], src_s, dst_s, crosses)
                 ids[key] = g.add(f"push {m}->{dst_mesh}@{k}", cost, devs, after, kind="param", call=c.name, iteration=k)
             return [ids[key]]
@@ -274,3 +272,9 @@ class PlanEvaluator:
         oom = max_mem > q
         cost = t * self.oom_penalty * max_mem / q if oom else t
         return Evaluation(t, sched.makespan, max_mem, cost, oom, graph, sched)
+
+
+def _cross_nodes(a: DeviceMesh, b: DeviceMesh, devices_per_node: int) -> bool:
+    """Whether the devices two meshes span together are on more than one machine."""
+    lo, hi = min(a.first, b.first), max(a.span[1], b.span[1])
+    return lo // devices_per_node != (hi - 1) // devices_per_node

@@ -7,10 +7,10 @@ actor's device by device, and the link's calls, which meet in one collective, ru
 calls (`workbench.controller.joint_calls`). The link joins the actor's rank 0 and every rollout
 rank in one weight channel (workbench.hybrid.channel); `push(version)` then sends the current
 weights — all of them, or the LoRA adapters alone — one tensor at a time, loaded in place on
-each rollout rank. It returns at
-once: the actor's ranks send after the calls queued before (an update), the rollout's ranks take
-the weights after theirs (a generation in flight), and the generations asked for afterwards use
-them. Both sides record spans (`async.send_weights`, `async.receive_weights`) with their bytes.
+each rollout rank. It returns at once: the actor's ranks send after the calls queued before (an
+update), the rollout's ranks take the weights after theirs (a generation in flight), and the
+generations asked for afterwards use them. Both sides record spans (`async.send_weights`,
+`async.receive_weights`) with their bytes.
 """
 
 from __future__ import annotations
