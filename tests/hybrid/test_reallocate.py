@@ -26,6 +26,7 @@ RUNS = [(name, "float32", False) for name in PAIRS] + [
     ("2-2-1 -> 1-2-2", "bfloat16", False),
     ("1-2-1 -> 2-1-1 other pool", "bfloat16", False),
     ("2-2-1 -> 1-2-2", "float32", True),  # kept pieces become views of the source
+    ("1-1-2 -> 1-2-2 other pool", "float32", "by unit"),  # the source given one layer unit at a time
 ]
 
 
@@ -59,7 +60,16 @@ def _worker(rank: int, store_dir: str, out_dir: str) -> None:
         source = {q.name: t for q in params if (t := piece_of(full[q.name], q, src, rank, units)) is not None}
         group = pools if "pool" in name else None
         dist.barrier()
-        got, stats = Reallocator(p, group=group).run(source, alias=alias)
+        asked: list[list[str]] = []
+        if alias == "by unit":  # as a sharded source gathers it: each unit's pieces, then dropped
+
+            def by_unit(names, source=source, asked=asked):
+                asked.append(names)
+                return {n: source[n] for n in names if n in source}
+
+            got, stats = Reallocator(p, group=group).run(by_unit)
+        else:
+            got, stats = Reallocator(p, group=group).run(source, alias=alias)
         wrong = []
         for q in params:
             want = piece_of(full[q.name], q, dst, rank, units)
@@ -67,7 +77,8 @@ def _worker(rank: int, store_dir: str, out_dir: str) -> None:
                 wrong.append(q.name)
         ptrs = {t.untyped_storage().data_ptr() for t in source.values()}
         views = sum(t.untyped_storage().data_ptr() in ptrs for t in got.values())
-        results[f"{name} {dtype} {alias}"] = {**stats.as_dict(), "wrong": wrong, "views": views}
+        asked_units = [sorted({q.layer for q in params if q.name in names}) for names in asked]
+        results[f"{name} {dtype} {alias}"] = {**stats.as_dict(), "wrong": wrong, "views": views, "asked": asked_units}
     # bad input: a source piece of the wrong shape is refused with the weight and rank named
     params, full = _model("float32")
     alone = plan(params, Placement(Mesh(), ranks=(rank,)), Placement(Mesh(), ranks=(rank,)))
@@ -97,7 +108,11 @@ def test_reallocated_weights_are_bit_identical_and_bytes_equal_the_planners(coun
     ranks = sorted(formula)
     key = f"{name} {dtype} {alias}"
     # with alias, the pieces a rank keeps whole are views of its source pieces; never otherwise
-    assert (sum(counted[r][key]["views"] for r in range(WORLD)) > 0) == alias
+    assert (sum(counted[r][key]["views"] for r in range(WORLD)) > 0) == (alias is True)
+    if alias == "by unit":  # every source rank asked for every unit once, in order; no other rank asked
+        sources = range(f1, f1 + m1.world_size)
+        units = [[u] for u in range(SHAPE[1] + 2)]
+        assert all(counted[r][key]["asked"] == (units if r in sources else []) for r in range(WORLD))
     for r in range(WORLD):
         row = counted[r][key]
         assert row["wrong"] == [], (r, row["wrong"])

@@ -29,6 +29,7 @@ class, not per layer):
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -339,12 +340,20 @@ def llama_split(name: str, ndim: int) -> int | None:
 
 
 def llama_layer(name: str, n_layers: int) -> int:
-    """Layer unit of a Llama weight: 0 the embedding, 1 + i `model.layers.i.*`, L+1 the rest."""
-    if name.startswith("model.embed_tokens."):
-        return 0
-    if name.startswith("model.layers."):
-        return 1 + int(name.split(".")[2])
-    return n_layers + 1
+    """Layer unit of a Llama weight: 0 the embedding, 1 + i `model.layers.i.*`, L+1 the rest
+    (under any prefix a wrapper adds, e.g. LoRA's `base_model.model.`)."""
+    layer = _LAYER.search(name)
+    if layer is not None:
+        return 1 + int(layer.group(1))
+    return 0 if "embed_tokens." in name else n_layers + 1
+
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def layer_count(names: Iterable[str]) -> int:
+    """How many decoder layers the weights `names` have (`llama_layer`'s L)."""
+    return len({int(m.group(1)) for n in names if (m := _LAYER.search(n)) is not None})
 
 
 def llama_params(shapes: dict[str, tuple[int, ...]], n_layers: int, dtype: str = "float32") -> list[Param]:

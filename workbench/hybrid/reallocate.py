@@ -110,6 +110,8 @@ class Reallocator:
         self.source_shapes = self._shapes(plan.src, {f.name for f in plan.fragments if f.src == self.rank})
         self.dest_shapes = self._shapes(plan.dst, {f.name for f in plan.fragments if f.dst == self.rank})
         self.layers = [self._prepare(fragments) for fragments in plan.layers]
+        self.unit_names = [[q.name for q in plan.params if q.layer == u] for u in range(len(plan.layers))]
+        self.is_source = plan.src.index(self.rank) is not None
         arena = max([0] + [size for *_, size in self.layers])
         self.local = [f for _, _, local, _, _ in self.layers for f in local]
         self.viewable = {f: self._viewable(f) for f in self.local}
@@ -175,13 +177,17 @@ class Reallocator:
     @torch.no_grad()
     def run(
         self,
-        source: Mapping[str, torch.Tensor] | None = None,
+        source: Mapping[str, torch.Tensor] | Callable[[list[str]], Mapping[str, torch.Tensor]] | None = None,
         out: dict[str, torch.Tensor] | None = None,
         alias: bool = False,
         done: Callable[[list[str]], None] | None = None,
     ) -> tuple[dict[str, torch.Tensor], ReallocStats]:
         """Move the weights. `source`: this rank's source pieces by name (what it holds in the
-        source layout; None or empty on a rank that holds none); `out`: destination pieces to
+        source layout; None or empty on a rank that holds none), or a function giving them one
+        layer unit at a time: every source rank calls it with each unit's weight names, in plan
+        order, before the unit's messages, whether or not it sends any of them (so a source
+        gathered from shards, e.g. FSDP's, may run its collectives inside it; the pieces are
+        dropped after the unit). `out`: destination pieces to
         fill in place (missing ones are allocated). `alias`: a destination piece not in `out`
         that is whole and contiguous inside this rank's source piece becomes a view of it, not a
         copy (it then changes when the source does: for weights given up after the move, or
@@ -189,17 +195,27 @@ class Reallocator:
         as soon as their pieces are filled (a caller giving up source pieces layer by layer keeps
         its peak at one layer's worth of both). Returns this rank's destination pieces by name
         and what it cost. Every rank of the plan must call it (collective)."""
-        source = source or {}
+        by_unit: Callable[[list[str]], Mapping[str, torch.Tensor]] | None = None
+        held: Mapping[str, torch.Tensor] = {}
+        if callable(source):
+            by_unit = source
+            if alias:
+                raise ValueError("reallocation: alias=True needs the whole source up front, not a function of units")
+        else:
+            held = source or {}
         out = {} if out is None else out
-        self._check(source, out)
+        self._check(held, out, None if by_unit is None else [])
         stats, start = ReallocStats(), time.perf_counter()
         viewed = set()
         if alias:
             for f in self.local:
                 if f.name not in out and self.viewable[f]:
-                    out[f.name] = self._slice(source[f.name], f, f.src_start)
+                    out[f.name] = self._slice(held[f.name], f, f.src_start)
                     viewed.add(f)
-        for sends, recvs, local, names, _ in self.layers:
+        for unit, (sends, recvs, local, names, _) in enumerate(self.layers):
+            if by_unit is not None and self.is_source:
+                held = by_unit(self.unit_names[unit])
+                self._check(held, {}, self.unit_names[unit])
             if not (sends or recvs or local or names):
                 continue
             stats.layers += 1
@@ -210,10 +226,10 @@ class Reallocator:
             for leg in sends:
                 if leg.staged_at is None:
                     f = leg.fragments[0][0]
-                    piece = self._slice(source[f.name], f, f.src_start)
+                    piece = self._slice(held[f.name], f, f.src_start)
                 else:
                     for f, at, shape in leg.fragments:
-                        self._staging(leg, f, at, shape).copy_(self._slice(source[f.name], f, f.src_start))
+                        self._staging(leg, f, at, shape).copy_(self._slice(held[f.name], f, f.src_start))
                     piece = self.arena[leg.staged_at : leg.staged_at + leg.nbytes]
                 outgoing.append((leg.peer, piece))
                 stats.bytes_sent += piece.numel() * piece.element_size()
@@ -230,7 +246,7 @@ class Reallocator:
             for f in local:  # while the messages are in flight
                 if f in viewed:
                     continue
-                self._slice(out[f.name], f, f.dst_start).copy_(self._slice(source[f.name], f, f.src_start))
+                self._slice(out[f.name], f, f.dst_start).copy_(self._slice(held[f.name], f, f.src_start))
                 stats.bytes_copied += f.nbytes
             for w in works:
                 w.wait()
@@ -271,11 +287,16 @@ class Reallocator:
         tp = placement.mesh.coord(i).tp
         return {n: self.params[n].piece_shape(tp, placement.mesh.tp) for n in sorted(names)}
 
-    def _check(self, source: Mapping[str, torch.Tensor], out: dict[str, torch.Tensor]) -> None:
-        """Before any message: every piece this rank sends from is there, in its shape, dense,
-        and every destination piece passed in `out` has its shape and dtype and is dense."""
+    def _check(
+        self, source: Mapping[str, torch.Tensor], out: dict[str, torch.Tensor], names: list[str] | None = None
+    ) -> None:
+        """Before any message: every piece this rank sends from is there (of `names`, when the
+        source comes a layer unit at a time), in its shape, dense, and every destination piece
+        passed in `out` has its shape and dtype and is dense."""
         where = f"{self.plan.src.mesh} rank {self.plan.src.index(self.rank)}"
         for name, want in self.source_shapes.items():
+            if names is not None and name not in names:
+                continue
             t = source.get(name)
             if t is None or tuple(t.shape) != want or not t.is_contiguous():
                 got = "nothing" if t is None else f"a tensor of shape {tuple(t.shape)}"
