@@ -227,6 +227,37 @@ def test_values_beside_a_tensor_parallel_critic_equal_its_own(session, kit):
     assert pushed.abs().sum() > 0 and torch.allclose(pushed, own, rtol=1e-5, atol=1e-6)
 
 
+def test_a_critics_replica_is_reallocated_into_from_every_home_rank(session, kit):
+    """The critic trains p1t1d2 on d0-1 (FSDP) and its values run p1t1d2 on d1-2: the replica is
+    brought up to date by reallocation, every home rank a source sending whole layers to its own
+    copy rank, and after the update its values equal the home's own forward."""
+    two = Mesh(1, 1, 2)
+    plan = ExecutionPlan({c.name: (D01, two) for c in PPO_FLOW.calls})
+    plan.layouts["values"] = (DeviceMesh(1, 2), two)
+    since = time.time()
+    handles = deploy_calls(plan, session, kit["workers"], PPO_FLOW)
+    critic = handles["critic"]
+    [metrics] = ppo_metrics(handles, kit["batches"][:1], iterations=1)
+    assert all(math.isfinite(v) for v in metrics.values())
+    gen = handles["actor"].generate_sequences(kit["batches"][1], SamplingConfig(max_new_tokens=6, seed=0))
+    moved = critic.compute_values(gen).get()["values"]  # the update's weights reallocated first
+    own = critic.home.compute_values(gen).get()["values"]
+    assert critic.held == {"critic_d1-2": 1} and moved.abs().sum() > 0
+    assert torch.allclose(moved, own, rtol=1e-5, atol=1e-6)
+
+    spans = [r for r in session.trace() if r.start >= since]
+    sent = [r for r in spans if r.method == "replica.send_weights"]
+    received = [r for r in spans if r.method == "replica.receive_weights"]
+    model_bytes = sum(
+        t.numel() * t.element_size()
+        for t in load_value_model(kit["workers"]["critic"][1].model_path).model.state_dict().values()
+    )
+    # two pushes (versions 0 and 1), each from both home ranks, each rank's share one whole copy
+    assert sorted((r.extra["version"], r.rank) for r in sent) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert all(r.extra["bytes_sent"] == model_bytes and r.extra["layers"] > 2 for r in sent)
+    assert all(r.extra["bytes_received"] == model_bytes for r in received) and len(received) == 4
+
+
 def test_overlapping_meshes_share_one_span():
     from workbench.planner.call_deploy import spans
 

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from workbench import Mesh
@@ -14,6 +16,7 @@ from workbench.planner import (
     mesh,
     valid_meshes,
 )
+from workbench.planner.memory import static_memory
 
 S1 = Mesh(1, 1, 1)
 
@@ -45,8 +48,8 @@ def _two_model_flow():
 
 def test_consecutive_iterations_overlap_when_dependencies_allow(tiny_workload):
     # Actor on d0-1, a frozen scoring model on d2-3. Iteration 1's generation needs only
-    # iteration 0's actor update, not iteration 0's score, so the score of one iteration
-    # runs beside the actor's calls of the same or the next iteration.
+    # iteration 0's actor update, not iteration 0's score, so (as ReaLHF's runtime runs them)
+    # the score of one iteration runs beside the actor's calls of the same or the next one.
     flow = Dataflow(
         "toy",
         (
@@ -57,7 +60,9 @@ def test_consecutive_iterations_overlap_when_dependencies_allow(tiny_workload):
         value_models=("rm",),
     )
     cluster = cluster_preset("local")
-    ev = PlanEvaluator(flow, flow.model_specs("tiny-10m"), tiny_workload, cluster, n_iterations=2)
+    ev = PlanEvaluator(
+        flow, flow.model_specs("tiny-10m"), tiny_workload, cluster, n_iterations=2, overlap_iterations=True
+    )
     p2 = Mesh(1, 1, 2)
     plan = ExecutionPlan(
         {"gen": (DeviceMesh(0, 2), p2), "train": (DeviceMesh(0, 2), p2), "score": (DeviceMesh(2, 2), p2)}
@@ -81,6 +86,45 @@ def test_consecutive_iterations_overlap_when_dependencies_allow(tiny_workload):
     assert not any(x.kind == "param" for x in r.graph.tasks)
 
 
+def test_a_synchronous_step_ends_before_the_next_one_starts(tiny_workload):
+    """The workbench's algorithms return a step's metrics before the driver issues the next
+    step: no call of iteration 1 (nor its weight push) starts before every call of iteration 0
+    has ended, and the iteration is the sum of the steps' critical paths."""
+    flow = Dataflow(
+        "toy",
+        (
+            Call("gen", "actor", "generate"),
+            Call("train", "actor", "train", ("gen",)),
+            Call("score", "rm", "inference", ("gen",)),
+        ),
+        value_models=("rm",),
+    )
+    cluster, specs = cluster_preset("local", 4), flow.model_specs("tiny-10m")
+    # A deeper scoring model: its score outlasts the actor's update, so the next generation
+    # could start before it ends if steps overlapped.
+    specs["rm"] = dataclasses.replace(specs["rm"], n_layers=specs["rm"].n_layers * 8)
+    plan = ExecutionPlan(
+        {
+            "gen": (DeviceMesh(2, 1), S1),  # a copy of the actor: pushed every step
+            "train": (DeviceMesh(0, 2), Mesh(1, 1, 2)),
+            "score": (DeviceMesh(3, 1), S1),
+        }
+    )
+    sync = PlanEvaluator(flow, specs, tiny_workload, cluster, n_iterations=2).evaluate(plan)
+    overlapped = PlanEvaluator(flow, specs, tiny_workload, cluster, n_iterations=2, overlap_iterations=True).evaluate(
+        plan
+    )
+    tasks, start, end = sync.graph.tasks, sync.schedule.start, sync.schedule.end
+    last_of_0 = max(end[i] for i, t in enumerate(tasks) if t.iteration == 0)
+    first_of_1 = min(start[i] for i, t in enumerate(tasks) if t.iteration == 1)
+    assert first_of_1 >= last_of_0 > 0
+    assert [t.name for t in tasks if t.kind == "param" and t.iteration == 1] == ["push actor->d2@1"]
+    assert sync.makespan == pytest.approx(2 * last_of_0)
+    ran = {t.name: i for i, t in enumerate(overlapped.graph.tasks)}
+    assert overlapped.schedule.start[ran["gen@1"]] < overlapped.schedule.end[ran["score@0"]]
+    assert overlapped.makespan < sync.makespan
+
+
 def test_parameter_transfer_when_layouts_differ(tiny_workload):
     flow = _two_model_flow()
     ev = PlanEvaluator(flow, flow.model_specs("tiny-10m"), tiny_workload, cluster_preset("local"), n_iterations=2)
@@ -100,13 +144,32 @@ def test_parameter_transfer_when_layouts_differ(tiny_workload):
     assert params[0][1].cost == pytest.approx(ev.sim.weight_push_time(spec, Mesh(1, 2, 1), Mesh(1, 1, 4), False))
     i1, p1 = params[1]
     train0 = [x.name for x in r.graph.tasks].index("train@0")
-    assert p1.parents == (train0,)
+    step0 = [x.name for x in r.graph.tasks].index("step@0 returns")
+    assert p1.parents == (train0, step0)
     assert r.schedule.start[i1] >= r.schedule.end[train0]
     # A tensor-parallel copy, which only ReaLHF's runtime makes: its layer-by-layer reallocation.
     plan.layouts["gen"] = (DeviceMesh(0, 4), Mesh(1, 2, 2))
     [tp_copy] = [x for x in ev.evaluate(plan).graph.tasks if x.kind == "param" and x.iteration == 0]
     assert tp_copy.name == "realloc actor->gen@0"
     assert tp_copy.cost == pytest.approx(ev.sim.realloc_time(spec, Mesh(1, 2, 1), (0, 2), Mesh(1, 2, 2), (0, 4)))
+
+
+def test_a_critics_replica_is_priced_as_its_reallocation_from_every_home_rank(tiny_workload):
+    """The critic's values on a data-parallel copy: reallocated into after each update (the
+    runtime's WeightLink for FSDP critics), every home rank sending its share of the copy's
+    ranks, so a two-rank home sends half of what a one-rank home sends to a two-rank copy."""
+    flow = dataflow_preset("ppo")
+    ev = PlanEvaluator(flow, flow.model_specs("tiny-10m"), tiny_workload, cluster_preset("local", 4), n_iterations=1)
+    layouts = {c.name: (DeviceMesh(0, 2), Mesh(1, 1, 2)) for c in flow.calls}
+    layouts["values"] = (DeviceMesh(2, 2), Mesh(1, 1, 2))
+    [task] = [x for x in ev.evaluate(ExecutionPlan(layouts)).graph.tasks if x.kind == "param"]
+    spec, copy = ev.specs["critic"], Mesh(1, 1, 2)
+    assert task.name == "realloc critic->d2-3@0" and task.devices == ((0, 2), (2, 4))
+    assert task.cost == pytest.approx(ev.sim.replica_realloc_time(spec, Mesh(1, 1, 2), copy, False))
+    one, two = (ev.sim.replica_realloc_time(spec, Mesh(1, 1, n), copy, False) for n in (1, 2))
+    sends = spec.param_count * ev.sim.dtype_bytes / ev.sim.link_bandwidth(False)
+    gathers = ev.sim._gather_time(spec, Mesh(1, 1, 2)) - ev.sim._gather_time(spec, Mesh(1, 1, 1))
+    assert one - two == pytest.approx(sends - gathers)
 
 
 def test_a_frozen_models_copy_moves_nothing_per_iteration(tiny_workload):
@@ -129,6 +192,38 @@ def test_a_frozen_models_copy_moves_nothing_per_iteration(tiny_workload):
     layouts["gen"] = (DeviceMesh(2, 2), Mesh(1, 1, 2))
     moved = [x.name for x in ev.evaluate(ExecutionPlan(layouts)).graph.tasks if x.kind == "param"]
     assert moved == ["push actor->d2-3@0", "push actor->d2-3@1"]
+
+
+def test_the_copies_the_runtime_keeps_are_static_memory(tiny_workload):
+    """A copy the runtime keeps between calls (a frozen model's, a rollout group's) is static on
+    its devices, counted once however many calls read it; a layout only ReaLHF's reallocation
+    moves into holds its weights for the call alone."""
+    flow = Dataflow(
+        "toy",
+        (
+            Call("gen", "actor", "generate"),
+            Call("score", "rm", "inference", ("gen",)),
+            Call("rescore", "rm", "inference", ("score",)),
+            Call("train", "actor", "train", ("rescore",)),
+        ),
+        value_models=("rm",),
+    )
+    specs = flow.model_specs("tiny-10m")
+    ev = PlanEvaluator(flow, specs, tiny_workload, cluster_preset("local", 4))
+    home, apart = (DeviceMesh(0, 2), Mesh(1, 1, 2)), (DeviceMesh(2, 2), Mesh(1, 1, 2))
+    colocated = ExecutionPlan({c.name: home for c in flow.calls})
+    static0, dyn0, _ = ev.memory(colocated)
+    assert static0[2:] == [0.0, 0.0]
+    whole = {m: static_memory(specs[m], S1, False).params for m in ("actor", "rm")}
+    copies = ExecutionPlan({**colocated.layouts, "gen": apart, "rescore": apart})
+    static, dyn, _ = ev.memory(copies)
+    assert static[:2] == static0[:2]
+    assert static[2:] == [pytest.approx(whole["actor"] + whole["rm"])] * 2
+    assert dyn[2] < whole["actor"]  # the KV cache and activations only
+    # The actor's generation tensor-parallel on other devices: reallocated in for the call.
+    realloc = ExecutionPlan({**colocated.layouts, "gen": (DeviceMesh(2, 2), Mesh(1, 2, 1))})
+    static, dyn, _ = ev.memory(realloc)
+    assert static[2:] == [0.0, 0.0] and dyn[2] > whole["actor"] / 2
 
 
 def test_max_mem_and_oom_penalty():

@@ -18,8 +18,9 @@ Models on the same (mesh, layout) share one process per device (`session.fused`)
     each update (RolloutLink);
   * another call of a trained model elsewhere (the critic's values on other devices, or on its
     own in another layout): a replica that a CallRouter (workbench.planner.routing) sends the
-    call to, its weights pushed from the home through a weight channel before a call that would
-    read older ones (held as FSDP shards, whatever backend the home trains in);
+    call to, brought up to date through a weight channel before a call that would read older
+    weights (held as FSDP shards, whatever backend the home trains in): reallocated into from
+    every rank of an FSDP home, a layer unit at a time, else broadcast from the home's rank 0;
   * a frozen model's call elsewhere: a replica with the same weights, never pushed.
 A copy on devices its home holds (generation on d0-1 while the actor trains on d0, or values in
 p1t1d2 beside a p1t2d1 home) takes its turns there like any other group; the push's two calls

@@ -109,9 +109,15 @@ class PlanEvaluator:
         cluster: ClusterSpec,
         n_iterations: int = 2,
         oom_penalty: float = 10.0,
+        overlap_iterations: bool = False,
     ):
         self.flow, self.specs, self.wl, self.cluster = dataflow, specs, workload, cluster
         self.n_iterations, self.oom_penalty = n_iterations, oom_penalty
+        # overlap_iterations: one iteration's calls may start before the last one's have all
+        # ended, as dependencies allow (ReaLHF's runtime and TimeCost). False (the workbench's
+        # synchronous algorithms): `step` returns the updates' metrics before the driver issues
+        # the next step, so every call of iteration k+1 waits for all of iteration k.
+        self.overlap_iterations = overlap_iterations
         self.sim = Simulator(cluster, workload)
         self.train_call: dict[str, str] = {}
         for c in dataflow.calls:
@@ -133,20 +139,27 @@ class PlanEvaluator:
             v = static_memory(self.specs[m], s, m in self.train_call, self.wl.param_sharding).static
             for d in range(*mesh_.span):
                 static[d] += v
+        held = set()  # copies the runtime keeps between calls: static on their devices, once
+        for c in self.flow.calls:
+            mesh_, s = plan.layouts[c.name]
+            copy = self._held_copy(c, mesh_, s, plan)
+            if copy is not None and (c.model, mesh_, s) not in held:
+                held.add((c.model, mesh_, s))
+                for d in range(*mesh_.span):
+                    static[d] += copy
         dyn, kv_budget = [0.0] * n, {}
         for c in self.flow.calls:
             mesh_, s = plan.layouts[c.name]
             spec = self.specs[c.model]
             home_mesh, home_s = self.home(c.model, plan)
-            if (mesh_, s) == (home_mesh, home_s):
+            if (mesh_, s) == (home_mesh, home_s) or (c.model, mesh_, s) in held:
                 extra = 0.0
             elif c.kind == "generate" and mesh_ == home_mesh and is_generation_layout(home_s, s):
                 # The 3D-HybridEngine on the model's own devices: Table 2's resident weights
-                # (shard + redundancy) replace the static training weights. Other layouts
-                # are reallocated into a copy of their own (below), as on other devices.
+                # (shard + redundancy) replace the static training weights.
                 home_params = static_memory(spec, home_s, True, self.wl.param_sharding).params
                 extra = max(0.0, transition(spec, home_s, s, self.wl.transition).resident_params - home_params)
-            else:
+            else:  # reallocated in for the call (ReaLHF's runtime) and given up after it
                 extra = generation_weights(spec, s)
             if c.kind == "train":
                 need = train_activations(spec, s, self.wl) + extra
@@ -165,6 +178,25 @@ class PlanEvaluator:
                     dyn[d] = need
         return static, dyn, kv_budget
 
+    def _held_copy(self, c, mesh_: DeviceMesh, s: Mesh, plan: ExecutionPlan) -> float | None:
+        """Bytes per device of the copy of `c`'s model the runtime keeps for a call away from
+        its home (`workbench.planner.call_deploy`), or None where it keeps none: the home
+        itself, the hybrid engine's generation layout, and a trained model's tensor- or
+        pipeline-parallel layouts (only ReaLHF's reallocation moves weights into those, for the
+        call). A frozen model's copy and a rollout group hold whole weights per data-parallel
+        rank; a trained model's replica (the critic's values) holds them as FSDP shards."""
+        home_mesh, home_s = self.home(c.model, plan)
+        trained = c.model in self.train_call
+        if (mesh_, s) == (home_mesh, home_s):
+            return None
+        if c.kind == "generate" and trained and mesh_ == home_mesh and is_generation_layout(home_s, s):
+            return None
+        if trained and (s.tp > 1 or s.pp > 1):
+            return None
+        if trained and c.kind != "generate":
+            return generation_weights(self.specs[c.model], s) / s.dp
+        return static_memory(self.specs[c.model], s, False).params
+
     def call_cost(self, call_name: str, mesh_: DeviceMesh, s: Mesh, kv_budget: float = float("inf")) -> float:
         c = self.flow.call(call_name)
         return self.sim.call_time(c, self.specs[c.model], s, kv_budget, c.model in self.train_call)
@@ -173,11 +205,12 @@ class PlanEvaluator:
         g, ids, u = TaskGraph(), {}, self.cluster.devices_per_node
         gathered = self.flow.driver_inputs()
         last_on: dict[int, int] = {}  # device -> the last call issued on it
+        step_done: list[int] = []  # the driver has the last step's results (no overlap)
         for k in range(self.n_iterations):
             driver = None
             for c in self.flow.calls:
                 mesh_, s = plan.layouts[c.name]
-                parents = []
+                parents = list(step_done)
                 if c.kind == "train" and gathered:
                     if driver is None:  # the driver-side step (advantages), once per iteration
                         driver = g.add(
@@ -200,7 +233,7 @@ class PlanEvaluator:
                     parents.append(
                         g.add(f"data {d}->{c.name}@{k}", cost, (), [ids[d, k]], kind="data", call=c.name, iteration=k)
                     )
-                parents += self._param_parents(g, ids, plan, c, k)
+                parents += self._param_parents(g, ids, plan, c, k, step_done)
                 cost = self.sim.call_time(
                     c, self.specs[c.model], s, kv_budget.get(c.name, float("inf")), c.model in self.train_call
                 )
@@ -226,15 +259,21 @@ class PlanEvaluator:
                 turns = sorted({last_on[d] for d in range(*mesh_.span) if d in last_on})
                 ids[c.name, k] = g.add(f"{c.name}@{k}", cost, mesh_.span, parents + turns, call=c.name, iteration=k)
                 last_on |= dict.fromkeys(range(*mesh_.span), ids[c.name, k])
+            if not self.overlap_iterations and k + 1 < self.n_iterations:
+                ends = [ids[c.name, k] for c in self.flow.calls]
+                step_done = [g.add(f"step@{k} returns", 0.0, (), ends, kind="step", iteration=k)]
         return g
 
-    def _param_parents(self, g: TaskGraph, ids: dict, plan: ExecutionPlan, c, k: int) -> list[int]:
+    def _param_parents(
+        self, g: TaskGraph, ids: dict, plan: ExecutionPlan, c, k: int, step_done: list[int]
+    ) -> list[int]:
         """Parameter-version edges: a call reads the weights of the previous update; a
         training call also waits for this iteration's readers of the old weights. A call away
-        from its model's home first has the weights moved as the runtime moves them (see below)."""
+        from its model's home first has the weights moved as the runtime moves them (see below),
+        issued in its step (after `step_done`, the previous step's end, when steps do not overlap)."""
         m = c.model
         train = self.train_call.get(m)
-        after = [ids[train, k - 1]] if train and k > 0 else []
+        after = ([ids[train, k - 1]] if train and k > 0 else []) + step_done
         if c.name == train:
             readers = [ids[o.name, k] for o in self.flow.calls_of(m) if o.name != c.name and (o.name, k) in ids]
             return after + readers
@@ -249,14 +288,20 @@ class PlanEvaluator:
         elif not train:
             return []  # a frozen model's copy holds its own weights: nothing moves per iteration
         elif dst_s.tp == dst_s.pp == 1:
-            # A data-parallel copy of a trained model, as the runtime makes one (a rollout group,
-            # a replica): the home pushes its weights after each update through a weight channel,
-            # once for every call that reads that copy.
+            # A data-parallel copy of a trained model, as the runtime makes one, brought up to
+            # date after each update, once for every call that reads that copy: a rollout group
+            # by the home's broadcast, a replica (other calls: the critic's values) by
+            # reallocation from every home rank.
             key = ("push", m, dst_mesh, dst_s, k)
             if key not in ids:
                 crosses = _cross_nodes(src_mesh, dst_mesh, self.cluster.devices_per_node)
-                cost = self.sim.weight_push_time(self.specs[m], src_s, dst_s, crosses)
-                ids[key] = g.add(f"push {m}->{dst_mesh}@{k}", cost, devs, after, kind="param", call=c.name, iteration=k)
+                if c.kind == "generate":
+                    cost, label = self.sim.weight_push_time(self.specs[m], src_s, dst_s, crosses), "push"
+                else:
+                    cost, label = self.sim.replica_realloc_time(self.specs[m], src_s, dst_s, crosses), "realloc"
+                ids[key] = g.add(
+                    f"{label} {m}->{dst_mesh}@{k}", cost, devs, after, kind="param", call=c.name, iteration=k
+                )
             return [ids[key]]
         else:  # a layout only ReaLHF's runtime moves into: its layer-by-layer reallocation
             cost = self.sim.realloc_time(self.specs[m], src_s, src_mesh.span, dst_s, dst_mesh.span)

@@ -36,7 +36,9 @@ class Task:
     parents: tuple[int, ...]
     """Indices of tasks that must end first."""
     kind: str = "compute"
-    """'compute', 'param' (parameter transfer) or 'data' (data transfer)."""
+    """'compute', 'param' (parameter transfer), 'data' (data transfer), 'driver' (its step
+    between calls), 'dispatch' (its call overhead) or 'step' (a step's end, which the next
+    step's calls wait for)."""
     call: str | None = None
     """The model function call it belongs to (for reports)."""
     iteration: int = 0

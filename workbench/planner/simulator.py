@@ -291,17 +291,35 @@ class Simulator:
         measured push of bench/async_rl.py's first run (84 ms, tiny-10m, this machine) twice the
         estimate, one per tensor within about 20%. `crosses_nodes`: the pools are on different
         machines (the network's share of one device carries the bytes)."""
-        nbytes = spec.synced_params * self.dtype_bytes
-        tensors = synced_tensors(spec)
-        sharded = self.wl.param_sharding == "full" and trainer.dp > 1
-        group = trainer.world_size if sharded else trainer.model_parallel
-        gather = self.allreduce(
-            nbytes / 2, group, n_ops=tensors, members_per_node=min(group, self.cluster.devices_per_node)
-        ) + (tensors * self.cluster.gather_overhead if group > 1 else 0.0)
+        nbytes, tensors = spec.synced_params * self.dtype_bytes, synced_tensors(spec)
+        gather = self._gather_time(spec, trainer)
         send = nbytes / self.link_bandwidth(crosses_nodes) + tensors * self.cluster.collective_latency
         if self.cluster.broadcast_tree:  # gloo: the tree's levels send in turn
             send *= math.ceil(math.log2(rollout.world_size + 1))
         return gather + send + self.weight_copy_time(nbytes / rollout.model_parallel)
+
+    def replica_realloc_time(self, spec: ModelSpec, home: Mesh, copy: Mesh, crosses_nodes: bool) -> float:
+        """A trained model's data-parallel copy brought up to date by reallocation, as the
+        runtime moves a critic's replica (`WeightLink`, reallocate): one layer unit at a time,
+        every home rank gathers the unit from the FSDP shards (the push's gather) and sends it
+        whole, point to point, to its share of the copy's ranks (copy rank i from home rank
+        i mod n: the busiest sends ceil(m/n) copies, in turn), and each copy rank loads it in
+        place. One `collective_latency` per layer unit and per tensor, as the push pays."""
+        nbytes, tensors = spec.synced_params * self.dtype_bytes, synced_tensors(spec)
+        share = math.ceil(copy.world_size / home.world_size)
+        units = spec.n_layers + 2
+        send = share * nbytes / self.link_bandwidth(crosses_nodes) + (units + tensors) * self.cluster.collective_latency
+        return self._gather_time(spec, home) + send + self.weight_copy_time(nbytes / copy.model_parallel)
+
+    def _gather_time(self, spec: ModelSpec, trainer: Mesh) -> float:
+        """Whole weights out of a trained group's shards before they travel to a copy: an
+        all-gather per tensor over the FSDP ranks (or the model-parallel peers)."""
+        nbytes, tensors = spec.synced_params * self.dtype_bytes, synced_tensors(spec)
+        sharded = self.wl.param_sharding == "full" and trainer.dp > 1
+        group = trainer.world_size if sharded else trainer.model_parallel
+        return self.allreduce(
+            nbytes / 2, group, n_ops=tensors, members_per_node=min(group, self.cluster.devices_per_node)
+        ) + (tensors * self.cluster.gather_overhead if group > 1 else 0.0)
 
     def weight_copy_time(self, nbytes: float) -> float:
         """Writing the generation weights into their separate buffer (HybridFlow keeps one

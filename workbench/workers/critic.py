@@ -200,13 +200,19 @@ class CriticWorker(Worker, WeightChannelMember):
     # ---- weights between pools (a replica computing values on other devices) ----------------
     @register(ONE_TO_ALL)
     def send_weights(self, version: int) -> dict:
-        """Every weight to the replica's ranks, one tensor at a time (gathered from the shards)."""
+        """Every weight to the replica's ranks: by reallocation where the channel reallocates
+        (every rank sends its share, a layer unit at a time), else broadcast from rank 0 one
+        tensor at a time (gathered from the shards)."""
+        if self.channel_sources:
+            return self.reallocate_over_channel(self.engine, version, "replica.send_weights")
         return self.send_over_channel(self.engine.iter_full_weights(), version, "replica.send_weights")
 
     @register(ONE_TO_ALL)
     def receive_weights(self, version: int) -> dict:
         """Load the weights of the critic trained elsewhere into this replica's shards, in place."""
         self.kept = None  # a kept forward ran on the old weights
+        if self.channel_sources:
+            return self.reallocate_over_channel(self.engine, version, "replica.receive_weights")
         return self.receive_over_channel(self.engine.load_full_weights, version, "replica.receive_weights")
 
     # ---- checkpoints -------------------------------------------------------------------------

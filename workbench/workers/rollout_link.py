@@ -20,6 +20,7 @@ from typing import Any
 from workbench.controller import joint_calls
 from workbench.controller.future import DataFuture
 from workbench.errors import ConfigError
+from workbench.workers.critic import CriticConfig
 
 
 def check_rollout_pair(actor: Any, rollout: Any) -> None:
@@ -63,18 +64,38 @@ def check_rollout_pair(actor: Any, rollout: Any) -> None:
 
 
 class WeightLink:
-    """A weight channel from a trained group's rank 0 to every rank of a copy of its model in
-    another group (a rollout group, a critic's replica), on other devices or some of the same:
-    both workers offer the weight-channel methods (workbench.workers.weight_member)."""
+    """A weight channel from a trained group to every rank of a copy of its model in another
+    group (a rollout group, a critic's replica), on other devices or some of the same: both
+    workers offer the weight-channel methods (workbench.workers.weight_member).
 
-    def __init__(self, trained: Any, copy: Any):
+    `reallocate`: move the weights by ReaLHF's layer-by-layer reallocation, every trained rank a
+    source (workbench.hybrid.reallocate), instead of a broadcast from the trained group's rank 0.
+    Both groups must hold FSDP engines of the same model (a critic and its replica); None picks
+    it where they do."""
+
+    def __init__(self, trained: Any, copy: Any, reallocate: bool | None = None):
+        configs = [getattr(g, "config", None) for g in (trained, copy)]
+        reallocates = all(isinstance(c, CriticConfig) and c.backend == "fsdp" for c in configs)
+        if reallocate and not reallocates:
+            raise ConfigError(
+                "WeightLink(reallocate=True)",
+                (trained.role, copy.role),
+                "reallocation moves weights between FSDP engines of a critic and its replica "
+                "(both backend='fsdp'); use reallocate=None or False for a broadcast",
+            )
+        self.reallocates = reallocates if reallocate is None else reallocate
         self.trained, self.copy = trained, copy
         self.hostsets = (trained.hostset, copy.hostset)
         nodes = set(trained.pool.node_ids) | set(copy.pool.node_ids)
         shared = trained.pool.shares_devices(copy.pool)
-        address = trained.open_weight_channel(1 + copy.world_size, len(nodes) <= 1, shared).get()
+        sources = trained.world_size if self.reallocates else 0
+        size = max(1, sources) + copy.world_size
+        address = trained.open_weight_channel(size, len(nodes) <= 1, shared).get()
         with joint_calls():  # the channel's rendezvous needs both groups at once
-            joined = [trained.join_weight_channel(address, 0), copy.join_weight_channel(address, 1)]
+            joined = [
+                trained.join_weight_channel(address, 0, sources),
+                copy.join_weight_channel(address, max(1, sources), sources),
+            ]
         for future in joined:
             future.get()
         self.pushes: list[list[DataFuture]] = []
@@ -103,7 +124,7 @@ class RolloutLink(WeightLink):
 
     def __init__(self, actor: Any, rollout: Any):
         check_rollout_pair(actor, rollout)
-        super().__init__(actor, rollout)
+        super().__init__(actor, rollout, reallocate=False)
 
     @property
     def actor(self) -> Any:

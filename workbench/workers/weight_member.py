@@ -1,7 +1,13 @@
 """A worker's membership of weight channels (workbench.hybrid.channel): the registered methods a
-driver-side link (workbench.workers.rollout_link.WeightLink) calls to join a trained group's
-rank 0 with every rank of a copy of the model on other devices, and the send and receive loops
-that record what moved in the trace.
+driver-side link (workbench.workers.rollout_link.WeightLink) calls to join a trained group with
+every rank of a copy of the model elsewhere, and the loops that move the weights and record what
+moved in the trace. Two ways to move them:
+  * a broadcast: the trained group's rank 0 joins, gathers every weight from its peers and
+    broadcasts it tensor by tensor (any backend; a rollout group's LoRA adapters);
+  * a reallocation (workbench.hybrid.reallocate): every rank of the trained group joins and is a
+    source; one layer unit at a time, each gathers the unit from its FSDP shards and sends whole
+    weights point to point to its share of the copy's ranks (copy rank i from source i mod n), so
+    n sources send in parallel and the bytes each rank moved are counted in the trace.
 
 Mixed into the workers whose weights travel between pools: the actor (to a rollout group) and
 the critic (to a replica that computes values on other devices, a per-call plan's)."""
@@ -16,7 +22,10 @@ import ray
 import torch
 
 from workbench.controller import ONE_TO_ALL, register
+from workbench.controller.mesh import Mesh
 from workbench.hybrid.channel import ChannelAddress, TransferStats, WeightChannel, open_address
+from workbench.hybrid.realloc import Param, Placement, layer_count, llama_layer, plan
+from workbench.hybrid.reallocate import Reallocator
 
 Named = Iterable[tuple[str, torch.Tensor]]
 
@@ -27,6 +36,10 @@ class WeightChannelMember:
     among the bases: it uses the Worker's rank, device and record_span."""
 
     channel: WeightChannel | None = None
+    channel_sources: int = 0
+    """The trained group's ranks in the channel when it reallocates (all of them, channel ranks
+    0..n-1; the copy's follow); 0 when the trained group's rank 0 broadcasts."""
+    _reallocator: Reallocator | None = None
 
     @register(ONE_TO_ALL, execute="rank_zero")
     def open_weight_channel(self, size: int, local: bool, shared_device: bool = False) -> ChannelAddress:
@@ -36,14 +49,17 @@ class WeightChannelMember:
         return open_address(size, local, host=host, backend="gloo" if shared_device else None)
 
     @register(ONE_TO_ALL)
-    def join_weight_channel(self, address: ChannelAddress, first_rank: int) -> bool:
+    def join_weight_channel(self, address: ChannelAddress, first_rank: int, sources: int = 0) -> bool:
         """Join the channel at `address`: a trained group's rank 0 as its sender (first_rank=0),
-        every rank of a receiving group as a receiver (channel rank first_rank + rank). Collective
-        over the channel's members: the driver calls both groups at once."""
+        every rank of a receiving group as a receiver (channel rank first_rank + rank). With
+        `sources` (the trained group's world size) the channel reallocates: every trained rank
+        joins as a source. Collective over the channel's members: the driver calls both groups
+        at once."""
         if self.channel is not None:
             self.channel.close()
             self.channel = None
-        if first_rank == 0 and self.rank != 0:
+        self.channel_sources, self._reallocator = sources, None
+        if first_rank == 0 and self.rank != 0 and not sources:
             return False  # the other training ranks only help gather (send_weights)
         self.channel = WeightChannel(address, first_rank + self.rank, self.device)
         return True
@@ -76,3 +92,43 @@ class WeightChannelMember:
         rss = psutil.Process().memory_info().rss
         self.record_span(span, start, time.time(), version=version, peak_rss_bytes=rss, **stats.as_dict())
         return {"version": version, **stats.as_dict()}
+
+    def reallocate_over_channel(self, engine, version: int, span: str) -> dict:
+        """Move the trained group's weights into the copy's FSDP shards by reallocation (the
+        channel joined with `sources`): a source gathers each layer unit from `engine`'s shards
+        (every source rank, a collective) and sends it to its share of the copy's ranks; a copy
+        rank loads each unit in place as it arrives, so neither side holds more than one unit
+        beside its model. One trace span with this rank's bytes and messages."""
+        if self.channel is None or not self.channel_sources:
+            raise RuntimeError(f"{span}: no reallocating weight channel; connect one (WeightLink, reallocate=True)")
+        start = time.time()
+        if self._reallocator is None:  # planned once per channel: the layouts do not change
+            self._reallocator = Reallocator(self._reallocation_plan(engine), self.channel.group, self.device)
+        if self.channel.rank < self.channel_sources:
+            _, moved = self._reallocator.run(lambda names: dict(engine.iter_full_weights(set(names).__contains__)))
+        else:
+            arrived: dict[str, torch.Tensor] = {}
+
+            def load(names: list[str]) -> None:
+                engine.load_full_weights((name, arrived.pop(name)) for name in names)
+
+            _, moved = self._reallocator.run(None, out=arrived, done=load)
+        rss = psutil.Process().memory_info().rss
+        self.record_span(span, start, time.time(), version=version, peak_rss_bytes=rss, **moved.as_dict())
+        return {"version": version, **moved.as_dict()}
+
+    def _reallocation_plan(self, engine):
+        """Whole weights from the trained group's ranks (after the gather, each holds every
+        weight of a unit: a p1t1dn layout) to the copy's ranks (p1t1dm), built alike on every
+        member from its own model's names and full shapes (the two are the same model)."""
+        assert self.channel is not None
+        state = engine.model.state_dict()
+        n_layers = layer_count(state)
+        params = [
+            Param(name, tuple(value.shape), None, llama_layer(name, n_layers), str(value.dtype).removeprefix("torch."))
+            for name, value in state.items()
+        ]
+        n = self.channel_sources
+        sources = Placement(Mesh(1, 1, n))
+        copies = Placement(Mesh(1, 1, self.channel.size - n), first=n)
+        return plan(params, sources, copies)
