@@ -4,7 +4,8 @@ this machine, the colocated plan, the auto-mapper's plan and the search's plan, 
 ones, and which plan is fastest by estimate and by measurement.
 
 The fourth plan, shared_copy, generates on a copy over both devices while the actor trains on
-one of them (a copy on devices its home shares).
+one of them (a copy on devices its home shares). The fifth, replica, trains the critic over both
+devices and computes its values on a replica on d1, reallocated into from both home ranks.
 
 1. Profile this machine and fit the local cluster (`workbench.planner.profiler.calibrate`), saved
    where the runs read it (`placement.calibration`): nothing the runs measure feeds the estimates.
@@ -55,6 +56,19 @@ PLANS = {
             "ref": {"devices": 2, "dp": 2},
             "values": {"devices": 1, "first_device": 1},
             "update_critic": {"devices": 1, "first_device": 1},
+            "update_actor": ONE_DEVICE,
+        },
+    },
+    # The critic trains p1t1d2 over d0-1 and its values run on a replica on d1 (reallocated into
+    # after each update); the actor and the reference on d0.
+    "replica": {
+        "name": "replica",
+        "calls": {
+            "gen": ONE_DEVICE,
+            "old_log_prob": ONE_DEVICE,
+            "ref": ONE_DEVICE,
+            "values": {"devices": 1, "first_device": 1},
+            "update_critic": {"devices": 2, "dp": 2},
             "update_actor": ONE_DEVICE,
         },
     },
