@@ -88,7 +88,7 @@ def test_generation_runs_ahead_within_the_staleness_bound(session, kit):
     for bound in (1, 2):
         trainer, rollout = split_pair(session, kit["model"])
         metrics = ahead[bound] = grpo(trainer, rollout, off_policy_correction="tis").fit(
-            kit["batches"], 5, log=None, asynchronous=True, max_staleness=bound
+            kit["batches"], 4, log=None, asynchronous=True, max_staleness=bound
         )
         stale = [m["async/staleness_max"] for m in metrics]  # from the rows' policy_version column
         assert max(stale) == bound, stale  # it ran ahead, and never further than the bound
@@ -99,7 +99,7 @@ def test_generation_runs_ahead_within_the_staleness_bound(session, kit):
     assert not [r for r in spans if r.role == "async_trainer" and r.method == "compute_log_prob"]
     trainer, rollout = split_pair(session, kit["model"])
     recomputed = grpo(trainer, rollout, off_policy_correction="tis", old_log_probs="recompute").fit(
-        kit["batches"], 5, log=None, asynchronous=True, max_staleness=2
+        kit["batches"], 4, log=None, asynchronous=True, max_staleness=2
     )
     assert [r for r in session.trace() if r.role == "async_trainer" and r.method == "compute_log_prob"]
     for fused, separate in zip(learned(metrics), learned(recomputed)):
@@ -127,7 +127,7 @@ def test_generation_runs_ahead_within_the_staleness_bound(session, kit):
     )
     rollout = session.group("async_rollout", ActorRolloutRefWorker, train_pool, actor_config(kit["model"], train=False))
     shared = grpo(trainer, rollout, off_policy_correction="tis").fit(
-        kit["batches"], 5, log=None, asynchronous=True, max_staleness=1
+        kit["batches"], 4, log=None, asynchronous=True, max_staleness=1
     )
     assert learned(shared) == learned(ahead[1])
     spans = [r for r in session.trace() if r.start >= since and "." not in r.method]

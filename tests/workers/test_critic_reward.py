@@ -111,11 +111,11 @@ def test_compiled_critic_and_reward_match_a_local_forward(session, reward_dir, r
     r = rollout["responses"].shape[1]
     assert (got - values[:, -r - 1 : -1] * rollout["response_mask"]).abs().max() <= 1e-5
     batch = rollout.union(Batch({"values": got, "returns": torch.ones_like(got)}))
-    metrics = [critic.update_critic(batch, CriticLoss()).get() for _ in range(3)]
+    metrics = [critic.update_critic(batch, CriticLoss()).get() for _ in range(2)]
     losses = [m["critic/vf_loss"] for m in metrics]
     assert losses[1] < losses[0], losses  # a step lowers the loss (later ones may overshoot on 6 rows)
-    # Only the first update follows compute_values: it reused that forward; the others computed their own.
-    assert [m["critic/values_forward_reused"] for m in metrics] == [1.0, 0.0, 0.0]
+    # Only the first update follows compute_values: it reused that forward; the second computed its own.
+    assert [m["critic/values_forward_reused"] for m in metrics] == [1.0, 0.0]
 
 
 def test_reused_values_forward_gives_the_update_recomputation_gives(session, reward_dir, rollout):

@@ -213,6 +213,7 @@ class ProbeWorker(Worker):
             model = loaded.model.train()
             vocab = model.config.vocab_size
             self._busy = (model_path, model, torch.optim.AdamW(model.parameters()), _batch(8, 16, 16, vocab))
+            self._busy_warm = False
         _, model, optimizer, batch = self._busy
 
         def step():
@@ -220,8 +221,9 @@ class ProbeWorker(Worker):
             optimizer.step()
             optimizer.zero_grad()
 
-        if self.rank < active:
-            step()  # warm: the first step allocates the optimizer's moments
+        if self.rank < active and not self._busy_warm:
+            step()  # warm, once per model: the first step allocates the optimizer's moments
+            self._busy_warm = True
         dist.barrier()
         if self.rank >= active:
             return 0.0
