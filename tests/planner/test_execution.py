@@ -172,10 +172,9 @@ def test_a_critics_replica_is_priced_as_its_reallocation_from_every_home_rank(ti
     assert one - two == pytest.approx(sends - gathers)
 
 
-def test_a_frozen_models_copy_moves_nothing_per_iteration(tiny_workload):
-    """A frozen model's second call elsewhere reads a copy loaded once: no per-iteration move,
-    whatever its layout; a trained model's copy is pushed every iteration."""
-    flow = Dataflow(
+def _scored_twice():
+    """The actor generates, a frozen scoring model scores twice, the actor trains."""
+    return Dataflow(
         "toy",
         (
             Call("gen", "actor", "generate"),
@@ -185,6 +184,12 @@ def test_a_frozen_models_copy_moves_nothing_per_iteration(tiny_workload):
         ),
         value_models=("rm",),
     )
+
+
+def test_a_frozen_models_copy_moves_nothing_per_iteration(tiny_workload):
+    """A frozen model's second call elsewhere reads a copy loaded once: no per-iteration move,
+    whatever its layout; a trained model's copy is pushed every iteration."""
+    flow = _scored_twice()
     ev = PlanEvaluator(flow, flow.model_specs("tiny-10m"), tiny_workload, cluster_preset("local", 4), n_iterations=2)
     layouts = {c.name: (DeviceMesh(0, 2), Mesh(1, 1, 2)) for c in flow.calls}
     layouts["rescore"] = (DeviceMesh(2, 2), Mesh(1, 2, 1))
@@ -198,16 +203,7 @@ def test_the_copies_the_runtime_keeps_are_static_memory(tiny_workload):
     """A copy the runtime keeps between calls (a frozen model's, a rollout group's) is static on
     its devices, counted once however many calls read it; a layout only ReaLHF's reallocation
     moves into holds its weights for the call alone."""
-    flow = Dataflow(
-        "toy",
-        (
-            Call("gen", "actor", "generate"),
-            Call("score", "rm", "inference", ("gen",)),
-            Call("rescore", "rm", "inference", ("score",)),
-            Call("train", "actor", "train", ("rescore",)),
-        ),
-        value_models=("rm",),
-    )
+    flow = _scored_twice()
     specs = flow.model_specs("tiny-10m")
     ev = PlanEvaluator(flow, specs, tiny_workload, cluster_preset("local", 4))
     home, apart = (DeviceMesh(0, 2), Mesh(1, 1, 2)), (DeviceMesh(2, 2), Mesh(1, 1, 2))
