@@ -46,11 +46,9 @@ def _two_model_flow():
     )
 
 
-def test_consecutive_iterations_overlap_when_dependencies_allow(tiny_workload):
-    # Actor on d0-1, a frozen scoring model on d2-3. Iteration 1's generation needs only
-    # iteration 0's actor update, not iteration 0's score, so (as ReaLHF's runtime runs them)
-    # the score of one iteration runs beside the actor's calls of the same or the next one.
-    flow = Dataflow(
+def _scored_beside_training():
+    """The actor generates, then trains while a frozen scoring model scores the generation."""
+    return Dataflow(
         "toy",
         (
             Call("gen", "actor", "generate"),
@@ -59,6 +57,13 @@ def test_consecutive_iterations_overlap_when_dependencies_allow(tiny_workload):
         ),
         value_models=("rm",),
     )
+
+
+def test_consecutive_iterations_overlap_when_dependencies_allow(tiny_workload):
+    # Actor on d0-1, a frozen scoring model on d2-3. Iteration 1's generation needs only
+    # iteration 0's actor update, not iteration 0's score, so (as ReaLHF's runtime runs them)
+    # the score of one iteration runs beside the actor's calls of the same or the next one.
+    flow = _scored_beside_training()
     cluster = cluster_preset("local")
     ev = PlanEvaluator(
         flow, flow.model_specs("tiny-10m"), tiny_workload, cluster, n_iterations=2, overlap_iterations=True
@@ -90,15 +95,7 @@ def test_a_synchronous_step_ends_before_the_next_one_starts(tiny_workload):
     """The workbench's algorithms return a step's metrics before the driver issues the next
     step: no call of iteration 1 (nor its weight push) starts before every call of iteration 0
     has ended, and the iteration is the sum of the steps' critical paths."""
-    flow = Dataflow(
-        "toy",
-        (
-            Call("gen", "actor", "generate"),
-            Call("train", "actor", "train", ("gen",)),
-            Call("score", "rm", "inference", ("gen",)),
-        ),
-        value_models=("rm",),
-    )
+    flow = _scored_beside_training()
     cluster, specs = cluster_preset("local", 4), flow.model_specs("tiny-10m")
     # A deeper scoring model: its score outlasts the actor's update, so the next generation
     # could start before it ends if steps overlapped.
