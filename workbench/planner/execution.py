@@ -142,25 +142,29 @@ class PlanEvaluator:
         held = set()  # copies the runtime keeps between calls: static on their devices, once
         for c in self.flow.calls:
             mesh_, s = plan.layouts[c.name]
-            copy = self._held_copy(c, mesh_, s, plan)
-            if copy is not None and (c.model, mesh_, s) not in held:
+            copy = self._copy_of(c, plan)
+            if copy in ("frozen", "rollout", "replica") and (c.model, mesh_, s) not in held:
                 held.add((c.model, mesh_, s))
+                spec = self.specs[c.model]
+                # A replica holds FSDP shards; a frozen copy and a rollout engine whole weights.
+                v = generation_weights(spec, s) / s.dp if copy == "replica" else static_memory(spec, s, False).params
                 for d in range(*mesh_.span):
-                    static[d] += copy
+                    static[d] += v
         dyn, kv_budget = [0.0] * n, {}
         for c in self.flow.calls:
             mesh_, s = plan.layouts[c.name]
             spec = self.specs[c.model]
-            home_mesh, home_s = self.home(c.model, plan)
-            if (mesh_, s) == (home_mesh, home_s) or (c.model, mesh_, s) in held:
-                extra = 0.0
-            elif c.kind == "generate" and mesh_ == home_mesh and is_generation_layout(home_s, s):
+            copy = self._copy_of(c, plan)
+            if copy == "switch":
                 # The 3D-HybridEngine on the model's own devices: Table 2's resident weights
                 # (shard + redundancy) replace the static training weights.
+                home_s = self.home(c.model, plan)[1]
                 home_params = static_memory(spec, home_s, True, self.wl.param_sharding).params
                 extra = max(0.0, transition(spec, home_s, s, self.wl.transition).resident_params - home_params)
-            else:  # reallocated in for the call (ReaLHF's runtime) and given up after it
+            elif copy == "realloc":  # reallocated in for the call (ReaLHF's runtime), given up after it
                 extra = generation_weights(spec, s)
+            else:  # the home, or a copy kept (static, above)
+                extra = 0.0
             if c.kind == "train":
                 need = train_activations(spec, s, self.wl) + extra
             elif c.kind == "inference":
@@ -178,24 +182,25 @@ class PlanEvaluator:
                     dyn[d] = need
         return static, dyn, kv_budget
 
-    def _held_copy(self, c, mesh_: DeviceMesh, s: Mesh, plan: ExecutionPlan) -> float | None:
-        """Bytes per device of the copy of `c`'s model the runtime keeps for a call away from
-        its home (`workbench.planner.call_deploy`), or None where it keeps none: the home
-        itself, the hybrid engine's generation layout, and a trained model's tensor- or
-        pipeline-parallel layouts (only ReaLHF's reallocation moves weights into those, for the
-        call). A frozen model's copy and a rollout group hold whole weights per data-parallel
-        rank; a trained model's replica (the critic's values) holds them as FSDP shards."""
-        home_mesh, home_s = self.home(c.model, plan)
+    def _copy_of(self, c, plan: ExecutionPlan) -> str | None:
+        """What the runtime runs call `c` on away from its model's home
+        (`workbench.planner.call_deploy`), or None at the home: "switch" (the hybrid engine's
+        generation layout on the model's own devices), "frozen" (a frozen model's copy, loaded
+        once), "rollout" (a rollout group, pushed after each update), "replica" (a trained
+        model's data-parallel copy, reallocated into after each update) or "realloc" (a tensor-
+        or pipeline-parallel layout of a trained model, which only ReaLHF's runtime moves into,
+        for the call)."""
+        (home_mesh, home_s), (mesh_, s) = self.home(c.model, plan), plan.layouts[c.name]
         trained = c.model in self.train_call
         if (mesh_, s) == (home_mesh, home_s):
             return None
         if c.kind == "generate" and trained and mesh_ == home_mesh and is_generation_layout(home_s, s):
-            return None
-        if trained and (s.tp > 1 or s.pp > 1):
-            return None
-        if trained and c.kind != "generate":
-            return generation_weights(self.specs[c.model], s) / s.dp
-        return static_memory(self.specs[c.model], s, False).params
+            return "switch"
+        if not trained:
+            return "frozen"
+        if s.tp > 1 or s.pp > 1:
+            return "realloc"
+        return "rollout" if c.kind == "generate" else "replica"
 
     def call_cost(self, call_name: str, mesh_: DeviceMesh, s: Mesh, kv_budget: float = float("inf")) -> float:
         c = self.flow.call(call_name)
@@ -278,16 +283,17 @@ class PlanEvaluator:
             readers = [ids[o.name, k] for o in self.flow.calls_of(m) if o.name != c.name and (o.name, k) in ids]
             return after + readers
         (src_mesh, src_s), (dst_mesh, dst_s) = self.home(m, plan), plan.layouts[c.name]
-        if (src_mesh, src_s) == (dst_mesh, dst_s):
+        copy = self._copy_of(c, plan)
+        if copy is None:
             return after
+        if copy == "frozen":
+            return []  # a frozen model's copy holds its own weights: nothing moves per iteration
         devs = (src_mesh.span,) if src_mesh == dst_mesh else (src_mesh.span, dst_mesh.span)
-        if c.kind == "generate" and train and src_mesh == dst_mesh and is_generation_layout(src_s, dst_s):
+        if copy == "switch":
             # The reallocation's special case the runtime runs here: the 3D-HybridEngine's
             # switch on the model's own devices (Table 2's bytes), as `memory` counts it.
             cost = self.sim.reshard_time(self.specs[m], src_s, dst_s)
-        elif not train:
-            return []  # a frozen model's copy holds its own weights: nothing moves per iteration
-        elif dst_s.tp == dst_s.pp == 1:
+        elif copy in ("rollout", "replica"):
             # A data-parallel copy of a trained model, as the runtime makes one, brought up to
             # date after each update, once for every call that reads that copy: a rollout group
             # by the home's broadcast, a replica (other calls: the critic's values) by
@@ -295,7 +301,7 @@ class PlanEvaluator:
             key = ("push", m, dst_mesh, dst_s, k)
             if key not in ids:
                 crosses = _cross_nodes(src_mesh, dst_mesh, self.cluster.devices_per_node)
-                if c.kind == "generate":
+                if copy == "rollout":
                     cost, label = self.sim.weight_push_time(self.specs[m], src_s, dst_s, crosses), "push"
                 else:
                     cost, label = self.sim.replica_realloc_time(self.specs[m], src_s, dst_s, crosses), "realloc"

@@ -88,13 +88,13 @@ class WeightLink:
         self.hostsets = (trained.hostset, copy.hostset)
         nodes = set(trained.pool.node_ids) | set(copy.pool.node_ids)
         shared = trained.pool.shares_devices(copy.pool)
-        sources = trained.world_size if self.reallocates else 0
-        size = max(1, sources) + copy.world_size
-        address = trained.open_weight_channel(size, len(nodes) <= 1, shared).get()
+        sources = trained.world_size if self.reallocates else 0  # 0: the trained rank 0 broadcasts
+        first_copy_rank = max(1, sources)
+        address = trained.open_weight_channel(first_copy_rank + copy.world_size, len(nodes) <= 1, shared).get()
         with joint_calls():  # the channel's rendezvous needs both groups at once
             joined = [
                 trained.join_weight_channel(address, 0, sources),
-                copy.join_weight_channel(address, max(1, sources), sources),
+                copy.join_weight_channel(address, first_copy_rank, sources),
             ]
         for future in joined:
             future.get()
