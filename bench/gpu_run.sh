@@ -7,8 +7,10 @@
 #   bash bench/gpu_run.sh                 # there, with .cache/gpu_wheels carried
 #
 # Exit status: 0 when every check passed; 1 when a check failed or a script ran out of time;
-# 2 when the wheels did not install. BASIC_LIMIT=0 runs gpu_check_real.py alone. PYTHON, WHEELS and the limits may be set to dry-run it
-# elsewhere; arguments go to gpu_check_real.py (e.g. --cpu).
+# 2 when the wheels did not install. A limit of 0 leaves its check out: REAL_LIMIT
+# (gpu_check_real.py), BASIC_LIMIT (gpu_check.py), REALLOC_LIMIT (tests/hybrid/test_reallocate.py
+# with its pieces on the GPU: six ranks share it over gloo, through host memory). PYTHON, WHEELS
+# and the limits may be set to dry-run it elsewhere; arguments go to gpu_check_real.py (e.g. --cpu).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -16,6 +18,7 @@ WHEELS=${WHEELS:-.cache/gpu_wheels}
 OUT=${OUT:-/tmp/gpu_run_out}
 REAL_LIMIT=${REAL_LIMIT:-240}
 BASIC_LIMIT=${BASIC_LIMIT:-120}
+REALLOC_LIMIT=${REALLOC_LIMIT:-120}
 LOG="$OUT/gpu_check.txt"
 SITE=$(mktemp -d /tmp/gpu_site.XXXXXX)
 mkdir -p "$OUT"
@@ -44,6 +47,9 @@ check() {
     echo "== exit $rc after $((SECONDS - start)) s" | tee -a "$LOG"
     [ "$rc" = 0 ] || status=1
 }
-check "$REAL_LIMIT" bench/gpu_check_real.py "$@"
+[ "$REAL_LIMIT" = 0 ] || check "$REAL_LIMIT" bench/gpu_check_real.py "$@"
+# -o addopts=: the project's addopts name nbval, which that machine lacks
+export WORKBENCH_TEST_DEVICE=cuda  # read by that test alone
+[ "$REALLOC_LIMIT" = 0 ] || check "$REALLOC_LIMIT" -m pytest -o addopts= -p no:cacheprovider -q tests/hybrid/test_reallocate.py
 [ "$BASIC_LIMIT" = 0 ] || check "$BASIC_LIMIT" bench/gpu_check.py  # BASIC_LIMIT=0 leaves it out
 exit $status

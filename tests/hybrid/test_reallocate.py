@@ -22,11 +22,17 @@ from workbench.hybrid.reallocate import Reallocator, piece_of
 from workbench.planner import realloc_bytes
 
 WORLD = 6
+DEVICE = os.environ.get("WORKBENCH_TEST_DEVICE", "cpu")
+"""Where the pieces live: "cuda" on a GPU machine (bench/gpu_run.sh runs this file so), where
+every rank shares one GPU and gloo moves the pieces through host memory."""
 RUNS = [(name, "float32", False) for name in PAIRS] + [
     ("2-2-1 -> 1-2-2", "bfloat16", False),
     ("1-2-1 -> 2-1-1 other pool", "bfloat16", False),
     ("2-2-1 -> 1-2-2", "float32", True),  # kept pieces become views of the source
     ("1-1-2 -> 1-2-2 other pool", "float32", "by unit"),  # the source given one layer unit at a time
+    # messages staged in host memory, as gloo needs for CUDA pieces (forced here on CPU pieces)
+    ("2-2-1 -> 1-2-2", "float32", "through host"),
+    ("1-2-1 -> 2-1-1 other pool", "bfloat16", "through host"),
 ]
 
 
@@ -37,7 +43,9 @@ def _model(dtype: str) -> tuple[list[Param], dict[str, torch.Tensor]]:
     return params, full
 
 
-def _worker(rank: int, store_dir: str, out_dir: str) -> None:
+def _worker(rank: int, store_dir: str, out_dir: str, device: str = "cpu") -> None:
+    """Every run of RUNS on this rank, its results to out_dir/rank{rank}.json. `device`: where
+    the pieces live (bench/gpu_check_realhf.py runs it with "cuda": gloo through host memory)."""
     torch.set_num_threads(1)
     timeout = timedelta(seconds=120)
     dist.init_process_group(
@@ -57,28 +65,38 @@ def _worker(rank: int, store_dir: str, out_dir: str) -> None:
         src, dst = Placement(m1, f1), Placement(m2, f2)
         p = plan(params, src, dst)
         units = len(p.layers)
-        source = {q.name: t for q in params if (t := piece_of(full[q.name], q, src, rank, units)) is not None}
+        source = {
+            q.name: t.to(device) for q in params if (t := piece_of(full[q.name], q, src, rank, units)) is not None
+        }
         group = pools if "pool" in name else None
         dist.barrier()
         asked: list[list[str]] = []
+        reallocator = Reallocator(p, group=group, device=device)
+        reallocator.through_host |= alias == "through host"
         if alias == "by unit":  # as a sharded source gathers it: each unit's pieces, then dropped
 
             def by_unit(names, source=source, asked=asked):
                 asked.append(names)
                 return {n: source[n] for n in names if n in source}
 
-            got, stats = Reallocator(p, group=group).run(by_unit)
+            got, stats = reallocator.run(by_unit)
         else:
-            got, stats = Reallocator(p, group=group).run(source, alias=alias)
+            got, stats = reallocator.run(source, alias=alias is True)
         wrong = []
         for q in params:
             want = piece_of(full[q.name], q, dst, rank, units)
-            if (want is None) != (q.name not in got) or (want is not None and not torch.equal(got[q.name], want)):
+            if (want is None) != (q.name not in got) or (want is not None and not torch.equal(got[q.name].cpu(), want)):
                 wrong.append(q.name)
         ptrs = {t.untyped_storage().data_ptr() for t in source.values()}
         views = sum(t.untyped_storage().data_ptr() in ptrs for t in got.values())
         asked_units = [sorted({q.layer for q in params if q.name in names}) for names in asked]
-        results[f"{name} {dtype} {alias}"] = {**stats.as_dict(), "wrong": wrong, "views": views, "asked": asked_units}
+        results[f"{name} {dtype} {alias}"] = {
+            **stats.as_dict(),
+            "wrong": wrong,
+            "views": views,
+            "asked": asked_units,
+            "staged": reallocator.through_host,
+        }
     # bad input: a source piece of the wrong shape is refused with the weight and rank named
     params, full = _model("float32")
     alone = plan(params, Placement(Mesh(), ranks=(rank,)), Placement(Mesh(), ranks=(rank,)))
@@ -95,7 +113,7 @@ def _worker(rank: int, store_dir: str, out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def counted(tmp_path_factory):
     store, out = tmp_path_factory.mktemp("store"), tmp_path_factory.mktemp("out")
-    mp.spawn(_worker, args=(str(store), str(out)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(str(store), str(out), DEVICE), nprocs=WORLD, join=True)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 
@@ -113,6 +131,8 @@ def test_reallocated_weights_are_bit_identical_and_bytes_equal_the_planners(coun
         sources = range(f1, f1 + m1.world_size)
         units = [[u] for u in range(SHAPE[1] + 2)]
         assert all(counted[r][key]["asked"] == (units if r in sources else []) for r in range(WORLD))
+    # staged in host memory where asked (here) or where gloo meets CUDA pieces (on a GPU)
+    assert all(counted[r][key]["staged"] == (alias == "through host" or DEVICE == "cuda") for r in range(WORLD))
     for r in range(WORLD):
         row = counted[r][key]
         assert row["wrong"] == [], (r, row["wrong"])

@@ -18,7 +18,10 @@ The group is any torch.distributed group holding every rank of the plan (plan ra
 ranks): the default world, a `new_group`, or a separate group between two pools' processes built
 from a store (`open_group`, the weight channel's pattern). gloo on CPU, NCCL on CUDA (there a
 group's first batched point-to-point call must involve all its ranks: where some take no part,
-run any collective on the group first, e.g. a barrier). Checked here on gloo only.
+run any collective on the group first, e.g. a barrier). gloo over CUDA pieces (a weight channel
+between processes sharing a GPU, where NCCL refuses two ranks on one device) goes through host
+memory: gloo's send and receive take CPU tensors only, so each message is copied to or from a
+host buffer around its transfer (`through_host`).
 """
 
 from __future__ import annotations
@@ -116,6 +119,8 @@ class Reallocator:
         self.local = [f for _, _, local, _, _ in self.layers for f in local]
         self.viewable = {f: self._viewable(f) for f in self.local}
         self.arena = torch.empty(arena, dtype=torch.uint8, device=self.device)
+        self.through_host = self.device.type == "cuda" and backend_of(group) == "gloo"
+        """Whether messages are staged in host memory (gloo with CUDA pieces)."""
 
     def _prepare(self, fragments: tuple[Fragment, ...]):
         """(legs to send, legs to receive, local fragments, destination names, staging bytes)."""
@@ -254,7 +259,7 @@ class Reallocator:
                 if leg.staged_at is not None:
                     for f, at, shape in leg.fragments:
                         self._slice(out[f.name], f, f.dst_start).copy_(self._staging(leg, f, at, shape))
-            stats.messages += len(works)
+            stats.messages += len(outgoing) + len(incoming)
             if done is not None and names:
                 done(names)
         if self.device.type == "cuda":
@@ -264,12 +269,22 @@ class Reallocator:
 
     # ---- helpers -------------------------------------------------------------------------------
     def _post(self, sends: list, recvs: list) -> list:
-        """Post every send and receive of a layer before waiting for any: one batch through
-        torch.distributed (a group it knows), or straight on the backend of a group built from a
-        store (`open_group`; torch.distributed's p2p API refuses groups it did not register).
-        Messages between one pair go in plan order on both ends, which is how they match."""
+        """Post every send and receive of a layer before waiting for any; under `through_host`
+        from host copies and into host buffers, which land in their device pieces on wait()."""
         if not (sends or recvs):
             return []
+        if not self.through_host:
+            return self._transfer(sends, recvs)
+        host_sends = [(p, t.to("cpu")) for p, t in sends]  # a synchronous copy: ready to send
+        host_recvs = [(p, torch.empty(t.shape, dtype=t.dtype)) for p, t in recvs]
+        works = self._transfer(host_sends, host_recvs)
+        return [_HostLanding(works, [(t, host) for (_, t), (_, host) in zip(recvs, host_recvs)])]
+
+    def _transfer(self, sends: list, recvs: list) -> list:
+        """One batch through torch.distributed (a group it knows), or straight on the backend of
+        a group built from a store (`open_group`; torch.distributed's p2p API refuses groups it
+        did not register). Messages between one pair go in plan order on both ends, which is how
+        they match."""
         if self.registered:
             ops = [dist.P2POp(dist.isend, t, group=self.group, group_peer=p) for p, t in sends]
             ops += [dist.P2POp(dist.irecv, t, group=self.group, group_peer=p) for p, t in recvs]
@@ -322,6 +337,31 @@ class Reallocator:
         assert leg.staged_at is not None
         start = leg.staged_at + at
         return self.arena[start : start + f.nbytes].view(self._dtype(f.name)).view(shape)
+
+
+class _HostLanding:
+    """A layer's messages staged in host memory, waited on as one: wait() waits for every
+    transfer, then copies each received host buffer into its device piece."""
+
+    def __init__(self, works: list, landings: list[tuple[torch.Tensor, torch.Tensor]]):
+        self.works, self.landings = works, landings
+
+    def wait(self) -> None:
+        for w in self.works:
+            w.wait()
+        for device_piece, host in self.landings:
+            device_piece.copy_(host)
+
+
+def backend_of(group) -> str:
+    """The backend's name of `group` (None: the default group), registered with
+    torch.distributed or built from a store (`open_group`)."""
+    if group is None:
+        return str(dist.get_backend())
+    try:
+        return str(dist.get_backend(group))
+    except (ValueError, RuntimeError):  # not in the world's map: a backend object of its own
+        return group.name()
 
 
 def _contiguous_slice(shape: tuple[int, ...], f: Fragment) -> bool:
