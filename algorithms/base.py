@@ -101,6 +101,11 @@ class AlgoConfig:
     pi_old ("recompute" or "update", not "rollout")."""
     is_cap: float | None = 2.0
     """The corrections' cap on pi_old / pi_behav (> 1); None: no cap (not for "tis")."""
+    rollout_weights: str = "broadcast"
+    """How a rollout group (Groups.rollout) takes the actor's weights after each update:
+    "broadcast" (the actor's rank 0 sends every tensor, gathered from the shards; LoRA sends the
+    adapters alone) or "reallocate" (ReaLHF's reallocation: every actor rank a source, a layer
+    unit at a time, rollout rank i from actor rank i mod n; an FSDP actor without LoRA)."""
     env: Environment | None = None
     """Sample multi-turn episodes in this environment (the actor's generate_episodes: policy
     turns and tool observations, the observations masked out of the loss) instead of single
@@ -129,6 +134,8 @@ class AlgoConfig:
                 raise ConfigError(
                     f"{owner}.{name}", value, f"use one of {sorted(registry.entries)}, or pass the function itself"
                 )
+        if self.rollout_weights not in ("broadcast", "reallocate"):
+            raise ConfigError(f"{owner}.rollout_weights", self.rollout_weights, "use 'broadcast' or 'reallocate'")
         checks.real(owner, "gamma", self.gamma, 0, 1, fix="use a discount in [0, 1]")
         checks.real(owner, "lam", self.lam, 0, 1, fix="use a GAE lambda in [0, 1]")
         for name in ("clip_ratio_low", "clip_ratio_high"):
@@ -358,8 +365,14 @@ class Algorithm:
         from workbench.workers.rollout_link import RolloutLink  # the worker stack, only when used
 
         link = self._link
-        if link is None or not link.current() or link.rollout is not self.groups.rollout:
-            link = self._link = RolloutLink(self.groups.actor, self.groups.rollout)
+        reallocate = self.config.rollout_weights == "reallocate"
+        if (
+            link is None
+            or not link.current()
+            or link.rollout is not self.groups.rollout
+            or link.reallocates != reallocate
+        ):
+            link = self._link = RolloutLink(self.groups.actor, self.groups.rollout, reallocate)
         link.push(self.iteration)
         self.rollout_version = self.iteration
 

@@ -2,6 +2,7 @@
 rollout group generates on another, weights pass through a real gloo weight channel."""
 
 import sys
+import time
 
 import pytest
 import ray
@@ -13,8 +14,10 @@ from workbench.engines.contract import OptimConfig
 from workbench.engines.rollout import SamplingConfig
 from workbench.errors import ConfigError
 from workbench.models import load, make_tiny
+from workbench.models.lora import LoRAConfig
 from workbench.run.checkpoint import RunCheckpointer
 from workbench.workers import ActorConfig, ActorRolloutRefWorker
+from workbench.workers.rollout_link import reallocatable
 from workbench.workers.rule_reward import RuleReward
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -82,6 +85,23 @@ def test_staleness_zero_is_the_synchronous_colocated_run_bit_exactly(session, ki
     assert learned(pipelined) == learned(reference)
     assert len({m["actor/pg_loss"] for m in reference}) == 3  # it learned: the weights moved
 
+    # The rollout group reallocated into (every actor rank a source, a layer unit at a time)
+    # instead of broadcast to: the same weights arrive, so the same run.
+    since = time.time()
+    reallocated = grpo(*split_pair(session, kit["model"]), rollout_weights="reallocate").fit(
+        kit["batches"], 3, log=None, asynchronous=True, max_staleness=0
+    )
+    assert learned(reallocated) == learned(reference)
+    spans = [r for r in session.trace() if r.start >= since]
+    # the processes of this run (the groups before it, under the same roles, may still be pushing)
+    pids = {r.pid for r in spans if r.method in ("generate_sequences", "update_actor")}
+    sent = [r for r in spans if r.method == "async.send_weights" and r.pid in pids]
+    received = [r for r in spans if r.method == "async.receive_weights" and r.pid in pids]
+    model_bytes = sum(t.numel() * t.element_size() for t in load(kit["model"]).model.state_dict().values())
+    assert len(sent) >= 2 and len(received) >= 2  # the push after the last update may still run
+    assert all(r.extra["bytes_sent"] == model_bytes and r.extra["layers"] > 2 for r in sent)
+    assert all(r.extra["bytes_received"] == model_bytes and r.extra["layers"] > 2 for r in received)
+
 
 def test_generation_runs_ahead_within_the_staleness_bound(session, kit):
     ahead: dict[int, list] = {}
@@ -118,8 +138,6 @@ def test_generation_runs_ahead_within_the_staleness_bound(session, kit):
 
     # The rollout on the trainer's own device: the weight link's calls run as joint calls (over
     # gloo), the two groups take turns there, and the run learns what the run apart learned.
-    import time
-
     since = time.time()
     train_pool = session.pool("async_train", 1)
     trainer = session.group(
@@ -154,8 +172,6 @@ def test_a_checkpoint_mid_pipeline_resumes_to_the_same_metrics(session, kit, tmp
 
 
 def test_a_background_fit_runs_the_pipeline_and_feeds_the_live_views(session, kit):
-    import time
-
     from widgets import LiveTimeline, MetricsDashboard
 
     trainer, rollout = split_pair(session, kit["model"])
@@ -179,5 +195,13 @@ def test_refusals_name_the_role_and_the_fix(session, kit):
         grpo(trainer, rollout).fit(kit["batches"], 1, log=None, asynchronous=True, max_staleness=-1)
     with pytest.raises(ConfigError, match="train=False"):
         grpo(trainer, trainer).step(kit["batches"][0])
+    with pytest.raises(ConfigError, match=r"rollout_weights.*'broadcast' or 'reallocate'"):
+        grpo(trainer, rollout, rollout_weights="scatter")
+    # reallocation moves whole weights out of an FSDP engine: not LoRA's adapters, not DeepSpeed's
+    lora = actor_config(kit["model"], rollout=None, lora=LoRAConfig(rank=4))
+    assert reallocatable(trainer.config, rollout.config)
+    assert not reallocatable(lora, rollout.config)
+    assert not reallocatable(actor_config(kit["model"], rollout=None, backend="deepspeed"), rollout.config)
+    assert not reallocatable(trainer.config, trainer.config)  # no rollout engine to load into
     with pytest.raises(ValueError, match=r"old_log_probs='rollout' .* max_staleness=1 .*old_log_probs='auto'"):
         grpo(trainer, rollout, old_log_probs="rollout").fit(kit["batches"], 1, log=None, asynchronous=True)

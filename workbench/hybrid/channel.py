@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -109,9 +110,10 @@ class WeightChannel:
         options.rootRank = 0
         self.group.broadcast([tensor], options).wait()
 
-    def _header(self, header: tuple | None) -> tuple | None:
-        """Rank 0's header (or the end mark, None) on every member."""
-        payload = pickle.dumps(header) if self.rank == 0 else b""
+    def share(self, value: Any) -> Any:
+        """Rank 0's `value` on every member (pickled; the others pass anything, e.g. None).
+        Collective over the channel."""
+        payload = pickle.dumps(value) if self.rank == 0 else b""
         length = torch.tensor([len(payload)], dtype=torch.int64, device=self.device)
         self._broadcast(length)
         data = torch.empty(int(length.item()), dtype=torch.uint8, device=self.device)
@@ -127,12 +129,12 @@ class WeightChannel:
         stats, start = TransferStats(), time.perf_counter()
         for name, tensor in named:
             tensor = tensor.detach().to(self.device).contiguous()
-            self._header((name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch.")))
+            self.share((name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch.")))
             self._broadcast(tensor)
             stats.tensors += 1
             stats.bytes_sent += tensor.numel() * tensor.element_size() * (self.size - 1)
             stats.names.append(name)
-        self._header(None)
+        self.share(None)
         stats.seconds = time.perf_counter() - start
         return stats
 
@@ -142,7 +144,7 @@ class WeightChannel:
         if self.rank == 0:
             raise WeightSyncError("weight channel: rank 0 sends; receivers are ranks 1..size-1")
         start = time.perf_counter()
-        while (header := self._header(None)) is not None:
+        while (header := self.share(None)) is not None:
             name, shape, dtype = header
             tensor = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
             self._broadcast(tensor)

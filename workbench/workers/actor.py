@@ -448,9 +448,13 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember):
     # ---- weights between pools (a rollout group on devices of its own) ----------------------
     @register(ONE_TO_ALL)
     def send_weights(self, version: int) -> dict:
-        """The trained weights (LoRA: the adapters alone) to the rollout group's ranks, one
-        tensor at a time: every rank gathers each from the shards, rank 0 broadcasts it."""
+        """The trained weights (LoRA: the adapters alone) to the rollout group's ranks: by
+        reallocation where the channel reallocates (every rank sends its share, a layer unit at
+        a time), else one tensor at a time, every rank gathering it from the shards and rank 0
+        broadcasting it."""
         self._trained_model()
+        if self.channel_sources:
+            return self.reallocate_over_channel(version, "async.send_weights", engine=self.engine)
         return self.send_over_channel(self._weights_to_sync(), version, "async.send_weights")
 
     @register(ONE_TO_ALL)
@@ -466,7 +470,10 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember):
             else:
                 self.rollout.load_weights(incoming)
 
-        stats = self.receive_over_channel(load, version, "async.receive_weights")
+        if self.channel_sources:  # a layer unit at a time, straight into the rollout engine
+            stats = self.reallocate_over_channel(version, "async.receive_weights", load=self.rollout.load_weights)
+        else:
+            stats = self.receive_over_channel(load, version, "async.receive_weights")
         self.rollout_version = self.received_version = version
         return stats
 

@@ -204,7 +204,7 @@ class CriticWorker(Worker, WeightChannelMember):
         (every rank sends its share, a layer unit at a time), else broadcast from rank 0 one
         tensor at a time (gathered from the shards)."""
         if self.channel_sources:
-            return self.reallocate_over_channel(self.engine, version, "replica.send_weights")
+            return self.reallocate_over_channel(version, "replica.send_weights", engine=self.engine)
         return self.send_over_channel(self.engine.iter_full_weights(), version, "replica.send_weights")
 
     @register(ONE_TO_ALL)
@@ -212,7 +212,7 @@ class CriticWorker(Worker, WeightChannelMember):
         """Load the weights of the critic trained elsewhere into this replica's shards, in place."""
         self.kept = None  # a kept forward ran on the old weights
         if self.channel_sources:
-            return self.reallocate_over_channel(self.engine, version, "replica.receive_weights")
+            return self.reallocate_over_channel(version, "replica.receive_weights", load=self.engine.load_full_weights)
         return self.receive_over_channel(self.engine.load_full_weights, version, "replica.receive_weights")
 
     # ---- checkpoints -------------------------------------------------------------------------

@@ -7,7 +7,8 @@ actor's device by device, and the link's calls, which meet in one collective, ru
 calls (`workbench.controller.joint_calls`). The link joins the actor's rank 0 and every rollout
 rank in one weight channel (workbench.hybrid.channel); `push(version)` then sends the current
 weights — all of them, or the LoRA adapters alone — one tensor at a time, loaded in place on
-each rollout rank. It returns at once: the actor's ranks send after the calls queued before (an
+each rollout rank. With `reallocate` every actor rank joins as a source and the push is a
+reallocation, a layer unit at a time (workbench.workers.weight_member). It returns at once: the actor's ranks send after the calls queued before (an
 update), the rollout's ranks take the weights after theirs (a generation in flight), and the
 generations asked for afterwards use them. Both sides record spans (`async.send_weights`,
 `async.receive_weights`) with their bytes.
@@ -63,6 +64,16 @@ def check_rollout_pair(actor: Any, rollout: Any) -> None:
         )
 
 
+def reallocatable(trained: Any, copy: Any) -> bool:
+    """Whether reallocation can move `trained`'s weights (configs) into `copy`: whole weights out
+    of an FSDP engine, into a critic's FSDP replica or an actor's rollout group (not LoRA's
+    adapters, which only a broadcast sends)."""
+    if isinstance(trained, CriticConfig):
+        return trained.backend == "fsdp" and isinstance(copy, CriticConfig) and copy.backend == "fsdp"
+    actor = getattr(trained, "train", False) and getattr(trained, "backend", None) == "fsdp"
+    return bool(actor and trained.lora is None and getattr(copy, "rollout", None) is not None)
+
+
 class WeightLink:
     """A weight channel from a trained group to every rank of a copy of its model in another
     group (a rollout group, a critic's replica), on other devices or some of the same: both
@@ -70,20 +81,23 @@ class WeightLink:
 
     `reallocate`: move the weights by ReaLHF's layer-by-layer reallocation, every trained rank a
     source (workbench.hybrid.reallocate), instead of a broadcast from the trained group's rank 0.
-    Both groups must hold FSDP engines of the same model (a critic and its replica); None picks
-    it where they do."""
+    It needs an FSDP trained group sending whole weights (`reallocatable`); None picks it for a
+    critic and its replica."""
 
     def __init__(self, trained: Any, copy: Any, reallocate: bool | None = None):
-        configs = [getattr(g, "config", None) for g in (trained, copy)]
-        reallocates = all(isinstance(c, CriticConfig) and c.backend == "fsdp" for c in configs)
-        if reallocate and not reallocates:
+        trained_config, copy_config = (getattr(g, "config", None) for g in (trained, copy))
+        if reallocate and not reallocatable(trained_config, copy_config):
             raise ConfigError(
                 "WeightLink(reallocate=True)",
                 (trained.role, copy.role),
-                "reallocation moves weights between FSDP engines of a critic and its replica "
-                "(both backend='fsdp'); use reallocate=None or False for a broadcast",
+                "reallocation moves whole weights out of an FSDP engine: a critic to its replica (both "
+                "backend='fsdp') or an actor without LoRA (backend='fsdp') to a rollout group; use "
+                "reallocate=None or False for a broadcast",
             )
-        self.reallocates = reallocates if reallocate is None else reallocate
+        critics = all(isinstance(c, CriticConfig) for c in (trained_config, copy_config))
+        self.reallocates = (
+            (critics and reallocatable(trained_config, copy_config)) if reallocate is None else reallocate
+        )
         self.trained, self.copy = trained, copy
         self.hostsets = (trained.hostset, copy.hostset)
         nodes = set(trained.pool.node_ids) | set(copy.pool.node_ids)
@@ -120,11 +134,13 @@ class WeightLink:
 
 
 class RolloutLink(WeightLink):
-    """A weight channel from `actor` (trained) to `rollout` (generation only)."""
+    """A weight channel from `actor` (trained) to `rollout` (generation only): a broadcast, or
+    with `reallocate` every actor rank sends its share, a layer unit at a time, and each rollout
+    rank loads a unit into its engine as it arrives (AlgoConfig.rollout_weights)."""
 
-    def __init__(self, actor: Any, rollout: Any):
+    def __init__(self, actor: Any, rollout: Any, reallocate: bool = False):
         check_rollout_pair(actor, rollout)
-        super().__init__(actor, rollout, reallocate=False)
+        super().__init__(actor, rollout, reallocate=reallocate)
 
     @property
     def actor(self) -> Any:

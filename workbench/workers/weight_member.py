@@ -7,7 +7,9 @@ moved in the trace. Two ways to move them:
   * a reallocation (workbench.hybrid.reallocate): every rank of the trained group joins and is a
     source; one layer unit at a time, each gathers the unit from its FSDP shards and sends whole
     weights point to point to its share of the copy's ranks (copy rank i from source i mod n), so
-    n sources send in parallel and the bytes each rank moved are counted in the trace.
+    n sources send in parallel and the bytes each rank moved are counted in the trace. Each copy
+    rank loads a unit as it arrives: into its FSDP shards (a critic's replica) or its rollout
+    engine (a rollout group, AlgoConfig.rollout_weights="reallocate").
 
 Mixed into the workers whose weights travel between pools: the actor (to a rollout group) and
 the critic (to a replica that computes values on other devices, a per-call plan's)."""
@@ -93,42 +95,58 @@ class WeightChannelMember:
         self.record_span(span, start, time.time(), version=version, peak_rss_bytes=rss, **stats.as_dict())
         return {"version": version, **stats.as_dict()}
 
-    def reallocate_over_channel(self, engine, version: int, span: str) -> dict:
-        """Move the trained group's weights into the copy's FSDP shards by reallocation (the
-        channel joined with `sources`): a source gathers each layer unit from `engine`'s shards
-        (every source rank, a collective) and sends it to its share of the copy's ranks; a copy
-        rank loads each unit in place as it arrives, so neither side holds more than one unit
-        beside its model. One trace span with this rank's bytes and messages."""
+    def reallocate_over_channel(
+        self,
+        version: int,
+        span: str,
+        engine=None,
+        load: Callable[[Iterable[tuple[str, torch.Tensor]]], None] | None = None,
+    ) -> dict:
+        """Move the trained group's weights into the copy by reallocation (the channel joined
+        with `sources`). A source passes its FSDP `engine`: it gathers each layer unit from the
+        shards (every source rank, a collective) and sends it to its share of the copy's ranks.
+        A copy rank passes `load` (whole (name, tensor) pairs into its model, in place: an FSDP
+        replica's shards, a rollout engine's weights), called for each unit as it arrives, so
+        neither side holds more than one unit beside its model. The weights' names and shapes
+        are the first source's, shared once per channel. One trace span with this rank's bytes
+        and messages."""
         if self.channel is None or not self.channel_sources:
             raise RuntimeError(f"{span}: no reallocating weight channel; connect one (WeightLink, reallocate=True)")
+        source = self.channel.rank < self.channel_sources
+        if (engine is None) == (load is None) or source != (engine is not None):
+            raise ValueError(f"{span}: a source passes its engine, a copy rank a load function")
         start = time.time()
         if self._reallocator is None:  # planned once per channel: the layouts do not change
-            self._reallocator = Reallocator(self._reallocation_plan(engine), self.channel.group, self.device)
-        if self.channel.rank < self.channel_sources:
+            weights = self.channel.share(_weight_list(engine) if self.channel.rank == 0 else None)
+            self._reallocator = Reallocator(self._reallocation_plan(weights), self.channel.group, self.device)
+        if source:
             _, moved = self._reallocator.run(lambda names: dict(engine.iter_full_weights(set(names).__contains__)))
         else:
             arrived: dict[str, torch.Tensor] = {}
-
-            def load(names: list[str]) -> None:
-                engine.load_full_weights((name, arrived.pop(name)) for name in names)
-
-            _, moved = self._reallocator.run(None, out=arrived, done=load)
+            assert load is not None
+            _, moved = self._reallocator.run(
+                None, out=arrived, done=lambda names: load((name, arrived.pop(name)) for name in names)
+            )
         rss = psutil.Process().memory_info().rss
         self.record_span(span, start, time.time(), version=version, peak_rss_bytes=rss, **moved.as_dict())
         return {"version": version, **moved.as_dict()}
 
-    def _reallocation_plan(self, engine):
+    def _reallocation_plan(self, weights: list[tuple[str, tuple[int, ...], str]]):
         """Whole weights from the trained group's ranks (after the gather, each holds every
         weight of a unit: a p1t1dn layout) to the copy's ranks (p1t1dm), built alike on every
-        member from its own model's names and full shapes (the two are the same model)."""
+        member from the same list of (name, shape, dtype)."""
         assert self.channel is not None
-        state = engine.model.state_dict()
-        n_layers = layer_count(state)
-        params = [
-            Param(name, tuple(value.shape), None, llama_layer(name, n_layers), str(value.dtype).removeprefix("torch."))
-            for name, value in state.items()
-        ]
+        n_layers = layer_count(name for name, _, _ in weights)
+        params = [Param(name, shape, None, llama_layer(name, n_layers), dtype) for name, shape, dtype in weights]
         n = self.channel_sources
         sources = Placement(Mesh(1, 1, n))
         copies = Placement(Mesh(1, 1, self.channel.size - n), first=n)
         return plan(params, sources, copies)
+
+
+def _weight_list(engine) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, full shape, dtype) of every weight of an FSDP engine's model, in its order."""
+    return [
+        (name, tuple(value.shape), str(value.dtype).removeprefix("torch."))
+        for name, value in engine.model.state_dict().items()
+    ]
