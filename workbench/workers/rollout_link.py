@@ -8,9 +8,10 @@ calls (`workbench.controller.joint_calls`). The link joins the actor's rank 0 an
 rank in one weight channel (workbench.hybrid.channel); `push(version)` then sends the current
 weights — all of them, or the LoRA adapters alone — one tensor at a time, loaded in place on
 each rollout rank. With `reallocate` every actor rank joins as a source and the push is a
-reallocation, a layer unit at a time (workbench.workers.weight_member). It returns at once: the actor's ranks send after the calls queued before (an
-update), the rollout's ranks take the weights after theirs (a generation in flight), and the
-generations asked for afterwards use them. Both sides record spans (`async.send_weights`,
+reallocation, a layer unit at a time (workbench.workers.weight_member). It returns at once: the
+actor's ranks send after the calls queued before (an update), the rollout's ranks take the
+weights after theirs (a generation in flight), and the generations asked for afterwards use
+them. Both sides record spans (`async.send_weights`,
 `async.receive_weights`) with their bytes.
 """
 
