@@ -105,7 +105,8 @@ class AlgoConfig:
     """How a rollout group (Groups.rollout) takes the actor's weights after each update:
     "broadcast" (the actor's rank 0 sends every tensor, gathered from the shards; LoRA sends the
     adapters alone) or "reallocate" (ReaLHF's reallocation: every actor rank a source, a layer
-    unit at a time, rollout rank i from actor rank i mod n; an FSDP actor without LoRA)."""
+    unit at a time, rollout rank i from actor rank i mod n; an FSDP actor without LoRA, HF
+    rollout engines)."""
     env: Environment | None = None
     """Sample multi-turn episodes in this environment (the actor's generate_episodes: policy
     turns and tool observations, the observations masked out of the loss) instead of single

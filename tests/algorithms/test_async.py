@@ -203,5 +203,6 @@ def test_refusals_name_the_role_and_the_fix(session, kit):
     assert not reallocatable(lora, rollout.config)
     assert not reallocatable(actor_config(kit["model"], rollout=None, backend="deepspeed"), rollout.config)
     assert not reallocatable(trainer.config, trainer.config)  # no rollout engine to load into
+    assert not reallocatable(trainer.config, actor_config(kit["model"], train=False, rollout="vllm"))
     with pytest.raises(ValueError, match=r"old_log_probs='rollout' .* max_staleness=1 .*old_log_probs='auto'"):
         grpo(trainer, rollout, old_log_probs="rollout").fit(kit["batches"], 1, log=None, asynchronous=True)

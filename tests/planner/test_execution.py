@@ -169,6 +169,37 @@ def test_a_critics_replica_is_priced_as_its_reallocation_from_every_home_rank(ti
     assert one - two == pytest.approx(sends - gathers)
 
 
+def test_a_rollout_group_is_priced_as_the_workload_moves_its_weights(tiny_workload):
+    """The actor's generation on a data-parallel copy (a rollout group) on other devices: the
+    broadcast from the trainer's rank 0 by default; with Workload.rollout_weights="reallocate",
+    the reallocation from every trainer rank (AlgoConfig.rollout_weights), which a two-rank
+    trainer halves the sends of; under LoRA the adapters are broadcast either way."""
+    flow = dataflow_preset("ppo")
+    layouts = {c.name: (DeviceMesh(0, 2), Mesh(1, 1, 2)) for c in flow.calls}
+    layouts["gen"] = (DeviceMesh(2, 2), Mesh(1, 1, 2))
+    trainer = copy = Mesh(1, 1, 2)
+
+    def push(workload, specs=None):
+        ev = PlanEvaluator(flow, specs or flow.model_specs("tiny-10m"), workload, cluster_preset("local", 4), 1)
+        [task] = [x for x in ev.evaluate(ExecutionPlan(layouts)).graph.tasks if x.kind == "param"]
+        return task, ev.sim, ev.specs["actor"]
+
+    task, sim, spec = push(tiny_workload)
+    assert task.name == "push actor->d2-3@0"
+    assert task.cost == pytest.approx(sim.weight_push_time(spec, trainer, copy, False))
+    reallocating = dataclasses.replace(tiny_workload, rollout_weights="reallocate")
+    task, sim, spec = push(reallocating)
+    assert task.name == "realloc actor->d2-3@0"
+    assert task.cost == pytest.approx(sim.replica_realloc_time(spec, trainer, copy, False))
+    assert task.cost != pytest.approx(sim.weight_push_time(spec, trainer, copy, False))
+    lora = {m: s.with_lora(8) if m == "actor" else s for m, s in flow.model_specs("tiny-10m").items()}
+    task, sim, spec = push(reallocating, lora)
+    assert task.name == "push actor->d2-3@0"
+    assert task.cost == pytest.approx(sim.weight_push_time(spec, trainer, copy, False))
+    with pytest.raises(ValueError, match="rollout_weights='scatter'"):
+        dataclasses.replace(tiny_workload, rollout_weights="scatter")
+
+
 def _scored_twice():
     """The actor generates, a frozen scoring model scores twice, the actor trains."""
     return Dataflow(

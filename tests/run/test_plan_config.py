@@ -54,6 +54,11 @@ def test_the_workload_prices_the_switch_the_actor_runs(tiny):
     assert build.run_workload(cfg).transition_executor == "allgather"
 
 
+def test_the_workload_prices_the_rollout_pushes_the_run_makes(tiny):
+    assert build.run_workload(config(tiny)).rollout_weights == "broadcast"
+    assert build.run_workload(config(tiny, "algorithm.rollout_weights=reallocate")).rollout_weights == "reallocate"
+
+
 def test_the_workload_checkpoints_activations_only_where_the_actor_does(tiny):
     # The planner's Workload defaults to the papers' full recomputation (a 4th forward per
     # training pass); the workers checkpoint only with actor.load.gradient_checkpointing.

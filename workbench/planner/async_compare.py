@@ -179,7 +179,7 @@ def placement_estimates(
       rollout group, synchronous (generation, trainer, push); "async-s<k>" for k in `staleness`:
       the same split with max_staleness k. The asynchronous iteration model
       (`asynchronous.estimate`) with the simulator's call times, the weight push
-      (`Simulator.weight_push_time`) and the two pools sharing the machine's fitted cores.
+      (`Simulator.rollout_push_time`) and the two pools sharing the machine's fitted cores.
 
     model: a ModelSpec, a preset name ("tiny-10m") or a Hugging Face model directory (its
     config), trained with LoRA of `lora_rank` (0: full fine-tuning; the push then moves the
@@ -236,7 +236,7 @@ def placement_estimates(
     kv = c.device_memory - static_memory(specs[source], gen_mesh, False, "full").static
     gens = [k for k in base.calls if k.kind == "generate"]
     generate_s = sum(sim.call_time(k, specs[source], gen_mesh, kv, trained=False) for k in gens)
-    push_s = sim.weight_push_time(specs[source], train_mesh, gen_mesh, False)
+    push_s = sim.rollout_push_time(specs[source], train_mesh, gen_mesh, False)
 
     def trainer_s(f: Dataflow) -> float:
         calls = [k for k in f.calls if k.kind != "generate"]

@@ -296,13 +296,15 @@ class PlanEvaluator:
         elif copy in ("rollout", "replica"):
             # A data-parallel copy of a trained model, as the runtime makes one, brought up to
             # date after each update, once for every call that reads that copy: a rollout group
-            # by the home's broadcast, a replica (other calls: the critic's values) by
-            # reallocation from every home rank.
+            # as the workload moves it (Workload.rollout_weights), a replica (other calls: the
+            # critic's values) by reallocation from every home rank.
             key = ("push", m, dst_mesh, dst_s, k)
             if key not in ids:
                 crosses = _cross_nodes(src_mesh, dst_mesh, self.cluster.devices_per_node)
                 if copy == "rollout":
-                    cost, label = self.sim.weight_push_time(self.specs[m], src_s, dst_s, crosses), "push"
+                    cost = self.sim.rollout_push_time(self.specs[m], src_s, dst_s, crosses)
+                    realloc = self.wl.rollout_weights == "reallocate" and not self.specs[m].lora_rank
+                    label = "realloc" if realloc else "push"
                 else:
                     cost, label = self.sim.replica_realloc_time(self.specs[m], src_s, dst_s, crosses), "realloc"
                 ids[key] = g.add(

@@ -143,7 +143,7 @@ class AsyncPlan(Plan):
     """T: the trainer's sets, their calls by dependency level (d_cost with the driver's step,
     `AutoMapper.level_times`), seconds."""
     push_time: float = 0.0
-    """W: the weight push from `source` to the rollout after each update (Simulator.weight_push_time)."""
+    """W: the weight push from `source` to the rollout after each update (Simulator.rollout_push_time)."""
     rollout: str = "rollout"
     """The rollout role (Dataflow.with_rollout)."""
     source: str = "actor"

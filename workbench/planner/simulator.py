@@ -279,6 +279,15 @@ class Simulator:
             return 0.0
         return busiest / self.link_bandwidth(crosses) + (n_layers + 2) * self.cluster.collective_latency
 
+    def rollout_push_time(self, spec: ModelSpec, trainer: Mesh, rollout: Mesh, crosses_nodes: bool) -> float:
+        """A rollout group brought up to date after an update, as the workload's runtime moves it
+        (`Workload.rollout_weights`): reallocated into from every trainer rank
+        (`replica_realloc_time`), or broadcast from rank 0 (`weight_push_time`; LoRA's adapters
+        always)."""
+        if self.wl.rollout_weights == "reallocate" and not spec.lora_rank:
+            return self.replica_realloc_time(spec, trainer, rollout, crosses_nodes)
+        return self.weight_push_time(spec, trainer, rollout, crosses_nodes)
+
     def weight_push_time(self, spec: ModelSpec, trainer: Mesh, rollout: Mesh, crosses_nodes: bool) -> float:
         """Asynchronous RL's weight push (`workbench.hybrid.channel`), after every update: the
         trainer's rank 0 collects what the rollout holds (every weight, or under LoRA the
@@ -300,7 +309,8 @@ class Simulator:
 
     def replica_realloc_time(self, spec: ModelSpec, home: Mesh, copy: Mesh, crosses_nodes: bool) -> float:
         """A trained model's data-parallel copy brought up to date by reallocation, as the
-        runtime moves a critic's replica (`WeightLink`, reallocate): one layer unit at a time,
+        runtime moves a critic's replica or a reallocated rollout group (`WeightLink`,
+        reallocate): one layer unit at a time,
         every home rank gathers the unit from the FSDP shards (the push's gather) and sends it
         whole, point to point, to its share of the copy's ranks (copy rank i from home rank
         i mod n: the busiest sends ceil(m/n) copies, in turn), and each copy rank loads it in

@@ -218,7 +218,14 @@ class Workload:
     "realloc" (point-to-point, `workbench.hybrid.realloc.switch_bytes`; deepspeed_chat then moves
     (d-1)/d·M/(p·t) less than Table 2) or "allgather" (the collectives of Table 2)."""
 
+    rollout_weights: Literal["broadcast", "reallocate"] = "broadcast"
+    """How a rollout group takes the actor's weights after each update
+    (`AlgoConfig.rollout_weights`): "broadcast" from the trainer's rank 0, or "reallocate" from
+    every trainer rank (not under LoRA: the adapters are broadcast either way)."""
+
     def __post_init__(self) -> None:
+        if self.rollout_weights not in ("broadcast", "reallocate"):
+            raise ValueError(f"Workload.rollout_weights={self.rollout_weights!r}: use 'broadcast' or 'reallocate'")
         if self.param_sharding not in ("optimizer", "full"):  # a typo would silently mean "optimizer"
             raise ValueError(
                 f"Workload.param_sharding={self.param_sharding!r}: use 'optimizer' "

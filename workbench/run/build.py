@@ -337,7 +337,7 @@ def run_workload(config: RunConfig, prompt_width: float | None = None) -> Worklo
     length (`prompt_width`, the loader's mean Batch width, when known; else the most a Batch
     may have), response length, samples per prompt, epochs, mini-batches and micro-batch size
     of the actor's update; FSDP-sharded workers ("full"); whether they checkpoint activations;
-    how the actor's switch moves weights."""
+    how the actor's switch moves weights, and how a rollout group takes them."""
     batch = config.data.loader.batch_size
     rows = batch * config.sampling.n
     return Workload(
@@ -351,6 +351,7 @@ def run_workload(config: RunConfig, prompt_width: float | None = None) -> Worklo
         param_sharding="full",
         recompute=config.actor.load.gradient_checkpointing,  # the papers' default (True) is not the workers'
         transition_executor=config.actor.transition_executor,
+        rollout_weights=config.algorithm.rollout_weights,  # type: ignore[arg-type]  # checked by AlgoConfig
     )
 
 
