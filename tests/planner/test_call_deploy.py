@@ -1,6 +1,7 @@
 """A per-call plan runs: every call on its planned mesh, a trained model's replica brought up to
 date through a weight channel, and PPO's metrics equal those of the colocated plan."""
 
+import dataclasses
 import math
 import sys
 import time
@@ -227,13 +228,15 @@ def test_values_beside_a_tensor_parallel_critic_equal_its_own(session, kit):
     assert pushed.abs().sum() > 0 and torch.allclose(pushed, own, rtol=1e-5, atol=1e-6)
 
 
-def test_a_critics_replica_is_reallocated_into_from_every_home_rank(session, kit):
-    """The critic trains p1t1d2 on d0-1 (FSDP) and its values run p1t1d2 on d1-2: the replica is
-    brought up to date by reallocation, every home rank a source sending whole layers to its own
-    copy rank, and after the update its values equal the home's own forward."""
+@pytest.mark.parametrize("replica_layout", ["p1t1d2", "p1t2d1"])
+def test_a_critics_replica_is_reallocated_into_from_every_home_rank(session, kit, replica_layout):
+    """The critic trains p1t1d2 on d0-1 (FSDP) and its values run on d1-2, data parallel or
+    tensor parallel: the replica is brought up to date by reallocation, every home rank a source
+    sending whole layers (or their slices: each tensor-parallel rank receives its pieces, in
+    place), and after the update its values equal the home's own forward."""
     two = Mesh(1, 1, 2)
     plan = ExecutionPlan({c.name: (D01, two) for c in PPO_FLOW.calls})
-    plan.layouts["values"] = (DeviceMesh(1, 2), two)
+    plan.layouts["values"] = (DeviceMesh(1, 2), Mesh(1, 2, 1) if replica_layout == "p1t2d1" else two)
     since = time.time()
     handles = deploy_calls(plan, session, kit["workers"], PPO_FLOW)
     critic = handles["critic"]
@@ -252,10 +255,17 @@ def test_a_critics_replica_is_reallocated_into_from_every_home_rank(session, kit
         t.numel() * t.element_size()
         for t in load_value_model(kit["workers"]["critic"][1].model_path).model.state_dict().values()
     )
-    # two pushes (versions 0 and 1), each from both home ranks, each rank's share one whole copy
+    # two pushes (versions 0 and 1), each from both home ranks
     assert sorted((r.extra["version"], r.rank) for r in sent) == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    assert all(r.extra["bytes_sent"] == model_bytes and r.extra["layers"] > 2 for r in sent)
-    assert all(r.extra["bytes_received"] == model_bytes for r in received) and len(received) == 4
+    assert len(received) == 4 and all(r.extra["layers"] > 2 for r in sent + received)
+    if replica_layout == "p1t1d2":  # each home rank sends one whole copy to its own copy rank
+        assert all(r.extra["bytes_sent"] == model_bytes for r in sent)
+        assert all(r.extra["bytes_received"] == model_bytes for r in received)
+    else:  # each tensor-parallel rank receives its pieces: the cut weights' half, the whole ones
+        assert all(model_bytes / 2 < r.extra["bytes_received"] < model_bytes for r in received)
+        for version in (0, 1):
+            moved = [r.extra["bytes_received"] for r in received if r.extra["version"] == version]
+            assert sum(moved) == sum(r.extra["bytes_sent"] for r in sent if r.extra["version"] == version)
 
 
 def test_overlapping_meshes_share_one_span():
@@ -291,10 +301,19 @@ def test_what_this_runtime_cannot_run_is_refused_with_the_call(kit):
         plan_groups(per_call(old_log_prob=D1), PPO_FLOW, workers)
     with pytest.raises(PlannerError, match=r"'old_log_prob' of model 'actor' .* compute_log_prob"):
         plan_groups(per_call(gen=D1, old_log_prob=D1), PPO_FLOW, workers)  # beside the rollout group too
+    pp_values = ExecutionPlan({c.name: (D01, Mesh(1, 1, 2)) for c in PPO_FLOW.calls})
+    pp_values.layouts["values"] = (DeviceMesh(2, 2), Mesh(2, 1, 1))
+    with pytest.raises(PlannerError, match=r"'values' of model 'critic' on d2-3 \(p2t1d1\): .* pp=1"):
+        plan_groups(pp_values, PPO_FLOW, workers)
+    # a tensor-parallel replica only by reallocation, which moves weights out of an FSDP home
     tp_values = ExecutionPlan({c.name: (D01, Mesh(1, 1, 2)) for c in PPO_FLOW.calls})
     tp_values.layouts["values"] = (DeviceMesh(2, 2), Mesh(1, 2, 1))
-    with pytest.raises(PlannerError, match=r"'values' of model 'critic' on d2-3 .* data parallelism only"):
-        plan_groups(tp_values, PPO_FLOW, workers)
+    replica = {s.role: s for s in plan_groups(tp_values, PPO_FLOW, workers)}["critic_d2-3"]
+    assert replica.worker[1].backend == "3d" and replica.layout.short() == "p1t2d1"
+    cls, config = workers["critic"]
+    three_d = {**workers, "critic": (cls, dataclasses.replace(config, backend="3d"))}
+    with pytest.raises(PlannerError, match=r"'values' of model 'critic' on d2-3 .* from an FSDP home"):
+        plan_groups(tp_values, PPO_FLOW, three_d)
     tp_rollout = ExecutionPlan({c.name: (D01, Mesh(1, 1, 2)) for c in PPO_FLOW.calls})
     tp_rollout.layouts["gen"] = (DeviceMesh(2, 2), Mesh(1, 2, 1))
     with pytest.raises(PlannerError, match=r"'gen' of model 'actor' on d2-3 .* data parallelism only"):

@@ -16,7 +16,7 @@ from workbench.planner import (
     mesh,
     valid_meshes,
 )
-from workbench.planner.memory import static_memory
+from workbench.planner.memory import generation_weights, static_memory
 
 S1 = Mesh(1, 1, 1)
 
@@ -167,6 +167,29 @@ def test_a_critics_replica_is_priced_as_its_reallocation_from_every_home_rank(ti
     sends = spec.param_count * ev.sim.dtype_bytes / ev.sim.link_bandwidth(False)
     gathers = ev.sim._gather_time(spec, Mesh(1, 1, 2)) - ev.sim._gather_time(spec, Mesh(1, 1, 1))
     assert one - two == pytest.approx(sends - gathers)
+
+
+def test_a_tensor_parallel_replica_is_kept_and_priced_as_its_reallocation(tiny_workload):
+    """The critic's values on a tensor-parallel copy (p1t2d1) on other devices: the runtime keeps
+    it (its pieces are static memory there) and reallocates into it after each update; the
+    busiest home rank sends what the runtime's transfer plan gives it (`realloc_bytes`)."""
+    flow = dataflow_preset("ppo")
+    ev = PlanEvaluator(flow, flow.model_specs("tiny-10m"), tiny_workload, cluster_preset("local", 4), n_iterations=1)
+    layouts = {c.name: (DeviceMesh(0, 2), Mesh(1, 1, 2)) for c in flow.calls}
+    layouts["values"] = (DeviceMesh(2, 2), Mesh(1, 2, 1))
+    plan = ExecutionPlan(layouts)
+    assert ev._copy_of(flow.call("values"), plan) == "replica"
+    [task] = [x for x in ev.evaluate(plan).graph.tasks if x.kind == "param"]
+    spec, home, tp = ev.specs["critic"], Mesh(1, 1, 2), Mesh(1, 2, 1)
+    assert task.name == "realloc critic->d2-3@0"
+    assert task.cost == pytest.approx(ev.sim.replica_realloc_time(spec, home, tp, False))
+    # each home rank sends one tensor-parallel rank its pieces: less than a whole copy
+    dp = ev.sim.replica_realloc_time(spec, home, Mesh(1, 1, 2), False)
+    assert task.cost < dp
+    static, *_ = ev.memory(plan)
+    layouts["values"] = (DeviceMesh(0, 2), Mesh(1, 1, 2))  # at home: no copy on d2-3
+    at_home, *_ = ev.memory(ExecutionPlan(layouts))
+    assert static[2] - at_home[2] == pytest.approx(generation_weights(spec, tp))
 
 
 def test_a_rollout_group_is_priced_as_the_workload_moves_its_weights(tiny_workload):

@@ -105,21 +105,21 @@ class WeightChannel:
         self.address, self.rank, self.size, self.device = address, rank, address.size, torch.device(device)
         self.group, self.store = open_group(address, rank, self.device, timeout)
 
-    def _broadcast(self, tensor: torch.Tensor) -> None:
+    def _broadcast(self, tensor: torch.Tensor, root: int = 0) -> None:
         options = dist.BroadcastOptions()
-        options.rootRank = 0
+        options.rootRank = root
         self.group.broadcast([tensor], options).wait()
 
-    def share(self, value: Any) -> Any:
-        """Rank 0's `value` on every member (pickled; the others pass anything, e.g. None).
-        Collective over the channel."""
-        payload = pickle.dumps(value) if self.rank == 0 else b""
+    def share(self, value: Any, root: int = 0) -> Any:
+        """Member `root`'s `value` on every member (pickled; the others pass anything, e.g.
+        None). Collective over the channel."""
+        payload = pickle.dumps(value) if self.rank == root else b""
         length = torch.tensor([len(payload)], dtype=torch.int64, device=self.device)
-        self._broadcast(length)
+        self._broadcast(length, root)
         data = torch.empty(int(length.item()), dtype=torch.uint8, device=self.device)
-        if self.rank == 0:
+        if self.rank == root:
             data.copy_(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
-        self._broadcast(data)
+        self._broadcast(data, root)
         return pickle.loads(data.cpu().numpy().tobytes())
 
     def send(self, named: Iterable[tuple[str, torch.Tensor]]) -> TransferStats:

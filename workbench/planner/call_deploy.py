@@ -19,8 +19,9 @@ Models on the same (mesh, layout) share one process per device (`session.fused`)
   * another call of a trained model elsewhere (the critic's values on other devices, or on its
     own in another layout): a replica that a CallRouter (workbench.planner.routing) sends the
     call to, brought up to date through a weight channel before a call that would read older
-    weights (held as FSDP shards, whatever backend the home trains in): reallocated into from
-    every rank of an FSDP home, a layer unit at a time, else broadcast from the home's rank 0;
+    weights (held as FSDP shards, whatever backend the home trains in, or in a tensor-parallel
+    layout as pieces of a "3d" engine): reallocated into from every rank of an FSDP home, a
+    layer unit at a time, else broadcast from the home's rank 0 (data-parallel copies only);
   * a frozen model's call elsewhere: a replica with the same weights, never pushed.
 A copy on devices its home holds (generation on d0-1 while the actor trains on d0, or values in
 p1t1d2 beside a p1t2d1 home) takes its turns there like any other group; the push's two calls
@@ -29,9 +30,10 @@ does not yet reallocate a model's weights between layouts inside its own process
 hybrid engine's switch.
 
 Refused, on the driver before any pool is reserved: the actor's log-probs away from its
-training (a replica would need a trainer's forward), a trained model's copy in a tensor- or
-pipeline-parallel layout, and two calls running one worker method on different placements (a
-handle routes by method). The planner stays free of Ray: this module calls the session.
+training (a replica would need a trainer's forward), a trained model's copy in a
+pipeline-parallel layout, a tensor-parallel one of a home that is not FSDP or for generation,
+and two calls running one worker method on different placements (a handle routes by method).
+The planner stays free of Ray: this module calls the session.
 """
 
 from __future__ import annotations
@@ -200,14 +202,21 @@ def _replica(model: str, call, mesh: DeviceMesh, layout: Mesh, worker: tuple[typ
             f"{where}: {method} of a trained model runs where it trains (a replica holds no trainer to run it); "
             f"only {list(PUSHED_METHODS)} run on replicas so far. Put the call on {model!r}'s training mesh"
         )
-    if layout.tp > 1 or layout.pp > 1:
+    if layout.pp > 1:
         raise PlannerError(
-            f"{where}: a replica loads whole pushed weights into FSDP shards; give it data parallelism "
-            f"only (p1t1d{layout.world_size})"
+            f"{where}: a replica takes whole or tensor-parallel weights; give it pp=1 (p1t{layout.tp}d{layout.dp})"
         )
     if config is not None and getattr(config, "lora", None) is not None:
         raise PlannerError(f"{where}: a replica loads whole pushed weights, not LoRA adapters; use lora=None")
-    if config is not None and getattr(config, "backend", None) != "fsdp":
+    if layout.tp > 1:
+        # Only a reallocation fills tensor-parallel pieces, and it moves weights out of FSDP.
+        if config is not None and getattr(config, "backend", None) != "fsdp":
+            raise PlannerError(
+                f"{where}: a tensor-parallel replica is reallocated into from an FSDP home; train "
+                f"{model!r} with backend='fsdp', or give the replica p1t1d{layout.world_size}"
+            )
+        worker = (cls, _replace(config, backend="3d"))
+    elif config is not None and getattr(config, "backend", None) != "fsdp":
         # The home trains tensor- or pipeline-parallel; the replica only computes, so it holds
         # the pushed weights as FSDP shards whatever the home's backend.
         worker = (cls, _replace(config, backend="fsdp"))

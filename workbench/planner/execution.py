@@ -146,8 +146,12 @@ class PlanEvaluator:
             if copy in ("frozen", "rollout", "replica") and (c.model, mesh_, s) not in held:
                 held.add((c.model, mesh_, s))
                 spec = self.specs[c.model]
-                # A replica holds FSDP shards; a frozen copy and a rollout engine whole weights.
-                v = generation_weights(spec, s) / s.dp if copy == "replica" else static_memory(spec, s, False).params
+                # A replica holds FSDP shards (tensor-parallel pieces when tp > 1, whole on each
+                # data-parallel replica); a frozen copy and a rollout engine whole weights.
+                if copy == "replica":
+                    v = generation_weights(spec, s) / (s.dp if s.tp == 1 else 1)
+                else:
+                    v = static_memory(spec, s, False).params
                 for d in range(*mesh_.span):
                     static[d] += v
         dyn, kv_budget = [0.0] * n, {}
@@ -187,9 +191,10 @@ class PlanEvaluator:
         (`workbench.planner.call_deploy`), or None at the home: "switch" (the hybrid engine's
         generation layout on the model's own devices), "frozen" (a frozen model's copy, loaded
         once), "rollout" (a rollout group, pushed after each update), "replica" (a trained
-        model's data-parallel copy, reallocated into after each update) or "realloc" (a tensor-
-        or pipeline-parallel layout of a trained model, which only ReaLHF's runtime moves into,
-        for the call)."""
+        model's data- or tensor-parallel copy for a call other than generation, reallocated into
+        after each update) or "realloc" (a pipeline-parallel layout of a trained model, or a
+        tensor-parallel generation layout apart from the hybrid engine, which only ReaLHF's
+        runtime moves into, for the call)."""
         (home_mesh, home_s), (mesh_, s) = self.home(c.model, plan), plan.layouts[c.name]
         trained = c.model in self.train_call
         if (mesh_, s) == (home_mesh, home_s):
@@ -198,7 +203,7 @@ class PlanEvaluator:
             return "switch"
         if not trained:
             return "frozen"
-        if s.tp > 1 or s.pp > 1:
+        if s.pp > 1 or (s.tp > 1 and c.kind == "generate"):
             return "realloc"
         return "rollout" if c.kind == "generate" else "replica"
 

@@ -16,7 +16,7 @@ from workbench.engines.backends import BACKENDS, check_data_parallel_only, make_
 from workbench.engines.contract import LossFn, OptimConfig, check_training_fields
 from workbench.engines.forward import model_outputs, response_values
 from workbench.engines.kept_forward import KeptForwards
-from workbench.engines.tensor_parallel import check_tensor_parallel_layout
+from workbench.engines.tensor_parallel import check_tensor_parallel_layout, local, shard_dim
 from workbench.errors import ConfigError
 from workbench.models.load import (
     LoadConfig,
@@ -209,8 +209,13 @@ class CriticWorker(Worker, WeightChannelMember):
 
     @register(ONE_TO_ALL)
     def receive_weights(self, version: int) -> dict:
-        """Load the weights of the critic trained elsewhere into this replica's shards, in place."""
+        """Load the weights of the critic trained elsewhere into this replica's shards (or its
+        tensor-parallel pieces, backend "3d": reallocation only), in place."""
         self.kept = None  # a kept forward ran on the old weights
+        if self.channel_sources and self.config.backend == "3d":
+            state = self.engine.model.state_dict()
+            pieces = {name: (local(t), shard_dim(t)) for name, t in state.items()}
+            return self.reallocate_over_channel(version, "replica.receive_weights", pieces=pieces)
         if self.channel_sources:
             return self.reallocate_over_channel(version, "replica.receive_weights", load=self.engine.load_full_weights)
         return self.receive_over_channel(self.engine.load_full_weights, version, "replica.receive_weights")

@@ -67,11 +67,12 @@ def check_rollout_pair(actor: Any, rollout: Any) -> None:
 
 def reallocatable(trained: Any, copy: Any) -> bool:
     """Whether reallocation can move `trained`'s weights (configs) into `copy`: whole weights out
-    of an FSDP engine, into a critic's FSDP replica or an actor's rollout group of HF engines,
+    of an FSDP engine, into a critic's replica (FSDP, or tensor-parallel: backend "3d") or an
+    actor's rollout group of HF engines,
     which load a layer unit as it arrives. Not LoRA's adapters, which only a broadcast sends, nor
     vLLM engines, which reload a whole model at a time (both take the broadcast)."""
-    if isinstance(trained, CriticConfig):
-        return trained.backend == "fsdp" and isinstance(copy, CriticConfig) and copy.backend == "fsdp"
+    if isinstance(trained, CriticConfig):  # into a replica's FSDP shards or tensor-parallel pieces
+        return trained.backend == "fsdp" and isinstance(copy, CriticConfig) and copy.backend in ("fsdp", "3d")
     actor = getattr(trained, "train", False) and getattr(trained, "backend", None) == "fsdp"
     return bool(actor and trained.lora is None and getattr(copy, "rollout", None) == "hf")
 
@@ -92,9 +93,9 @@ class WeightLink:
             raise ConfigError(
                 "WeightLink(reallocate=True)",
                 (trained.role, copy.role),
-                "reallocation moves whole weights out of an FSDP engine: a critic to its replica (both "
-                "backend='fsdp') or an actor without LoRA (backend='fsdp') to a rollout group of HF engines "
-                "(rollout='hf'); use reallocate=None or False for a broadcast",
+                "reallocation moves whole weights out of an FSDP engine: a critic (backend='fsdp') to its "
+                "replica (backend 'fsdp' or '3d') or an actor without LoRA (backend='fsdp') to a rollout "
+                "group of HF engines (rollout='hf'); use reallocate=None or False for a broadcast",
             )
         critics = all(isinstance(c, CriticConfig) for c in (trained_config, copy_config))
         self.reallocates = (

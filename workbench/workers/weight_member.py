@@ -101,26 +101,34 @@ class WeightChannelMember:
         span: str,
         engine=None,
         load: Callable[[Iterable[tuple[str, torch.Tensor]]], None] | None = None,
+        pieces: dict[str, tuple[torch.Tensor, int | None]] | None = None,
     ) -> dict:
         """Move the trained group's weights into the copy by reallocation (the channel joined
         with `sources`). A source passes its FSDP `engine`: it gathers each layer unit from the
         shards (every source rank, a collective) and sends it to its share of the copy's ranks.
-        A copy rank passes `load` (whole (name, tensor) pairs into its model, in place: an FSDP
-        replica's shards, a rollout engine's weights), called for each unit as it arrives, so
-        neither side holds more than one unit beside its model. The weights' names and shapes
-        are the first source's, shared once per channel. One trace span with this rank's bytes
-        and messages."""
+        A copy rank holding whole weights passes `load` ((name, tensor) pairs into its model, in
+        place: an FSDP replica's shards, a rollout engine's weights), called for each unit as it
+        arrives, so neither side holds more than one unit beside its model. A copy rank of a
+        tensor-parallel layout passes its `pieces` instead: {name: (this rank's piece, the dim
+        the weight is cut along, None: whole)}, filled in place. The weights' names and shapes
+        are the first source's, the copy's layout and cuts its first rank's, shared once per
+        channel. One trace span with this rank's bytes and messages."""
         if self.channel is None or not self.channel_sources:
             raise RuntimeError(f"{span}: no reallocating weight channel; connect one (WeightLink, reallocate=True)")
         source = self.channel.rank < self.channel_sources
-        if (engine is None) == (load is None) or source != (engine is not None):
-            raise ValueError(f"{span}: a source passes its engine, a copy rank a load function")
+        given = sum(x is not None for x in (engine, load, pieces))
+        if given != 1 or source != (engine is not None):
+            raise ValueError(f"{span}: a source passes its engine, a copy rank a load function or its pieces")
         start = time.time()
         if self._reallocator is None:  # planned once per channel: the layouts do not change
             weights = self.channel.share(_weight_list(engine) if self.channel.rank == 0 else None)
-            self._reallocator = Reallocator(self._reallocation_plan(weights), self.channel.group, self.device)
+            cuts = {name: dim for name, (_, dim) in (pieces or {}).items() if dim is not None}
+            copy = self.channel.share((self.mesh, cuts) if not source else None, root=self.channel_sources)
+            self._reallocator = Reallocator(self._reallocation_plan(weights, *copy), self.channel.group, self.device)
         if source:
             _, moved = self._reallocator.run(lambda names: dict(engine.iter_full_weights(set(names).__contains__)))
+        elif pieces is not None:
+            _, moved = self._reallocator.run(None, out={name: piece for name, (piece, _) in pieces.items()})
         else:
             arrived: dict[str, torch.Tensor] = {}
             assert load is not None
@@ -131,17 +139,23 @@ class WeightChannelMember:
         self.record_span(span, start, time.time(), version=version, peak_rss_bytes=rss, **moved.as_dict())
         return {"version": version, **moved.as_dict()}
 
-    def _reallocation_plan(self, weights: list[tuple[str, tuple[int, ...], str]]):
+    def _reallocation_plan(self, weights: list[tuple[str, tuple[int, ...], str]], copy: Mesh, cuts: dict[str, int]):
         """Whole weights from the trained group's ranks (after the gather, each holds every
-        weight of a unit: a p1t1dn layout) to the copy's ranks (p1t1dm), built alike on every
-        member from the same list of (name, shape, dtype)."""
+        weight of a unit: a p1t1dn layout) to the copy's ranks in its layout (`copy`: p1t1dm,
+        or tensor-parallel with the weights cut as `cuts` says), built alike on every member
+        from the same lists."""
         assert self.channel is not None
+        if copy.pp > 1 or copy.world_size != self.channel.size - self.channel_sources:
+            raise ValueError(
+                f"reallocation into {copy}: the copy takes whole or tensor-parallel weights on its "
+                f"{self.channel.size - self.channel_sources} channel ranks (pp = 1)"
+            )
         n_layers = layer_count(name for name, _, _ in weights)
-        params = [Param(name, shape, None, llama_layer(name, n_layers), dtype) for name, shape, dtype in weights]
+        params = [
+            Param(name, shape, cuts.get(name), llama_layer(name, n_layers), dtype) for name, shape, dtype in weights
+        ]
         n = self.channel_sources
-        sources = Placement(Mesh(1, 1, n))
-        copies = Placement(Mesh(1, 1, self.channel.size - n), first=n)
-        return plan(params, sources, copies)
+        return plan(params, Placement(Mesh(1, 1, n)), Placement(copy, first=n))
 
 
 def _weight_list(engine) -> list[tuple[str, tuple[int, ...], str]]:
