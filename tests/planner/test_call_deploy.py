@@ -206,8 +206,9 @@ def test_a_trained_models_copies_on_devices_its_home_shares_match_copies_apart(s
 
 def test_values_beside_a_tensor_parallel_critic_equal_its_own(session, kit):
     """The critic trains p1t2d1 on d0-1 and its values run p1t1d2 on a replica beside it: PPO
-    runs, and after the update the replica's values (weights pushed on the same devices) equal
-    the home's own tensor-parallel forward."""
+    runs, and after the update the replica's values equal the home's own tensor-parallel
+    forward. The replica is reallocated into straight from the home's pieces: each home rank
+    sends its half of every cut weight to both replica ranks, no gather."""
     import dataclasses
 
     plan = ExecutionPlan({c.name: (D01, Mesh(1, 1, 2)) for c in PPO_FLOW.calls})
@@ -215,6 +216,7 @@ def test_values_beside_a_tensor_parallel_critic_equal_its_own(session, kit):
     workers = dict(kit["workers"])
     cls, config = workers["critic"]
     workers["critic"] = (cls, dataclasses.replace(config, backend="3d"))
+    since = time.time()
     handles = deploy_calls(plan, session, workers, PPO_FLOW)
     critic = handles["critic"]
     replica = critic.routes["compute_values"]
@@ -226,6 +228,14 @@ def test_values_beside_a_tensor_parallel_critic_equal_its_own(session, kit):
     own = critic.home.compute_values(gen).get()["values"]
     assert critic.held == {"critic_d0-1_p1t1d2": 1} and critic.version == 1
     assert pushed.abs().sum() > 0 and torch.allclose(pushed, own, rtol=1e-5, atol=1e-6)
+    received = [r for r in session.trace() if r.method == "replica.receive_weights" and r.start >= since]
+    sent = [r for r in session.trace() if r.method == "replica.send_weights" and r.start >= since]
+    model_bytes = sum(
+        t.numel() * t.element_size() for t in load_value_model(config.model_path).model.state_dict().values()
+    )
+    assert len(received) == 4 and all(r.extra["layers"] > 2 for r in received)  # two pushes, two ranks
+    assert all(r.extra["bytes_received"] == model_bytes for r in received)  # each a whole model
+    assert sum(r.extra["bytes_sent"] for r in sent) == 4 * model_bytes and all(r.extra["bytes_sent"] for r in sent)
 
 
 @pytest.mark.parametrize("replica_layout", ["p1t1d2", "p1t2d1"])
@@ -311,9 +321,12 @@ def test_what_this_runtime_cannot_run_is_refused_with_the_call(kit):
     replica = {s.role: s for s in plan_groups(tp_values, PPO_FLOW, workers)}["critic_d2-3"]
     assert replica.worker[1].backend == "3d" and replica.layout.short() == "p1t2d1"
     cls, config = workers["critic"]
-    three_d = {**workers, "critic": (cls, dataclasses.replace(config, backend="3d"))}
-    with pytest.raises(PlannerError, match=r"'values' of model 'critic' on d2-3 .* from an FSDP home"):
-        plan_groups(tp_values, PPO_FLOW, three_d)
+    deepspeed = {**workers, "critic": (cls, dataclasses.replace(config, backend="deepspeed"))}
+    with pytest.raises(PlannerError, match=r"'values' of model 'critic' on d2-3 .* from an FSDP or tensor-parallel"):
+        plan_groups(tp_values, PPO_FLOW, deepspeed)
+    tp_values.layouts["update_critic"] = (D01, Mesh(2, 1, 1))  # a pipeline-parallel home
+    with pytest.raises(PlannerError, match=r"'values' of model 'critic' on d2-3 .* \(pp=1\)"):
+        plan_groups(tp_values, PPO_FLOW, workers)
     tp_rollout = ExecutionPlan({c.name: (D01, Mesh(1, 1, 2)) for c in PPO_FLOW.calls})
     tp_rollout.layouts["gen"] = (DeviceMesh(2, 2), Mesh(1, 2, 1))
     with pytest.raises(PlannerError, match=r"'gen' of model 'actor' on d2-3 .* data parallelism only"):

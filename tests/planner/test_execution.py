@@ -190,6 +190,17 @@ def test_a_tensor_parallel_replica_is_kept_and_priced_as_its_reallocation(tiny_w
     layouts["values"] = (DeviceMesh(0, 2), Mesh(1, 1, 2))  # at home: no copy on d2-3
     at_home, *_ = ev.memory(ExecutionPlan(layouts))
     assert static[2] - at_home[2] == pytest.approx(generation_weights(spec, tp))
+    # a tensor-parallel home sends its own pieces (no gather); a pipeline-parallel one broadcasts
+    for c in ("values", "update_critic"):
+        layouts[c] = (DeviceMesh(0, 2), tp if c == "update_critic" else Mesh(1, 1, 2))
+    layouts["values"] = (DeviceMesh(2, 2), Mesh(1, 1, 2))
+    [task] = [x for x in ev.evaluate(ExecutionPlan(layouts)).graph.tasks if x.kind == "param"]
+    assert task.cost == pytest.approx(ev.sim.replica_realloc_time(spec, tp, Mesh(1, 1, 2), False))
+    assert ev.sim._gather_time(spec, tp) > 0  # what the pieces save
+    layouts["update_critic"] = (DeviceMesh(0, 2), Mesh(2, 1, 1))
+    [task] = [x for x in ev.evaluate(ExecutionPlan(layouts)).graph.tasks if x.kind == "param"]
+    assert task.name == "push critic->d2-3@0"
+    assert task.cost == pytest.approx(ev.sim.weight_push_time(spec, Mesh(2, 1, 1), Mesh(1, 1, 2), False))
 
 
 def test_a_rollout_group_is_priced_as_the_workload_moves_its_weights(tiny_workload):

@@ -20,8 +20,9 @@ Models on the same (mesh, layout) share one process per device (`session.fused`)
     own in another layout): a replica that a CallRouter (workbench.planner.routing) sends the
     call to, brought up to date through a weight channel before a call that would read older
     weights (held as FSDP shards, whatever backend the home trains in, or in a tensor-parallel
-    layout as pieces of a "3d" engine): reallocated into from every rank of an FSDP home, a
-    layer unit at a time, else broadcast from the home's rank 0 (data-parallel copies only);
+    layout as pieces of a "3d" engine): reallocated into from every rank of the home, a layer
+    unit at a time (gathered from FSDP shards, or from a tensor-parallel home's own pieces), else
+    (a pipeline-parallel or DeepSpeed home; data-parallel copies only) broadcast from its rank 0;
   * a frozen model's call elsewhere: a replica with the same weights, never pushed.
 A copy on devices its home holds (generation on d0-1 while the actor trains on d0, or values in
 p1t1d2 beside a p1t2d1 home) takes its turns there like any other group; the push's two calls
@@ -31,7 +32,7 @@ hybrid engine's switch.
 
 Refused, on the driver before any pool is reserved: the actor's log-probs away from its
 training (a replica would need a trainer's forward), a trained model's copy in a
-pipeline-parallel layout, a tensor-parallel one of a home that is not FSDP or for generation,
+pipeline-parallel layout, a tensor-parallel one for generation or of a DeepSpeed home,
 and two calls running one worker method on different placements (a handle routes by method).
 The planner stays free of Ray: this module calls the session.
 """
@@ -149,7 +150,7 @@ def plan_groups(plan: ExecutionPlan, dataflow: Dataflow, workers: dict[str, tupl
                 home.calls.append(call.name)
             else:  # a copy in the call's layout, on other devices or on the home's own
                 key = (mesh, _layout_key(layout))
-                replica = _replica(model, call, mesh, layout, workers[model], trained is not None)  # checks each call
+                replica = _replica(model, call, mesh, layout, workers[model], trained is not None, home_layout)
                 if mesh == home_mesh and replica.role != ROLLOUT:  # beside the home: named by its layout too
                     replica.role += f"_{layout.short()}"
                 replicas.setdefault(key, replica).calls.append(call.name)
@@ -179,9 +180,11 @@ def _hybrid_engine(call, home: GroupSpec, layout: Mesh, trained: bool) -> bool:
     return call.kind == "generate" and trained and is_generation_layout(home.layout, layout) and not home.layout.gen_tp
 
 
-def _replica(model: str, call, mesh: DeviceMesh, layout: Mesh, worker: tuple[type, Any], trained: bool):
-    """The group that runs `call` of `model` away from its home: on other devices (some may be
-    the home's), or on the home's own in another layout."""
+def _replica(
+    model: str, call, mesh: DeviceMesh, layout: Mesh, worker: tuple[type, Any], trained: bool, home_layout: Mesh
+):
+    """The group that runs `call` of `model` away from its home (in `home_layout`): on other
+    devices (some may be the home's), or on the home's own in another layout. Checks the call."""
     cls, config = worker
     where = f"call {call.name!r} of model {model!r} on {mesh} ({layout.short()})"
     if not trained:
@@ -209,11 +212,12 @@ def _replica(model: str, call, mesh: DeviceMesh, layout: Mesh, worker: tuple[typ
     if config is not None and getattr(config, "lora", None) is not None:
         raise PlannerError(f"{where}: a replica loads whole pushed weights, not LoRA adapters; use lora=None")
     if layout.tp > 1:
-        # Only a reallocation fills tensor-parallel pieces, and it moves weights out of FSDP.
-        if config is not None and getattr(config, "backend", None) != "fsdp":
+        # Only a reallocation fills tensor-parallel pieces: from an FSDP or tensor-parallel home.
+        if home_layout.pp > 1 or (config is not None and getattr(config, "backend", None) not in ("fsdp", "3d")):
             raise PlannerError(
-                f"{where}: a tensor-parallel replica is reallocated into from an FSDP home; train "
-                f"{model!r} with backend='fsdp', or give the replica p1t1d{layout.world_size}"
+                f"{where}: a tensor-parallel replica is reallocated into from an FSDP or tensor-parallel "
+                f"home (pp=1); train {model!r} with backend 'fsdp' or '3d' and pp=1, or give the replica "
+                f"p1t1d{layout.world_size}"
             )
         worker = (cls, _replace(config, backend="3d"))
     elif config is not None and getattr(config, "backend", None) != "fsdp":

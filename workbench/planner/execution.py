@@ -299,10 +299,10 @@ class PlanEvaluator:
             # switch on the model's own devices (Table 2's bytes), as `memory` counts it.
             cost = self.sim.reshard_time(self.specs[m], src_s, dst_s)
         elif copy in ("rollout", "replica"):
-            # A data-parallel copy of a trained model, as the runtime makes one, brought up to
-            # date after each update, once for every call that reads that copy: a rollout group
-            # as the workload moves it (Workload.rollout_weights), a replica (other calls: the
-            # critic's values) by reallocation from every home rank.
+            # A copy of a trained model, as the runtime makes one, brought up to date after each
+            # update, once for every call that reads that copy: a rollout group as the workload
+            # moves it (Workload.rollout_weights), a replica (other calls: the critic's values)
+            # by reallocation from every home rank (a pipeline-parallel home's broadcast).
             key = ("push", m, dst_mesh, dst_s, k)
             if key not in ids:
                 crosses = _cross_nodes(src_mesh, dst_mesh, self.cluster.devices_per_node)
@@ -310,6 +310,8 @@ class PlanEvaluator:
                     cost = self.sim.rollout_push_time(self.specs[m], src_s, dst_s, crosses)
                     realloc = self.wl.rollout_weights == "reallocate" and not self.specs[m].lora_rank
                     label = "realloc" if realloc else "push"
+                elif src_s.pp > 1:  # a pipeline-parallel home broadcasts (WeightLink)
+                    cost, label = self.sim.weight_push_time(self.specs[m], src_s, dst_s, crosses), "push"
                 else:
                     cost, label = self.sim.replica_realloc_time(self.specs[m], src_s, dst_s, crosses), "realloc"
                 ids[key] = g.add(

@@ -314,17 +314,21 @@ class Simulator:
         every home rank gathers the unit from the FSDP shards (the push's gather) and sends it
         whole, point to point, to its share of the copy's ranks (copy rank i from home rank
         i mod n: the busiest sends ceil(m/n) copies, in turn), and each copy rank loads it in
-        place (a tensor-parallel copy rank: its pieces). One `collective_latency` per layer unit
-        and per tensor, as the push pays."""
+        place (a tensor-parallel copy rank: its pieces). A tensor-parallel home (pp = 1) sends
+        straight from its pieces, with no gather. One `collective_latency` per layer unit and per
+        tensor, as the push pays."""
         nbytes, tensors = spec.synced_params * self.dtype_bytes, synced_tensors(spec)
-        # The busiest source's bytes by the runtime's own transfer plan: whole weights on the
-        # home's n ranks (after the gather) to the copy's layout on the next ranks.
-        n = home.world_size
-        per_rank = realloc_bytes(spec, Mesh(1, 1, n), 0, Mesh(copy.pp, copy.tp, copy.dp), n, self.dtype_bytes)
+        # The busiest source's bytes by the runtime's own transfer plan: from a tensor-parallel
+        # home's own pieces, else whole weights on the home's n ranks (after the FSDP gather),
+        # to the copy's layout on the next ranks.
+        n, pieces = home.world_size, home.tp > 1
+        src = Mesh(1, home.tp, home.dp) if pieces else Mesh(1, 1, n)
+        per_rank = realloc_bytes(spec, src, 0, Mesh(copy.pp, copy.tp, copy.dp), n, self.dtype_bytes)
         busiest = max(moved.sent for moved in per_rank.values())
         units = spec.n_layers + 2
         send = busiest / self.link_bandwidth(crosses_nodes) + (units + tensors) * self.cluster.collective_latency
-        return self._gather_time(spec, home) + send + self.weight_copy_time(nbytes / copy.model_parallel)
+        gather = 0.0 if pieces else self._gather_time(spec, home)
+        return gather + send + self.weight_copy_time(nbytes / copy.model_parallel)
 
     def _gather_time(self, spec: ModelSpec, trainer: Mesh) -> float:
         """Whole weights out of a trained group's shards before they travel to a copy: an

@@ -203,8 +203,9 @@ class CriticWorker(Worker, WeightChannelMember):
         """Every weight to the replica's ranks: by reallocation where the channel reallocates
         (every rank sends its share, a layer unit at a time), else broadcast from rank 0 one
         tensor at a time (gathered from the shards)."""
-        if self.channel_sources:
-            return self.reallocate_over_channel(version, "replica.send_weights", engine=self.engine)
+        if self.channel_sources:  # tensor parallel ("3d"): straight from this rank's pieces
+            pieces = self._pieces() if self.config.backend == "3d" else None
+            return self.reallocate_over_channel(version, "replica.send_weights", engine=self.engine, pieces=pieces)
         return self.send_over_channel(self.engine.iter_full_weights(), version, "replica.send_weights")
 
     @register(ONE_TO_ALL)
@@ -213,12 +214,15 @@ class CriticWorker(Worker, WeightChannelMember):
         tensor-parallel pieces, backend "3d": reallocation only), in place."""
         self.kept = None  # a kept forward ran on the old weights
         if self.channel_sources and self.config.backend == "3d":
-            state = self.engine.model.state_dict()
-            pieces = {name: (local(t), shard_dim(t)) for name, t in state.items()}
-            return self.reallocate_over_channel(version, "replica.receive_weights", pieces=pieces)
+            return self.reallocate_over_channel(version, "replica.receive_weights", pieces=self._pieces())
         if self.channel_sources:
             return self.reallocate_over_channel(version, "replica.receive_weights", load=self.engine.load_full_weights)
         return self.receive_over_channel(self.engine.load_full_weights, version, "replica.receive_weights")
+
+    def _pieces(self) -> dict[str, tuple[torch.Tensor, int | None]]:
+        """This rank's piece of every weight of a tensor-parallel engine, and the dim it is cut
+        along (None: whole), for a reallocation to send from or fill in place."""
+        return {name: (local(t), shard_dim(t)) for name, t in self.engine.model.state_dict().items()}
 
     # ---- checkpoints -------------------------------------------------------------------------
     @register(ONE_TO_ALL, remembers_path=True)  # session.recover reloads the last path saved

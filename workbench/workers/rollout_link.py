@@ -66,13 +66,15 @@ def check_rollout_pair(actor: Any, rollout: Any) -> None:
 
 
 def reallocatable(trained: Any, copy: Any) -> bool:
-    """Whether reallocation can move `trained`'s weights (configs) into `copy`: whole weights out
-    of an FSDP engine, into a critic's replica (FSDP, or tensor-parallel: backend "3d") or an
-    actor's rollout group of HF engines,
-    which load a layer unit as it arrives. Not LoRA's adapters, which only a broadcast sends, nor
-    vLLM engines, which reload a whole model at a time (both take the broadcast)."""
-    if isinstance(trained, CriticConfig):  # into a replica's FSDP shards or tensor-parallel pieces
-        return trained.backend == "fsdp" and isinstance(copy, CriticConfig) and copy.backend in ("fsdp", "3d")
+    """Whether reallocation can move `trained`'s weights (configs) into `copy` (both pp = 1,
+    which WeightLink checks): between a critic and its replica, each FSDP (whole weights, a
+    layer unit gathered at a time) or tensor parallel (backend "3d": its own pieces), or from an
+    FSDP actor into a rollout group of HF engines, which load a unit as it arrives. Not LoRA's
+    adapters, which only a broadcast sends, nor vLLM engines, which reload a whole model at a
+    time (both take the broadcast)."""
+    if isinstance(trained, CriticConfig):
+        backends = {trained.backend, getattr(copy, "backend", None)}
+        return isinstance(copy, CriticConfig) and backends <= {"fsdp", "3d"} and trained.lora is None
     actor = getattr(trained, "train", False) and getattr(trained, "backend", None) == "fsdp"
     return bool(actor and trained.lora is None and getattr(copy, "rollout", None) == "hf")
 
@@ -89,18 +91,18 @@ class WeightLink:
 
     def __init__(self, trained: Any, copy: Any, reallocate: bool | None = None):
         trained_config, copy_config = (getattr(g, "config", None) for g in (trained, copy))
-        if reallocate and not reallocatable(trained_config, copy_config):
+        # a pipeline stage's pieces: not yet
+        can = reallocatable(trained_config, copy_config) and trained.mesh.pp == 1 and copy.mesh.pp == 1
+        if reallocate and not can:
             raise ConfigError(
                 "WeightLink(reallocate=True)",
                 (trained.role, copy.role),
-                "reallocation moves whole weights out of an FSDP engine: a critic (backend='fsdp') to its "
-                "replica (backend 'fsdp' or '3d') or an actor without LoRA (backend='fsdp') to a rollout "
-                "group of HF engines (rollout='hf'); use reallocate=None or False for a broadcast",
+                "reallocation moves weights between a critic and its replica (backend 'fsdp' or '3d', "
+                "pp=1, no LoRA) or from an actor without LoRA (backend='fsdp') to a rollout group of HF "
+                "engines (rollout='hf'); use reallocate=None or False for a broadcast",
             )
         critics = all(isinstance(c, CriticConfig) for c in (trained_config, copy_config))
-        self.reallocates = (
-            (critics and reallocatable(trained_config, copy_config)) if reallocate is None else reallocate
-        )
+        self.reallocates = (critics and can) if reallocate is None else reallocate
         self.trained, self.copy = trained, copy
         self.hostsets = (trained.hostset, copy.hostset)
         nodes = set(trained.pool.node_ids) | set(copy.pool.node_ids)

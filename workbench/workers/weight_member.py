@@ -104,28 +104,31 @@ class WeightChannelMember:
         pieces: dict[str, tuple[torch.Tensor, int | None]] | None = None,
     ) -> dict:
         """Move the trained group's weights into the copy by reallocation (the channel joined
-        with `sources`). A source passes its FSDP `engine`: it gathers each layer unit from the
-        shards (every source rank, a collective) and sends it to its share of the copy's ranks.
-        A copy rank holding whole weights passes `load` ((name, tensor) pairs into its model, in
-        place: an FSDP replica's shards, a rollout engine's weights), called for each unit as it
-        arrives, so neither side holds more than one unit beside its model. A copy rank of a
-        tensor-parallel layout passes its `pieces` instead: {name: (this rank's piece, the dim
-        the weight is cut along, None: whole)}, filled in place. The weights' names and shapes
-        are the first source's, the copy's layout and cuts its first rank's, shared once per
-        channel. One trace span with this rank's bytes and messages."""
+        with `sources`). `pieces`, on either side: a tensor-parallel rank's own pieces,
+        {name: (piece, the dim the weight is cut along, None: whole)}, sent from or filled in
+        place as they are, in the worker's layout.
+          * A source passes its `engine`, and its `pieces` when it trains tensor parallel;
+            without them it gathers each layer unit from its FSDP shards (every source rank, a
+            collective) and sends whole weights.
+          * A copy rank passes its `pieces`, or `load` ((name, tensor) pairs into its model, in
+            place: an FSDP replica's shards, a rollout engine's weights), called for each unit
+            as it arrives, so neither side holds more than one unit beside its model.
+        Each side's layout and cuts come from its first rank, the weights' names and shapes from
+        the first source, shared once per channel. One trace span with this rank's bytes and
+        messages."""
         if self.channel is None or not self.channel_sources:
             raise RuntimeError(f"{span}: no reallocating weight channel; connect one (WeightLink, reallocate=True)")
         source = self.channel.rank < self.channel_sources
-        given = sum(x is not None for x in (engine, load, pieces))
-        if given != 1 or source != (engine is not None):
-            raise ValueError(f"{span}: a source passes its engine, a copy rank a load function or its pieces")
+        if (engine is None) == source or (not source and (load is None) == (pieces is None)):
+            raise ValueError(
+                f"{span}: a source passes its engine (and its pieces), a copy rank a load function or its pieces"
+            )
         start = time.time()
         if self._reallocator is None:  # planned once per channel: the layouts do not change
-            weights = self.channel.share(_weight_list(engine) if self.channel.rank == 0 else None)
-            cuts = {name: dim for name, (_, dim) in (pieces or {}).items() if dim is not None}
-            copy = self.channel.share((self.mesh, cuts) if not source else None, root=self.channel_sources)
-            self._reallocator = Reallocator(self._reallocation_plan(weights, *copy), self.channel.group, self.device)
-        if source:
+            self._reallocator = Reallocator(self._reallocation_plan(engine, pieces), self.channel.group, self.device)
+        if source and pieces is not None:
+            _, moved = self._reallocator.run({name: piece for name, (piece, _) in pieces.items()})
+        elif source:
             _, moved = self._reallocator.run(lambda names: dict(engine.iter_full_weights(set(names).__contains__)))
         elif pieces is not None:
             _, moved = self._reallocator.run(None, out={name: piece for name, (piece, _) in pieces.items()})
@@ -139,23 +142,34 @@ class WeightChannelMember:
         self.record_span(span, start, time.time(), version=version, peak_rss_bytes=rss, **moved.as_dict())
         return {"version": version, **moved.as_dict()}
 
-    def _reallocation_plan(self, weights: list[tuple[str, tuple[int, ...], str]], copy: Mesh, cuts: dict[str, int]):
-        """Whole weights from the trained group's ranks (after the gather, each holds every
-        weight of a unit: a p1t1dn layout) to the copy's ranks in its layout (`copy`: p1t1dm,
-        or tensor-parallel with the weights cut as `cuts` says), built alike on every member
-        from the same lists."""
+    def _reallocation_plan(self, engine, pieces: dict[str, tuple[torch.Tensor, int | None]] | None):
+        """The transfer plan, built alike on every member from what the two sides' first ranks
+        share: the sources' layout (whole weights on p1t1dn after the gather, or their
+        tensor-parallel layout) and the copy's, each with its cuts. Collective over the channel."""
         assert self.channel is not None
-        if copy.pp > 1 or copy.world_size != self.channel.size - self.channel_sources:
-            raise ValueError(
-                f"reallocation into {copy}: the copy takes whole or tensor-parallel weights on its "
-                f"{self.channel.size - self.channel_sources} channel ranks (pp = 1)"
-            )
+        n = self.channel_sources
+        source = self.channel.rank < n
+        cuts = {name: dim for name, (_, dim) in (pieces or {}).items() if dim is not None}
+        mine = (self.mesh if pieces is not None else Mesh(1, 1, n)) if source else self.mesh
+        weights, src, src_cuts = self.channel.share(
+            (_weight_list(engine), mine, cuts) if self.channel.rank == 0 else None
+        )
+        dst, dst_cuts = self.channel.share((mine, cuts) if not source else None, root=n)
+        for side, mesh, count in (("sources", src, n), ("copy", dst, self.channel.size - n)):
+            if mesh.pp > 1 or mesh.world_size != count:
+                raise ValueError(
+                    f"reallocation: the {side}' layout {mesh} must be whole or tensor-parallel weights on its "
+                    f"{count} channel ranks (pp = 1)"
+                )
+        clash = sorted(k for k in src_cuts.keys() & dst_cuts.keys() if src_cuts[k] != dst_cuts[k])
+        if clash:
+            raise ValueError(f"reallocation: the two layouts cut {clash[:3]} along different dims")
         n_layers = layer_count(name for name, _, _ in weights)
         params = [
-            Param(name, shape, cuts.get(name), llama_layer(name, n_layers), dtype) for name, shape, dtype in weights
+            Param(name, shape, src_cuts.get(name, dst_cuts.get(name)), llama_layer(name, n_layers), dtype)
+            for name, shape, dtype in weights
         ]
-        n = self.channel_sources
-        return plan(params, Placement(Mesh(1, 1, n)), Placement(copy, first=n))
+        return plan(params, Placement(Mesh(src.pp, src.tp, src.dp)), Placement(Mesh(dst.pp, dst.tp, dst.dp), first=n))
 
 
 def _weight_list(engine) -> list[tuple[str, tuple[int, ...], str]]:
