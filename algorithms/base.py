@@ -105,8 +105,8 @@ class AlgoConfig:
     """How a rollout group (Groups.rollout) takes the actor's weights after each update:
     "broadcast" (the actor's rank 0 sends every tensor, gathered from the shards; LoRA sends the
     adapters alone) or "reallocate" (ReaLHF's reallocation: every actor rank a source, a layer
-    unit at a time, rollout rank i from actor rank i mod n; an FSDP actor without LoRA, HF
-    rollout engines)."""
+    unit at a time, rollout rank i from actor rank i mod n) where it can move the weights (an
+    FSDP actor without LoRA, HF rollout engines), else the broadcast."""
     env: Environment | None = None
     """Sample multi-turn episodes in this environment (the actor's generate_episodes: policy
     turns and tool observations, the observations masked out of the loss) instead of single
@@ -363,10 +363,13 @@ class Algorithm:
         version; returns at once (the push runs after the calls queued on either group)."""
         if self.groups.rollout is None or self.rollout_version == self.iteration:
             return
-        from workbench.workers.rollout_link import RolloutLink  # the worker stack, only when used
+        from workbench.workers.rollout_link import RolloutLink, reallocatable  # the worker stack, when used
 
         link = self._link
-        reallocate = self.config.rollout_weights == "reallocate"
+        # "reallocate" where it can move these weights (FSDP actor, no LoRA, HF engines), else
+        # the broadcast, as the planner prices it (Simulator.rollout_reallocates)
+        actor, rollout = self.groups.actor, self.groups.rollout
+        reallocate = self.config.rollout_weights == "reallocate" and reallocatable(actor.config, rollout.config)
         if (
             link is None
             or not link.current()

@@ -230,6 +230,11 @@ def test_a_rollout_group_is_priced_as_the_workload_moves_its_weights(tiny_worklo
     task, sim, spec = push(reallocating, lora)
     assert task.name == "push actor->d2-3@0"
     assert task.cost == pytest.approx(sim.weight_push_time(spec, trainer, copy, False))
+    # where the runtime cannot reallocate (a tensor- or pipeline-parallel trainer), the broadcast
+    assert not any(sim.rollout_reallocates(spec, m) for m in (Mesh(1, 2, 1), Mesh(2, 1, 1)))
+    assert sim.rollout_push_time(spec, Mesh(1, 2, 1), copy, False) == sim.weight_push_time(
+        spec, Mesh(1, 2, 1), copy, False
+    )
     with pytest.raises(ValueError, match="rollout_weights='scatter'"):
         dataclasses.replace(tiny_workload, rollout_weights="scatter")
 

@@ -99,7 +99,9 @@ class TransferStats:
 
 
 class WeightChannel:
-    """This process's membership of one channel (rank 0 sends, the others receive)."""
+    """This process's membership of one channel: for a broadcast rank 0 sends and the others
+    receive; a reallocation (workbench.hybrid.reallocate) runs on its `group` with every trained
+    rank a source."""
 
     def __init__(self, address: ChannelAddress, rank: int, device: torch.device, timeout=DEFAULT_TIMEOUT):
         self.address, self.rank, self.size, self.device = address, rank, address.size, torch.device(device)

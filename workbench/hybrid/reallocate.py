@@ -278,7 +278,8 @@ class Reallocator:
         host_sends = [(p, t.to("cpu")) for p, t in sends]  # a synchronous copy: ready to send
         host_recvs = [(p, torch.empty(t.shape, dtype=t.dtype)) for p, t in recvs]
         works = self._transfer(host_sends, host_recvs)
-        return [_HostLanding(works, [(t, host) for (_, t), (_, host) in zip(recvs, host_recvs)])]
+        landings = [(t, host) for (_, t), (_, host) in zip(recvs, host_recvs)]
+        return [_HostLanding(works, landings, [t for _, t in host_sends])]
 
     def _transfer(self, sends: list, recvs: list) -> list:
         """One batch through torch.distributed (a group it knows), or straight on the backend of
@@ -343,14 +344,16 @@ class _HostLanding:
     """A layer's messages staged in host memory, waited on as one: wait() waits for every
     transfer, then copies each received host buffer into its device piece."""
 
-    def __init__(self, works: list, landings: list[tuple[torch.Tensor, torch.Tensor]]):
+    def __init__(self, works: list, landings: list[tuple[torch.Tensor, torch.Tensor]], sent: list[torch.Tensor]):
         self.works, self.landings = works, landings
+        self.sent = sent  # the host copies being sent: held until the sends are done
 
     def wait(self) -> None:
         for w in self.works:
             w.wait()
         for device_piece, host in self.landings:
             device_piece.copy_(host)
+        self.sent = []
 
 
 def backend_of(group) -> str:

@@ -32,7 +32,8 @@ hybrid engine's switch.
 
 Refused, on the driver before any pool is reserved: the actor's log-probs away from its
 training (a replica would need a trainer's forward), a trained model's copy in a
-pipeline-parallel layout, a tensor-parallel one for generation or of a DeepSpeed home,
+pipeline-parallel layout, a tensor-parallel one for generation or of a DeepSpeed or
+pipeline-parallel home,
 and two calls running one worker method on different placements (a handle routes by method).
 The planner stays free of Ray: this module calls the session.
 """
@@ -46,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from workbench import steps
 from workbench.controller.mesh import Mesh
+from workbench.errors import ConfigError
 from workbench.planner.dataflow import Dataflow
 from workbench.planner.errors import PlannerError
 from workbench.planner.execution import DeviceMesh, ExecutionPlan
@@ -219,7 +221,12 @@ def _replica(
                 f"home (pp=1); train {model!r} with backend 'fsdp' or '3d' and pp=1, or give the replica "
                 f"p1t1d{layout.world_size}"
             )
-        worker = (cls, _replace(config, backend="3d"))
+        try:  # the replica only computes: the home's kept-forward option is the update's
+            worker = (cls, _replace(config, backend="3d", reuse_values_forward=False))
+        except ConfigError as refused:
+            raise PlannerError(
+                f"{where}: a tensor-parallel replica runs backend '3d', which refuses: {refused}"
+            ) from refused
     elif config is not None and getattr(config, "backend", None) != "fsdp":
         # The home trains tensor- or pipeline-parallel; the replica only computes, so it holds
         # the pushed weights as FSDP shards whatever the home's backend.

@@ -308,8 +308,7 @@ class PlanEvaluator:
                 crosses = _cross_nodes(src_mesh, dst_mesh, self.cluster.devices_per_node)
                 if copy == "rollout":
                     cost = self.sim.rollout_push_time(self.specs[m], src_s, dst_s, crosses)
-                    realloc = self.wl.rollout_weights == "reallocate" and not self.specs[m].lora_rank
-                    label = "realloc" if realloc else "push"
+                    label = "realloc" if self.sim.rollout_reallocates(self.specs[m], src_s) else "push"
                 elif src_s.pp > 1:  # a pipeline-parallel home broadcasts (WeightLink)
                     cost, label = self.sim.weight_push_time(self.specs[m], src_s, dst_s, crosses), "push"
                 else:

@@ -282,11 +282,18 @@ class Simulator:
     def rollout_push_time(self, spec: ModelSpec, trainer: Mesh, rollout: Mesh, crosses_nodes: bool) -> float:
         """A rollout group brought up to date after an update, as the workload's runtime moves it
         (`Workload.rollout_weights`): reallocated into from every trainer rank
-        (`replica_realloc_time`), or broadcast from rank 0 (`weight_push_time`; LoRA's adapters
-        always)."""
-        if self.wl.rollout_weights == "reallocate" and not spec.lora_rank:
+        (`replica_realloc_time`) where `rollout_reallocates`, else broadcast from rank 0
+        (`weight_push_time`)."""
+        if self.rollout_reallocates(spec, trainer):
             return self.replica_realloc_time(spec, trainer, rollout, crosses_nodes)
         return self.weight_push_time(spec, trainer, rollout, crosses_nodes)
+
+    def rollout_reallocates(self, spec: ModelSpec, trainer: Mesh) -> bool:
+        """Whether the runtime reallocates into a rollout group (`reallocatable`): asked for by
+        the workload, whole weights (no LoRA) out of an FSDP trainer (tp = pp = 1); else the
+        broadcast."""
+        flat = trainer.tp == 1 and trainer.pp == 1
+        return self.wl.rollout_weights == "reallocate" and not spec.lora_rank and flat
 
     def weight_push_time(self, spec: ModelSpec, trainer: Mesh, rollout: Mesh, crosses_nodes: bool) -> float:
         """Asynchronous RL's weight push (`workbench.hybrid.channel`), after every update: the
@@ -308,7 +315,7 @@ class Simulator:
         return gather + send + self.weight_copy_time(nbytes / rollout.model_parallel)
 
     def replica_realloc_time(self, spec: ModelSpec, home: Mesh, copy: Mesh, crosses_nodes: bool) -> float:
-        """A trained model's data-parallel copy brought up to date by reallocation, as the
+        """A trained model's data- or tensor-parallel copy brought up to date by reallocation, as the
         runtime moves a critic's replica or a reallocated rollout group (`WeightLink`,
         reallocate): one layer unit at a time,
         every home rank gathers the unit from the FSDP shards (the push's gather) and sends it

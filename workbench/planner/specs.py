@@ -221,7 +221,8 @@ class Workload:
     rollout_weights: Literal["broadcast", "reallocate"] = "broadcast"
     """How a rollout group takes the actor's weights after each update
     (`AlgoConfig.rollout_weights`): "broadcast" from the trainer's rank 0, or "reallocate" from
-    every trainer rank (not under LoRA: the adapters are broadcast either way)."""
+    every trainer rank where the runtime can (`Simulator.rollout_reallocates`: whole weights out
+    of an FSDP trainer; LoRA's adapters and other trainers take the broadcast)."""
 
     def __post_init__(self) -> None:
         if self.rollout_weights not in ("broadcast", "reallocate"):

@@ -217,6 +217,11 @@ class CriticWorker(Worker, WeightChannelMember):
             return self.reallocate_over_channel(version, "replica.receive_weights", pieces=self._pieces())
         if self.channel_sources:
             return self.reallocate_over_channel(version, "replica.receive_weights", load=self.engine.load_full_weights)
+        if self.config.backend != "fsdp":
+            raise RuntimeError(
+                f"receive_weights: a {self.config.backend!r} replica takes its weights by reallocation only; "
+                "connect it with WeightLink(reallocate=None or True)"
+            )
         return self.receive_over_channel(self.engine.load_full_weights, version, "replica.receive_weights")
 
     def _pieces(self) -> dict[str, tuple[torch.Tensor, int | None]]:

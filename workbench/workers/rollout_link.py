@@ -86,8 +86,8 @@ class WeightLink:
 
     `reallocate`: move the weights by ReaLHF's layer-by-layer reallocation, every trained rank a
     source (workbench.hybrid.reallocate), instead of a broadcast from the trained group's rank 0.
-    It needs an FSDP trained group sending whole weights (`reallocatable`); None picks it for a
-    critic and its replica."""
+    It needs layouts it can move between (`reallocatable`: FSDP or tensor-parallel critics, an
+    FSDP actor into HF engines; pp = 1); None picks it for a critic and its replica."""
 
     def __init__(self, trained: Any, copy: Any, reallocate: bool | None = None):
         trained_config, copy_config = (getattr(g, "config", None) for g in (trained, copy))

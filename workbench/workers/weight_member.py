@@ -6,10 +6,11 @@ moved in the trace. Two ways to move them:
     broadcasts it tensor by tensor (any backend; a rollout group's LoRA adapters);
   * a reallocation (workbench.hybrid.reallocate): every rank of the trained group joins and is a
     source; one layer unit at a time, each gathers the unit from its FSDP shards and sends whole
-    weights point to point to its share of the copy's ranks (copy rank i from source i mod n), so
-    n sources send in parallel and the bytes each rank moved are counted in the trace. Each copy
-    rank loads a unit as it arrives: into its FSDP shards (a critic's replica) or its rollout
-    engine (a rollout group, AlgoConfig.rollout_weights="reallocate").
+    weights (or, tensor parallel, sends from its own pieces) point to point to its share of the
+    copy's ranks, so n sources send in parallel and the bytes each rank moved are counted in the
+    trace. Each copy rank loads a unit as it arrives: into its FSDP shards (a critic's replica)
+    or its rollout engine (AlgoConfig.rollout_weights="reallocate"), or has its tensor-parallel
+    pieces filled in place.
 
 Mixed into the workers whose weights travel between pools: the actor (to a rollout group) and
 the critic (to a replica that computes values on other devices, a per-call plan's)."""
@@ -132,12 +133,25 @@ class WeightChannelMember:
             _, moved = self._reallocator.run(lambda names: dict(engine.iter_full_weights(set(names).__contains__)))
         elif pieces is not None:
             _, moved = self._reallocator.run(None, out={name: piece for name, (piece, _) in pieces.items()})
+            missing = sorted(set(self._reallocator.dest_shapes) - set(pieces))
+            if missing:  # they landed in throwaway buffers (after the run: the sources must not hang)
+                raise ValueError(f"{span}: this copy rank has no piece of {missing[:3]} to fill; is it the same model?")
         else:
             arrived: dict[str, torch.Tensor] = {}
+            failed: list[Exception] = []
             assert load is not None
-            _, moved = self._reallocator.run(
-                None, out=arrived, done=lambda names: load((name, arrived.pop(name)) for name in names)
-            )
+
+            def land(names: list[str]) -> None:
+                units = [(name, arrived.pop(name)) for name in names]
+                if not failed:  # after a failed load, take the rest: the sources must not hang
+                    try:
+                        load(iter(units))
+                    except Exception as error:  # re-raised once every unit has arrived
+                        failed.append(error)
+
+            _, moved = self._reallocator.run(None, out=arrived, done=land)
+            if failed:
+                raise failed[0]
         rss = psutil.Process().memory_info().rss
         self.record_span(span, start, time.time(), version=version, peak_rss_bytes=rss, **moved.as_dict())
         return {"version": version, **moved.as_dict()}
