@@ -33,9 +33,8 @@ hybrid engine's switch.
 Refused, on the driver before any pool is reserved: the actor's log-probs away from its
 training (a replica would need a trainer's forward), a trained model's copy in a
 pipeline-parallel layout, a tensor-parallel one for generation or of a DeepSpeed or
-pipeline-parallel home,
-and two calls running one worker method on different placements (a handle routes by method).
-The planner stays free of Ray: this module calls the session.
+pipeline-parallel home, and two calls running one worker method on different placements (a
+handle routes by method). The planner stays free of Ray: this module calls the session.
 """
 
 from __future__ import annotations

@@ -164,7 +164,7 @@ class WeightChannelMember:
         n = self.channel_sources
         source = self.channel.rank < n
         cuts = {name: dim for name, (_, dim) in (pieces or {}).items() if dim is not None}
-        mine = (self.mesh if pieces is not None else Mesh(1, 1, n)) if source else self.mesh
+        mine = Mesh(1, 1, n) if source and pieces is None else self.mesh  # FSDP: whole after the gather
         weights, src, src_cuts = self.channel.share(
             (_weight_list(engine), mine, cuts) if self.channel.rank == 0 else None
         )
@@ -183,11 +183,12 @@ class WeightChannelMember:
             Param(name, shape, src_cuts.get(name, dst_cuts.get(name)), llama_layer(name, n_layers), dtype)
             for name, shape, dtype in weights
         ]
-        return plan(params, Placement(Mesh(src.pp, src.tp, src.dp)), Placement(Mesh(dst.pp, dst.tp, dst.dp), first=n))
+        return plan(params, Placement(src), Placement(dst, first=n))  # Placement drops generation layouts
 
 
 def _weight_list(engine) -> list[tuple[str, tuple[int, ...], str]]:
-    """(name, full shape, dtype) of every weight of an FSDP engine's model, in its order."""
+    """(name, full shape, dtype) of every weight of an engine's model, in its order (a DTensor's
+    shape is the whole weight's, FSDP or tensor parallel)."""
     return [
         (name, tuple(value.shape), str(value.dtype).removeprefix("torch."))
         for name, value in engine.model.state_dict().items()
