@@ -100,6 +100,36 @@ def test_frozen_models_are_kept_like_the_workers_keep_them():
     assert trained.params == pytest.approx(M / 8) and trained.grads == pytest.approx(M / 8 * 2)
 
 
+def test_frozen_models_kept_sharded_or_on_the_host_take_less_device_memory_and_pay_in_time():
+    # Workload.frozen_keep (ActorConfig.reference_keep): FSDP shards keep 1/dp of a frozen
+    # model per device and gather every layer per forward; host-kept shards keep none and also
+    # copy their shard in per forward, at the host link's bandwidth.
+    s = Mesh(1, 2, 4)
+    assert static_memory(SPEC, s, False, "full", "sharded").params == pytest.approx(M / 8)
+    assert static_memory(SPEC, s, False, "full", "host").params == 0
+    assert static_memory(SPEC, s, True, "full", "host").params == pytest.approx(M / 8)  # trained: untouched
+    cluster = cluster_preset("a100_80g", n_nodes=1)
+    wl = Workload(global_batch=64, prompt_len=256, response_len=256, param_sharding="full")
+    whole, sharded, host = (
+        Simulator(cluster, Workload(**{**wl.__dict__, "frozen_keep": keep})).inference(SPEC, s, trained=False)
+        for keep in ("whole", "sharded", "host")
+    )
+    assert whole < sharded < host
+    # The host copy is this rank's shard (1/dp of the tp piece) per micro-batch forward.
+    micro = -(-wl.global_batch // s.dp // wl.micro_batch_size)
+    assert host - sharded == pytest.approx(micro * M / 2 / 4 / cluster.host_bandwidth, rel=1e-6)
+    # A trained model's forward does not change with it, and one data-parallel rank gathers nothing.
+    assert Simulator(cluster, Workload(**{**wl.__dict__, "frozen_keep": "host"})).inference(SPEC, s) == pytest.approx(
+        Simulator(cluster, wl).inference(SPEC, s)
+    )
+    one = Mesh(1, 2, 1)
+    assert Simulator(cluster, Workload(**{**wl.__dict__, "frozen_keep": "sharded"})).inference(
+        SPEC, one, trained=False
+    ) == pytest.approx(Simulator(cluster, wl).inference(SPEC, one, trained=False))
+    with pytest.raises(ValueError, match="frozen_keep='disk'"):
+        Workload(frozen_keep="disk")
+
+
 def test_lora_keeps_gradients_and_adam_states_for_the_adapters_only():
     full, lora = SPEC, SPEC.with_lora(16)
     assert lora.param_count == full.param_count and lora.trainable_params == lora.adapter_params

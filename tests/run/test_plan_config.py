@@ -59,6 +59,11 @@ def test_the_workload_prices_the_rollout_pushes_the_run_makes(tiny):
     assert build.run_workload(config(tiny, "algorithm.rollout_weights=reallocate")).rollout_weights == "reallocate"
 
 
+def test_the_workload_prices_the_reference_as_the_actor_config_keeps_it(tiny):
+    assert build.run_workload(config(tiny)).frozen_keep == "whole"
+    assert build.run_workload(config(tiny, "actor.reference_keep=host")).frozen_keep == "host"
+
+
 def test_the_workload_checkpoints_activations_only_where_the_actor_does(tiny):
     # The planner's Workload defaults to the papers' full recomputation (a 4th forward per
     # training pass); the workers checkpoint only with actor.load.gradient_checkpointing.

@@ -39,12 +39,16 @@ def model_dir(tmp_path_factory):
     return str(make_tiny("1m", tmp_path_factory.mktemp("tiny") / "actor", seed=3))
 
 
-@pytest.fixture(scope="module", params=["hf", "vllm"])
+# Each rollout backend with the reference kept another way (workbench.engines.frozen): FSDP
+# shards, and those shards in host memory.
+@pytest.fixture(scope="module", params=[("hf", "sharded"), ("vllm", "host")], ids=["hf", "vllm"])
 def actor(request, shared_session, model_dir):
+    rollout, keep = request.param
     config = ActorConfig(
         model_path=model_dir,
-        rollout=request.param,
+        rollout=rollout,
         reference=True,
+        reference_keep=keep,
         optim=OPTIM,
         mini_batch_size=8,
         micro_batch_size=2,
@@ -105,10 +109,30 @@ def test_update_matches_single_process_and_next_generation_uses_new_weights(
     syncs = [r for r in shared_session.trace() if r.method == "hybrid.sync_weights"]
     assert syncs and all(r.extra["peak_rss_bytes"] > 0 for r in syncs)
 
-    # The reference copy still holds the initial weights.
+    # The reference copy still holds the initial weights, each rank about half of them (FSDP
+    # shards; in host memory for "host", which on a CPU machine is where the device is too).
     ref = actor.compute_ref_log_prob(after).get()["ref_log_probs"]
     initial, _ = response_log_probs(model.eval(), after)
     assert (ref - initial).abs().max() <= 1e-4
+    whole = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    kept = actor.reference_bytes().get()
+    assert len(kept) == 2 and all(0.45 * whole <= sum(k.values()) <= 0.6 * whole for k in kept), (kept, whole)
+    if actor.config.reference_keep == "host":
+        assert all(set(k) == {"cpu"} for k in kept)
+
+
+def test_ranks_whose_rows_repeat_prompts_differently_make_the_same_model_calls(actor, model_dir, tmp_path):
+    """share_prompts=True computes a repeated prompt once, in a second model call. Rank 0's rows
+    repeat one prompt and rank 1's do not; the FSDP actor and the sharded reference gather
+    weights in every forward, so both ranks must still call alike (forward.agreed), or hang."""
+    model, tokenizer = local_model(model_dir)
+    rows = prompts(tokenizer, 3)[torch.tensor([0, 0, 1, 2])]
+    rolled = actor.generate_sequences(rows, SamplingConfig(max_new_tokens=6, seed=11)).get()
+    old = actor.compute_log_prob(rolled).get()["old_log_probs"]
+    ref = actor.compute_ref_log_prob(rolled).get()["ref_log_probs"]
+    current = load(actor.export_hf(str(tmp_path / "now")).get()[0]).model.eval()
+    assert (old - response_log_probs(current, rolled)[0]).abs().max() <= 1e-4
+    assert (ref - response_log_probs(model.eval(), rolled)[0]).abs().max() <= 1e-4
 
 
 def test_checkpoint_save_load_restores_log_probs(actor, model_dir, tmp_path):

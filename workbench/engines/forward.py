@@ -62,7 +62,8 @@ def response_logits(model: torch.nn.Module, batch: Batch | dict, share_prompts: 
     if share_prompts is not False and can_share_prompts(model):
         groups = prompt_groups(batch)
         saved = saved_prompt_tokens(batch, groups)
-        if saved > 0 and (share_prompts or saved * parameter_count(model) >= SHARE_MIN_PARAM_TOKENS):
+        share = saved > 0 and (bool(share_prompts) or saved * parameter_count(model) >= SHARE_MIN_PARAM_TOKENS)
+        if agreed(model, share):
             return shared_prompt_logits(model, batch, groups)
     responses = batch["responses"]
     r = responses.shape[1]
@@ -77,6 +78,23 @@ def response_logits(model: torch.nn.Module, batch: Batch | dict, share_prompts: 
         **keep,
     ).logits
     return logits[:, -r - 1 : -1]
+
+
+def agreed(model: torch.nn.Module, share: bool) -> bool:
+    """`share` where every rank that holds a shard of `model` decides it too. Sharing makes two
+    model calls instead of one, and an FSDP2-sharded model's forward all-gathers each layer's
+    weights over its ranks: ranks whose rows happen to repeat prompts differently must still
+    make the same calls, or their gathers pair up wrongly and hang. One all-reduce (min) there;
+    nothing elsewhere."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    param = next(model.parameters(), None) if isinstance(model, FSDPModule) else None
+    if not isinstance(param, DTensor) or param.device_mesh.size() == 1:
+        return share
+    flag = torch.tensor([int(share)], device=param.device_mesh.device_type)  # host-kept shards: the mesh's device
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN, group=param.device_mesh.get_group())
+    return bool(flag.item())
 
 
 def shared_prompt_logits(

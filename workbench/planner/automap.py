@@ -171,7 +171,7 @@ class AutoMapper:
                 ],
                 default=0.0,
             )
-            static = static_memory(spec, s, trained, self.wl.param_sharding)
+            static = static_memory(spec, s, trained, self.wl.param_sharding, self.wl.frozen_keep)
             if not gen_calls:
                 out.append(_Layout(s, None, static, act, times, sum(times.values())))
                 continue

@@ -170,6 +170,7 @@ class Calibration:
             kernel_latency=self.kernel_latency,
             call_overhead=self.call_overhead,
             driver_bandwidth=self.driver_bandwidth,
+            host_bandwidth=float("inf"),  # the device is the host: a host-kept shard is not copied
             cores_per_node=self.cores,
             dtype_bytes=CPU_DTYPE_BYTES,
             decode_overlap=False,

@@ -136,7 +136,9 @@ class PlanEvaluator:
         static = [0.0] * n
         for m in self.flow.models:
             mesh_, s = self.home(m, plan)
-            v = static_memory(self.specs[m], s, m in self.train_call, self.wl.param_sharding).static
+            v = static_memory(
+                self.specs[m], s, m in self.train_call, self.wl.param_sharding, self.wl.frozen_keep
+            ).static
             for d in range(*mesh_.span):
                 static[d] += v
         held = set()  # copies the runtime keeps between calls: static on their devices, once
@@ -147,11 +149,14 @@ class PlanEvaluator:
                 held.add((c.model, mesh_, s))
                 spec = self.specs[c.model]
                 # A replica holds FSDP shards (tensor-parallel pieces when tp > 1, whole on each
-                # data-parallel replica); a frozen copy and a rollout engine whole weights.
+                # data-parallel replica); a frozen copy as frozen models are kept, a rollout
+                # engine whole weights.
                 if copy == "replica":
                     v = generation_weights(spec, s) / (s.dp if s.tp == 1 else 1)
                 else:
-                    v = static_memory(spec, s, False).params
+                    v = static_memory(
+                        spec, s, False, frozen_keep=self.wl.frozen_keep if copy == "frozen" else "whole"
+                    ).params
                 for d in range(*mesh_.span):
                     static[d] += v
         dyn, kv_budget = [0.0] * n, {}

@@ -67,18 +67,22 @@ class MemoryBreakdown:
         return (self.params, self.grads, self.optimizer, self.activations, self.kv_cache, self.extra_params)
 
 
-def static_memory(spec: ModelSpec, s: Mesh, trained: bool, sharding: str = "optimizer") -> MemoryBreakdown:
+def static_memory(
+    spec: ModelSpec, s: Mesh, trained: bool, sharding: str = "optimizer", frozen_keep: str = "whole"
+) -> MemoryBreakdown:
     """Weights (and, if trained, gradients and optimizer states) kept on each device.
 
     sharding "optimizer" (Megatron distributed optimizer, ZeRO-1): weights and gradients are
     replicated over data-parallel ranks, Adam states sharded. "full" (FSDP / ZeRO-3, what the
     workbench's workers train with): everything sharded over all devices. Frozen models are
-    kept as the workers keep them under either: whole on every data-parallel rank, cut only by
-    tensor and pipeline parallelism (no gathers in their forwards). A LoRA-trained model
-    (spec.lora_rank > 0) keeps gradients and Adam states for its adapters only."""
+    kept as `frozen_keep` says (Workload.frozen_keep): "whole" on every data-parallel rank, cut
+    only by tensor and pipeline parallelism; "sharded" 1/dp of that (FSDP shards); "host" none
+    on the device (a layer's gathered weights while it runs are left out, as FSDP's are). A
+    LoRA-trained model (spec.lora_rank > 0) keeps gradients and Adam states for its adapters only."""
     shard = spec.param_count / s.model_parallel
     if not trained:
-        return MemoryBreakdown(params=shard * WEIGHT_BYTES)
+        kept = {"whole": 1.0, "sharded": 1 / s.dp, "host": 0.0}[frozen_keep]
+        return MemoryBreakdown(params=shard * kept * WEIGHT_BYTES)
     # Under LoRA (spec.lora_rank) only the adapters have gradients and Adam states; the frozen
     # base is kept like the trained weights (sharded the same way), plus the adapters themselves.
     trained_shard = spec.trainable_params / s.model_parallel

@@ -223,7 +223,7 @@ def _price(mapper: AutoMapper, at: str, models: tuple[str, ...], n: int, choices
             ],
             default=0.0,
         )
-        layouts[m] = _Layout(s, g, static_memory(spec, s, trained, wl.param_sharding), act, times, 0.0)
+        layouts[m] = _Layout(s, g, static_memory(spec, s, trained, wl.param_sharding, wl.frozen_keep), act, times, 0.0)
     q = cluster.device_memory
     static = sum(o.static.total for o in layouts.values())
     result: dict[str, ModelChoice] = {}

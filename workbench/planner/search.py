@@ -137,7 +137,7 @@ class PlanSpace:
             spec, trained = self.specs[call.model], self.flow.trained(call.model)
             best = None
             for j, (_mesh, s) in enumerate(opts):
-                static = static_memory(spec, s, trained, self.wl.param_sharding).static
+                static = static_memory(spec, s, trained, self.wl.param_sharding, self.wl.frozen_keep).static
                 if call.kind == "train":
                     dyn, t = train_activations(spec, s, self.wl), None
                 elif call.kind == "inference":

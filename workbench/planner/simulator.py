@@ -90,8 +90,9 @@ class Simulator:
         return self._memo[key]
 
     def inference(self, spec: ModelSpec, s: Mesh, batch_factor: float = 1.0, trained: bool = True) -> float:
-        """A forward-only call; `trained=False` for a frozen model, which the workers keep
-        whole on every data-parallel rank, so its forward gathers nothing."""
+        """A forward-only call; `trained=False` for a frozen model, kept as the workload's
+        `frozen_keep` says: whole (its forward gathers nothing), sharded (it gathers as FSDP
+        does) or in host memory (it also copies its shards in)."""
         key = ("inference", spec, s, batch_factor, trained)
         if key not in self._memo:
             self._memo[key] = self._pass(spec, s, batch_factor, train=False, trained=trained)
@@ -137,7 +138,11 @@ class Simulator:
             # and writes its master weights and both moments, and writes the weights.
             params = spec.trainable_params / s.world_size  # under LoRA: the adapters only
             total += steps * params * OPTIMIZER_STEP_BYTES / (c.memory_bandwidth * c.bandwidth_efficiency)
-        if s.dp > 1 and wl.param_sharding == "full" and trained:
+        frozen_sharded = not trained and wl.frozen_keep != "whole"
+        if frozen_sharded and wl.frozen_keep == "host":  # every forward copies this rank's shards in
+            kept = spec.param_count / s.model_parallel / s.dp * self.dtype_bytes
+            total += n_micro * kept / c.host_bandwidth
+        if s.dp > 1 and ((wl.param_sharding == "full" and trained) or frozen_sharded):
             # FSDP / ZeRO-3: per micro-batch, one all-gather of every layer's parameters per
             # forward (two when training: the backward gathers again) and, when training, one
             # gradient reduce-scatter; each moves half an all-reduce's volume.

@@ -224,7 +224,16 @@ class Workload:
     every trainer rank where the runtime can (`Simulator.rollout_reallocates`: whole weights out
     of an FSDP trainer; LoRA's adapters and other trainers take the broadcast)."""
 
+    frozen_keep: Literal["whole", "sharded", "host"] = "whole"
+    """Where frozen models (reference, reward, cost) keep their weights between forwards
+    (`ActorConfig.reference_keep`, `ScoreModelConfig.keep`; workbench.engines.frozen): "whole" on
+    every data-parallel rank, "sharded" as FSDP shards (1/dp each; each forward all-gathers every
+    layer) or "host" (those shards in host memory, no device memory; each forward also copies
+    its shard in at `ClusterSpec.host_bandwidth`)."""
+
     def __post_init__(self) -> None:
+        if self.frozen_keep not in ("whole", "sharded", "host"):
+            raise ValueError(f"Workload.frozen_keep={self.frozen_keep!r}: use 'whole', 'sharded' or 'host'")
         if self.rollout_weights not in ("broadcast", "reallocate"):
             raise ValueError(f"Workload.rollout_weights={self.rollout_weights!r}: use 'broadcast' or 'reallocate'")
         if self.param_sharding not in ("optimizer", "full"):  # a typo would silently mean "optimizer"
@@ -349,6 +358,10 @@ class ClusterSpec:
     hand-off and result collection. Negligible against minute-long calls on GPUs (HybridFlow
     §4: the single controller's overhead is small), so 0 in their presets; milliseconds
     against sub-second calls here (measured by the profiler)."""
+    host_bandwidth: float = 25e9
+    """Host-to-device bytes/s per device (PCIe 4.0 x16 as achieved): what a frozen model kept in
+    host memory (`Workload.frozen_keep="host"`) pays to copy its shards in for every forward.
+    inf where the device is the host (a calibrated CPU cluster: the copy is no copy)."""
     driver_bandwidth: float = float("inf")
     """Bytes/s at which data passes through the driver (single controller), where the
     algorithm computes on it: the advantage step gathers the calls' outputs and sends the

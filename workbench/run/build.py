@@ -337,7 +337,8 @@ def run_workload(config: RunConfig, prompt_width: float | None = None) -> Worklo
     length (`prompt_width`, the loader's mean Batch width, when known; else the most a Batch
     may have), response length, samples per prompt, epochs, mini-batches and micro-batch size
     of the actor's update; FSDP-sharded workers ("full"); whether they checkpoint activations;
-    how the actor's switch moves weights, and how a rollout group takes them."""
+    how the actor's switch moves weights, how a rollout group takes them, and how the reference
+    keeps its weights."""
     batch = config.data.loader.batch_size
     rows = batch * config.sampling.n
     return Workload(
@@ -352,6 +353,7 @@ def run_workload(config: RunConfig, prompt_width: float | None = None) -> Worklo
         recompute=config.actor.load.gradient_checkpointing,  # the papers' default (True) is not the workers'
         transition_executor=config.actor.transition_executor,
         rollout_weights=config.algorithm.rollout_weights,  # type: ignore[arg-type]  # checked by AlgoConfig
+        frozen_keep=config.actor.reference_keep,  # type: ignore[arg-type]  # checked by ActorConfig
     )
 
 

@@ -38,6 +38,7 @@ from workbench.data.batch import Batch
 from workbench.engines.backends import BACKENDS, check_data_parallel_only, make_engine
 from workbench.engines.contract import Forward, LossFn, OptimConfig, check_training_fields, needs
 from workbench.engines.forward import model_outputs, response_log_probs, sequence_nll
+from workbench.engines.frozen import check_keep, keep_frozen, kept_bytes
 from workbench.engines.hf_rollout import HFRollout, HFRolloutConfig, weightless_copy
 from workbench.engines.multi_turn import EpisodeConfig, Episodes
 from workbench.engines.pipeline import PipelinedModel
@@ -101,6 +102,12 @@ class ActorConfig:
     """Rollout backend: "hf" (transformers generate), "vllm", or None (no generation)."""
     reference: bool = False
     """Keep a frozen copy of the initial weights for compute_ref_log_prob."""
+    reference_keep: str = "whole"
+    """Where that copy keeps its weights between forwards (workbench.engines.frozen): "whole" on
+    every data-parallel rank, "sharded" (FSDP2 shards, 1/dp each, a layer gathered for its
+    forward) or "host" (those shards in host memory, copied in a layer at a time). Sharded
+    keeps need a data-parallel layout (no tp/pp) and no LoRA (the reference is the base there);
+    without a reference (reference=False) the field is unused."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     mini_batch_size: int = 8
     """Rows per optimizer step, summed over data-parallel ranks."""
@@ -176,6 +183,14 @@ class ActorConfig:
         checks.of_type("ActorConfig", "hf", self.hf, HFRolloutConfig, "pass an HFRolloutConfig")
         checks.of_type("ActorConfig", "vllm", self.vllm, VLLMRolloutConfig, "pass a VLLMRolloutConfig")
         check_lora("ActorConfig", self.lora, self.backend, self.train)
+        check_keep("ActorConfig.reference_keep", self.reference_keep)
+        if self.reference_keep != "whole" and (self.lora is not None or self.load.compile):
+            why = (
+                "under LoRA the reference is the trained model's own base (adapters off)"
+                if self.lora is not None
+                else "compiled forwards are not wired for FSDP's hooks"
+            )
+            raise ConfigError("ActorConfig.reference_keep", self.reference_keep, f"{why}; use reference_keep='whole'")
         if self.lora is not None and self.load.compile:
             raise ConfigError(
                 "ActorConfig.load.compile", True, "compiled forwards are not wired with LoRA; use compile=False"
@@ -195,6 +210,8 @@ class ActorConfig:
             )
         else:
             check_data_parallel_only("ActorRolloutRefWorker", mesh, role)
+        if self.reference:
+            check_keep("ActorConfig.reference_keep", self.reference_keep, mesh, role)
         check_mini_batch_splits("ActorConfig", self.mini_batch_size, mesh.dp, role)
         check_model_dir(self.model_path, "ActorConfig.model_path", "causal", self.load.trust_remote_code)
         check_targets("ActorConfig", self.lora, self.model_path)
@@ -264,7 +281,9 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember):
         if config.reference and config.lora is None:  # cut like the training weights where those are cut
             reference = parallelize(copy.deepcopy(model), tp_mesh)
             reference = PipelinedModel(reference, pp_mesh) if pp_mesh is not None else reference
-            self.reference = compile_forward(reference.eval().requires_grad_(False), config.load)
+            dp_mesh = self.device_mesh["dp"] if config.reference_keep != "whole" else None
+            reference = keep_frozen(reference, config.reference_keep, dp_mesh, self.device)
+            self.reference = compile_forward(reference, config.load)
         self.hybrid = None
         # With pipeline stages every rank generates with whole weights (check_tensor_parallel_layout).
         hybrid_layout = tensor_parallel and pp_mesh is None and config.rollout == "hf"
@@ -502,6 +521,14 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember):
             for part in (batch[i : i + step] for i in range(0, len(batch), step))
         ]
         return Batch({"ptx_loss": torch.cat(nll)})
+
+    @register(ONE_TO_ALL)
+    def reference_bytes(self) -> dict[str, int]:
+        """Bytes of the reference copy this rank keeps, by device type ("cpu", "cuda"): a whole
+        model, 1/dp of one (reference_keep="sharded"), or that much in host memory ("host")."""
+        if self.reference is None:
+            raise RuntimeError("this worker keeps no reference copy of its own (reference=False, or LoRA's base)")
+        return kept_bytes(self.reference)
 
     @register(THREE_D_PROTO)
     def compute_ref_log_prob(self, batch: Batch) -> Batch:

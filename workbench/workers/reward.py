@@ -16,6 +16,7 @@ from workbench import checks
 from workbench.controller import THREE_D_PROTO, Worker, register
 from workbench.data.batch import Batch
 from workbench.engines.forward import trim_padding
+from workbench.engines.frozen import check_keep, keep_frozen
 from workbench.engines.pipeline import PipelinedModel
 from workbench.engines.tensor_parallel import check_tensor_parallel_layout, parallelize
 from workbench.errors import ConfigError
@@ -32,6 +33,10 @@ class ScoreModelConfig:
     seed: int = 0
     """Seeds the score head a plain causal-LM directory lacks (made afresh at load): every rank,
     process and run then scores with the same head."""
+    keep: str = "whole"
+    """Where the frozen scorer keeps its weights between forwards (workbench.engines.frozen):
+    "whole" on every rank, "sharded" (FSDP2 shards over the data-parallel ranks, a layer gathered
+    for its forward) or "host" (those shards in host memory). Sharded keeps need p1t1dN."""
 
     def __post_init__(self):
         if not isinstance(self.model_path, (str, os.PathLike)) or not str(self.model_path):
@@ -44,12 +49,18 @@ class ScoreModelConfig:
             fix="use a whole number of rows >= 1 per forward",
         )
         checks.of_type("ScoreModelConfig", "load", self.load, LoadConfig, "pass a workbench.models.load.LoadConfig")
+        check_keep("ScoreModelConfig.keep", self.keep)
+        if self.keep != "whole" and self.load.compile:
+            raise ConfigError(
+                "ScoreModelConfig.keep", self.keep, "compiled forwards are not wired for FSDP's hooks; use keep='whole'"
+            )
 
     def check_layout(self, mesh, role: str) -> None:
         """Driver-side, before workers start: a decoder-only scorer with its tokenizer, cut as the
         "3d" backend cuts a critic (pipeline stages over pp, tensor parallel over tp, data-parallel
         replicas; a generation layout, from processes fused with the actor, is not its concern)."""
         check_model_dir(self.model_path, "ScoreModelConfig.model_path", "value", self.load.trust_remote_code)
+        check_keep("ScoreModelConfig.keep", self.keep, mesh, role)
         if mesh.tp > 1 or mesh.pp > 1:
             check_tensor_parallel_layout("ScoreModelConfig", mesh, role, self.model_path, self.load.trust_remote_code)
 
@@ -64,7 +75,9 @@ class RewardModelWorker(Worker):
         model = parallelize(loaded.model, self.device_mesh["tp"] if self.mesh.tp > 1 else None)
         if self.mesh.pp > 1:  # every rank of the pipeline gets the last stage's scores
             model = PipelinedModel(model, self.device_mesh["pp"])
-        self.model = compile_forward(model.eval().requires_grad_(False), config.load)
+        dp_mesh = self.device_mesh["dp"] if config.keep != "whole" else None  # a mesh costs collectives
+        model = keep_frozen(model, config.keep, dp_mesh, self.device)
+        self.model = compile_forward(model, config.load)
 
     @torch.no_grad()
     def _score(self, batch: Batch) -> Batch:
