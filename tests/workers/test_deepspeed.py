@@ -99,6 +99,12 @@ def test_zero_stage_matches_single_process_and_restores_checkpoints(
     # Checkpoint: save -> update -> load gives back the same log-probs.
     assert_checkpoint_roundtrip(actor, after, tmp_path / "ckpt")
 
+    if stage == 3:  # rank 0's rows repeat a prompt, rank 1's do not: both still call alike
+        rows = actor.generate_sequences(prompts(tokenizer, 3)[torch.tensor([0, 0, 1, 2])], greedy).get()
+        exported = load(actor.export_hf(str(tmp_path / "now")).get()[0]).model.eval()
+        old = actor.compute_log_prob(rows).get()["old_log_probs"]
+        assert (old - forward.response_log_probs(exported, rows)[0]).abs().max() <= 1e-4
+
 
 def test_compiled_training_is_refused_where_it_is_not_wired():
     from workbench.workers.critic import CriticConfig

@@ -82,19 +82,35 @@ def response_logits(model: torch.nn.Module, batch: Batch | dict, share_prompts: 
 
 def agreed(model: torch.nn.Module, share: bool) -> bool:
     """`share` where every rank that holds a shard of `model` decides it too. Sharing makes two
-    model calls instead of one, and an FSDP2-sharded model's forward all-gathers each layer's
-    weights over its ranks: ranks whose rows happen to repeat prompts differently must still
-    make the same calls, or their gathers pair up wrongly and hang. One all-reduce (min) there;
-    nothing elsewhere."""
+    model calls instead of one, and a sharded model's forward gathers each layer's weights over
+    its ranks (FSDP2, DeepSpeed ZeRO-3): ranks whose rows happen to repeat prompts differently
+    must still make the same calls, or their gathers pair up wrongly and hang. One all-reduce
+    (min) there; nothing elsewhere."""
+    gathering = _gathering_group(model)
+    if gathering is None:
+        return share
+    group, device = gathering
+    flag = torch.tensor([int(share)], device=device)
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN, group=group)
+    return bool(flag.item())
+
+
+def _gathering_group(model: torch.nn.Module):
+    """(process group, device type) of the ranks that gather `model`'s weights in each forward,
+    when there are several: FSDP2's mesh (its device: host-kept shards gather on the device),
+    DeepSpeed ZeRO-3's data-parallel group. None for a model every rank holds whole."""
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
-    param = next(model.parameters(), None) if isinstance(model, FSDPModule) else None
-    if not isinstance(param, DTensor) or param.device_mesh.size() == 1:
-        return share
-    flag = torch.tensor([int(share)], device=param.device_mesh.device_type)  # host-kept shards: the mesh's device
-    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN, group=param.device_mesh.get_group())
-    return bool(flag.item())
+    if isinstance(model, FSDPModule):
+        param = next(model.parameters(), None)
+        if isinstance(param, DTensor) and param.device_mesh.size() > 1:
+            return param.device_mesh.get_group(), param.device_mesh.device_type
+        return None
+    stage = getattr(model, "zero_optimization_stage", None)  # a DeepSpeed engine
+    if callable(stage) and stage() == 3 and getattr(model, "dp_world_size", 1) > 1:
+        return model.data_parallel_group, torch.device(model.device).type
+    return None
 
 
 def shared_prompt_logits(
