@@ -106,7 +106,8 @@ class AlgoConfig:
     "broadcast" (the actor's rank 0 sends every tensor, gathered from the shards; LoRA sends the
     adapters alone) or "reallocate" (ReaLHF's reallocation: every actor rank a source, a layer
     unit at a time, rollout rank i from actor rank i mod n) where it can move the weights (an
-    FSDP actor without LoRA, HF rollout engines), else the broadcast."""
+    FSDP actor without LoRA; HF engines load each unit as it lands, vLLM engines the model once
+    all have), else the broadcast."""
     env: Environment | None = None
     """Sample multi-turn episodes in this environment (the actor's generate_episodes: policy
     turns and tool observations, the observations masked out of the loss) instead of single
@@ -366,7 +367,7 @@ class Algorithm:
         from workbench.workers.rollout_link import RolloutLink, reallocatable  # the worker stack, when used
 
         link = self._link
-        # "reallocate" where it can move these weights (FSDP actor, no LoRA, HF engines), else
+        # "reallocate" where it can move these weights (FSDP actor, no LoRA), else
         # the broadcast, as the planner prices it (Simulator.rollout_reallocates)
         actor, rollout = self.groups.actor, self.groups.rollout
         reallocate = self.config.rollout_weights == "reallocate" and reallocatable(actor.config, rollout.config)

@@ -12,6 +12,7 @@ from workbench.data import arithmetic
 from workbench.data.prompts import tokenize_prompts
 from workbench.engines.contract import OptimConfig
 from workbench.engines.rollout import SamplingConfig
+from workbench.engines.vllm_rollout import VLLMRolloutConfig
 from workbench.errors import ConfigError
 from workbench.models import load, make_tiny
 from workbench.models.lora import LoRAConfig
@@ -101,6 +102,39 @@ def test_staleness_zero_is_the_synchronous_colocated_run_bit_exactly(session, ki
     assert len(sent) >= 2 and len(received) >= 2  # the push after the last update may still run
     assert all(r.extra["bytes_sent"] == model_bytes and r.extra["layers"] > 2 for r in sent)
     assert all(r.extra["bytes_received"] == model_bytes and r.extra["layers"] > 2 for r in received)
+
+
+def test_a_vllm_rollout_group_reallocated_into_runs_as_one_broadcast_to(session, kit):
+    """vLLM engines keep the reallocated units and reload the model once all have arrived: the
+    same weights as a broadcast brings, so the same run (vLLM's seeded sampling), each push one
+    model's bytes in several layer units."""
+    runs = {}
+    for weights in ("broadcast", "reallocate"):
+        trainer = session.group(
+            "async_trainer",
+            ActorRolloutRefWorker,
+            session.pool("async_train", 1),
+            actor_config(kit["model"], rollout=None),
+        )
+        rollout = session.group(
+            "async_rollout",
+            ActorRolloutRefWorker,
+            session.pool("async_gen", 1),
+            actor_config(kit["model"], train=False, rollout="vllm", vllm=VLLMRolloutConfig(max_model_len=128)),
+        )
+        since = time.time()
+        runs[weights] = grpo(trainer, rollout, rollout_weights=weights).fit(
+            kit["batches"][:2], 2, log=None, asynchronous=True, max_staleness=0
+        )
+    assert learned(runs["reallocate"]) == learned(runs["broadcast"])
+    assert all(m["actor/grad_norm"] > 0 for m in runs["reallocate"])  # each update moved the weights
+    # The second batch was generated from the pushed weights: the engine's log-probs are the
+    # updated trainer's (an engine left with the initial weights would be far off).
+    assert runs["reallocate"][1]["actor/rollout_logprob_diff"] <= 1e-4
+    pids = {r.pid for r in session.trace() if r.start >= since and r.method == "update_actor"}
+    sent = [r for r in session.trace() if r.start >= since and r.method == "async.send_weights" and r.pid in pids]
+    model_bytes = sum(t.numel() * t.element_size() for t in load(kit["model"]).model.state_dict().values())
+    assert sent and all(r.extra["bytes_sent"] == model_bytes and r.extra["layers"] > 2 for r in sent)
 
 
 def test_generation_runs_ahead_within_the_staleness_bound(session, kit):
@@ -203,6 +237,6 @@ def test_refusals_name_the_role_and_the_fix(session, kit):
     assert not reallocatable(lora, rollout.config)
     assert not reallocatable(actor_config(kit["model"], rollout=None, backend="deepspeed"), rollout.config)
     assert not reallocatable(trainer.config, trainer.config)  # no rollout engine to load into
-    assert not reallocatable(trainer.config, actor_config(kit["model"], train=False, rollout="vllm"))
+    assert reallocatable(trainer.config, actor_config(kit["model"], train=False, rollout="vllm"))
     with pytest.raises(ValueError, match=r"old_log_probs='rollout' .* max_staleness=1 .*old_log_probs='auto'"):
         grpo(trainer, rollout, old_log_probs="rollout").fit(kit["batches"], 1, log=None, asynchronous=True)

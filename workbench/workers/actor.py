@@ -489,7 +489,13 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember):
             else:
                 self.rollout.load_weights(incoming)
 
-        if self.channel_sources:  # a layer unit at a time, straight into the rollout engine
+        if self.channel_sources and self.config.rollout == "vllm":
+            # vLLM reloads a model in one call (its CPU backend repacks every linear layer after
+            # a load): the units are kept as they arrive and loaded once, as a broadcast's are.
+            units: list[tuple[str, torch.Tensor]] = []
+            stats = self.reallocate_over_channel(version, "async.receive_weights", load=units.extend)
+            self.rollout.load_weights(units)
+        elif self.channel_sources:  # a layer unit at a time, straight into the rollout engine
             stats = self.reallocate_over_channel(version, "async.receive_weights", load=self.rollout.load_weights)
         else:
             stats = self.receive_over_channel(load, version, "async.receive_weights")

@@ -69,14 +69,14 @@ def reallocatable(trained: Any, copy: Any) -> bool:
     """Whether reallocation can move `trained`'s weights (configs) into `copy` (both pp = 1,
     which WeightLink checks): between a critic and its replica, each FSDP (whole weights, a
     layer unit gathered at a time) or tensor parallel (backend "3d": its own pieces), or from an
-    FSDP actor into a rollout group of HF engines, which load a unit as it arrives. Not LoRA's
-    adapters, which only a broadcast sends, nor vLLM engines, which reload a whole model at a
-    time (both take the broadcast)."""
+    FSDP actor into a rollout group: HF engines load a unit as it arrives, vLLM engines reload
+    the model once every unit has (as they load a broadcast). Not LoRA's adapters, which only a
+    broadcast sends."""
     if isinstance(trained, CriticConfig):
         backends = {trained.backend, getattr(copy, "backend", None)}
         return isinstance(copy, CriticConfig) and backends <= {"fsdp", "3d"} and trained.lora is None
     actor = getattr(trained, "train", False) and getattr(trained, "backend", None) == "fsdp"
-    return bool(actor and trained.lora is None and getattr(copy, "rollout", None) == "hf")
+    return bool(actor and trained.lora is None and getattr(copy, "rollout", None) in ("hf", "vllm"))
 
 
 class WeightLink:
@@ -87,7 +87,7 @@ class WeightLink:
     `reallocate`: move the weights by ReaLHF's layer-by-layer reallocation, every trained rank a
     source (workbench.hybrid.reallocate), instead of a broadcast from the trained group's rank 0.
     It needs layouts it can move between (`reallocatable`: FSDP or tensor-parallel critics, an
-    FSDP actor into HF engines; pp = 1); None picks it for a critic and its replica."""
+    FSDP actor into HF or vLLM engines; pp = 1); None picks it for a critic and its replica."""
 
     def __init__(self, trained: Any, copy: Any, reallocate: bool | None = None):
         trained_config, copy_config = (getattr(g, "config", None) for g in (trained, copy))
@@ -98,8 +98,8 @@ class WeightLink:
                 "WeightLink(reallocate=True)",
                 (trained.role, copy.role),
                 "reallocation moves weights between a critic and its replica (backend 'fsdp' or '3d', "
-                "pp=1, no LoRA) or from an actor without LoRA (backend='fsdp') to a rollout group of HF "
-                "engines (rollout='hf'); use reallocate=None or False for a broadcast",
+                "pp=1, no LoRA) or from an actor without LoRA (backend='fsdp') to a rollout group "
+                "(rollout='hf' or 'vllm'); use reallocate=None or False for a broadcast",
             )
         critics = all(isinstance(c, CriticConfig) for c in (trained_config, copy_config))
         self.reallocates = (critics and can) if reallocate is None else reallocate
@@ -141,7 +141,8 @@ class WeightLink:
 class RolloutLink(WeightLink):
     """A weight channel from `actor` (trained) to `rollout` (generation only): a broadcast, or
     with `reallocate` every actor rank sends its share, a layer unit at a time, and each rollout
-    rank loads a unit into its engine as it arrives (AlgoConfig.rollout_weights)."""
+    rank loads a unit into its HF engine as it arrives, or the whole model into its vLLM engine
+    once every unit has (AlgoConfig.rollout_weights)."""
 
     def __init__(self, actor: Any, rollout: Any, reallocate: bool = False):
         check_rollout_pair(actor, rollout)
