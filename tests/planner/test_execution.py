@@ -167,6 +167,12 @@ def test_a_critics_replica_is_priced_as_its_reallocation_from_every_home_rank(ti
     sends = spec.param_count * ev.sim.dtype_bytes / ev.sim.link_bandwidth(False)
     gathers = ev.sim._gather_time(spec, Mesh(1, 1, 2)) - ev.sim._gather_time(spec, Mesh(1, 1, 1))
     assert one - two == pytest.approx(sends - gathers)
+    # A DeepSpeed critic's replica takes the broadcast (reallocation reads FSDP and "3d" homes).
+    deepspeed = dataclasses.replace(tiny_workload, broadcast_homes=("critic",))
+    ev = PlanEvaluator(flow, flow.model_specs("tiny-10m"), deepspeed, cluster_preset("local", 4), n_iterations=1)
+    [task] = [x for x in ev.evaluate(ExecutionPlan(layouts)).graph.tasks if x.kind == "param"]
+    assert task.name == "push critic->d2-3@0"
+    assert task.cost == pytest.approx(ev.sim.weight_push_time(spec, Mesh(1, 1, 2), copy, False))
 
 
 def test_a_tensor_parallel_replica_is_kept_and_priced_as_its_reallocation(tiny_workload):
@@ -235,6 +241,9 @@ def test_a_rollout_group_is_priced_as_the_workload_moves_its_weights(tiny_worklo
     assert sim.rollout_push_time(spec, Mesh(1, 2, 1), copy, False) == sim.weight_push_time(
         spec, Mesh(1, 2, 1), copy, False
     )
+    # nor out of an actor another backend trains (Workload.broadcast_homes, from the run's configs)
+    task, sim, spec = push(dataclasses.replace(reallocating, broadcast_homes=("actor",)))
+    assert task.name == "push actor->d2-3@0" and not sim.rollout_reallocates(spec, trainer, "actor")
     with pytest.raises(ValueError, match="rollout_weights='scatter'"):
         dataclasses.replace(tiny_workload, rollout_weights="scatter")
 

@@ -59,6 +59,13 @@ def test_the_workload_prices_the_rollout_pushes_the_run_makes(tiny):
     assert build.run_workload(config(tiny, "algorithm.rollout_weights=reallocate")).rollout_weights == "reallocate"
 
 
+def test_the_workload_names_the_homes_whose_copies_take_the_broadcast(tiny):
+    assert build.run_workload(config(tiny)).broadcast_homes == ()
+    deepspeed = config(tiny, "actor.backend=deepspeed", "critic.backend=deepspeed")
+    assert build.run_workload(deepspeed).broadcast_homes == ("actor", "critic", "cost_critic")
+    assert build.run_workload(config(tiny, "critic.backend=3d")).broadcast_homes == ()
+
+
 def test_the_workload_prices_the_reference_as_the_actor_config_keeps_it(tiny):
     assert build.run_workload(config(tiny)).frozen_keep == "whole"
     assert build.run_workload(config(tiny, "actor.reference_keep=host")).frozen_keep == "host"

@@ -236,7 +236,7 @@ def placement_estimates(
     kv = c.device_memory - static_memory(specs[source], gen_mesh, False, "full").static
     gens = [k for k in base.calls if k.kind == "generate"]
     generate_s = sum(sim.call_time(k, specs[source], gen_mesh, kv, trained=False) for k in gens)
-    push_s = sim.rollout_push_time(specs[source], train_mesh, gen_mesh, False)
+    push_s = sim.rollout_push_time(specs[source], train_mesh, gen_mesh, False, source)
 
     def trainer_s(f: Dataflow) -> float:
         calls = [k for k in f.calls if k.kind != "generate"]

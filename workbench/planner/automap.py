@@ -497,7 +497,7 @@ class AutoMapper:
             crosses = len(set(at[home][2]) | set(at[len(placement) - 1][2])) > 1
             src = self.set_cost(placement[home], used[home])[1][source].strategy
             dst = self.set_cost(placement[-1], used[-1])[1][rollout].strategy
-            return gen, trainer, self.sim.rollout_push_time(self.specs[source], src, dst, crosses)
+            return gen, trainer, self.sim.rollout_push_time(self.specs[source], src, dst, crosses, source)
 
         for part in placements if placements is not None else set_partitions(others):
             placement = tuple(part) + ((rollout,),)

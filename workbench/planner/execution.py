@@ -307,14 +307,15 @@ class PlanEvaluator:
             # A copy of a trained model, as the runtime makes one, brought up to date after each
             # update, once for every call that reads that copy: a rollout group as the workload
             # moves it (Workload.rollout_weights), a replica (other calls: the critic's values)
-            # by reallocation from every home rank (a pipeline-parallel home's broadcast).
+            # by reallocation from every home rank (a pipeline-parallel or DeepSpeed home's
+            # broadcast: Workload.broadcast_homes).
             key = ("push", m, dst_mesh, dst_s, k)
             if key not in ids:
                 crosses = _cross_nodes(src_mesh, dst_mesh, self.cluster.devices_per_node)
                 if copy == "rollout":
-                    cost = self.sim.rollout_push_time(self.specs[m], src_s, dst_s, crosses)
-                    label = "realloc" if self.sim.rollout_reallocates(self.specs[m], src_s) else "push"
-                elif src_s.pp > 1:  # a pipeline-parallel home broadcasts (WeightLink)
+                    cost = self.sim.rollout_push_time(self.specs[m], src_s, dst_s, crosses, m)
+                    label = "realloc" if self.sim.rollout_reallocates(self.specs[m], src_s, m) else "push"
+                elif src_s.pp > 1 or m in self.wl.broadcast_homes:  # these homes broadcast (WeightLink)
                     cost, label = self.sim.weight_push_time(self.specs[m], src_s, dst_s, crosses), "push"
                 else:
                     cost, label = self.sim.replica_realloc_time(self.specs[m], src_s, dst_s, crosses), "realloc"

@@ -284,20 +284,22 @@ class Simulator:
             return 0.0
         return busiest / self.link_bandwidth(crosses) + (n_layers + 2) * self.cluster.collective_latency
 
-    def rollout_push_time(self, spec: ModelSpec, trainer: Mesh, rollout: Mesh, crosses_nodes: bool) -> float:
+    def rollout_push_time(
+        self, spec: ModelSpec, trainer: Mesh, rollout: Mesh, crosses_nodes: bool, model: str | None = None
+    ) -> float:
         """A rollout group brought up to date after an update, as the workload's runtime moves it
         (`Workload.rollout_weights`): reallocated into from every trainer rank
         (`replica_realloc_time`) where `rollout_reallocates`, else broadcast from rank 0
-        (`weight_push_time`)."""
-        if self.rollout_reallocates(spec, trainer):
+        (`weight_push_time`). `model`: the trained model's name in the workload."""
+        if self.rollout_reallocates(spec, trainer, model):
             return self.replica_realloc_time(spec, trainer, rollout, crosses_nodes)
         return self.weight_push_time(spec, trainer, rollout, crosses_nodes)
 
-    def rollout_reallocates(self, spec: ModelSpec, trainer: Mesh) -> bool:
+    def rollout_reallocates(self, spec: ModelSpec, trainer: Mesh, model: str | None = None) -> bool:
         """Whether the runtime reallocates into a rollout group (`reallocatable`): asked for by
-        the workload, whole weights (no LoRA) out of an FSDP trainer (tp = pp = 1); else the
-        broadcast."""
-        flat = trainer.tp == 1 and trainer.pp == 1
+        the workload, whole weights (no LoRA) out of an FSDP trainer (tp = pp = 1, `model` not
+        among `Workload.broadcast_homes`); else the broadcast."""
+        flat = trainer.tp == 1 and trainer.pp == 1 and model not in self.wl.broadcast_homes
         return self.wl.rollout_weights == "reallocate" and not spec.lora_rank and flat
 
     def weight_push_time(self, spec: ModelSpec, trainer: Mesh, rollout: Mesh, crosses_nodes: bool) -> float:

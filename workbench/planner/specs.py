@@ -224,6 +224,12 @@ class Workload:
     every trainer rank where the runtime can (`Simulator.rollout_reallocates`: whole weights out
     of an FSDP trainer; LoRA's adapters and other trainers take the broadcast)."""
 
+    broadcast_homes: tuple[str, ...] = ()
+    """Trained models whose copies the runtime cannot reallocate into from their training
+    backend (`workbench.workers.rollout_link.reallocatable`: an actor not trained by FSDP, a
+    critic trained by DeepSpeed): their rollout groups and replicas take the broadcast from
+    rank 0 (`Simulator.weight_push_time`). A headless run fills it from its configs."""
+
     frozen_keep: Literal["whole", "sharded", "host"] = "whole"
     """Where frozen models (reference, reward, cost) keep their weights between forwards
     (`ActorConfig.reference_keep`, `ScoreModelConfig.keep`; workbench.engines.frozen): "whole" on

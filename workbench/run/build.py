@@ -337,8 +337,8 @@ def run_workload(config: RunConfig, prompt_width: float | None = None) -> Worklo
     length (`prompt_width`, the loader's mean Batch width, when known; else the most a Batch
     may have), response length, samples per prompt, epochs, mini-batches and micro-batch size
     of the actor's update; FSDP-sharded workers ("full"); whether they checkpoint activations;
-    how the actor's switch moves weights, how a rollout group takes them, and how the reference
-    keeps its weights."""
+    how the actor's switch moves weights, how a rollout group and a replica take them (by the
+    trainers' backends), and how the reference keeps its weights."""
     batch = config.data.loader.batch_size
     rows = batch * config.sampling.n
     return Workload(
@@ -354,6 +354,9 @@ def run_workload(config: RunConfig, prompt_width: float | None = None) -> Worklo
         transition_executor=config.actor.transition_executor,
         rollout_weights=config.algorithm.rollout_weights,  # type: ignore[arg-type]  # checked by AlgoConfig
         frozen_keep=config.actor.reference_keep,  # type: ignore[arg-type]  # checked by ActorConfig
+        # the homes reallocation cannot read (rollout_link.reallocatable): their copies take the broadcast
+        broadcast_homes=("actor",) * (config.actor.backend != "fsdp")
+        + ("critic", "cost_critic") * (config.critic.backend == "deepspeed"),
     )
 
 
