@@ -8,7 +8,7 @@ workbench.engines.frozen), with the planner's estimate beside each.
    keep. Per repeat, in rotation: `compute_ref_log_prob` on the same batch (8 prompts x 2
    samples, tiny 10m), timed from the driver (dispatch included, as the planner's call
    estimate includes it); medians over repeats.
-3. Per keep: bytes each rank keeps (`reference_bytes`), the measured seconds and their ratio to
+3. Per keep: bytes each rank keeps between forwards (`reference_bytes`), the measured seconds and their ratio to
    "whole", and the estimated ones (`Simulator.inference` with `Workload.frozen_keep`, plus the
    calibrated per-call overhead). On a CPU the host is the device: "host" moves nothing more
    than "sharded" here (its price has ClusterSpec.host_bandwidth = inf), so its figures check
@@ -98,13 +98,14 @@ def main() -> None:
             )
             for keep in KEEPS
         }
-        kept = {keep: group.reference_bytes().get() for keep, group in groups.items()}
         outputs = {keep: group.compute_ref_log_prob(data).get()["ref_log_probs"] for keep, group in groups.items()}
         for r in range(args.repeats):
             for keep in KEEPS[r % 3 :] + KEEPS[: r % 3]:  # rotated: no keep always runs first
                 start = time.perf_counter()
                 groups[keep].compute_ref_log_prob(data).get()
                 seconds[keep].append(time.perf_counter() - start)
+        # after the forwards: what each rank keeps between them, not just before the first
+        kept = {keep: group.reference_bytes().get() for keep, group in groups.items()}
     cluster = fitted.cluster(devices_per_node=2)
     mesh = Mesh(dp=2)
     estimated = {}

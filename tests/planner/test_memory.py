@@ -104,10 +104,12 @@ def test_frozen_models_kept_sharded_or_on_the_host_take_less_device_memory_and_p
     # Workload.frozen_keep (ActorConfig.reference_keep): FSDP shards keep 1/dp of a frozen
     # model per device and gather every layer per forward; host-kept shards keep none and also
     # copy their shard in per forward, at the host link's bandwidth.
-    s = Mesh(1, 2, 4)
+    s = Mesh(1, 1, 8)
     assert static_memory(SPEC, s, False, "full", "sharded").params == pytest.approx(M / 8)
     assert static_memory(SPEC, s, False, "full", "host").params == 0
     assert static_memory(SPEC, s, True, "full", "host").params == pytest.approx(M / 8)  # trained: untouched
+    # FSDP shards data-parallel layouts only: a tensor-parallel frozen model is kept whole, as the runtime does
+    assert static_memory(SPEC, Mesh(1, 2, 4), False, "full", "host").params == pytest.approx(M / 2)
     cluster = cluster_preset("a100_80g", n_nodes=1)
     wl = Workload(global_batch=64, prompt_len=256, response_len=256, param_sharding="full")
     whole, sharded, host = (
@@ -115,9 +117,21 @@ def test_frozen_models_kept_sharded_or_on_the_host_take_less_device_memory_and_p
         for keep in ("whole", "sharded", "host")
     )
     assert whole < sharded < host
-    # The host copy is this rank's shard (1/dp of the tp piece) per micro-batch forward.
+    # The host copy is this rank's shard (1/dp) per micro-batch forward.
     micro = -(-wl.global_batch // s.dp // wl.micro_batch_size)
-    assert host - sharded == pytest.approx(micro * M / 2 / 4 / cluster.host_bandwidth, rel=1e-6)
+    assert host - sharded == pytest.approx(micro * M / 8 / cluster.host_bandwidth, rel=1e-6)
+    tp = Mesh(1, 2, 4)
+    assert Simulator(cluster, Workload(**{**wl.__dict__, "frozen_keep": "host"})).inference(
+        SPEC, tp, trained=False
+    ) == pytest.approx(Simulator(cluster, wl).inference(SPEC, tp, trained=False))
+    # Sharing prompts (GRPO's samples side by side) makes two model calls per micro-batch: two
+    # gathers and two host copies.
+    grpo = Workload(**{**wl.__dict__, "n_samples": 4, "frozen_keep": "host"})
+    assert grpo.shares_prompts(False, 1, SPEC.param_count)
+    copies = Simulator(cluster, grpo).inference(SPEC, s, trained=False) - Simulator(
+        cluster, Workload(**{**grpo.__dict__, "frozen_keep": "sharded"})
+    ).inference(SPEC, s, trained=False)
+    assert copies == pytest.approx(2 * micro * 4 * M / 8 / cluster.host_bandwidth, rel=1e-6)
     # A trained model's forward does not change with it, and one data-parallel rank gathers nothing.
     assert Simulator(cluster, Workload(**{**wl.__dict__, "frozen_keep": "host"})).inference(SPEC, s) == pytest.approx(
         Simulator(cluster, wl).inference(SPEC, s)

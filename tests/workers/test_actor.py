@@ -116,7 +116,8 @@ def test_update_matches_single_process_and_next_generation_uses_new_weights(
     assert (ref - initial).abs().max() <= 1e-4
     whole = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     kept = actor.reference_bytes().get()
-    assert len(kept) == 2 and all(0.45 * whole <= sum(k.values()) <= 0.6 * whole for k in kept), (kept, whole)
+    # (after forwards: the root unit, embeddings and head, gives its gathered weights back too)
+    assert len(kept) == 2 and all(0.45 * whole <= sum(k.values()) <= 0.55 * whole for k in kept), (kept, whole)
     if actor.config.reference_keep == "host":
         assert all(set(k) == {"cpu"} for k in kept)
 

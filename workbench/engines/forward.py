@@ -103,8 +103,12 @@ def _gathering_group(model: torch.nn.Module):
     from torch.distributed.tensor import DTensor
 
     if isinstance(model, FSDPModule):
-        param = next(model.parameters(), None)
-        if isinstance(param, DTensor) and param.device_mesh.size() > 1:
+        # Any unit's sharded parameter: the root's stay whole between a forward and the next
+        # backward (FSDP's default for a root), so the first parameter may not be a DTensor.
+        param = next((p for p in model.parameters() if isinstance(p, DTensor)), None)
+        if param is None:  # every unit gathered (a model with one FSDP unit): its state's mesh
+            param = next(iter(model._get_fsdp_state()._fsdp_param_group.fsdp_params)).sharded_param
+        if param.device_mesh.size() > 1:
             return param.device_mesh.get_group(), param.device_mesh.device_type
         return None
     stage = getattr(model, "zero_optimization_stage", None)  # a DeepSpeed engine

@@ -16,6 +16,7 @@ them share prompts alike).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Literal
 
 import torch
@@ -24,6 +25,7 @@ from torch.distributed.tensor import DTensor
 
 from workbench.engines.fsdp import decoder_layers
 from workbench.errors import ConfigError
+from workbench.models.load import LoadConfig, for_worker, resolve_dtype
 
 FrozenKeep = Literal["whole", "sharded", "host"]
 KEEPS: tuple[str, ...] = ("whole", "sharded", "host")
@@ -39,7 +41,8 @@ def check_keep(field: str, keep: str, mesh=None, role: str | None = None) -> Non
             field,
             keep,
             f"{role or 'this group'} runs {mesh.short()}: FSDP shards a frozen model over data-parallel "
-            f"ranks only; use keep='whole' with tensor or pipeline parallelism, or a p1t1d{mesh.world_size} mesh",
+            f"ranks only; use {field.rsplit('.', 1)[-1]}='whole' with tensor or pipeline parallelism, or a "
+            f"p1t1d{mesh.world_size} mesh",
         )
 
 
@@ -53,8 +56,21 @@ def keep_frozen(model: torch.nn.Module, keep: str, dp_mesh, device: torch.device
     offload = CPUOffloadPolicy(pin_memory=torch.device(device).type == "cuda") if keep == "host" else OffloadPolicy()
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=dp_mesh, offload_policy=offload)
-    fully_shard(model, mesh=dp_mesh, offload_policy=offload)
+    # The root too gives its gathered weights back after each forward: left to itself FSDP keeps
+    # the root's (embeddings, head) whole until a backward, which a frozen model never runs.
+    fully_shard(model, mesh=dp_mesh, offload_policy=offload, reshard_after_forward=True)
     return model
+
+
+def frozen_load_config(cfg: LoadConfig, device: str | torch.device, trained: bool, keep: str) -> LoadConfig:
+    """Where a frozen model is loaded: on the device when kept whole; else in host memory, in
+    the dtype it would have on the device, so sharding it moves one layer's shard at a time to
+    the device and the whole model never lands there."""
+    on_device = for_worker(cfg, device, trained)
+    if keep == "whole":
+        return on_device
+    dtype = str(resolve_dtype(on_device.dtype, str(device))).removeprefix("torch.")
+    return replace(on_device, device="cpu", dtype=dtype)
 
 
 def kept_bytes(model: torch.nn.Module) -> dict[str, int]:

@@ -138,16 +138,19 @@ class Simulator:
             # and writes its master weights and both moments, and writes the weights.
             params = spec.trainable_params / s.world_size  # under LoRA: the adapters only
             total += steps * params * OPTIMIZER_STEP_BYTES / (c.memory_bandwidth * c.bandwidth_efficiency)
-        frozen_sharded = not trained and wl.frozen_keep != "whole"
+        # Frozen models kept as FSDP shards (p1t1dN layouts only, as the runtime keeps them).
+        frozen_sharded = not trained and wl.frozen_keep != "whole" and s.model_parallel == 1
+        # Sharing prompts makes two model calls per micro-batch: each gathers (and copies in) again.
+        calls = 2 if wl.shares_prompts(train, s.pp, spec.param_count) else 1
         if frozen_sharded and wl.frozen_keep == "host":  # every forward copies this rank's shards in
-            kept = spec.param_count / s.model_parallel / s.dp * self.dtype_bytes
-            total += n_micro * kept / c.host_bandwidth
+            kept = spec.param_count / s.dp * self.dtype_bytes
+            total += calls * n_micro * kept / c.host_bandwidth
         if s.dp > 1 and ((wl.param_sharding == "full" and trained) or frozen_sharded):
             # FSDP / ZeRO-3: per micro-batch, one all-gather of every layer's parameters per
             # forward (two when training: the backward gathers again) and, when training, one
             # gradient reduce-scatter; each moves half an all-reduce's volume.
             weights = spec.param_count / s.model_parallel
-            gathers = 2 if train else 1
+            gathers = (2 if train else 1) * calls
             volume = weights * (gathers * self.dtype_bytes + (GRAD_BYTES if train else 0)) / 2
             units = spec.n_layers / s.pp + 1  # one FSDP unit per decoder layer, plus the root
             n_ops = (gathers + train) * units * n_micro

@@ -235,7 +235,9 @@ class Workload:
     (`ActorConfig.reference_keep`, `ScoreModelConfig.keep`; workbench.engines.frozen): "whole" on
     every data-parallel rank, "sharded" as FSDP shards (1/dp each; each forward all-gathers every
     layer) or "host" (those shards in host memory, no device memory; each forward also copies
-    its shard in at `ClusterSpec.host_bandwidth`)."""
+    its shard in at `ClusterSpec.host_bandwidth`). One setting for every frozen model of the
+    workload (a headless run's is its reference's); layouts with tp or pp > 1 keep whole, as
+    the runtime does (it refuses shards there)."""
 
     def __post_init__(self) -> None:
         if self.frozen_keep not in ("whole", "sharded", "host"):
@@ -272,17 +274,23 @@ class Workload:
         repeat it (`workbench.engines.forward.shared_prompt_logits`: GRPO's n samples sit side by
         side) where that saves enough (`SHARE_MIN_PARAM_TOKENS`), except under pipeline
         parallelism and, in training, activation checkpointing."""
+        rows_per_prompt = min(self.n_samples, self.micro_batch_size)
+        shared = self.shares_prompts(train, pp, params)
+        return self.prompt_len / (rows_per_prompt if shared else 1) + self.response_len
+
+    def shares_prompts(self, train: bool, pp: int = 1, params: float = 0.0) -> bool:
+        """Whether such a forward computes each prompt once for the rows that repeat it (two
+        model calls per micro-batch instead of one; see `forward_tokens`)."""
         from workbench.engines.forward import SHARE_MIN_PARAM_TOKENS
 
         rows_per_prompt = min(self.n_samples, self.micro_batch_size)
         saved = (self.micro_batch_size - self.micro_batch_size / rows_per_prompt) * self.prompt_len
-        shared = (
+        return (
             rows_per_prompt > 1
             and pp == 1
             and not (train and self.recompute)
             and saved * params >= SHARE_MIN_PARAM_TOKENS
         )
-        return self.prompt_len / (rows_per_prompt if shared else 1) + self.response_len
 
     @classmethod
     def tiny(cls) -> Workload:

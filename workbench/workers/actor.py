@@ -38,7 +38,7 @@ from workbench.data.batch import Batch
 from workbench.engines.backends import BACKENDS, check_data_parallel_only, make_engine
 from workbench.engines.contract import Forward, LossFn, OptimConfig, check_training_fields, needs
 from workbench.engines.forward import model_outputs, response_log_probs, sequence_nll
-from workbench.engines.frozen import check_keep, keep_frozen, kept_bytes
+from workbench.engines.frozen import check_keep, frozen_load_config, keep_frozen, kept_bytes
 from workbench.engines.hf_rollout import HFRollout, HFRolloutConfig, weightless_copy
 from workbench.engines.multi_turn import EpisodeConfig, Episodes
 from workbench.engines.pipeline import PipelinedModel
@@ -184,7 +184,7 @@ class ActorConfig:
         checks.of_type("ActorConfig", "vllm", self.vllm, VLLMRolloutConfig, "pass a VLLMRolloutConfig")
         check_lora("ActorConfig", self.lora, self.backend, self.train)
         check_keep("ActorConfig.reference_keep", self.reference_keep)
-        if self.reference_keep != "whole" and (self.lora is not None or self.load.compile):
+        if self.reference and self.reference_keep != "whole" and (self.lora is not None or self.load.compile):
             why = (
                 "under LoRA the reference is the trained model's own base (adapters off)"
                 if self.lora is not None
@@ -278,12 +278,14 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember):
         tp_mesh = self.device_mesh["tp"] if tensor_parallel else None
         pp_mesh = self.device_mesh["pp"] if config.backend == "3d" and self.mesh.pp > 1 else None
         self.reference = None
-        if config.reference and config.lora is None:  # cut like the training weights where those are cut
-            reference = parallelize(copy.deepcopy(model), tp_mesh)
+        if config.reference and config.lora is None and config.reference_keep == "whole":
+            reference = parallelize(copy.deepcopy(model), tp_mesh)  # cut like the training weights
             reference = PipelinedModel(reference, pp_mesh) if pp_mesh is not None else reference
-            dp_mesh = self.device_mesh["dp"] if config.reference_keep != "whole" else None
-            reference = keep_frozen(reference, config.reference_keep, dp_mesh, self.device)
-            self.reference = compile_forward(reference, config.load)
+            self.reference = compile_forward(keep_frozen(reference, "whole", None, self.device), config.load)
+        elif config.reference and config.lora is None:  # from the host, sharded on its way to the device
+            keep = config.reference_keep
+            on_host = load(config.model_path, frozen_load_config(config.load, self.device, config.train, keep)).model
+            self.reference = keep_frozen(on_host, keep, self.device_mesh["dp"], self.device)
         self.hybrid = None
         # With pipeline stages every rank generates with whole weights (check_tensor_parallel_layout).
         hybrid_layout = tensor_parallel and pp_mesh is None and config.rollout == "hf"

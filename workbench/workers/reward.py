@@ -16,11 +16,11 @@ from workbench import checks
 from workbench.controller import THREE_D_PROTO, Worker, register
 from workbench.data.batch import Batch
 from workbench.engines.forward import trim_padding
-from workbench.engines.frozen import check_keep, keep_frozen
+from workbench.engines.frozen import check_keep, frozen_load_config, keep_frozen
 from workbench.engines.pipeline import PipelinedModel
 from workbench.engines.tensor_parallel import check_tensor_parallel_layout, parallelize
 from workbench.errors import ConfigError
-from workbench.models.load import LoadConfig, check_model_dir, compile_forward, for_worker
+from workbench.models.load import LoadConfig, check_model_dir, compile_forward
 from workbench.models.value import last_token_index, load_value_model, token_values
 
 
@@ -71,7 +71,8 @@ class RewardModelWorker(Worker):
     def __init__(self, config: ScoreModelConfig):
         super().__init__(config)
         torch.manual_seed(config.seed)  # a head the checkpoint lacks is made here: the same on every rank
-        loaded = load_value_model(config.model_path, for_worker(config.load, self.device, trained=False))
+        # kept sharded: loaded on the host and sharded on its way to the device
+        loaded = load_value_model(config.model_path, frozen_load_config(config.load, self.device, False, config.keep))
         model = parallelize(loaded.model, self.device_mesh["tp"] if self.mesh.tp > 1 else None)
         if self.mesh.pp > 1:  # every rank of the pipeline gets the last stage's scores
             model = PipelinedModel(model, self.device_mesh["pp"])

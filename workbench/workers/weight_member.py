@@ -113,7 +113,8 @@ class WeightChannelMember:
             collective) and sends whole weights.
           * A copy rank passes its `pieces`, or `load` ((name, tensor) pairs into its model, in
             place: an FSDP replica's shards, a rollout engine's weights), called for each unit
-            as it arrives, so neither side holds more than one unit beside its model.
+            as it arrives, so neither side holds more than one unit beside its model (a vLLM
+            engine's `load` keeps them all for its one reload, as a broadcast's does).
         Each side's layout and cuts come from its first rank, the weights' names and shapes from
         the first source, shared once per channel. One trace span with this rank's bytes and
         messages."""
