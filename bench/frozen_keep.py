@@ -27,37 +27,16 @@ import statistics
 import time
 from pathlib import Path
 
-import torch
-
 from workbench import Mesh, Session
-from workbench.data.batch import Batch
 from workbench.models import make_tiny
 from workbench.models.load import load
 from workbench.planner import Simulator, Workload
-from workbench.planner.profiler import calibrate
+from workbench.planner.profiler import calibrate, synthetic_batch
 from workbench.planner.specs import ModelSpec
 from workbench.workers import ActorConfig, ActorRolloutRefWorker
 
 OUT = Path("runs/frozen_keep")
 KEEPS = ("whole", "sharded", "host")
-
-
-def batch(rows: int, prompt: int, response: int, vocab: int) -> Batch:
-    """Random tokens laid out as a rollout lays them out, prompts left-padded by up to a half."""
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, vocab, (rows, prompt + response), generator=g)
-    pads = torch.randint(0, prompt // 2 + 1, (rows,), generator=g)
-    mask = (torch.arange(prompt + response) >= pads[:, None]).long()
-    ids = ids * mask
-    return Batch(
-        {
-            "input_ids": ids,
-            "attention_mask": mask,
-            "position_ids": (mask.cumsum(dim=1) - 1).clamp(min=0),
-            "responses": ids[:, prompt:],
-            "response_mask": mask[:, prompt:],
-        }
-    )
 
 
 def main() -> None:
@@ -75,7 +54,7 @@ def main() -> None:
     loaded = load(model_dir)
     spec = ModelSpec.from_hf_config(loaded.model.config, "tiny-10m")
     rows = args.prompts * args.n
-    data = batch(rows, args.prompt_len, args.new_tokens, loaded.model.config.vocab_size)
+    data = synthetic_batch(rows, args.prompt_len, args.new_tokens, loaded.model.config.vocab_size)
     wall = time.perf_counter()
     seconds: dict[str, list[float]] = {k: [] for k in KEEPS}
     with Session(num_devices=3, threads_per_worker=1) as session:  # the profiler: 1 + 2 devices

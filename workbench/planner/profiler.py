@@ -64,7 +64,7 @@ def _loss(outputs, batch):
     return -outputs["log_probs"].mean(), {}
 
 
-def _batch(rows: int, prompt: int, response: int, vocab: int, seed: int = 0) -> Batch:
+def synthetic_batch(rows: int, prompt: int, response: int, vocab: int, seed: int = 0) -> Batch:
     """Random tokens laid out as the rollout lays out a batch: prompts left-padded by up to
     half their length (padding changes the attention kernels, so it must be profiled),
     responses after them."""
@@ -147,7 +147,7 @@ class ProbeWorker(Worker):
         spec, rollout, engine, tokenizer = self._models[model_path]
         out = _forward_timings(engine, spec, shapes.forward, shapes)
         for rows, prompt, new in shapes.generate:
-            prompts = _batch(rows, prompt, 0, spec.vocab)
+            prompts = synthetic_batch(rows, prompt, 0, spec.vocab)
             sampling = SamplingConfig(max_new_tokens=new, seed=0)
             # As the actor's generate_sequences: sample, then decode the responses' text.
             out.append(
@@ -212,7 +212,7 @@ class ProbeWorker(Worker):
             loaded = load(model_path)
             model = loaded.model.train()
             vocab = model.config.vocab_size
-            self._busy = (model_path, model, torch.optim.AdamW(model.parameters()), _batch(8, 16, 16, vocab))
+            self._busy = (model_path, model, torch.optim.AdamW(model.parameters()), synthetic_batch(8, 16, 16, vocab))
             self._busy_warm = False
         _, model, optimizer, batch = self._busy
 
@@ -238,7 +238,7 @@ def _forward_timings(engine, spec: ModelSpec, forward, shapes: ProfileShapes, dp
     `dp` ranks is the shape's sequences (the Timing counts all ranks' sequences)."""
     mb, out = shapes.micro_batch_size, []
     for rows, prompt, response in forward:
-        batch = _batch(rows, prompt, response, spec.vocab)
+        batch = synthetic_batch(rows, prompt, response, spec.vocab)
 
         @torch.no_grad()
         def infer():
