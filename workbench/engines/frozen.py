@@ -17,7 +17,6 @@ them share prompts alike).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Literal
 
 import torch
 from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
@@ -27,7 +26,6 @@ from workbench.engines.fsdp import decoder_layers
 from workbench.errors import ConfigError
 from workbench.models.load import LoadConfig, for_worker, resolve_dtype
 
-FrozenKeep = Literal["whole", "sharded", "host"]
 KEEPS: tuple[str, ...] = ("whole", "sharded", "host")
 
 

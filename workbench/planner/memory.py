@@ -67,6 +67,12 @@ class MemoryBreakdown:
         return (self.params, self.grads, self.optimizer, self.activations, self.kv_cache, self.extra_params)
 
 
+def frozen_keep_in(frozen_keep: str, s: Mesh) -> str:
+    """How a frozen model laid out as `s` is kept under the workload's `frozen_keep`: FSDP shards
+    data-parallel layouts only (workbench.engines.frozen.check_keep), so tp/pp > 1 keep whole."""
+    return frozen_keep if s.model_parallel == 1 else "whole"
+
+
 def static_memory(
     spec: ModelSpec, s: Mesh, trained: bool, sharding: str = "optimizer", frozen_keep: str = "whole"
 ) -> MemoryBreakdown:
@@ -75,14 +81,14 @@ def static_memory(
     sharding "optimizer" (Megatron distributed optimizer, ZeRO-1): weights and gradients are
     replicated over data-parallel ranks, Adam states sharded. "full" (FSDP / ZeRO-3, what the
     workbench's workers train with): everything sharded over all devices. Frozen models are
-    kept as `frozen_keep` says (Workload.frozen_keep): "whole" on every data-parallel rank, cut
-    only by tensor and pipeline parallelism; in a p1t1dN layout "sharded" 1/dp of that (FSDP
-    shards) and "host" none on the device (a layer's gathered weights while it runs are left out, as FSDP's are). A
-    LoRA-trained model (spec.lora_rank > 0) keeps gradients and Adam states for its adapters only."""
+    kept as `frozen_keep` says (Workload.frozen_keep, `frozen_keep_in`): "whole" on every
+    data-parallel rank, cut only by tensor and pipeline parallelism; "sharded" 1/dp of that (FSDP
+    shards); "host" none on the device (a layer's gathered weights while it runs are left out, as
+    FSDP's are). A LoRA-trained model (spec.lora_rank > 0) keeps gradients and Adam states for its
+    adapters only."""
     shard = spec.param_count / s.model_parallel
     if not trained:
-        keep = frozen_keep if s.model_parallel == 1 else "whole"  # FSDP shards over dp only (frozen.check_keep)
-        kept = {"whole": 1.0, "sharded": 1 / s.dp, "host": 0.0}[keep]
+        kept = {"whole": 1.0, "sharded": 1 / s.dp, "host": 0.0}[frozen_keep_in(frozen_keep, s)]
         return MemoryBreakdown(params=shard * kept * WEIGHT_BYTES)
     # Under LoRA (spec.lora_rank) only the adapters have gradients and Adam states; the frozen
     # base is kept like the trained weights (sharded the same way), plus the adapters themselves.

@@ -29,7 +29,14 @@ from typing import TYPE_CHECKING
 from workbench.controller.mesh import Mesh
 from workbench.hybrid import realloc
 from workbench.hybrid.layouts import gather_groups
-from workbench.planner.memory import ADAM_BYTES, GRAD_BYTES, WEIGHT_BYTES, generation_concurrency, transition
+from workbench.planner.memory import (
+    ADAM_BYTES,
+    GRAD_BYTES,
+    WEIGHT_BYTES,
+    frozen_keep_in,
+    generation_concurrency,
+    transition,
+)
 from workbench.planner.specs import ClusterSpec, ModelSpec, Workload
 
 if TYPE_CHECKING:
@@ -138,11 +145,12 @@ class Simulator:
             # and writes its master weights and both moments, and writes the weights.
             params = spec.trainable_params / s.world_size  # under LoRA: the adapters only
             total += steps * params * OPTIMIZER_STEP_BYTES / (c.memory_bandwidth * c.bandwidth_efficiency)
-        # Frozen models kept as FSDP shards (p1t1dN layouts only, as the runtime keeps them).
-        frozen_sharded = not trained and wl.frozen_keep != "whole" and s.model_parallel == 1
+        # Frozen models kept as FSDP shards (or their shards in host memory).
+        keep = "whole" if trained else frozen_keep_in(wl.frozen_keep, s)
+        frozen_sharded = keep != "whole"
         # Sharing prompts makes two model calls per micro-batch: each gathers (and copies in) again.
         calls = 2 if wl.shares_prompts(train, s.pp, spec.param_count) else 1
-        if frozen_sharded and wl.frozen_keep == "host":  # every forward copies this rank's shards in
+        if keep == "host":  # every forward copies this rank's shards in
             kept = spec.param_count / s.dp * self.dtype_bytes
             total += calls * n_micro * kept / c.host_bandwidth
         if s.dp > 1 and ((wl.param_sharding == "full" and trained) or frozen_sharded):
