@@ -20,7 +20,7 @@ from workbench.engines.rollout import SamplingConfig
 from workbench.models import load, make_tiny
 from workbench.models.value import load_value_model
 from workbench.planner import DeviceMesh, ExecutionPlan, PlannerError, dataflow_preset, deploy_calls
-from workbench.planner.call_deploy import plan_groups
+from workbench.planner.call_deploy import plan_groups, runtime_refusal
 from workbench.planner.routing import CallRouter
 from workbench.workers import ActorConfig, ActorRolloutRefWorker
 from workbench.workers.critic import CriticConfig, CriticWorker
@@ -360,3 +360,22 @@ def test_the_actors_generation_in_another_layout_on_its_devices_is_the_hybrid_en
     actor = specs["actor"].layout
     assert (actor.tp, actor.dp, actor.gen_tp, actor.transition) == (2, 1, 1, "hybridflow")
     assert specs["actor"].calls == ["gen", "old_log_prob", "update_actor"]
+
+
+def test_pipeline_stages_generate_in_their_training_layout_or_with_whole_weights(kit):
+    """A pipelined actor (p2t2d1 on d0-3) generates as a pipeline where its training layout is
+    the call's, with whole weights where the call's is p1t1d4; what lies between is refused
+    with the call, so a runnable search keeps away from it."""
+    d03 = DeviceMesh(0, 4)
+    plan = ExecutionPlan({c.name: (d03, Mesh(1, 1, 4)) for c in PPO_FLOW.calls})
+    for call in ("gen", "old_log_prob", "update_actor"):
+        plan.layouts[call] = (d03, Mesh(2, 2, 1))
+    actor = {s.role: s for s in plan_groups(plan, PPO_FLOW, kit["workers"])}["actor"]
+    assert actor.layout == Mesh(2, 2, 1) and actor.calls == ["gen", "old_log_prob", "update_actor"]
+    plan.layouts["gen"] = (d03, Mesh(1, 1, 4))
+    actor = {s.role: s for s in plan_groups(plan, PPO_FLOW, kit["workers"])}["actor"]
+    assert (actor.layout.gen_pp, actor.layout.gen_tp) == (1, 1)
+    plan.layouts["gen"] = (d03, Mesh(2, 1, 2))
+    with pytest.raises(PlannerError, match=r"'gen' of model 'actor' .*\(p2t2d1: pipelined\).*p1t1d4"):
+        plan_groups(plan, PPO_FLOW, kit["workers"])
+    assert runtime_refusal(plan, PPO_FLOW) is not None

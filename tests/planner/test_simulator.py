@@ -248,3 +248,19 @@ def test_forwards_are_priced_with_each_repeated_prompt_computed_once_where_the_w
     m = Mesh(1, 1, 1)
     assert shared.train(spec, m) < whole.train(spec, m) and shared.inference(spec, m) < whole.inference(spec, m)
     assert Simulator(cluster, OPT).train(SPEC, m) == Simulator(cluster, one).train(SPEC, m)  # tiny-10m: rows whole
+
+
+def test_pipelined_generation_saves_memory_not_time_and_pays_hops_and_the_logits():
+    """The stages prefill and decode in turn (workbench.engines.pipelined_rollout): each costs what
+    one device's does, plus pp-1 hops of the hidden states and a broadcast of the last stage's
+    logits to every stage."""
+    spec, gpu = model_preset("llama2-7b"), cluster_preset("a100_80g", 8)
+    wl = Workload(global_batch=8)  # one wave of 8 sequences per replica
+    sim = Simulator(gpu, wl)
+    one, piped = sim.generate(spec, Mesh(1, 1, 1)), sim.generate(spec, Mesh(2, 1, 1))
+    link = sim.link_bandwidth(False)
+    hop = gpu.collective_latency + 8 * spec.hidden * sim.dtype_bytes / link
+    logits = gpu.collective_latency + 8 * spec.vocab * sim.dtype_bytes / link
+    prefill = gpu.collective_latency + 8 * wl.prompt_len * spec.hidden * sim.dtype_bytes / link + logits
+    assert piped - one == pytest.approx(prefill + wl.response_len * (hop + logits))
+    assert logits > hop  # a 32k vocabulary outweighs a 4k hidden state

@@ -1,7 +1,11 @@
 """Pipeline-parallel workers in a Session: an actor (training, reference and an HF rollout with
 whole weights on every rank) and a critic on Mesh(pp=2), backend "3d". Their scoring forwards
 and an update equal the same in one process; generation picks up the update (the weight sync
-gathers every stage); a checkpoint round-trips; a pipelined generation layout is refused."""
+gathers every stage); a checkpoint round-trips. An actor generating as a pipeline (gen_pp = pp)
+samples what one process samples, reads its updates live, and switches to whole weights and
+back on live processes; the layouts and settings it cannot run are refused on the driver."""
+
+from dataclasses import replace
 
 import pytest
 import ray
@@ -13,8 +17,8 @@ from tests.hybrid.test_hybrid_engine import GREEDY, OPTIM, single_process_step
 from tests.workers.reference import advantages_for, assert_checkpoint_roundtrip, prompts
 from workbench import Batch, Mesh
 from workbench.engines.forward import model_outputs, response_values
-from workbench.engines.hf_rollout import HFRollout
-from workbench.engines.rollout import SamplingConfig
+from workbench.engines.hf_rollout import HFRollout, HFRolloutConfig
+from workbench.engines.rollout import SamplingConfig, end_token_ids, stream_seed
 from workbench.engines.tensor_parallel import TensorParallelEngine
 from workbench.errors import ConfigError
 from workbench.models import load, make_tiny
@@ -33,9 +37,8 @@ def model_dir(tmp_path_factory):
 
 
 def actor_config(model_dir, **kw) -> ActorConfig:
-    return ActorConfig(
-        model_path=model_dir, backend="3d", optim=OPTIM, mini_batch_size=8, micro_batch_size=2, reference=True, **kw
-    )
+    kw = {"reference": True, **kw}
+    return ActorConfig(model_path=model_dir, backend="3d", optim=OPTIM, mini_batch_size=8, micro_batch_size=2, **kw)
 
 
 @pytest.mark.timeout(300)
@@ -95,8 +98,59 @@ def test_a_pipelined_critic_scores_and_updates_like_one_process(session, model_d
         assert (after - response_values(single.model.eval(), rolled)).abs().max() <= 1e-5
 
 
-def test_a_pipelined_generation_layout_is_refused(model_dir):
+@pytest.mark.timeout(300)
+def test_pipeline_stages_generate_as_one_process_does_and_switch_to_whole_weights(session, model_dir):
+    pipelined = Mesh(pp=2)  # generates in its training layout by default
+    actor = session.group(
+        "pipelined_actor",
+        ActorRolloutRefWorker,
+        session.pool("pipelined_pool", 2),
+        actor_config(model_dir, reference=False),
+        mesh=pipelined,
+    )
+    loaded = load(model_dir)
+    model, tokenizer = loaded.model.eval(), loaded.tokenizer
+    one = HFRollout(model, tokenizer.pad_token_id, end_token_ids(model, tokenizer))
+    batch = prompts(tokenizer, 8)
+    sampled = SamplingConfig(max_new_tokens=8, n=2, seed=3)  # n=2: the stages share each prompt's cache
+    got = actor.generate_sequences(batch, sampled).get()
+    want = one.generate(batch, replace(sampled, seed=stream_seed(3, 0)))  # generation replica 0's stream
+    assert torch.equal(got["responses"], want["responses"])
+    assert (got["rollout_log_probs"] - want["rollout_log_probs"]).abs().max() <= 1e-5
+    assert len(set(actor.generate_sequences(batch, replace(sampled, seed=None)).get()["response_text"])) > 1
+
+    rolled = got[:8]
+    train = rolled.union(advantages_for(rolled))
+    actor.update_actor(train, losses.reinforce_loss).get()
+    single = single_process_step(model, train, dp=1)
+    after = actor.generate_sequences(batch, GREEDY).get()  # the stages' live weights: nothing synced
+    mask = after["response_mask"].bool()
+    with torch.no_grad():
+        new, old = (model_outputs(m, after)["log_probs"] for m in (single, model))
+    to_new, to_old = ((after["rollout_log_probs"] - x).abs()[mask].max() for x in (new, old))
+    assert to_new <= 1e-4 and to_old > 20 * to_new, f"generation did not read the update: {to_new} vs {to_old}"
+    spans = {r.method for r in session.trace() if r.role == "pipelined_actor"}
+    assert "generate_sequences" in spans and "hybrid.sync_weights" not in spans  # no copy to fill
+
+    assert actor.switch_generation(gen_pp=1, gen_tp=1) == MESH  # a whole copy on each rank, gathered
+    whole = actor.generate_sequences(batch, GREEDY).get()
+    actor.switch_generation(gen_pp=2, gen_tp=1)
+    again = actor.generate_sequences(batch, GREEDY).get()
+    for other in (whole, again):
+        assert torch.equal(other["responses"], after["responses"])
+        assert (other["rollout_log_probs"] - after["rollout_log_probs"]).abs().max() <= 1e-5
+
+
+def test_pipeline_generation_layouts_it_cannot_run_are_refused(model_dir):
+    actor_config(model_dir).check_layout(Mesh(pp=2), "actor")  # pipelined: runs
+    actor_config(model_dir).check_layout(MESH, "actor")  # whole weights: runs
     with pytest.raises(ConfigError, match=r"gen_pp=1, gen_tp=1"):
-        actor_config(model_dir).check_layout(Mesh(pp=2), "actor")
+        actor_config(model_dir).check_layout(Mesh(pp=2, tp=2, gen_pp=2, gen_tp=1), "actor")
+    with pytest.raises(ConfigError, match=r"ActorConfig.rollout.*HF rollout"):
+        actor_config(model_dir, rollout="vllm").check_layout(Mesh(pp=2), "actor")
+    with pytest.raises(ConfigError, match=r"ActorConfig.train.*whole weights"):
+        actor_config(model_dir, train=False).check_layout(Mesh(pp=2), "actor")
+    with pytest.raises(ConfigError, match=r"ActorConfig.hf.*dynamic KV cache"):
+        actor_config(model_dir, hf=HFRolloutConfig(cache="static")).check_layout(Mesh(pp=2), "actor")
     with pytest.raises(ConfigError, match=r"num_hidden_layers.*pp=3"):
         actor_config(model_dir, rollout=None).check_layout(Mesh(pp=3), "actor")

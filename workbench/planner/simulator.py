@@ -196,9 +196,8 @@ class Simulator:
         c, wl = self.cluster, self.wl
         waves = math.ceil(batch / conc)
         b = math.ceil(batch / waves)
-        mp = s.model_parallel
-        # A step streams every weight once per replica (pipeline stages take turns on
-        # micro-batches, so PP saves memory but not time) plus the KV cache at the mean context.
+        # A step streams every weight once per replica (the pipeline stages take turns on one
+        # batch, so PP saves memory but not time) plus the KV cache at the mean context.
         ctx = wl.prompt_len + wl.response_len / 2
         read = (spec.param_count * self.dtype_bytes + b * spec.kv_bytes_per_token * self._widen * ctx) / s.tp
         mem = read / (c.memory_bandwidth * c.bandwidth_efficiency)
@@ -209,20 +208,23 @@ class Simulator:
             step += self.allreduce(
                 b * spec.hidden * self.dtype_bytes * spec.n_layers * 2, s.tp, n_ops=2 * spec.n_layers
             )
-        if s.pp > 1:
-            # Hops cross machines when a replica (pp*tp consecutive ranks of `s`) spans them.
-            # The hybrid engine's hybridflow grouping strides a generation replica over its
-            # training replica instead; that placement is not modelled here.
-            step += (s.pp - 1) * (
-                c.collective_latency
-                + b * spec.hidden * self.dtype_bytes / self.link_bandwidth(s.replica_spans_nodes(c.devices_per_node))
-            )
         prefill_flops = b * wl.prompt_len * spec.forward_flops_per_token(wl.prompt_len / 2)
-        prefill = prefill_flops / (mp * c.peak_flops * c.inference_efficiency) + fixed
+        prefill = prefill_flops / (s.tp * c.peak_flops * c.inference_efficiency) + fixed
         if s.tp > 1:
             prefill += self.allreduce(
                 b * wl.prompt_len * spec.hidden * self.dtype_bytes * spec.n_layers * 2, s.tp, n_ops=2 * spec.n_layers
             )
+        if s.pp > 1:
+            # The stages run in turn (workbench.engines.pipelined_rollout): the hidden states hop
+            # down them, and the last stage's logits (the last position's) go back to every stage
+            # by a tree broadcast, so that each samples alike. Hops cross machines when a replica
+            # (pp*tp consecutive ranks of `s`) spans them; the hybrid engine's hybridflow grouping
+            # strides a generation replica over its training replica instead, not modelled here.
+            link = self.link_bandwidth(s.replica_spans_nodes(c.devices_per_node))
+            logits = math.ceil(math.log2(s.pp)) * (c.collective_latency + b * spec.vocab * self.dtype_bytes / link)
+            hop = c.collective_latency + b * spec.hidden * self.dtype_bytes / link
+            step += (s.pp - 1) * hop + logits
+            prefill += (s.pp - 1) * (hop + (wl.prompt_len - 1) * b * spec.hidden * self.dtype_bytes / link) + logits
         t = waves * (prefill + wl.response_len * step)
         self._memo[key] = t
         return t

@@ -42,8 +42,9 @@ from workbench.engines.frozen import check_keep, frozen_load_config, keep_frozen
 from workbench.engines.hf_rollout import HFRollout, HFRolloutConfig, weightless_copy
 from workbench.engines.multi_turn import EpisodeConfig, Episodes
 from workbench.engines.pipeline import PipelinedModel
+from workbench.engines.pipelined_rollout import PipelinedRollout, check_pipelined_rollout
 from workbench.engines.rollout import SamplingConfig, end_token_ids, response_texts, stream_seed
-from workbench.engines.tensor_parallel import check_tensor_parallel_layout, parallelize
+from workbench.engines.tensor_parallel import check_tensor_parallel_layout, parallelize, pipelined_generation
 from workbench.engines.vllm_rollout import VLLMRolloutConfig
 from workbench.errors import ConfigError
 from workbench.hybrid.channel import WeightChannel
@@ -95,7 +96,9 @@ class ActorConfig:
     """Training backend: "fsdp" (FSDP2), "deepspeed" (DeepSpeed ZeRO, stage `zero_stage`), or "3d"
     (pipeline stages over the mesh's pp ranks, tensor parallel over its tp ranks, data-parallel
     replicas; with a generation layout gen_tp < tp the rollout runs in it: the 3D-HybridEngine,
-    workbench.hybrid; with pp > 1 every rank generates with whole weights, gen_pp=1, gen_tp=1)."""
+    workbench.hybrid; with pp > 1 the stages generate as a pipeline on their own training weights
+    (gen_pp = pp, gen_tp = tp, the default: workbench.engines.pipelined_rollout) or every rank
+    with whole weights (gen_pp=1, gen_tp=1))."""
     zero_stage: int = 2
     """ZeRO stage for backend="deepspeed": 1 (optimizer state), 2 (+ gradients), 3 (+ parameters)."""
     rollout: str | None = "hf"
@@ -208,6 +211,8 @@ class ActorConfig:
             check_tensor_parallel_layout(
                 "ActorConfig", mesh, role, self.model_path, self.load.trust_remote_code, rollout=self.rollout
             )
+            if self.rollout is not None and pipelined_generation(mesh):
+                check_pipelined_rollout("ActorConfig", self.train, self.hf)
         else:
             check_data_parallel_only("ActorRolloutRefWorker", mesh, role)
         if self.reference:
@@ -287,9 +292,13 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember):
             on_host = load(config.model_path, frozen_load_config(config.load, self.device, config.train, keep)).model
             self.reference = keep_frozen(on_host, keep, self.device_mesh["dp"], self.device)
         self.hybrid = None
-        # With pipeline stages every rank generates with whole weights (check_tensor_parallel_layout).
+        # With pipeline stages the stages generate as a pipeline, or every rank with whole
+        # weights (check_tensor_parallel_layout).
         hybrid_layout = tensor_parallel and pp_mesh is None and config.rollout == "hf"
-        if hybrid_layout:
+        pipelined = config.rollout == "hf" and pp_mesh is not None and pipelined_generation(self.mesh)
+        if pipelined:
+            self.rollout = None  # built over the training stages below
+        elif hybrid_layout:
             self.rollout = HFRollout(
                 self._generation_model(model),
                 self.tokenizer.pad_token_id,
@@ -318,7 +327,10 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember):
             self._switched = self.engine.model if self.engine is not None else parallelize(model, tp_mesh)
             self.hybrid = self._hybrid_engine()
         self.shares_weights = False
-        if self.engine is not None and self.hybrid is None and isinstance(self.rollout, HFRollout):
+        if pipelined:
+            self.rollout = self._pipelined_rollout()
+            self.shares_weights = True
+        elif self.engine is not None and self.hybrid is None and isinstance(self.rollout, HFRollout):
             live = self.engine.shared_full_weights()
             if live is not None:
                 self.rollout.share_weights(live)
@@ -345,16 +357,39 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember):
             executor=self.config.transition_executor,
         )
 
+    def _pipelined_rollout(self) -> PipelinedRollout:
+        """Generation over the training stages (checked on the driver: the actor trains)."""
+        cfg = self.config
+        end = end_token_ids(self.engine.model.hf, self.tokenizer)
+        tp_group = self.device_mesh["tp"].get_group() if self.mesh.tp > 1 else None
+        pad = self.tokenizer.pad_token_id
+        return PipelinedRollout(self.engine.model, pad, end, cfg.hf, tokenizer=self.tokenizer, tp_group=tp_group)
+
     def generation_changed(self, previous) -> None:
         """A new generation layout or transition method: cut a fresh generation model over the
         new generation groups (its weights are filled at each switch, so the initial ones from
-        disk do) and build the switch for it; the training weights are untouched."""
+        disk do) and build the switch for it; the training weights are untouched. Pipeline
+        stages switch between generating as a pipeline and a whole copy on every rank."""
+        if self.mesh.pp > 1 and self.config.rollout == "hf":
+            self._pipeline_generation_changed()
+            return
         if self.hybrid is None:
             return  # checked on the driver: without tensor parallelism the layout cannot change
         self.hybrid.to_training()
         skeleton = load(self.config.model_path, for_worker(self.config.load, self.device, self.config.train)).model
         self.rollout.model = self._generation_model(skeleton).eval()
         self.hybrid = self._hybrid_engine()
+
+    def _pipeline_generation_changed(self) -> None:
+        """Pipelined generation (no weights of its own) or a whole copy, gathered from the stages."""
+        if pipelined_generation(self.mesh):
+            self.rollout, self.shares_weights = self._pipelined_rollout(), True
+            return
+        if isinstance(self.rollout, PipelinedRollout):
+            skeleton = load(self.config.model_path, for_worker(self.config.load, self.device, self.config.train)).model
+            self.rollout = self._make_rollout(skeleton)
+            self.rollout.materialize(self.engine.iter_full_weights())
+            self.shares_weights, self.rollout_version = False, self.version
 
     def _generation_model(self, model):
         """A copy of the model cut over this rank's generation tensor-parallel group (its
