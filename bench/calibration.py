@@ -74,6 +74,7 @@ CONSTANTS = (
     "step_overhead",
     "train_overhead",
     "inference_overhead",
+    "sequence_overhead",
     "kernel_latency",
     "call_overhead",
     "collective_latency",
@@ -339,7 +340,9 @@ def main(argv=None) -> dict:
         f"{cal.memory_bandwidth * cal.bandwidth_efficiency / 1e9:.1f} GB/s, step overhead "
         f"{cal.step_overhead * 1e3:.2f} ms, train overhead {cal.train_overhead * 1e3:.1f} ms/micro-batch, "
         "inference overhead "
-        f"{cal.inference_overhead * 1e3:.1f} ms/micro-batch, all-reduce {cal.intra_node_bandwidth / 1e9:.2f} GB/s + "
+        f"{cal.inference_overhead * 1e3:.1f} ms/micro-batch, "
+        f"decoding {cal.sequence_overhead * 1e6:.0f} us/sequence/step, "
+        f"all-reduce {cal.intra_node_bandwidth / 1e9:.2f} GB/s + "
         f"{cal.collective_latency * 1e3:.2f} ms, cores {cal.cores:.2f}, kernel "
         f"{cal.kernel_latency * 1e6:.1f} us, call overhead {cal.call_overhead * 1e3:.1f} ms"
     )

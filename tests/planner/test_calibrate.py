@@ -22,6 +22,7 @@ TRUE = dict(
     collective_latency=3e-4,
     shard_overhead=4e-3,
     gather_overhead=1.5e-3,
+    sequence_overhead=2e-4,  # sampling and log-probs per row per decoding step
 )
 
 

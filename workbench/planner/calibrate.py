@@ -7,9 +7,10 @@ with a one-device strategy and a workload of the measured shape, and the cluster
 chosen to minimise the squared *relative* error of those predictions. Each call time is
 linear in (1 / achieved train FLOP/s, 1 / achieved inference FLOP/s, 1 / achieved decoding
 bytes/s, seconds of fixed overhead per forward pass, seconds per training and per inference
-micro-batch) — a CPU decoding step pays its reads and its matmuls (`decode_overlap=False`);
-a preset that overlaps them makes it piecewise linear — so Gauss-Newton with finite
-differences solves it exactly (inside one branch) and converges in a few rounds. The rates are
+micro-batch, seconds per running sequence per decoding step) — a CPU decoding step pays its
+reads and its matmuls (`decode_overlap=False`); a preset that overlaps them makes it
+piecewise linear — so Gauss-Newton with finite differences solves it exactly (inside one
+branch) and converges in a few rounds. The rates are
 kept inside physical bounds (`EFFICIENCY_BOUNDS`):
 a fit that would need a matmul faster than the measured peak GEMM, or decoding faster than a
 few times the measured streaming copy, is pinned at the bound instead of going degenerate.
@@ -145,6 +146,9 @@ class Calibration:
     """Seconds per collective of an FSDP unit beyond its bytes (ClusterSpec.shard_overhead)."""
     gather_overhead: float = 0.0
     """Seconds per tensor gathered whole from shards beyond its bytes (ClusterSpec.gather_overhead)."""
+    sequence_overhead: float = 0.0
+    """Seconds per running sequence per decoding step beyond its FLOPs and bytes: sampling and
+    the response log-prob over the vocabulary, row by row (ClusterSpec.sequence_overhead)."""
 
     def cluster(self, n_nodes: int = 1, devices_per_node: int = 4) -> ClusterSpec:
         """The `local` preset with these figures."""
@@ -167,6 +171,7 @@ class Calibration:
             inference_overhead=self.inference_overhead,
             shard_overhead=self.shard_overhead,
             gather_overhead=self.gather_overhead,
+            sequence_overhead=self.sequence_overhead,
             kernel_latency=self.kernel_latency,
             call_overhead=self.call_overhead,
             driver_bandwidth=self.driver_bandwidth,
@@ -280,18 +285,21 @@ def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray, keep: np.ndarray) -> np.nda
 
 def fit_compute(
     timings: list[Timing], peak_flops: float, memory_bandwidth: float, kernel_latency: float = 0.0
-) -> tuple[float, float, float, float, float, float]:
+) -> tuple[float, float, float, float, float, float, float]:
     """(train_efficiency, inference_efficiency, bandwidth_efficiency, step_overhead,
-    train_overhead, inference_overhead) minimising relative error."""
+    train_overhead, inference_overhead, sequence_overhead) minimising relative error. The last
+    is told apart from decoding's matmuls by the forward calls, which pin the inference rate:
+    a decoding step's rows cost more than their FLOPs (sampling and log-probs over the
+    vocabulary, row by row; generation at 2-32 rows was off by -15% to +15% without it)."""
     kinds = {t.kind for t in timings}
     if not {"train", "inference"} <= kinds:
         raise ValueError(f"calibration needs train and inference timings; got {sorted(kinds)}")
     base = dataclasses.replace(_placeholder(peak_flops, memory_bandwidth), kernel_latency=kernel_latency)
 
     def cluster_of(x):
-        a, b, m, o, t, i = x
+        a, b, m, o, t, i, q = x
         # (s/FLOP train and inference, s/byte decoding, s per forward, s per training and per
-        # inference micro-batch)
+        # inference micro-batch, s per sequence per decoding step)
         return dataclasses.replace(
             base,
             train_efficiency=1 / (a * peak_flops),
@@ -300,6 +308,7 @@ def fit_compute(
             step_overhead=o,
             train_overhead=t,
             inference_overhead=i,
+            sequence_overhead=q,
         )
 
     def predict(x):
@@ -308,13 +317,16 @@ def fit_compute(
 
     measured = np.array([t.seconds for t in timings])
     # Starts from compute-bound to memory-bound decoding.
-    starts = [np.array([2 / peak_flops, 2 / peak_flops, k / memory_bandwidth, 1e-3, 1e-3, 1e-3]) for k in (1, 4, 16)]
+    starts = [
+        np.array([2 / peak_flops, 2 / peak_flops, k / memory_bandwidth, 1e-3, 1e-3, 1e-3, 1e-4]) for k in (1, 4, 16)
+    ]
     b = EFFICIENCY_BOUNDS
     lower = np.array(
         [
             1 / (b["train_efficiency"] * peak_flops),
             1 / (b["inference_efficiency"] * peak_flops),
             1 / (b["bandwidth_efficiency"] * memory_bandwidth),
+            0.0,
             0.0,
             0.0,
             0.0,
@@ -328,6 +340,7 @@ def fit_compute(
         c.step_overhead,
         c.train_overhead,
         c.inference_overhead,
+        c.sequence_overhead,
     )
 
 
@@ -369,7 +382,7 @@ def fit(
     """All fitted figures as one Calibration (kernel latency and call overhead as measured).
     One-device calls fix the compute figures; then, with those and the collectives' fixed,
     the sharded calls (`Timing.dp` > 1) fix `shard_overhead` and the syncs `gather_overhead`."""
-    train_eff, inf_eff, bw_eff, overhead, train_overhead, inference_overhead = fit_compute(
+    train_eff, inf_eff, bw_eff, overhead, train_overhead, inference_overhead, sequence_overhead = fit_compute(
         [t for t in timings if t.dp == 1 and t.kind != "sync"], peak_flops, memory_bandwidth, kernel_latency
     )
     bw, lat = fit_collectives(collectives)
@@ -392,6 +405,7 @@ def fit(
         driver_bandwidth,
         train_overhead,
         inference_overhead,
+        sequence_overhead=sequence_overhead,
     )
     sharded = [t for t in timings if t.dp > 1 and t.kind in ("train", "inference")]
     cal.shard_overhead = fit_fixed_cost(sharded, cal.cluster(), "shard_overhead")
