@@ -10,8 +10,9 @@ generation replicas), with the planner's estimate beside each.
    row runs to max_new_tokens), timed from the driver (dispatch included, as the planner's
    call estimate includes it), and inside the workers (the slowest rank's span of the call);
    medians over repeats.
-3. Per layout: the measured seconds, the estimate (`Simulator.generate` of p2t1d1 or p1t1d2,
-   plus the calibrated per-call overhead), and the generation weights one rank holds as a
+3. Per layout: the measured seconds, the estimate (`Simulator.generate` of p2t1d1 or p1t1d2 on
+   the 2 devices' shared cores, as the plan evaluator prices a call, plus the calibrated
+   per-call overhead), and the generation weights one rank holds as a
    fraction of the model (its stage, or the whole copy). The two layouts' tokens are compared
    too (greedy: they must be equal).
 
@@ -38,6 +39,7 @@ from workbench.models import make_tiny
 from workbench.models.load import load
 from workbench.planner import Simulator, Workload
 from workbench.planner.profiler import calibrate
+from workbench.planner.schedule import concurrent_time, shared_cores
 from workbench.planner.specs import ModelSpec
 from workbench.workers import ActorConfig, ActorRolloutRefWorker
 
@@ -110,7 +112,9 @@ def main() -> None:
     table = {}
     for name, (_, priced) in LAYOUTS.items():
         measured = statistics.median(seconds[name])
-        estimated = sim.generate(spec, priced) + cluster.call_overhead
+        # As the plan evaluator prices a call on both devices: their cores shared by its ranks.
+        work = concurrent_time([(sim.generate(spec, priced), (0, priced.world_size))], shared_cores(cluster))
+        estimated = work + cluster.call_overhead
         table[name] = {
             "priced_layout": priced.short(),
             "measured_s": round(measured, 4),

@@ -150,7 +150,7 @@ class PipelinedRollout(HFRollout):
 
     def decode(self, input_ids, attention_mask, sampling: SamplingConfig, past_key_values=None) -> Decoded:
         if sampling.seed is None and not sampling.greedy:  # every rank of the replica must draw alike
-            seed = torch.randint(2**62, (1,), dtype=torch.int64)
+            seed = torch.randint(2**62, (1,), dtype=torch.int64).to(self.pipe.device)  # NCCL: on the device
             if self.tp_group is not None:  # first stage 0's tensor-parallel ranks, then down each pipeline
                 dist.broadcast(seed, group=self.tp_group, group_src=0)
             dist.broadcast(seed, group=self.pipe.group, group_src=0)
