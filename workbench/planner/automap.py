@@ -23,8 +23,9 @@ import dataclasses
 import itertools
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from workbench.controller.mesh import Mesh
 from workbench.planner.asynchronous import Sharing, steady_iteration
@@ -44,8 +45,10 @@ from workbench.planner.placement import ColocatedSet, ModelAssignment, pack_sets
 from workbench.planner.plan import AsyncPlan, Plan
 from workbench.planner.schedule import concurrent_time, shared_cores
 from workbench.planner.simulator import INF, Simulator
-from workbench.planner.specs import ClusterSpec, ModelSpec, Workload
+from workbench.planner.specs import FROZEN_KEEPS, ClusterSpec, ModelSpec, Workload
 from workbench.planner.strategy import generation_strategies, strategies
+
+P = TypeVar("P")
 
 
 def set_partitions(items: Sequence[str]) -> Iterator[tuple[tuple[str, ...], ...]]:
@@ -606,7 +609,14 @@ def automap(
     overrides the cluster's default device split ("aligned" ReaLHF meshes or "free");
     `placements` restricts the search to the given set partitions. `max_staleness`: also plan
     asynchronous split plans run with that bound (`automap_async`) and return whichever is
-    faster, an `AsyncPlan` when it wins (None: synchronous plans only)."""
+    faster, an `AsyncPlan` when it wins (None: synchronous plans only). `workload.frozen_keep`
+    "auto": the fastest of the plans for each keep (`fastest_keep`)."""
+    if workload.frozen_keep == "auto":
+        return fastest_keep(
+            lambda wl: automap(dataflow, models, wl, cluster, max_tp, max_pp, allocation, placements, max_staleness),
+            workload,
+            lambda plan: plan.iteration_time,
+        )
     plan = AutoMapper(dataflow, dataflow.model_specs(models), workload, cluster, max_tp, max_pp, allocation).run(
         placements
     )
@@ -617,6 +627,26 @@ def automap(
     except PlannerError:  # no split fits (e.g. one device): the synchronous plan stands
         return plan
     return split if split.iteration_time < plan.iteration_time else plan
+
+
+def fastest_keep(plan_with: Callable[[Workload], P], workload: Workload, cost: Callable[[P], float]) -> P:
+    """`plan_with` the workload under each way of keeping frozen models (`FROZEN_KEEPS`); the
+    cheapest plan that fits by `cost` (a tie keeps the earlier keep: whole before sharded
+    before host). Sharding frees device memory for other models and longer KV caches, host
+    memory frees all of it, both at the price of gathers (and copies) in every forward; where no
+    keep fits, the refusal for "whole" is raised."""
+    found: list[tuple[float, int, P]] = []
+    refusals: list[PlannerError] = []
+    for order, keep in enumerate(FROZEN_KEEPS):
+        try:
+            plan = plan_with(dataclasses.replace(workload, frozen_keep=keep))
+        except PlannerError as refused:
+            refusals.append(refused)
+            continue
+        found.append((cost(plan), order, plan))
+    if not found:
+        raise refusals[0]
+    return min(found, key=lambda f: f[:2])[2]
 
 
 def automap_async(

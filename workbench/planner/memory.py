@@ -70,6 +70,11 @@ class MemoryBreakdown:
 def frozen_keep_in(frozen_keep: str, s: Mesh) -> str:
     """How a frozen model laid out as `s` is kept under the workload's `frozen_keep`: FSDP shards
     data-parallel layouts only (workbench.engines.frozen.check_keep), so tp/pp > 1 keep whole."""
+    if frozen_keep == "auto":
+        raise ValueError(
+            "Workload.frozen_keep='auto' is a choice automap and search make; price a layout with "
+            "'whole', 'sharded' or 'host'"
+        )
     return frozen_keep if s.model_parallel == 1 else "whole"
 
 

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 from workbench.controller.mesh import Mesh
-from workbench.planner.automap import automap
+from workbench.planner.automap import automap, fastest_keep
 from workbench.planner.call_deploy import runtime_refusal
 from workbench.planner.dataflow import Dataflow
 from workbench.planner.errors import PlannerError
@@ -244,6 +244,8 @@ class SearchResult:
     chain_cost: float = 0.0
     """The best cost the chain itself reached, before `polish` (equal to the result's when the
     polish found nothing cheaper)."""
+    workload: Workload | None = None
+    """Set by `search`: the workload searched (with frozen_keep="auto", the keep it chose)."""
 
 
 def mcmc(
@@ -475,7 +477,28 @@ def search(
     per seed for `max_steps` proposals each. `result.convergence` says whether the chains'
     best costs agree within `tolerance`. runnable, max_tp, max_pp: keep to plans this runtime
     deploys (`deploy_calls`), with layouts the workers run (PlanSpace). The first chain starts
-    from the auto-mapper's plan (a good basin to start in: `automap_start`)."""
+    from the auto-mapper's plan (a good basin to start in: `automap_start`). `workload.frozen_keep`
+    "auto": a search per keep, the fastest result (`automap.fastest_keep`); `result.workload`
+    names the keep."""
+    if workload.frozen_keep == "auto":
+        return fastest_keep(
+            lambda wl: search(
+                dataflow,
+                models,
+                wl,
+                cluster,
+                max_steps=max_steps,
+                time_limit=time_limit,
+                seeds=seeds,
+                n_iterations=n_iterations,
+                tolerance=tolerance,
+                runnable=runnable,
+                max_tp=max_tp,
+                max_pp=max_pp,
+            ),
+            workload,
+            lambda result: result.evaluation.cost,  # the search's own objective: a plan that does not fit pays
+        )
     space = PlanSpace(
         dataflow,
         dataflow.model_specs(models),
@@ -487,7 +510,11 @@ def search(
         max_pp=max_pp,
     )
     start = automap_start(space, models, max_tp, max_pp)
-    return multi_chain(space, seeds, max_steps=max_steps, time_limit=time_limit, tolerance=tolerance, first_start=start)
+    result = multi_chain(
+        space, seeds, max_steps=max_steps, time_limit=time_limit, tolerance=tolerance, first_start=start
+    )
+    result.workload = workload
+    return result
 
 
 def automap_start(

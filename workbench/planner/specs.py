@@ -178,6 +178,11 @@ def model_preset(name: str) -> ModelSpec:
         raise UnknownPresetError("model", name, list(MODEL_PRESETS)) from None
 
 
+FROZEN_KEEPS = ("whole", "sharded", "host")
+"""How a frozen model can keep its weights (`Workload.frozen_keep`), in the order a tie is
+broken: nothing gathered first, nothing copied in from the host before that."""
+
+
 @dataclass(frozen=True)
 class Workload:
     """Shapes of one RLHF iteration. Defaults: the HybridFlow paper's setting (§8.1)."""
@@ -230,18 +235,20 @@ class Workload:
     critic trained by DeepSpeed): their rollout groups and replicas take the broadcast from
     rank 0 (`Simulator.weight_push_time`). A headless run fills it from its configs."""
 
-    frozen_keep: Literal["whole", "sharded", "host"] = "whole"
+    frozen_keep: Literal["whole", "sharded", "host", "auto"] = "whole"
     """Where frozen models (reference, reward, cost) keep their weights between forwards
     (`ActorConfig.reference_keep`, `ScoreModelConfig.keep`; workbench.engines.frozen): "whole" on
     every data-parallel rank, "sharded" as FSDP shards (1/dp each; each forward all-gathers every
     layer) or "host" (those shards in host memory, no device memory; each forward also copies
     its shard in at `ClusterSpec.host_bandwidth`). One setting for every frozen model of the
     workload (a headless run's is its reference's); layouts with tp or pp > 1 keep whole, as
-    the runtime does (it refuses shards there)."""
+    the runtime does (it refuses shards there). "auto": `automap` and `search` plan with each
+    keep and return the fastest plan that fits (its workload names the keep chosen); a
+    `Simulator` prices one keep, so it refuses "auto"."""
 
     def __post_init__(self) -> None:
-        if self.frozen_keep not in ("whole", "sharded", "host"):
-            raise ValueError(f"Workload.frozen_keep={self.frozen_keep!r}: use 'whole', 'sharded' or 'host'")
+        if self.frozen_keep not in (*FROZEN_KEEPS, "auto"):
+            raise ValueError(f"Workload.frozen_keep={self.frozen_keep!r}: use 'whole', 'sharded', 'host' or 'auto'")
         if self.rollout_weights not in ("broadcast", "reallocate"):
             raise ValueError(f"Workload.rollout_weights={self.rollout_weights!r}: use 'broadcast' or 'reallocate'")
         if self.param_sharding not in ("optimizer", "full"):  # a typo would silently mean "optimizer"
