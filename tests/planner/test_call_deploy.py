@@ -362,10 +362,11 @@ def test_the_actors_generation_in_another_layout_on_its_devices_is_the_hybrid_en
     assert specs["actor"].calls == ["gen", "old_log_prob", "update_actor"]
 
 
-def test_pipeline_stages_generate_in_their_training_layout_or_with_whole_weights(kit):
-    """A pipelined actor (p2t2d1 on d0-3) generates as a pipeline where its training layout is
-    the call's, with whole weights where the call's is p1t1d4; what lies between is refused
-    with the call, so a runnable search keeps away from it."""
+def test_pipeline_stages_generate_in_stages_of_their_own_or_with_whole_weights(kit):
+    """A pipelined actor (p2t2d1 on d0-3) generates as a pipeline where the call's layout has
+    its pipeline stages (p2t2d1 on its training weights, p2t1d2 through the hybrid engine's
+    switch in each stage), with whole weights where the call's is p1t1d4; other layouts are
+    refused with the call, so a runnable search keeps away from them."""
     d03 = DeviceMesh(0, 4)
     plan = ExecutionPlan({c.name: (d03, Mesh(1, 1, 4)) for c in PPO_FLOW.calls})
     for call in ("gen", "old_log_prob", "update_actor"):
@@ -376,6 +377,9 @@ def test_pipeline_stages_generate_in_their_training_layout_or_with_whole_weights
     actor = {s.role: s for s in plan_groups(plan, PPO_FLOW, kit["workers"])}["actor"]
     assert (actor.layout.gen_pp, actor.layout.gen_tp) == (1, 1)
     plan.layouts["gen"] = (d03, Mesh(2, 1, 2))
-    with pytest.raises(PlannerError, match=r"'gen' of model 'actor' .*\(p2t2d1: pipelined\).*p1t1d4"):
+    actor = {s.role: s for s in plan_groups(plan, PPO_FLOW, kit["workers"])}["actor"]
+    assert (actor.layout.gen_pp, actor.layout.gen_tp, actor.layout.transition) == (2, 1, "hybridflow")
+    plan.layouts["gen"] = (d03, Mesh(1, 2, 2))
+    with pytest.raises(PlannerError, match=r"'gen' of model 'actor' .*stages of their own \(p2t2d1 or p2 .*p1t1d4"):
         plan_groups(plan, PPO_FLOW, kit["workers"])
     assert runtime_refusal(plan, PPO_FLOW) is not None

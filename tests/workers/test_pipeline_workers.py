@@ -3,7 +3,8 @@ whole weights on every rank) and a critic on Mesh(pp=2), backend "3d". Their sco
 and an update equal the same in one process; generation picks up the update (the weight sync
 gathers every stage); a checkpoint round-trips. An actor generating as a pipeline (gen_pp = pp)
 samples what one process samples, reads its updates live, and switches to whole weights and
-back on live processes; the layouts and settings it cannot run are refused on the driver."""
+back on live processes; trained p2t2, it generates p2t1 through the hybrid engine's switch
+inside each stage; the layouts and settings it cannot run are refused on the driver."""
 
 from dataclasses import replace
 
@@ -144,8 +145,11 @@ def test_pipeline_stages_generate_as_one_process_does_and_switch_to_whole_weight
 def test_pipeline_generation_layouts_it_cannot_run_are_refused(model_dir):
     actor_config(model_dir).check_layout(Mesh(pp=2), "actor")  # pipelined: runs
     actor_config(model_dir).check_layout(MESH, "actor")  # whole weights: runs
+    actor_config(model_dir).check_layout(Mesh(pp=2, tp=2, gen_tp=1, transition="hybridflow"), "actor")  # switched
     with pytest.raises(ConfigError, match=r"gen_pp=1, gen_tp=1"):
-        actor_config(model_dir).check_layout(Mesh(pp=2, tp=2, gen_pp=2, gen_tp=1), "actor")
+        actor_config(model_dir).check_layout(Mesh(pp=4, gen_pp=2), "actor")
+    with pytest.raises(ConfigError, match=r"inside each stage with transition='hybridflow'"):
+        actor_config(model_dir).check_layout(Mesh(pp=2, tp=2, gen_tp=1, transition="vanilla"), "actor")
     with pytest.raises(ConfigError, match=r"ActorConfig.rollout.*HF rollout"):
         actor_config(model_dir, rollout="vllm").check_layout(Mesh(pp=2), "actor")
     with pytest.raises(ConfigError, match=r"ActorConfig.train.*whole weights"):
@@ -154,3 +158,42 @@ def test_pipeline_generation_layouts_it_cannot_run_are_refused(model_dir):
         actor_config(model_dir, hf=HFRolloutConfig(cache="static")).check_layout(Mesh(pp=2), "actor")
     with pytest.raises(ConfigError, match=r"num_hidden_layers.*pp=3"):
         actor_config(model_dir, rollout=None).check_layout(Mesh(pp=3), "actor")
+
+
+@pytest.mark.timeout(300)
+def test_stages_switch_to_a_smaller_tensor_layout_each_and_generate_as_a_pipeline(session, model_dir):
+    """p2t2 training, p2t1 generation: each stage's hybridflow switch inside its tensor-parallel
+    group (two generation pipelines per training replica), checked by the weight-sync checksum."""
+    actor = session.group(
+        "staged_actor",
+        ActorRolloutRefWorker,
+        session.pool("staged_pool", 4),
+        actor_config(model_dir, reference=False),
+        mesh=Mesh(pp=2, tp=2, gen_tp=1, transition="hybridflow"),
+    )
+    loaded = load(model_dir)
+    model, tokenizer = loaded.model.eval(), loaded.tokenizer
+    one = HFRollout(model, tokenizer.pad_token_id, end_token_ids(model, tokenizer))
+    batch = prompts(tokenizer, 8)
+    first = actor.generate_sequences(batch, GREEDY).get()
+    want = one.generate(batch, GREEDY)
+    assert torch.equal(first["responses"], want["responses"])
+    assert (first["rollout_log_probs"] - want["rollout_log_probs"]).abs().max() <= 1e-5
+    switches = [r.extra for r in session.trace() if r.role == "staged_actor" and r.method == "hybrid.transition"]
+    assert len(switches) == 4 and all(s["checked"] and s["executor"] == "allgather" for s in switches)
+    assert all(s["bytes_received"] > 0 for s in switches)  # each rank gathered its stage's other half
+
+    train = first.union(advantages_for(first))
+    actor.update_actor(train, losses.reinforce_loss).get()
+    single = single_process_step(model, train, dp=1)
+    after = actor.generate_sequences(batch, GREEDY).get()
+    mask = after["response_mask"].bool()
+    with torch.no_grad():
+        new, old = (model_outputs(m, after)["log_probs"] for m in (single, model))
+    to_new, to_old = ((after["rollout_log_probs"] - x).abs()[mask].max() for x in (new, old))
+    assert to_new <= 1e-4 and to_old > 20 * to_new, f"the switch did not carry the update: {to_new} vs {to_old}"
+    for changes in ({"gen_tp": 2}, {"gen_pp": 1, "gen_tp": 1}, {"gen_pp": 2, "gen_tp": 1}):  # live processes
+        actor.switch_generation(**changes)
+        again = actor.generate_sequences(batch, GREEDY).get()
+        assert torch.equal(again["responses"], after["responses"]), changes
+        assert (again["rollout_log_probs"] - after["rollout_log_probs"]).abs().max() <= 1e-5, changes

@@ -53,27 +53,36 @@ def check_tensor_parallel(config, tp: int, field: str = "model") -> None:
 
 
 def pipelined_generation(mesh) -> bool:
-    """Whether a pipeline-parallel mesh generates on its training stages (gen_pp = pp and
-    gen_tp = tp: workbench.engines.pipelined_rollout) rather than with whole weights."""
-    return mesh.pp > 1 and ((mesh.gen_pp or mesh.pp), (mesh.gen_tp or mesh.tp)) == (mesh.pp, mesh.tp)
+    """Whether a pipeline-parallel mesh generates on pipeline stages of its own training stages
+    (gen_pp = pp: workbench.engines.pipelined_rollout), in the training tensor layout (gen_tp =
+    tp: on the training weights themselves) or a smaller one (the 3D-HybridEngine's switch
+    inside each stage), rather than with whole weights."""
+    return mesh.pp > 1 and (mesh.gen_pp or mesh.pp) == mesh.pp
 
 
 def check_tensor_parallel_layout(
     owner: str, mesh, role: str, model_path, trust_remote_code: bool = False, rollout: str | None = None
 ) -> None:
     """backend="3d": pipeline, tensor and data parallelism; a generation layout that only
-    shrinks tensor parallelism (pp = 1), or with pipeline stages either keeps the training
-    layout (pipelined generation on the HF rollout) or holds whole weights on every rank; a
-    model whose heads and widths split evenly over tp and whose layers over pp; an HF rollout
-    when the generation layout is cut."""
-    gen = ((mesh.gen_pp or mesh.pp), (mesh.gen_tp or mesh.tp))
-    if mesh.pp > 1 and rollout is not None and gen != (1, 1) and not pipelined_generation(mesh):
+    shrinks tensor parallelism (with pipeline stages: inside each stage, hybridflow's grouping,
+    the stages generating as a pipeline), or whole weights on every rank; a model whose heads
+    and widths split evenly over tp and whose layers over pp; an HF rollout when the
+    generation layout is cut or pipelined."""
+    gen_pp, gen_tp = (mesh.gen_pp or mesh.pp), (mesh.gen_tp or mesh.tp)
+    if mesh.pp > 1 and rollout is not None and (gen_pp, gen_tp) != (1, 1) and not pipelined_generation(mesh):
         raise ConfigError(
             f"{role} mesh",
             str(mesh),
-            f"{owner} with pipeline parallelism (pp={mesh.pp}) generates in its training layout "
-            f"(gen_pp={mesh.pp}, gen_tp={mesh.tp}: pipelined) or with whole weights on every rank "
+            f"{owner} with pipeline parallelism (pp={mesh.pp}) generates in pipeline stages of its own "
+            f"(gen_pp={mesh.pp}, gen_tp dividing tp={mesh.tp}) or with whole weights on every rank "
             f"(gen_pp=1, gen_tp=1); other generation layouts of pipeline stages are not built",
+        )
+    if pipelined_generation(mesh) and rollout is not None and gen_tp < mesh.tp and mesh.transition != "hybridflow":
+        raise ConfigError(
+            f"{role} mesh",
+            str(mesh),
+            f"pipeline stages switch to gen_tp={gen_tp} inside each stage with transition='hybridflow' "
+            f"(the other methods gather across stages); use transition='hybridflow'",
         )
     if pipelined_generation(mesh) and rollout not in ("hf", None):
         raise ConfigError(
@@ -82,7 +91,7 @@ def check_tensor_parallel_layout(
             f"pipelined generation (gen_pp={mesh.pp}) runs the HF rollout on each rank's stage; use "
             f"rollout='hf', or gen_pp=1, gen_tp=1 for whole weights on every rank",
         )
-    gen_tp = (mesh.gen_tp or mesh.tp) if mesh.pp == 1 else 1
+    gen_tp = gen_tp if mesh.pp == 1 or pipelined_generation(mesh) else 1  # whole weights: 1
     if gen_tp > 1 and rollout not in ("hf", None):
         raise ConfigError(
             f"{owner}.rollout",

@@ -13,6 +13,8 @@ Generation: cut into t_g <= t pieces over the generation groups of `mesh.transit
   split the copies they share, as ZeRO-3 does), the whole model rebuilt on every rank (peak M);
   each rank keeps its 1/d partition beside it (redundant M/(t·d)).
 `to_training()` drops the generation buffers (hybridflow first copies each training piece out).
+With pipeline stages (gen_pp = pp, hybridflow) the models are one stage's, and each stage
+switches inside its own tensor-parallel group, by the all-gathers.
 
 By default (`executor="realloc"`) the weights move as a parameter reallocation instead of by
 those all-gathers: batched point-to-point (`workbench.hybrid.reallocate`), one decoder layer at a
@@ -97,10 +99,15 @@ class HybridEngine:
         check: bool = True,
         executor: str = "realloc",
     ):
-        if mesh.pp != 1:
-            raise NotImplementedError(f"HybridEngine: pipeline parallelism is not built yet (mesh {mesh}); use pp=1")
+        if mesh.pp != 1 and (mesh.transition != "hybridflow" or (mesh.gen_pp or mesh.pp) != mesh.pp):
+            raise NotImplementedError(
+                f"HybridEngine: with pipeline stages (mesh {mesh}) each stage switches inside its own "
+                "tensor-parallel group: gen_pp=pp and transition='hybridflow'"
+            )
         self.mesh, self.rank, self.check = mesh, rank, check
-        self.executor = executor
+        # A reallocation plans a whole model's layer units; a stage's switch (train_model and
+        # gen_model hold one stage) stays inside its tensor-parallel group: the all-gathers.
+        self.executor = executor if mesh.pp == 1 else "allgather"
         self._checked_executor()
         self._reallocator: Reallocator | None = None  # planned at its first use
         # The generation piece holds the training piece: hybridflow, or vanilla with nothing to

@@ -147,11 +147,12 @@ def plan_groups(plan: ExecutionPlan, dataflow: Dataflow, workers: dict[str, tupl
             if (mesh, _layout_key(layout)) == (home_mesh, _layout_key(home_layout)):
                 home.calls.append(call.name)
             elif mesh == home_mesh and _hybrid_engine(call, home, layout, trained is not None):
-                if home_layout.pp > 1 and (layout.pp, layout.tp) != (1, 1):
+                if home_layout.pp > 1 and (layout.pp, layout.tp) != (1, 1) and layout.pp != home_layout.pp:
                     raise PlannerError(
                         f"call {call.name!r} of model {model!r} ({_where(mesh, layout)}): pipeline stages "
-                        f"generate in their training layout ({home_layout.short()}: pipelined) or with whole "
-                        f"weights on every device (p1t1d{layout.world_size}); give the call one of those"
+                        f"generate in pipeline stages of their own ({home_layout.short()} or p{home_layout.pp} "
+                        f"with a smaller tp) or with whole weights on every device (p1t1d{layout.world_size}); "
+                        f"give the call one of those"
                     )
                 home.layout = home.layout.with_generation(layout, "hybridflow")
                 home.calls.append(call.name)

@@ -296,7 +296,9 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember):
         # weights (check_tensor_parallel_layout).
         hybrid_layout = tensor_parallel and pp_mesh is None and config.rollout == "hf"
         pipelined = config.rollout == "hf" and pp_mesh is not None and pipelined_generation(self.mesh)
-        if pipelined:
+        if pipelined and (self.mesh.gen_tp or self.mesh.tp) < self.mesh.tp:  # stages of their own, switched into
+            self.rollout = self._staged_rollout(copy.deepcopy(model))
+        elif pipelined:
             self.rollout = None  # built over the training stages below
         elif hybrid_layout:
             self.rollout = HFRollout(
@@ -327,7 +329,10 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember):
             self._switched = self.engine.model if self.engine is not None else parallelize(model, tp_mesh)
             self.hybrid = self._hybrid_engine()
         self.shares_weights = False
-        if pipelined:
+        if isinstance(self.rollout, PipelinedRollout):  # stages of their own: the switch fills them
+            self._switched = self.engine.model.hf
+            self.hybrid = self._hybrid_engine()
+        elif pipelined:
             self.rollout = self._pipelined_rollout()
             self.shares_weights = True
         elif self.engine is not None and self.hybrid is None and isinstance(self.rollout, HFRollout):
@@ -346,9 +351,10 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember):
         self.updates = 0
 
     def _hybrid_engine(self) -> HybridEngine:
+        staged = isinstance(self.rollout, PipelinedRollout)
         return HybridEngine(
             self._switched,
-            self.rollout.model,
+            self.rollout.pipe.hf if staged else self.rollout.model,
             self.mesh,
             self.rank,
             tp_group=self.device_mesh["tp"].get_group(),
@@ -359,11 +365,23 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember):
 
     def _pipelined_rollout(self) -> PipelinedRollout:
         """Generation over the training stages (checked on the driver: the actor trains)."""
-        cfg = self.config
-        end = end_token_ids(self.engine.model.hf, self.tokenizer)
         tp_group = self.device_mesh["tp"].get_group() if self.mesh.tp > 1 else None
-        pad = self.tokenizer.pad_token_id
-        return PipelinedRollout(self.engine.model, pad, end, cfg.hf, tokenizer=self.tokenizer, tp_group=tp_group)
+        return self._rollout_over(self.engine.model, tp_group)
+
+    def _staged_rollout(self, skeleton) -> PipelinedRollout:
+        """Generation over stages of its own, cut over the generation tensor-parallel groups of
+        each stage (gen_tp < tp): the hybrid engine fills their weights at each switch."""
+        groups = torch.tensor(generation_groups(self.mesh)).reshape(-1, self.mesh.pp, self.mesh.gen_tp)
+        device_mesh = DeviceMesh(self.device.type, groups, mesh_dim_names=("replica", "pp", "tp"))
+        tp_mesh = device_mesh["tp"] if self.mesh.gen_tp > 1 else None
+        self._gen_tp_group = tp_mesh.get_group() if tp_mesh is not None else None
+        stages = PipelinedModel(parallelize(skeleton, tp_mesh), device_mesh["pp"])
+        return self._rollout_over(stages, self._gen_tp_group)
+
+    def _rollout_over(self, stages: PipelinedModel, tp_group) -> PipelinedRollout:
+        end = end_token_ids(stages.hf, self.tokenizer)
+        pad, cfg = self.tokenizer.pad_token_id, self.config.hf
+        return PipelinedRollout(stages, pad, end, cfg, tokenizer=self.tokenizer, tp_group=tp_group)
 
     def generation_changed(self, previous) -> None:
         """A new generation layout or transition method: cut a fresh generation model over the
@@ -381,15 +399,24 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember):
         self.hybrid = self._hybrid_engine()
 
     def _pipeline_generation_changed(self) -> None:
-        """Pipelined generation (no weights of its own) or a whole copy, gathered from the stages."""
-        if pipelined_generation(self.mesh):
+        """Generation over the training stages (no weights of its own), over stages of its own
+        that the hybrid engine switches into, or a whole copy gathered from the stages."""
+        if self.hybrid is not None:
+            self.hybrid.to_training()
+            self.hybrid = None
+        if pipelined_generation(self.mesh) and self.mesh.gen_tp in (None, self.mesh.tp):
             self.rollout, self.shares_weights = self._pipelined_rollout(), True
             return
-        if isinstance(self.rollout, PipelinedRollout):
-            skeleton = load(self.config.model_path, for_worker(self.config.load, self.device, self.config.train)).model
-            self.rollout = self._make_rollout(skeleton)
-            self.rollout.materialize(self.engine.iter_full_weights())
-            self.shares_weights, self.rollout_version = False, self.version
+        self.shares_weights = False
+        skeleton = load(self.config.model_path, for_worker(self.config.load, self.device, self.config.train)).model
+        if pipelined_generation(self.mesh):
+            self.rollout = self._staged_rollout(skeleton)
+            self._switched = self.engine.model.hf
+            self.hybrid = self._hybrid_engine()
+            return
+        self.rollout = self._make_rollout(skeleton)
+        self.rollout.materialize(self.engine.iter_full_weights())
+        self.rollout_version = self.version
 
     def _generation_model(self, model):
         """A copy of the model cut over this rank's generation tensor-parallel group (its
