@@ -79,20 +79,35 @@ class Stage(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         inner = self.hf.model
-        hidden = inner.embed_tokens(x) if self.first else x
+        hidden = self.layers(inner.embed_tokens(x) if self.first else x, attention_mask, position_ids)
+        return self.head(hidden) if self.last else hidden
+
+    def layers(self, hidden, attention_mask, position_ids, past_key_values=None, use_cache=None) -> torch.Tensor:
+        """The stage's decoder layers over `hidden` (with a KV cache of those layers when
+        generating: workbench.engines.pipelined_rollout)."""
+        inner = self.hf.model
         mask = create_causal_mask(
             config=inner.config,
             inputs_embeds=hidden,
             attention_mask=attention_mask,
-            past_key_values=None,
+            past_key_values=past_key_values,
             position_ids=position_ids,
         )
         rotary = inner.rotary_emb(hidden, position_ids=position_ids)
         for layer in inner.layers.values():
-            hidden = layer(hidden, attention_mask=mask, position_embeddings=rotary, position_ids=position_ids)
-        if not self.last:
-            return hidden
-        hidden = inner.norm(hidden)
+            hidden = layer(
+                hidden,
+                attention_mask=mask,
+                position_embeddings=rotary,
+                position_ids=position_ids,
+                past_key_values=past_key_values,
+                use_cache=use_cache,
+            )
+        return hidden
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The last stage's final norm and head (the value model's dropout before its score)."""
+        hidden = self.hf.model.norm(hidden)
         if self.head_name == "score":
             hidden = self.hf.dropout(hidden)
         return getattr(self.hf, self.head_name)(hidden)

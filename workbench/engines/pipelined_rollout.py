@@ -24,7 +24,6 @@ from functools import cache
 import torch
 import torch.distributed as dist
 from transformers.cache_utils import DynamicCache
-from transformers.masking_utils import create_causal_mask
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from workbench.engines.hf_rollout import Decoded, HFRollout, HFRolloutConfig
@@ -62,26 +61,10 @@ class _Pipelined:
         if position_ids is None:
             seen = past_key_values.get_seq_length() if past_key_values is not None else 0
             position_ids = (torch.arange(t, device=hidden.device) + seen)[None]
-        mask = create_causal_mask(
-            config=inner.config,
-            inputs_embeds=hidden,
-            attention_mask=attention_mask,
-            past_key_values=past_key_values,
-            position_ids=position_ids,
-        )
-        rotary = inner.rotary_emb(hidden, position_ids=position_ids)
-        for layer in inner.layers.values():
-            hidden = layer(
-                hidden,
-                attention_mask=mask,
-                position_embeddings=rotary,
-                position_ids=position_ids,
-                past_key_values=past_key_values,
-                use_cache=use_cache,
-            )
+        hidden = stage.layers(hidden, attention_mask, position_ids, past_key_values, use_cache)
         keep = int(logits_to_keep) or t
         if stage.last:
-            logits = getattr(stage.hf, stage.head_name)(inner.norm(hidden[:, -keep:])).contiguous()
+            logits = stage.head(hidden[:, -keep:]).contiguous()
         else:
             dist.send(hidden.contiguous(), group=group, group_dst=pipe.index + 1)
             logits = torch.empty(b, keep, pipe.width, dtype=pipe.dtype, device=pipe.device)
