@@ -7,6 +7,8 @@ import pytest
 
 from workbench import Mesh
 from workbench.planner import PlannerError, Simulator, Workload, automap, cluster_preset, dataflow_preset
+from workbench.planner.automap import automap_async
+from workbench.planner.memory import static_memory
 from workbench.planner.search import search
 
 PPO = dataflow_preset("ppo")
@@ -55,6 +57,32 @@ def test_the_search_chooses_a_keep_too():
 
 
 def test_a_simulator_prices_one_keep_not_a_choice():
-    sim = Simulator(cluster_preset("a100_80g", 8), Workload(frozen_keep="auto"))
-    with pytest.raises(ValueError, match="frozen_keep='auto' is a choice automap and search make"):
-        sim.inference(dataclasses.replace(PPO.model_specs("llama2-7b")["reference"]), Mesh(1, 1, 8), trained=False)
+    with pytest.raises(PlannerError, match="frozen_keep='auto' is a choice automap and search make"):
+        Simulator(cluster_preset("a100_80g", 8), Workload(frozen_keep="auto"))
+    with pytest.raises(ValueError, match="frozen_keep='auto' is a choice"):  # the memory model on its own
+        static_memory(PPO.model_specs("llama2-7b")["reference"], Mesh(1, 1, 8), False, "full", "auto")
+    # The asynchronous auto-mapper chooses too.
+    split = automap_async(PPO, "llama2-34b", Workload(frozen_keep="auto"), cluster_preset("a100_80g", 24))
+    assert split.workload.frozen_keep in ("whole", "sharded", "host")
+
+
+def test_deploying_a_plan_refuses_frozen_models_that_keep_more_than_it_counted():
+    from workbench import ActorConfig, ActorRolloutRefWorker, RewardModelWorker, ScoreModelConfig
+    from workbench.planner.deploy import check_frozen_keeps
+
+    plan = automap(PPO, "llama2-34b", Workload(frozen_keep="auto"), cluster_preset("a100_80g", 16))
+    reference = ActorConfig("m", train=False, rollout=None, reference=True)
+    workers = {
+        "actor": (ActorRolloutRefWorker, ActorConfig("m")),
+        "reference": (ActorRolloutRefWorker, reference),
+        "critic": (object, None),
+        "reward": (RewardModelWorker, ScoreModelConfig("m", keep="host")),
+    }
+    with pytest.raises(PlannerError, match=r"reference: ActorConfig.reference_keep='whole' keeps more .*'host'"):
+        plan.deploy(None, workers)  # refused before the session is touched
+    workers["reference"] = (ActorRolloutRefWorker, dataclasses.replace(reference, reference_keep="host"))
+    check_frozen_keeps("host", workers)
+    check_frozen_keeps("whole", workers)  # keeping less than counted is fine
+    whole_reward = {**workers, "reward": (RewardModelWorker, ScoreModelConfig("m", keep="whole"))}
+    with pytest.raises(PlannerError, match=r"reward: ScoreModelConfig.keep='whole' keeps .*keep='sharded'"):
+        check_frozen_keeps("sharded", whole_reward)

@@ -22,7 +22,7 @@ from workbench.engines.hf_rollout import HFRollout, HFRolloutConfig
 from workbench.engines.rollout import SamplingConfig, end_token_ids, stream_seed
 from workbench.engines.tensor_parallel import TensorParallelEngine
 from workbench.errors import ConfigError
-from workbench.models import load, make_tiny
+from workbench.models import LoadConfig, load, make_tiny
 from workbench.models.value import load_value_model
 from workbench.workers import ActorConfig, ActorRolloutRefWorker
 from workbench.workers.critic import CriticConfig, CriticWorker
@@ -102,11 +102,14 @@ def test_a_pipelined_critic_scores_and_updates_like_one_process(session, model_d
 @pytest.mark.timeout(300)
 def test_pipeline_stages_generate_as_one_process_does_and_switch_to_whole_weights(session, model_dir):
     pipelined = Mesh(pp=2)  # generates in its training layout by default
+    # Checkpointed layers drop the KV cache in train mode: generation must run in eval mode
+    # after an update too.
+    checkpointed = LoadConfig(gradient_checkpointing=True)
     actor = session.group(
         "pipelined_actor",
         ActorRolloutRefWorker,
         session.pool("pipelined_pool", 2),
-        actor_config(model_dir, reference=False),
+        actor_config(model_dir, reference=False, load=checkpointed),
         mesh=pipelined,
     )
     loaded = load(model_dir)
@@ -118,7 +121,6 @@ def test_pipeline_stages_generate_as_one_process_does_and_switch_to_whole_weight
     want = one.generate(batch, replace(sampled, seed=stream_seed(3, 0)))  # generation replica 0's stream
     assert torch.equal(got["responses"], want["responses"])
     assert (got["rollout_log_probs"] - want["rollout_log_probs"]).abs().max() <= 1e-5
-    assert len(set(actor.generate_sequences(batch, replace(sampled, seed=None)).get()["response_text"])) > 1
 
     rolled = got[:8]
     train = rolled.union(advantages_for(rolled))

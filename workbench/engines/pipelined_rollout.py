@@ -26,6 +26,7 @@ import torch.distributed as dist
 from transformers.cache_utils import DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from workbench.data.batch import Batch
 from workbench.engines.hf_rollout import Decoded, HFRollout, HFRolloutConfig
 from workbench.engines.pipeline import PipelinedModel
 from workbench.engines.rollout import SamplingConfig
@@ -57,7 +58,7 @@ class _Pipelined:
             hidden = torch.empty(b, t, pipe.hidden, dtype=pipe.dtype, device=pipe.device)
             dist.recv(hidden, group=group, group_src=pipe.index - 1)
         if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=inner.config)
+            past_key_values = DynamicCache(config=self.config)  # this stage's layers
         if position_ids is None:
             seen = past_key_values.get_seq_length() if past_key_values is not None else 0
             position_ids = (torch.arange(t, device=hidden.device) + seen)[None]
@@ -88,14 +89,26 @@ def stage_generator(pipe: PipelinedModel) -> torch.nn.Module:
         setattr(gen, registry, dict(getattr(hf, registry)))
     gen.__class__ = _pipelined_class(type(hf))
     object.__setattr__(gen, "_pp", pipe)  # not a submodule: the stage is not the generator's to own
-    for local, layer in enumerate(hf.model.layers.values()):
+    layers = list(hf.model.layers.values())
+    for local, layer in enumerate(layers):
         layer.self_attn.layer_idx = local
+    gen.config = copy.copy(hf.config)  # generate's KV cache: one entry per layer of this stage
+    gen.config.num_hidden_layers = len(layers)
     return gen
 
 
-def check_pipelined_rollout(owner: str, train: bool, hf: HFRolloutConfig) -> None:
+def check_pipelined_rollout(owner: str, train: bool, hf: HFRolloutConfig, model_config=None) -> None:
     """What pipelined generation needs, checked on the driver: stages that train (an actor
-    that does not, a rollout group among them, receives whole weights) and a dynamic KV cache."""
+    that does not, a rollout group among them, receives whole weights), a dynamic KV cache,
+    and layers that all attend alike (a stage's cache and mask are full causal attention's)."""
+    kinds = set(getattr(model_config, "layer_types", None) or ["full_attention"])
+    if kinds != {"full_attention"} or getattr(model_config, "use_sliding_window", False):
+        raise ConfigError(
+            f"{owner}.model_path",
+            sorted(kinds),
+            "pipelined generation keeps each stage's KV cache for full causal attention; a model with "
+            "sliding-window layers generates with whole weights: use gen_pp=1, gen_tp=1",
+        )
     if not train:
         raise ConfigError(
             f"{owner}.train",
@@ -131,7 +144,14 @@ class PipelinedRollout(HFRollout):
         super().__init__(stage_generator(pipe), pad_token_id, eos_token_id, config, tokenizer)
         self.pipe, self.tp_group = pipe, tp_group
 
+    def generate(self, prompts: Batch, sampling: SamplingConfig) -> Batch:
+        self.model.eval()  # the stage's modules are the trained ones: an update left them training
+        return super().generate(prompts, sampling)
+
     def decode(self, input_ids, attention_mask, sampling: SamplingConfig, past_key_values=None) -> Decoded:
+        # In train mode checkpointed layers drop the KV cache, and dropout is on: every call
+        # starts in eval mode (the trainer sets train mode again for its own steps).
+        self.model.eval()
         if sampling.seed is None and not sampling.greedy:  # every rank of the replica must draw alike
             seed = torch.randint(2**62, (1,), dtype=torch.int64).to(self.pipe.device)  # NCCL: on the device
             if self.tp_group is not None:  # first stage 0's tensor-parallel ranks, then down each pipeline

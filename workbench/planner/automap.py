@@ -665,6 +665,14 @@ def automap_async(
     of its own (a frozen copy of the generating model, on devices no other model uses), the
     other models placed by `placements` (default: every set partition) on the rest, scored by
     the asynchronous iteration model with `max_staleness` (0: the synchronous split run)."""
+    if workload.frozen_keep == "auto":
+        return fastest_keep(
+            lambda wl: automap_async(
+                dataflow, models, wl, cluster, max_staleness, max_tp, max_pp, allocation, placements, rollout
+            ),
+            workload,
+            lambda plan: plan.iteration_time,
+        )
     source = next((m for m in dataflow.models if dataflow.generates(m)), None)
     if source is None:
         raise PlannerError(f"dataflow {dataflow.name!r} has no generate call to move to a rollout group")

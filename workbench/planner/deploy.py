@@ -39,6 +39,29 @@ def reserve_pools(sets: Sequence[ColocatedSet], session: Session) -> dict[str, L
     return {m: layout for colocated in sets for m, layout in _set_layouts(colocated, session).items()}
 
 
+DEVICE_MEMORY_KEPT = {"host": 0, "sharded": 1, "whole": 2}
+"""Frozen keeps by the device memory they hold, least first."""
+
+
+def check_frozen_keeps(planned: str, workers: dict[str, tuple[type, Any]]) -> None:
+    """A plan that counted frozen models kept `planned` (`Workload.frozen_keep`, which "auto"
+    chose) fits only if their workers keep no more on the devices: refuse a reference
+    (`ActorConfig.reference_keep`) or score model (`ScoreModelConfig.keep`) that would."""
+    for model, (_, config) in workers.items():
+        if getattr(config, "reference", False):
+            field, keep = "ActorConfig.reference_keep", getattr(config, "reference_keep", "whole")
+        elif hasattr(config, "keep"):
+            field, keep = f"{type(config).__name__}.keep", config.keep
+        else:
+            continue
+        if DEVICE_MEMORY_KEPT.get(keep, 0) > DEVICE_MEMORY_KEPT[planned]:
+            raise PlannerError(
+                f"{model}: {field}={keep!r} keeps more device memory than the plan counted (frozen models "
+                f"kept {planned!r}, Workload.frozen_keep); set {field}={planned!r}, or plan with "
+                f"frozen_keep={keep!r}"
+            )
+
+
 def deploy_sets(
     sets: Sequence[ColocatedSet], session: Session, workers: dict[str, tuple[type, Any]]
 ) -> dict[str, WorkerGroup]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from workbench.controller.mesh import Mesh
 from workbench.planner.asynchronous import COST_MODEL, AsyncEstimate, Sharing, estimate, steady_iteration
 from workbench.planner.dataflow import Dataflow
-from workbench.planner.deploy import deploy_sets, reserve_pools
+from workbench.planner.deploy import check_frozen_keeps, deploy_sets, reserve_pools
 from workbench.planner.errors import PlannerError
 from workbench.planner.execution import DeviceMesh, ExecutionPlan
 from workbench.planner.placement import ColocatedSet, ModelAssignment  # noqa: F401  (ModelAssignment: older imports)
@@ -95,7 +95,9 @@ class Plan:
 
     def deploy(self, session, workers: dict) -> dict:
         """Pools, layouts and worker groups of this plan on a live Session: `workers` maps
-        each model to (Worker class, config); returns {model: WorkerGroup}."""
+        each model to (Worker class, config); returns {model: WorkerGroup}. The frozen models'
+        configs must keep no more device memory than the plan counted (`check_frozen_keeps`)."""
+        check_frozen_keeps(self.workload.frozen_keep, workers)
         return deploy_sets(self.sets, session, workers)
 
     def to_dict(self, name: str = "") -> dict:

@@ -478,8 +478,8 @@ def search(
     best costs agree within `tolerance`. runnable, max_tp, max_pp: keep to plans this runtime
     deploys (`deploy_calls`), with layouts the workers run (PlanSpace). The first chain starts
     from the auto-mapper's plan (a good basin to start in: `automap_start`). `workload.frozen_keep`
-    "auto": a search per keep, the fastest result (`automap.fastest_keep`); `result.workload`
-    names the keep."""
+    "auto": a search per keep, each with the whole budget (three times the steps and time), the
+    cheapest result (`automap.fastest_keep`); `result.workload` names the keep."""
     if workload.frozen_keep == "auto":
         return fastest_keep(
             lambda wl: search(

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from workbench.controller.mesh import Mesh
 from workbench.hybrid import realloc
 from workbench.hybrid.layouts import gather_groups
+from workbench.planner.errors import PlannerError
 from workbench.planner.memory import (
     ADAM_BYTES,
     GRAD_BYTES,
@@ -59,6 +60,11 @@ class Simulator:
     """Estimates call times for one cluster and workload; results are memoised."""
 
     def __init__(self, cluster: ClusterSpec, workload: Workload):
+        if workload.frozen_keep == "auto":
+            raise PlannerError(
+                "Workload.frozen_keep='auto' is a choice automap and search make; a Simulator (and the "
+                "evaluators and mappers built on one) prices 'whole', 'sharded' or 'host'"
+            )
         self.cluster, self.wl = cluster, workload
         self.dtype_bytes = cluster.dtype_bytes
         self._widen = cluster.dtype_bytes / WEIGHT_BYTES  # bf16 byte counts -> the cluster's dtype

@@ -59,6 +59,7 @@ from workbench.models.load import (
     compile_forward,
     for_worker,
     load,
+    read_config,
     training_dtype,
 )
 from workbench.models.lora import (
@@ -212,7 +213,8 @@ class ActorConfig:
                 "ActorConfig", mesh, role, self.model_path, self.load.trust_remote_code, rollout=self.rollout
             )
             if self.rollout is not None and pipelined_generation(mesh):
-                check_pipelined_rollout("ActorConfig", self.train, self.hf)
+                model_config = read_config(self.model_path, self.load.trust_remote_code)
+                check_pipelined_rollout("ActorConfig", self.train, self.hf, model_config)
         else:
             check_data_parallel_only("ActorRolloutRefWorker", mesh, role)
         if self.reference:
@@ -297,7 +299,7 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember):
         hybrid_layout = tensor_parallel and pp_mesh is None and config.rollout == "hf"
         pipelined = config.rollout == "hf" and pp_mesh is not None and pipelined_generation(self.mesh)
         if pipelined and (self.mesh.gen_tp or self.mesh.tp) < self.mesh.tp:  # stages of their own, switched into
-            self.rollout = self._staged_rollout(copy.deepcopy(model))
+            self.rollout = self._staged_rollout(weightless_copy(model))  # the switch fills its weights
         elif pipelined:
             self.rollout = None  # built over the training stages below
         elif hybrid_layout:
@@ -389,7 +391,8 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember):
         disk do) and build the switch for it; the training weights are untouched. Pipeline
         stages switch between generating as a pipeline and a whole copy on every rank."""
         if self.mesh.pp > 1 and self.config.rollout == "hf":
-            self._pipeline_generation_changed()
+            if _stage_generation(previous) != _stage_generation(self.mesh):
+                self._pipeline_generation_changed()
             return
         if self.hybrid is None:
             return  # checked on the driver: without tensor parallelism the layout cannot change
@@ -701,6 +704,15 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember):
             self.tokenizer.save_pretrained(path)
         dist.barrier()
         return path
+
+
+def _stage_generation(mesh) -> tuple:
+    """How pipeline stages generate under `mesh`: whole weights on every rank, as a pipeline on
+    the training weights, or as a pipeline switched into (with its generation tp)."""
+    if not pipelined_generation(mesh):
+        return ("whole",)
+    gen_tp = mesh.gen_tp or mesh.tp
+    return ("pipelined",) if gen_tp == mesh.tp else ("switched", gen_tp)
 
 
 class _Counted:
