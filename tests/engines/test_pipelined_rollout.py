@@ -99,8 +99,13 @@ def test_a_pipeline_generates_what_one_process_generates(tmp_path, tp):
         assert result["unseeded"] == results[0]["unseeded"], f"rank {rank} sampled other tokens than rank 0"
 
 
-def test_a_static_cache_is_refused_before_any_stage_is_touched():
+def test_what_pipelined_generation_cannot_run_is_refused_before_any_stage_is_touched():
     from workbench.engines.pipelined_rollout import check_pipelined_rollout
 
     with pytest.raises(ConfigError, match=r"dynamic KV cache"):
         check_pipelined_rollout("ActorConfig", True, HFRolloutConfig(compile=True))
+    # A stage's cache and mask are full causal attention's: sliding-window layers are refused.
+    sliding = config(layer_types=["full_attention", "sliding_attention"] * 2)
+    with pytest.raises(ConfigError, match=r"model_path.*sliding-window layers"):
+        check_pipelined_rollout("ActorConfig", True, HFRolloutConfig(), sliding)
+    check_pipelined_rollout("ActorConfig", True, HFRolloutConfig(), config())
