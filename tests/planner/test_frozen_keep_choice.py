@@ -50,7 +50,7 @@ def test_where_no_keep_fits_the_whole_keeps_refusal_is_raised():
 
 def test_the_search_chooses_a_keep_too():
     cluster = cluster_preset("a100_80g", 16)
-    fast = dict(max_steps=150, seeds=(0,))
+    fast = dict(max_steps=40, seeds=(0,))
     result = search(PPO, "llama2-34b", Workload(frozen_keep="auto"), cluster, **fast)
     assert result.workload.frozen_keep == "host" and not result.evaluation.oom  # the only keep that fits, as above
     assert search(PPO, "llama2-34b", Workload(frozen_keep="whole"), cluster, **fast).evaluation.oom
