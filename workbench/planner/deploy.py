@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from workbench.controller.mesh import Mesh
 from workbench.planner.errors import PlannerError
 from workbench.planner.placement import ColocatedSet, ModelAssignment
+from workbench.planner.specs import FROZEN_KEEPS
 
 if TYPE_CHECKING:
     from workbench.controller.resource_pool import ResourcePool
@@ -39,10 +40,6 @@ def reserve_pools(sets: Sequence[ColocatedSet], session: Session) -> dict[str, L
     return {m: layout for colocated in sets for m, layout in _set_layouts(colocated, session).items()}
 
 
-DEVICE_MEMORY_KEPT = {"host": 0, "sharded": 1, "whole": 2}
-"""Frozen keeps by the device memory they hold, least first."""
-
-
 def check_frozen_keeps(planned: str, workers: dict[str, tuple[type, Any]]) -> None:
     """A plan that counted frozen models kept `planned` (`Workload.frozen_keep`, which "auto"
     chose) fits only if their workers keep no more on the devices: refuse a reference
@@ -54,7 +51,7 @@ def check_frozen_keeps(planned: str, workers: dict[str, tuple[type, Any]]) -> No
             field, keep = f"{type(config).__name__}.keep", config.keep
         else:
             continue
-        if DEVICE_MEMORY_KEPT.get(keep, 0) > DEVICE_MEMORY_KEPT[planned]:
+        if FROZEN_KEEPS.index(keep) < FROZEN_KEEPS.index(planned):  # listed by device memory, most first
             raise PlannerError(
                 f"{model}: {field}={keep!r} keeps more device memory than the plan counted (frozen models "
                 f"kept {planned!r}, Workload.frozen_keep); set {field}={planned!r}, or plan with "

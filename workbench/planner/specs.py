@@ -179,8 +179,9 @@ def model_preset(name: str) -> ModelSpec:
 
 
 FROZEN_KEEPS = ("whole", "sharded", "host")
-"""How a frozen model can keep its weights (`Workload.frozen_keep`), in the order a tie is
-broken: nothing gathered first, nothing copied in from the host before that."""
+"""How a frozen model can keep its weights (`Workload.frozen_keep`), by the device memory it
+holds, most first: the order a tie between plans is broken in (nothing gathered first, nothing
+copied in from the host before that), and the order `Plan.deploy` compares a config with."""
 
 
 @dataclass(frozen=True)
