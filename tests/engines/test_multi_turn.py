@@ -16,6 +16,8 @@ from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.multi_turn import EpisodeConfig, Episodes, conversation_ids, observation_ids, run_episodes
 from workbench.engines.rollout import SamplingConfig, end_token_ids
 
+pytestmark = pytest.mark.numerics  # what a model computes or learns: `make test-numerics` reruns it
+
 
 @pytest.fixture(scope="module")
 def kit(tmp_path_factory):

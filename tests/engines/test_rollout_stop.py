@@ -15,6 +15,8 @@ from workbench.engines.rollout import SamplingConfig, end_token_ids
 from workbench.errors import ConfigError
 from workbench.models import load
 
+pytestmark = pytest.mark.numerics  # what a model computes or learns: `make test-numerics` reruns it
+
 R = 16
 
 

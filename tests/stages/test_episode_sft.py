@@ -18,6 +18,8 @@ from workbench.models import load, make_tiny
 from workbench.stages import StageConfig, encode_demonstrations, train_sft
 from workbench.stages.tool_policy import ToolPolicyConfig, tool_policy
 
+pytestmark = pytest.mark.numerics  # what a model computes or learns: `make test-numerics` reruns it
+
 
 @pytest.fixture(scope="module")
 def problems():

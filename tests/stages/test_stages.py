@@ -1,5 +1,11 @@
 """The pre-RL stages on the arithmetic task: SFT learns the answers, the Bradley–Terry reward
-model ranks correct answers above wrong ones on problems it never saw."""
+model ranks correct answers above wrong ones on problems it never saw.
+
+Learned quantities, so their thresholds are margins below what 3 SFT seeds x 2 reward-model seeds
+gave under each of the two numerical configurations (`make test-numerics`): SFT's loss ratio
+(mean of the last 20 steps over the first 5) 0.009-0.06, against < 0.2; the reward model's
+held-out pairwise accuracy 0.74-0.92 (0.87 and 0.92 for the seeds below), against >= 0.65
+(chance: 0.5). A threshold of 0.9 on one seed failed on another CPU."""
 
 import random
 
@@ -10,6 +16,8 @@ from workbench.data import arithmetic
 from workbench.models import make_tiny
 from workbench.models.value import load_value_model
 from workbench.stages import StageConfig, encode_examples, pairwise_accuracy, train_reward_model, train_sft
+
+pytestmark = pytest.mark.numerics  # what a model computes or learns: `make test-numerics` reruns it
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +43,10 @@ def sft_result(problems, tmp_path_factory):
 
 
 def test_sft_lowers_the_loss(sft_result):
-    assert sft_result["last_loss"] < 0.2 * sft_result["first_loss"], (sft_result["first_loss"], sft_result["last_loss"])
+    # Means, not single steps: one step's loss is one random batch's.
+    losses = sft_result["losses"]
+    first, last = sum(losses[:5]) / 5, sum(losses[-20:]) / 20
+    assert last < 0.2 * first, (first, last)
 
 
 def test_reward_model_ranks_unseen_correct_answers_first(sft_result, problems, tmp_path):
@@ -46,7 +57,7 @@ def test_reward_model_ranks_unseen_correct_answers_first(sft_result, problems, t
     )
     loaded = load_value_model(result["path"])
     accuracy = pairwise_accuracy(loaded.model, loaded.tokenizer, arithmetic.preference_pairs(held_out, 4, seed=5))
-    assert accuracy >= 0.9, f"held-out pairwise accuracy {accuracy:.2f}"
+    assert accuracy >= 0.65, f"held-out pairwise accuracy {accuracy:.2f}"
 
 
 def test_encoding_masks_only_the_response_and_refuses_overlong(sft_result):

@@ -108,6 +108,9 @@ def page(app):
         )
         page = browser.new_page(viewport=VIEWPORT)
         page.set_default_timeout(60_000)
+        # expect() keeps a 5 s default of its own: too short for a first render on a machine 3x
+        # slower than ours, or a busy one (it failed so).
+        playwright.expect.set_options(timeout=60_000)
         page.goto(app)
         yield page
         browser.close()
