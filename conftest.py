@@ -1,11 +1,9 @@
-"""Hooks for every test item, the notebooks included: the numerical configuration in the header,
-the numerics-sensitive notebooks marked, and the time report per module."""
+"""Hooks for every test item, the notebooks included: the numerical configuration in the header
+and the time report per module."""
 
 import json
 import os
 from pathlib import Path
-
-import pytest
 
 
 def pytest_report_header(config):
@@ -14,16 +12,6 @@ def pytest_report_header(config):
     # Which floating-point configuration runs (`make test-numerics` changes both): say it up front.
     mkl = os.environ.get("MKL_CBWR", "unset")
     return f"numerics: ATen kernels {torch.backends.cpu.get_cpu_capability()}, MKL_CBWR={mkl}"
-
-
-# Notebooks whose cells act on what a trained model says (07 steps episodes until they end).
-NUMERICS_NOTEBOOKS = {"07_agent_loop.ipynb"}
-
-
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if item.path.name in NUMERICS_NOTEBOOKS:
-            item.add_marker(pytest.mark.numerics)
 
 
 # The suite's time per module, printed at the end of every run (and kept in .pytest_times.json),

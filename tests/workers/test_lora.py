@@ -117,7 +117,6 @@ def test_lora_critic_trains_adapters_and_head(session, model_dir, tmp_path):
     assert any(".lora_A." in k for k in saved) and any("score" in k for k in saved)  # adapters + the value head
 
 
-@pytest.mark.numerics
 def test_lora_vllm_rollout_gets_the_adapter(session, model_dir, tmp_path):
     """vLLM keeps the base and applies the trained adapter itself (its LoRA support)."""
     from workbench.engines.vllm_rollout import VLLMRolloutConfig
