@@ -3,13 +3,13 @@ rollout group generates on another, weights pass through a real gloo weight chan
 
 import sys
 import time
-import zlib
 
 import pytest
 import ray
 import torch
 
 from algorithms import GRPO, Groups, GRPOConfig
+from tests.kit import checksum_score
 from workbench.data import arithmetic
 from workbench.data.prompts import tokenize_prompts
 from workbench.engines.contract import OptimConfig
@@ -61,12 +61,8 @@ def split_pair(session, model):
 
 
 def distinct(text: str, truth: str) -> float:
-    """A score that differs between any two different texts (a checksum of the text), so every
-    group's samples score apart on any machine: advantages are never all 0, every update moves
-    the weights, and the weight pushes carry something. (A reward the untrained model's samples
-    may tie on, such as exact match or a digit count, gave some iterations no update at all on
-    another CPU.)"""
-    return zlib.crc32(text.encode()) / 2**32
+    """Scores apart any two different texts: tests.kit.checksum_score."""
+    return checksum_score(text)
 
 
 def grpo(trainer, rollout=None, **config):

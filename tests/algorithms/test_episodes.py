@@ -4,13 +4,13 @@ trains on the policy's tokens only, and the metrics count turns, tool calls and 
 
 import os
 import time
-import zlib
 
 import pytest
 from transformers import AutoTokenizer
 
 from algorithms import GRPO, PPO, Groups, GRPOConfig, PPOConfig, ReinforcePP, ReinforcePPConfig
 from tests.chat_kit import make_tiny_chat
+from tests.kit import checksum_score
 from workbench import ActorConfig, ActorRolloutRefWorker, CriticConfig, CriticWorker, OptimConfig, SamplingConfig
 from workbench.agents import Environment, Observation, SandboxLimits, ToolBox, ToolError, calculator, python
 from workbench.data.prompts import tokenize_prompts
@@ -37,7 +37,7 @@ class AskTwice(Environment):
             return Observation(
                 self.toolbox.call("calculator", {"expression": state["question"]}), info={"tool": "calc"}
             )
-        return Observation(None, reward=zlib.crc32(text.encode()) / 2**32, done=True)
+        return Observation(None, reward=checksum_score(text), done=True)
 
 
 @pytest.fixture(scope="module")
@@ -181,7 +181,7 @@ class Misbehaving(Environment):
                 )
         except ToolError as err:
             return Observation(f"error: {err}", info={"tool": err.tool, "tool_error": err.kind})
-        return Observation(None, reward=zlib.crc32(text.encode()) / 2**32, done=True)
+        return Observation(None, reward=checksum_score(text), done=True)
 
 
 def test_a_misbehaving_tool_is_stopped_and_named_while_the_next_iteration_runs(actor):

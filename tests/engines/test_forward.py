@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch._dynamo
 
+from tests.kit import make_one_block
 from workbench import Batch
 from workbench.engines import forward
 from workbench.engines.forward import response_log_probs, sequence_nll, trim_padding
@@ -59,7 +60,7 @@ def test_the_pretraining_forward_gets_fresh_tensors_from_a_micro_batch_view():
 
 
 def test_a_compiled_forward_does_not_recompile_when_the_trimming_changes(tmp_path):
-    model = load(make_tiny("1m", tmp_path / "tiny", seed=0)).model.eval()
+    model = load(make_one_block(tmp_path / "tiny", seed=0)).model.eval()
     model.compile(dynamic=True)
     torch._dynamo.reset()
     with torch.no_grad(), torch._dynamo.config.patch(error_on_recompile=True):

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from tests.kit import make_one_block
 from workbench.data.prompts import tokenize_prompts
 from workbench.engines.forward import response_log_probs
 from workbench.engines.hf_rollout import HFRollout, HFRolloutConfig, weightless_copy
@@ -10,13 +11,23 @@ from workbench.engines.rollout import SamplingConfig, mask_after_eos
 from workbench.models import load, make_tiny
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    loaded = load(make_tiny("1m", tmp_path_factory.mktemp("tiny") / "m", seed=5))
+def make_engine(directory):
+    loaded = load(directory)
     rows = [{"prompt": p, "ground_truth": "0"} for p in ("Q: 1+2=? A:", "Q: 10+20=? A:", "Q: 7*8=? A:")]
     prompts = tokenize_prompts(rows, loaded.tokenizer, max_prompt_length=32)
     tok = loaded.tokenizer
     return HFRollout(loaded.model, tok.pad_token_id, tok.eos_token_id), prompts
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    return make_engine(make_tiny("1m", tmp_path_factory.mktemp("tiny") / "m", seed=5))
+
+
+@pytest.fixture(scope="module")
+def one_block_engine(tmp_path_factory):
+    """For compiled decoding: one decoder block, the least that compiles alike."""
+    return make_engine(make_one_block(tmp_path_factory.mktemp("tiny1") / "m", seed=5))
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -40,11 +51,11 @@ def test_greedy_is_deterministic(engine):
 @pytest.mark.parametrize(
     "config", [HFRolloutConfig(cache="static"), HFRolloutConfig(compile=True)], ids=["static", "compiled"]
 )
-def test_static_and_compiled_decoding_give_the_same_rollout(engine, config):
+def test_static_and_compiled_decoding_give_the_same_rollout(engine, one_block_engine, config):
     """A static cache (prompts left-padded to the bucket) and a compiled decoding step change
     how fast, not what: the same greedy tokens and output layout, and sampled log-probs that a
     training forward reproduces, as with the default dynamic cache."""
-    rollout, prompts = engine
+    rollout, prompts = one_block_engine if config.compile else engine
     other = HFRollout(rollout.model, rollout.pad_token_id, rollout.eos_token_id, config)
     greedy = SamplingConfig(max_new_tokens=8, greedy=True)
     expected, got = rollout.generate(prompts, greedy), other.generate(prompts, greedy)

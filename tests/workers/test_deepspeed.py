@@ -25,6 +25,7 @@ import ray
 import torch
 
 import tests.workers.losses as losses
+from tests.kit import make_one_block
 from tests.workers.reference import (
     ADAM_SAFE_GRAD,
     OPTIM,
@@ -49,16 +50,23 @@ def model_dir(tmp_path_factory):
     return str(make_tiny("1m", tmp_path_factory.mktemp("tiny") / "actor", seed=3))
 
 
+@pytest.fixture(scope="module")
+def one_block_dir(tmp_path_factory):
+    """The compiled step's model: one decoder block, the least that compiles alike."""
+    return make_one_block(tmp_path_factory.mktemp("tiny1") / "actor", seed=3)
+
+
 @pytest.mark.parametrize(
     "stage, compiled",
     [(1, False), (2, False), (3, False), (2, True)],
     ids=["zero1", "zero2", "zero3", "zero2-compiled"],
 )
 def test_zero_stage_matches_single_process_and_restores_checkpoints(
-    session, model_dir, tmp_path, monkeypatch, stage, compiled
+    session, model_dir, one_block_dir, tmp_path, monkeypatch, stage, compiled
 ):
     """compiled: LoadConfig.compile, the training and log-prob forwards run torch.compile'd; the
     step must match the eager single-process one as closely as the eager engine does."""
+    model_dir = one_block_dir if compiled else model_dir
     config = ActorConfig(
         model_path=model_dir,
         backend="deepspeed",
