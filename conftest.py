@@ -5,6 +5,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 
 def pytest_report_header(config):
     import torch
@@ -44,7 +46,14 @@ def pytest_runtest_logreport(report):
     _times[module] = _times.get(module, 0.0) + report.duration
     if report.when == "call":
         _counts[module] = _counts.get(module, 0) + 1
-    if report.when == "teardown":
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item, nextitem):
+    # Once per module, as its last test's teardown begins (before the session's Ray may stop;
+    # tearing down starts no actor): one query of Ray's actor table per module, not per test.
+    module = item.nodeid.split("::")[0]
+    if nextitem is None or nextitem.nodeid.split("::")[0] != module:
         _count_processes(module)
 
 
