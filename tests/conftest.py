@@ -15,7 +15,8 @@ NUM_DEVICES = 8
 
 @pytest.fixture(scope="session")
 def shared_session():
-    session = Session(num_devices=NUM_DEVICES)
+    # Warm processes: most tests start groups of the same classes as the test before them.
+    session = Session(num_devices=NUM_DEVICES, keep_processes=True)
     yield session
     session.shutdown()
 

@@ -40,11 +40,19 @@ def live_placement_groups() -> list[str]:
 
 @pytest.fixture
 def clean(session):
-    """The shared session; afterwards, once cleared, nothing of the test may be left running."""
-    yield session
+    """The shared session without warm processes; afterwards, once cleared, nothing of the
+    test may be left running."""
+    kept = session.keep_processes
+    session.keep_processes = False
     session.clear()
-    assert not alive_hosts(), "worker actors leaked"
-    assert not live_placement_groups(), "placement groups leaked"
+    try:
+        yield session
+        session.keep_processes = False  # a re-run Session(...) cell sets it again
+        session.clear()
+        assert not alive_hosts(), "worker actors leaked"
+        assert not live_placement_groups(), "placement groups leaked"
+    finally:
+        session.keep_processes = kept
 
 
 def test_rerunning_the_session_cell_three_times_gives_one_clean_session(clean):

@@ -26,6 +26,7 @@ whatever the workbench asks; Ray's token authentication (on by default) guards t
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 import os
 import sys
@@ -40,8 +41,8 @@ from workbench import checks
 from workbench.controller.mesh import Mesh
 from workbench.controller.resource_pool import ResourcePool, check_devices
 from workbench.controller.worker import Worker
-from workbench.controller.worker_group import HostSet, WorkerGroup, wait_answers
-from workbench.errors import ConfigError, DispatchError, GroupRemovedError, SessionClosedError
+from workbench.controller.worker_group import HostSet, WorkerGroup, wait_answers, warm_key
+from workbench.errors import ConfigError, DispatchError, GroupRemovedError, PlacementError, SessionClosedError
 from workbench.tracing import CallRecord, SpanSource, save_chrome_trace, span_sources
 
 if TYPE_CHECKING:  # for the typed handles of Session.group (importing workers loads the model stack)
@@ -52,6 +53,8 @@ if TYPE_CHECKING:  # for the typed handles of Session.group (importing workers l
 
 # Worker processes get these unless the caller's runtime_env says otherwise: one BLAS thread
 # each (torch threads are set per worker), and quiet tokenizers.
+MAX_WARM_PROCESSES = 8
+"""Worker processes a session keeps warm at most (each holds torch's libraries, ~0.5 GB)."""
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -78,6 +81,7 @@ class Session:
         max_colocate: int = 4,
         runtime_env: dict | None = None,
         max_trace_records: int | None = 20_000,
+        keep_processes: bool = False,
     ):
         """
         num_devices: logical devices of an embedded local Ray (CPU slots when there is no GPU);
@@ -91,8 +95,17 @@ class Session:
             spans are dropped (counted in `dropped_records`), so a long run's driver memory stays
             bounded (a span is about 1.2 KB). None keeps every span. Also settable later as
             `session.max_trace_records`.
+        keep_processes: keep the worker processes of removed groups warm (at most
+            MAX_WARM_PROCESSES, with their pools' reservations), so that a new group of the same
+            worker classes on a pool of the same shape starts on them: a re-run cell or a test
+            saves the seconds a process takes to start and import torch. A process that loaded
+            vLLM or DeepSpeed, or left a thread or child running, is never kept. Worker code
+            edited on disk since a process imported it needs a fresh one: clear() with this off.
+            Also settable later as `session.keep_processes`.
         """
         _check_arguments(num_devices, address, threads_per_worker, max_colocate, runtime_env, max_trace_records)
+        if not isinstance(keep_processes, bool):
+            raise ConfigError("Session.keep_processes", keep_processes, "pass True or False")
         if getattr(self, "_started", False):  # a re-run of the Session cell
             self.clear(reason="the Session(...) cell was re-run")
         else:
@@ -107,12 +120,14 @@ class Session:
             self._arrivals: list[CallRecord] = []  # the newest spans, in the order they arrived
             self._handles: dict[str, WorkerGroup] = {}  # newest handle per role, live or removed
             self._pool_versions = itertools.count()
+            self._spares: list[ResourcePool] = []  # released pools kept for their parked processes
             self.owns_ray = False
             self._ray_args: tuple | None = None
         self.id = uuid.uuid4().hex[:8]  # names this session's placement groups
         self.threads_per_worker = threads_per_worker
         self.max_trace_records = max_trace_records
         self.max_colocate = max_colocate
+        self.keep_processes = keep_processes
         self._closed = False
         self._start_ray(num_devices, address or os.environ.get("RAY_ADDRESS"), runtime_env)
         self._started = True
@@ -175,17 +190,24 @@ class Session:
             same = sum(old.devices_per_node) == devices if isinstance(devices, int) else old.devices_per_node == shape
             if same and old.max_colocate == max_colocate:
                 return old
+        spare = self._take_spare(devices, max_colocate)
+        if spare is not None:  # a kept reservation of this shape, with its warm processes
+            if old is not None:
+                self._drop_pool(name, reason=f"its pool {name!r} was re-created with devices={devices!r}")
+            self.pools[name] = spare = dataclasses.replace(spare, name=name, last_calls={})
+            return spare
         # Check first, counting the old pool's devices as free: refusal changes nothing.
-        ResourcePool.plan(name, devices, exclude=old.placement if old else None)
+        self._plan(name, devices, exclude=old.placement if old else None)
         label = f"workbench:{self.id}:{name}:{next(self._pool_versions)}"
         if old is not None:
             try:  # beside the old pool when there is room; the old one stays until this succeeds
-                ResourcePool.plan(name, devices)
+                self._plan(name, devices)
                 fits_beside = True
             except Exception:
                 fits_beside = False
             if not fits_beside:  # it needs the old pool's devices: release it, then reserve
                 self._drop_pool(name, reason=f"its pool {name!r} was re-created with devices={devices!r}")
+                self._plan(name, devices)  # and a spare made of it gives them back
         pool = ResourcePool.reserve(name, devices, label, max_colocate)
         if name in self.pools:
             self._drop_pool(name, reason=f"its pool {name!r} was re-created with devices={devices!r}")
@@ -228,7 +250,78 @@ class Session:
         for role, group in list(self.groups.items()):
             if role in self.groups and group.pool.name == name:
                 self._drop_group(role, reason or f"its pool {name!r} was released")
-        self.pools.pop(name).release()
+        self._release(self.pools.pop(name))
+
+    def _release(self, pool: ResourcePool) -> None:
+        """Give a pool's devices back, or keep its reservation as a spare for its warm processes."""
+        if self.keep_processes and pool.parent is None and pool.parked:
+            self._spares.append(pool)
+            self._limit_warm()
+        else:
+            pool.release()
+
+    def _take_spare(self, devices: int | list[int], max_colocate: int) -> ResourcePool | None:
+        """A spare of this shape, taken off the list; None when there is none."""
+        for spare in self._spares:
+            shape = (
+                sum(spare.devices_per_node) == devices
+                if isinstance(devices, int)
+                else spare.devices_per_node == devices
+            )
+            if shape and spare.max_colocate == max_colocate:
+                self._spares.remove(spare)
+                return spare
+        return None
+
+    def _plan(self, name: str, devices: int | list[int], exclude=None) -> None:
+        """ResourcePool.plan, giving up the spares when their devices are needed."""
+        try:
+            ResourcePool.plan(name, devices, exclude)
+        except PlacementError:
+            if not self._spares:
+                raise
+            self._drop_spares()
+            ResourcePool.plan(name, devices, exclude)
+
+    def _warm_up(self, pool: ResourcePool, specs: dict[str, tuple[type, Any]]) -> None:
+        """Give an unused pool the reservation of a spare of its shape whose parked processes
+        serve `specs` (pools are made before their groups, so the spare it got may hold others)."""
+        key = warm_key(pool, self.threads_per_worker, specs)
+        in_use = any(g.pool.shares_devices(pool) for g in self.groups.values()) or any(
+            p.parent == pool.name for p in self.pools.values()
+        )
+        if pool.parent is not None or in_use or any(k == key for _, k, _ in pool.parked):
+            return
+        for spare in self._spares:
+            same = spare.devices_per_node == pool.devices_per_node and spare.max_colocate == pool.max_colocate
+            if same and any(k == key for _, k, _ in spare.parked):
+                for field in ("placement", "node_ids", "parked", "last_calls"):  # in place: handles hold `pool`
+                    mine, theirs = getattr(pool, field), getattr(spare, field)
+                    setattr(pool, field, theirs)
+                    setattr(spare, field, mine)
+                if not spare.parked:
+                    self._spares.remove(spare)
+                    spare.release()
+                return
+
+    def _drop_spares(self) -> None:
+        for spare in self._spares:
+            spare.release()  # its parked processes go with the placement group
+        self._spares.clear()
+
+    def _limit_warm(self) -> None:
+        """At most MAX_WARM_PROCESSES parked: the oldest spares go first, then live pools' oldest."""
+        while self._spares and sum(len(p.parked) for p in self._parking()) > MAX_WARM_PROCESSES:
+            self._spares.pop(0).release()
+        for pool in self._parking():
+            excess = sum(len(p.parked) for p in self._parking()) - MAX_WARM_PROCESSES
+            for _, _, host in pool.parked[: max(excess, 0)]:
+                ray.kill(host, no_restart=True)
+            del pool.parked[: max(excess, 0)]
+
+    def _parking(self) -> list[ResourcePool]:
+        """Spares, then live pools (not slices: they share their parent's list)."""
+        return [*self._spares, *(p for p in self.pools.values() if p.parent is None)]
 
     # ---- groups ----------------------------------------------------------------------------
     # The shipped worker classes give typed handles (workbench.workers.handles), other classes a
@@ -336,6 +429,8 @@ class Session:
         for role in specs:
             if role in self.groups:
                 self._drop_group(role, f"it was being re-created, and starting the new {role!r} failed")
+        if self.keep_processes:
+            self._warm_up(pool, specs)
         try:
             hostset = HostSet(pool, mesh, self.threads_per_worker, specs)
         except BaseException as error:
@@ -365,7 +460,9 @@ class Session:
         hostset = self.groups[role].hostset
         with _TRACE_LOCK:
             self._keep_records(hostset.drain_records())
-        hostset.shutdown()
+        hostset.shutdown(park=self.keep_processes)
+        if self.keep_processes:
+            self._limit_warm()
         for name in hostset.roles:
             self.groups.pop(name, None)
             self._mark_removed(
@@ -460,18 +557,22 @@ class Session:
                 self._mark_removed(role, reason)
             self.groups.clear()
             self.pools.clear()
+            self._spares.clear()
             return
         for role in list(self.groups):
             if role in self.groups:
                 self._drop_group(role, reason)
         for name in list(self.pools):
-            self.pools.pop(name).release()
+            self._release(self.pools.pop(name))
+        if not self.keep_processes:
+            self._drop_spares()
 
     def shutdown(self) -> None:
         """Release every group and pool this session made; stop Ray if the session started it."""
         if getattr(self, "_closed", True):
             return
         self.clear(reason="session.shutdown() was called")
+        self._drop_spares()
         rule_reward = sys.modules.get("workbench.workers.rule_reward")
         if rule_reward is not None and ray.is_initialized():  # scorer processes started for this run
             rule_reward.stop_scorers()

@@ -1,6 +1,7 @@
 """Small workers for the controller tests: real processes, real collectives, no models."""
 
 import os
+import threading
 import time
 
 import ray
@@ -91,6 +92,15 @@ class ReferenceLike(Worker):
     @register(DP_PROTO)
     def negate(self, batch: Batch) -> Batch:
         return Batch({"x": -batch["x"]}, {"uid": batch["uid"]})
+
+
+class Lingering(Worker):
+    """Starts a thread that outlives its call: its process must not serve another group."""
+
+    @register(ONE_TO_ALL)
+    def start_thread(self) -> int:
+        threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
+        return os.getpid()
 
 
 class FailingInit(Worker):

@@ -74,6 +74,10 @@ class ResourcePool:
     the pool's slices: a call by another host set waits for those refs first (time-sharing in
     issue order). The host set is None after joint calls of several (`joint_calls`): every
     group waits for them."""
+    parked: list[tuple[int, tuple, ray.actor.ActorHandle]] = field(default_factory=list)
+    """Warm processes on this placement group, shared with its slices: (bundle, key, host) of
+    each kept from a removed group (`Session(keep_processes=True)`), for a group of the same
+    key (its roles' classes, threads, backend) to take instead of starting new ones."""
 
     @property
     def world_size(self) -> int:
@@ -166,6 +170,23 @@ class ResourcePool:
         if self.resource == "GPU":
             options["num_gpus"] = share
         return options
+
+    def unpark(self, bundle: int, key: tuple) -> ray.actor.ActorHandle | None:
+        """A warm process of `key` on `bundle`, taken off the parked list; None when there is none."""
+        for i, (b, k, host) in enumerate(self.parked):
+            if b == bundle and k == key:
+                del self.parked[i]
+                return host
+        return None
+
+    def evict(self, keep: tuple | None = None) -> None:
+        """Stop the parked processes (those of another key than `keep`): their share of the
+        devices goes back to the pool, for new processes."""
+        stay = [p for p in self.parked if p[1] == keep]
+        for _, _, host in self.parked:
+            if not any(host is h for _, _, h in stay):
+                ray.kill(host, no_restart=True)
+        self.parked[:] = stay
 
     def release(self) -> None:
         """Give the devices back (a slice only forgets them: its parent holds them)."""

@@ -9,10 +9,13 @@ on the same pool, resolves RemoteSlice inputs, runs the method and records a tra
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import socket
+import sys
 import tempfile
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, replace
@@ -21,6 +24,7 @@ from typing import Any
 import psutil
 import ray
 import torch
+import torch._dynamo
 import torch.distributed as dist
 
 from workbench.controller.future import RemoteSlice, describe_output
@@ -133,6 +137,9 @@ TASK = "_wb_task"
 # a long call holds the host's main thread.
 TRACE_GROUP = "trace"
 MAX_RECORDS = 100_000  # trace spans kept per worker between two session.trace() calls
+PROCESS_WIDE = ("vllm", "deepspeed")
+"""Libraries whose state outlives the workers that loaded them: a process that imported one is
+not kept warm for another group."""
 
 
 def loopback_env() -> dict[str, str]:
@@ -159,6 +166,11 @@ class WorkerHost:
     """The Ray actor behind one rank; see host_class for its entry points."""
 
     def __init__(self, pool: str, rank: int, world_size: int, threads: int, backend: str, local: bool = False):
+        self.serve(pool, rank, world_size, threads, backend, local)
+        self.own_threads = {t.ident for t in threading.enumerate()}
+
+    def serve(self, pool: str, rank: int, world_size: int, threads: int, backend: str, local: bool = False) -> None:
+        """Take rank `rank` of a new group: at start, or as a warm process kept from an old group."""
         if local:  # set before any library opens a socket: see loopback_env
             os.environ.update(loopback_env())
         self.local = local
@@ -168,10 +180,13 @@ class WorkerHost:
         if self.device == "cuda":
             torch.cuda.set_device(0)  # Ray exposes only this actor's GPU
         self.workers: dict[str, Worker] = {}
+        self.roles: list[str] = []
+        """The roles added, in order: entry point r{i}__* runs roles[i]'s method."""
         # Bounded, so a long run whose driver never asks for its trace cannot grow without end.
         self.records: deque[CallRecord] = deque(maxlen=MAX_RECORDS)
         self.counts: dict[tuple[str, str], int] = {}
         self.current: dict = {}
+        self.store_dir: str | None = None
 
     def rendezvous_address(self) -> tuple[str, int | str]:
         """Where the group's process-group store lives, chosen by rank 0.
@@ -216,6 +231,7 @@ class WorkerHost:
         )
         worker.__init__(*(() if config is None else (config,)))
         self.workers[role] = worker
+        self.roles.append(role)
 
     def change_generation(self, mesh: Mesh) -> None:
         for worker in self.workers.values():
@@ -298,26 +314,55 @@ class WorkerHost:
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()  # a FileStore's file goes with its last user
-        if self.local and self.rank == 0 and getattr(self, "store_dir", None):
+        if self.local and self.rank == 0 and self.store_dir:
             shutil.rmtree(self.store_dir, ignore_errors=True)
+
+    def reset(self) -> bool:
+        """Leave the group and drop its workers, so that a later group of the same roles can
+        take this process (`Session(keep_processes=True)`). False when it must not serve again:
+        a library with process-wide state was loaded (vLLM's engine, DeepSpeed's groups), or a
+        worker left a thread or a child process running."""
+        self.shutdown()
+        self.workers.clear()
+        self.records.clear()
+        torch._dynamo.reset()  # compiled graphs hold their models
+        gc.collect()
+        return (
+            not any(name in sys.modules for name in PROCESS_WIDE)
+            and not [t for t in threading.enumerate() if t.ident not in self.own_threads and not _rays(t)]
+            and not psutil.Process().children()
+        )
+
+
+def _rays(thread: threading.Thread) -> bool:
+    """Threads Ray runs Python on (a concurrency group's, seen as dummies) are not a worker's."""
+    return isinstance(thread, threading._DummyThread)
 
 
 def host_class(roles: dict[str, type]) -> type:
     """A WorkerHost subclass with one entry point per registered method of each role, named
-    role__method. A call then carries only the user's arguments (Ray charges per argument),
-    and methods whose outputs may be split by rows return (meta, output) as two objects."""
+    after the role's place and the method (`r0__generate_sequences`), not the role's name, so
+    that a warm process serves any group of the same classes. A call then carries only the
+    user's arguments (Ray charges per argument), and methods whose outputs may be split by
+    rows return (meta, output) as two objects."""
     entries = {}
-    for role, cls in roles.items():
+    for slot, cls in enumerate(roles.values()):
         for method, registration in registered_methods(cls).items():
-            entries[f"{role}__{method}"] = _entry(role, method, registration.returns_rows)
-    return type(f"WorkerHost[{'+'.join(roles)}]", (WorkerHost,), entries)
+            entries[entry_name(slot, method)] = _entry(slot, method, registration.returns_rows)
+    names = "+".join(cls.__name__ for cls in roles.values())
+    return type(f"WorkerHost[{names}]", (WorkerHost,), entries)
 
 
-def _entry(role: str, method: str, with_meta: bool):
+def entry_name(slot: int, method: str) -> str:
+    """The host's entry point of `method` of its role number `slot` (in the order roles were added)."""
+    return f"r{slot}__{method}"
+
+
+def _entry(slot: int, method: str, with_meta: bool):
     def entry(self, *args, **kwargs):
-        return self.run(role, method, with_meta, args, kwargs)
+        return self.run(self.roles[slot], method, with_meta, args, kwargs)
 
-    entry.__name__ = f"{role}__{method}"
+    entry.__name__ = entry_name(slot, method)
     return ray.method(num_returns=2)(entry) if with_meta else entry
 
 

@@ -27,7 +27,7 @@ from workbench.controller.mesh import Mesh
 from workbench.controller.protocols import Protocol, first
 from workbench.controller.register import Registration, registered_methods
 from workbench.controller.resource_pool import ResourcePool
-from workbench.controller.worker import AFTER, META, TASK, TRACE_GROUP, host_class
+from workbench.controller.worker import AFTER, META, TASK, TRACE_GROUP, entry_name, host_class
 from workbench.data.batch import Batch
 from workbench.errors import DispatchError, GroupRemovedError, WorkerCallError, WorkerDiedError
 from workbench.tracing import CallRecord, current_tags, new_call_number
@@ -97,11 +97,11 @@ class HostSet:
         """(rank, what Ray said) once a process of this set is known to be gone."""
         self.checkpoints: dict[str, str] = {}
         """role -> path of the last save_checkpoint(path) issued on it (session.recover reloads it)."""
-        backend = "nccl" if pool.resource == "GPU" else "gloo"
-        local = len(set(pool.node_ids)) == 1  # one machine: every socket on loopback
-        remote_host = ray.remote(concurrency_groups={TRACE_GROUP: 1})(  # type: ignore[call-overload]  # not in Ray's stubs
-            host_class({role: cls for role, (cls, _) in roles.items()})
-        )
+        backend, local = _transport(pool)
+        host_cls = host_class({role: cls for role, (cls, _) in roles.items()})
+        remote_host = ray.remote(concurrency_groups={TRACE_GROUP: 1})(host_cls)  # type: ignore[call-overload]  # not in Ray's stubs
+        self.key = warm_key(pool, threads, roles)
+        """What a warm process must match to serve this set (see ResourcePool.parked)."""
         self.call_tags: OrderedDict[int, dict] = OrderedDict()
         """Tags of driver calls whose spans have not all been drained yet (see tag_call)."""
         self._spans_due: dict[int, int] = {}  # call number -> ranks whose span has not arrived
@@ -109,12 +109,17 @@ class HostSet:
         """Ray task id -> driver call number, for rank tasks whose own span is not drained yet (see note_task)."""
         self.drains: list = []
         """drain_records calls that have not answered yet (the next drain collects them)."""
-        self.hosts = [
-            remote_host.options(**pool.scheduling(rank)).remote(
-                pool.name, rank, mesh.world_size, threads, backend, local
-            )
-            for rank in range(mesh.world_size)
-        ]
+        warm = [pool.unpark(pool.devices[rank], self.key) for rank in range(mesh.world_size)]
+        if None in warm:  # new processes need the shares that parked ones of other roles hold
+            pool.evict(keep=self.key)
+        self.hosts = []
+        for rank, host in enumerate(warm):
+            start = (pool.name, rank, mesh.world_size, threads, backend, local)
+            if host is None:
+                host = remote_host.options(**pool.scheduling(rank)).remote(*start)
+            else:  # runs before the calls below: an actor runs one caller's calls in order
+                host.serve.remote(*start)
+            self.hosts.append(host)
         try:
             ranks = list(range(mesh.world_size))
             self.identities = fetch_all(
@@ -266,10 +271,22 @@ class HostSet:
             record.extra.update({"call": number, **rest})
         return task
 
-    def shutdown(self, timeout: float = 10.0) -> None:
-        """Stop the processes and wait until Ray reports them dead (their share of the pool is free)."""
+    def shutdown(self, timeout: float = 10.0, park: bool = False) -> None:
+        """Stop the processes and wait until Ray reports them dead (their share of the pool is
+        free). With `park`, live processes that can serve again are kept warm on the pool instead
+        (ResourcePool.parked), every rank's or none: a new set takes them for the same key."""
         if self.hosts and self.dead is None:  # let live ranks close their process group first
-            ray.wait([h.shutdown.remote() for h in self.hosts], num_returns=len(self.hosts), timeout=2.0)
+            reset = [h.reset.remote() if park else h.shutdown.remote() for h in self.hosts]
+            ready, _ = ray.wait(reset, num_returns=len(reset), timeout=10.0 if park else 2.0)
+            if park and len(ready) == len(reset) and self.pool.placement is not None:
+                try:
+                    reusable = all(ray.get(reset))
+                except ray.exceptions.RayError:
+                    reusable = False
+                if reusable:
+                    self.pool.parked += [(self.pool.devices[r], self.key, h) for r, h in enumerate(self.hosts)]
+                    self.hosts = []
+                    return
         for host in self.hosts:
             ray.kill(host, no_restart=True)
         deadline = time.monotonic() + timeout
@@ -279,6 +296,21 @@ class HostSet:
                 break
             time.sleep(0.05)
         self.hosts = []
+
+
+def _transport(pool: ResourcePool) -> tuple[str, bool]:
+    """The process group's backend on `pool`, and whether its ranks share one machine (then
+    every socket is on loopback)."""
+    return ("nccl" if pool.resource == "GPU" else "gloo"), len(set(pool.node_ids)) == 1
+
+
+def warm_key(pool: ResourcePool, threads: int, roles: dict[str, tuple[type, Any]]) -> tuple:
+    """What a warm process must match to serve a new set of `roles` on `pool`: the workers'
+    classes (so, its entry points), torch threads, transport and device share."""
+    classes = tuple(
+        (f"{cls.__module__}.{cls.__qualname__}", tuple(sorted(registered_methods(cls)))) for cls, _ in roles.values()
+    )
+    return (classes, threads, *_transport(pool), pool.max_colocate)
 
 
 def _actor_state(actor_id: str) -> str | None:
@@ -297,7 +329,7 @@ class MethodPlan:
     registration: Registration
     ranks: list[int]
     entries: list
-    """Each rank's entry point (its host's role__method, bound), in `ranks` order."""
+    """Each rank's entry point (its host's r{slot}__method, bound), in `ranks` order."""
     collect_ranks: list[int]
     collect: Callable
     chunks: int | None
@@ -311,7 +343,8 @@ class MethodPlan:
             ranks, collect_ranks, collect = [0], [0], first
         else:
             ranks, collect_ranks, collect = list(range(mesh.world_size)), protocol.collect_ranks(mesh), protocol.collect
-        entries = [getattr(hostset.hosts[rank], f"{role}__{method}") for rank in ranks]
+        entry = entry_name(hostset.roles.index(role), method)
+        entries = [getattr(hostset.hosts[rank], entry) for rank in ranks]
         return cls(method, mesh, registration, ranks, entries, collect_ranks, collect, protocol.num_chunks(mesh))
 
 

@@ -1,0 +1,64 @@
+"""Warm processes (Session(keep_processes=True), as the shared test session runs): a removed
+group's processes serve the next group of the same classes on a pool of the same shape."""
+
+import time
+
+import psutil
+import torch
+
+import workbench.session
+from tests.controller.workers import EchoWorker, Lingering, ReferenceLike
+from workbench import Batch, Mesh
+
+
+def pids(group) -> list[int]:
+    return [w["pid"] for w in group.where().get()]
+
+
+def gone(pid: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_a_new_group_of_the_same_classes_starts_on_the_warm_processes(session):
+    assert session.keep_processes
+    first = session.group("actor", EchoWorker, session.pool("p", 2))
+    before = pids(first)
+    session.clear()
+    # Another role name, pool name and layout over the same shape: the same processes, reset.
+    again = session.group("critic", EchoWorker, session.pool("q", 2), mesh=Mesh(tp=2))
+    assert sorted(pids(again)) == sorted(before)
+    assert [w["rank"] for w in again.where().get()] == [0, 1]
+    assert again.all_reduce().get() == [3.0, 3.0]  # a new process group over them
+    batch = Batch({"x": torch.arange(4.0)}, {"uid": list(range(4))})
+    assert torch.equal(again.double(batch).get()["x"], torch.arange(4.0) * 2)
+    # Other classes take new processes: the warm ones hold another class's entry points.
+    other = session.group("reference", ReferenceLike, session.pool("r", 2))
+    assert not set(w["pid"] for w in other.where().get()) & set(before)
+
+
+def test_a_process_that_left_a_thread_running_is_not_kept(session):
+    group = session.group("tool", Lingering, session.pool("p", 1))
+    pid = group.start_thread().get()[0]
+    session.clear()
+    assert gone(pid), "the process whose worker left a thread behind should have been stopped"
+    again = session.group("tool", Lingering, session.pool("p", 1))
+    assert again.start_thread().get()[0] != pid
+
+
+def test_at_most_max_warm_processes_are_kept(session, monkeypatch):
+    monkeypatch.setattr(workbench.session, "MAX_WARM_PROCESSES", 2)  # 4 processes for a limit of 2
+    pool = session.pool("p", 2)
+    groups = [session.group(f"g{i}", EchoWorker, pool) for i in range(2)]
+    every = [pid for g in groups for pid in pids(g)]
+    session.clear()
+    deadline = time.monotonic() + 10
+    while sum(psutil.pid_exists(pid) for pid in every) > 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert sum(psutil.pid_exists(pid) for pid in every) == 2
+    again = session.group("g", EchoWorker, session.pool("p", 2))  # the two kept
+    assert set(pids(again)) <= set(every)
