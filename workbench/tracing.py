@@ -211,14 +211,25 @@ GIB = 2**30
 
 def process_memory() -> dict[str, int]:
     """This process's memory high-water marks: `peak_rss_bytes` (the kernel's maximum resident
-    set since the process started), and `cuda_peak_bytes` (torch's allocator peak) where CUDA is
-    in use. A few microseconds: cheap enough for every call."""
+    set since the process started, or was reset to serve a new group) and `cuda_peak_bytes`
+    (torch's allocator peak) where CUDA is in use. A few microseconds: cheap enough for every call."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     out = {"peak_rss_bytes": peak if sys.platform == "darwin" else peak * 1024}  # Linux counts KiB
     torch = sys.modules.get("torch")  # only where torch is loaded already: tracing imports no torch
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
         out["cuda_peak_bytes"] = int(torch.cuda.max_memory_allocated())
     return out
+
+
+def reset_memory_peaks() -> None:
+    """Start process_memory's high-water marks afresh (Linux: the kernel's peak RSS)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:  # not Linux, or not allowed: the peaks then count from the process's start
+        pass
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.reset_peak_memory_stats()
 
 
 def memory_metrics(records: Iterable[CallRecord]) -> dict[str, float]:

@@ -62,3 +62,16 @@ def test_at_most_max_warm_processes_are_kept(session, monkeypatch):
     assert sum(psutil.pid_exists(pid) for pid in every) == 2
     again = session.group("g", EchoWorker, session.pool("p", 2))  # the two kept
     assert set(pids(again)) <= set(every)
+
+
+def test_a_warm_process_reports_the_memory_peak_of_its_new_group(session):
+    def peak(role: str) -> int:
+        return [r for r in session.trace() if r.role == role][-1].extra["peak_rss_bytes"]
+
+    first = session.group("big", EchoWorker, session.pool("p", 1))
+    first.touch_memory(512).get()
+    before, pid = peak("big"), pids(first)
+    session.clear()
+    again = session.group("small", EchoWorker, session.pool("p", 1))
+    assert pids(again) == pid  # the same process: its peak counts again from the reset
+    assert peak("small") < before - 256 * 2**20

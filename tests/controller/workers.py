@@ -56,6 +56,11 @@ class EchoWorker(Worker):
         return seconds
 
     @register(ONE_TO_ALL)
+    def touch_memory(self, mib: int) -> int:
+        """Touch `mib` MiB for a moment: a memory peak in this call's span."""
+        return int(torch.ones(mib * 2**18).sum())
+
+    @register(ONE_TO_ALL)
     def record_inner(self) -> int:
         now = time.time()
         self.record_span("inner.span", now, now + 0.001, note="inside a call")

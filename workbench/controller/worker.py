@@ -31,7 +31,7 @@ from workbench.controller.future import RemoteSlice, describe_output
 from workbench.controller.mesh import Coord, Mesh
 from workbench.controller.register import registered_methods
 from workbench.data.batch import PAD_KEY, Batch
-from workbench.tracing import CallRecord, process_memory
+from workbench.tracing import CallRecord, process_memory, reset_memory_peaks
 
 
 @dataclass(frozen=True)
@@ -327,6 +327,7 @@ class WorkerHost:
         self.records.clear()
         torch._dynamo.reset()  # compiled graphs hold their models
         gc.collect()
+        reset_memory_peaks()  # the trace's memory peaks are the next group's own
         return (
             not any(name in sys.modules for name in PROCESS_WIDE)
             and not [t for t in threading.enumerate() if t.ident not in self.own_threads and not _rays(t)]
