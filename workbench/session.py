@@ -51,10 +51,10 @@ if TYPE_CHECKING:  # for the typed handles of Session.group (importing workers l
     from workbench.workers.handles import ActorHandle, CostModelHandle, CriticHandle, RewardModelHandle
     from workbench.workers.reward import CostModelWorker, RewardModelWorker
 
-# Worker processes get these unless the caller's runtime_env says otherwise: one BLAS thread
-# each (torch threads are set per worker), and quiet tokenizers.
 MAX_WARM_PROCESSES = 8
 """Worker processes a session keeps warm at most (each holds torch's libraries, ~0.5 GB)."""
+# Worker processes get these unless the caller's runtime_env says otherwise: one BLAS thread
+# each (torch threads are set per worker), and quiet tokenizers.
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -185,11 +185,8 @@ class Session:
         old = self.pools.get(name)
         if old is not None and old.parent is not None:
             raise ConfigError("pool name", name, f"it names a slice of pool {old.parent!r}; pick another name")
-        if old is not None:
-            shape = [devices] if isinstance(devices, int) else devices
-            same = sum(old.devices_per_node) == devices if isinstance(devices, int) else old.devices_per_node == shape
-            if same and old.max_colocate == max_colocate:
-                return old
+        if old is not None and old.has_shape(devices, max_colocate):
+            return old
         spare = self._take_spare(devices, max_colocate)
         if spare is not None:  # a kept reservation of this shape, with its warm processes
             if old is not None:
@@ -263,12 +260,7 @@ class Session:
     def _take_spare(self, devices: int | list[int], max_colocate: int) -> ResourcePool | None:
         """A spare of this shape, taken off the list; None when there is none."""
         for spare in self._spares:
-            shape = (
-                sum(spare.devices_per_node) == devices
-                if isinstance(devices, int)
-                else spare.devices_per_node == devices
-            )
-            if shape and spare.max_colocate == max_colocate:
+            if spare.has_shape(devices, max_colocate):
                 self._spares.remove(spare)
                 return spare
         return None
@@ -293,8 +285,7 @@ class Session:
         if pool.parent is not None or in_use or any(k == key for _, k, _ in pool.parked):
             return
         for spare in self._spares:
-            same = spare.devices_per_node == pool.devices_per_node and spare.max_colocate == pool.max_colocate
-            if same and any(k == key for _, k, _ in spare.parked):
+            if spare.has_shape(pool.devices_per_node, pool.max_colocate) and any(k == key for _, k, _ in spare.parked):
                 for field in ("placement", "node_ids", "parked", "last_calls"):  # in place: handles hold `pool`
                     mine, theirs = getattr(pool, field), getattr(spare, field)
                     setattr(pool, field, theirs)
@@ -311,17 +302,20 @@ class Session:
 
     def _limit_warm(self) -> None:
         """At most MAX_WARM_PROCESSES parked: the oldest spares go first, then live pools' oldest."""
-        while self._spares and sum(len(p.parked) for p in self._parking()) > MAX_WARM_PROCESSES:
-            self._spares.pop(0).release()
-        for pool in self._parking():
-            excess = sum(len(p.parked) for p in self._parking()) - MAX_WARM_PROCESSES
-            for _, _, host in pool.parked[: max(excess, 0)]:
+        live = [p for p in self.pools.values() if p.parent is None]  # a slice shares its parent's list
+        excess = sum(len(p.parked) for p in (*self._spares, *live)) - MAX_WARM_PROCESSES
+        while excess > 0 and self._spares:
+            spare = self._spares.pop(0)
+            excess -= len(spare.parked)
+            spare.release()
+        for pool in live:
+            if excess <= 0:
+                break
+            for _, _, host in pool.parked[:excess]:
                 ray.kill(host, no_restart=True)
-            del pool.parked[: max(excess, 0)]
-
-    def _parking(self) -> list[ResourcePool]:
-        """Spares, then live pools (not slices: they share their parent's list)."""
-        return [*self._spares, *(p for p in self.pools.values() if p.parent is None)]
+            dropped = len(pool.parked[:excess])
+            del pool.parked[:excess]
+            excess -= dropped
 
     # ---- groups ----------------------------------------------------------------------------
     # The shipped worker classes give typed handles (workbench.workers.handles), other classes a

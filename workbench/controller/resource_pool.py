@@ -88,6 +88,11 @@ class ResourcePool:
         """The placement group bundles (devices) of ranks 0, 1, ..."""
         return self.bundles or tuple(range(self.world_size))
 
+    def has_shape(self, devices: int | list[int], max_colocate: int) -> bool:
+        """Whether Session.pool(name, devices, max_colocate) asks for this pool's shape."""
+        count = sum(self.devices_per_node) == devices if isinstance(devices, int) else self.devices_per_node == devices
+        return count and self.max_colocate == max_colocate
+
     def slice(self, name: str, first: int, size: int) -> ResourcePool:
         """A pool of devices [first, first + size) of this one (its ranks' order), sharing its
         placement group and its per-device call order. Create slices with `Session.slice`."""
@@ -182,11 +187,10 @@ class ResourcePool:
     def evict(self, keep: tuple | None = None) -> None:
         """Stop the parked processes (those of another key than `keep`): their share of the
         devices goes back to the pool, for new processes."""
-        stay = [p for p in self.parked if p[1] == keep]
-        for _, _, host in self.parked:
-            if not any(host is h for _, _, h in stay):
+        for _, key, host in self.parked:
+            if key != keep:
                 ray.kill(host, no_restart=True)
-        self.parked[:] = stay
+        self.parked[:] = [p for p in self.parked if p[1] == keep]
 
     def release(self) -> None:
         """Give the devices back (a slice only forgets them: its parent holds them)."""
