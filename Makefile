@@ -41,8 +41,11 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
+# Whole modules on parallel workers (a module's tests share its fixtures), longest first: the
+# order the root conftest.py sets from this machine's last runs, kept (no reordering by xdist).
+PARALLEL := -n auto --dist loadfile --no-loadscope-reorder
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(PARALLEL)
 
 # The numerics guard: the numerics-sensitive tests (marker `numerics`) again, under a second
 # floating-point configuration that rounds as another CPU does. ATen's portable
@@ -54,11 +57,11 @@ test: lint
 # fail to build.
 NUMERICS_B := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE
 test-numerics: $(STAMP)
-	$(NUMERICS_B) $(BIN)/python -m pytest -q -m numerics tests
+	$(NUMERICS_B) $(BIN)/python -m pytest -q $(PARALLEL) -m numerics tests
 
 # Every notebook under the second configuration (about 1.6x the notebooks' time: not in CI's run).
 test-numerics-notebooks: $(STAMP)
-	$(NUMERICS_B) $(BIN)/python -m pytest -q notebooks
+	$(NUMERICS_B) $(BIN)/python -m pytest -q $(PARALLEL) notebooks
 
 bench: $(STAMP)
 	@# bench/gpu_*.py are for a GPU machine (see README, Benchmarks): bench/gpu_run.sh runs them there

@@ -1,11 +1,25 @@
-"""Hooks for every test item, the notebooks included: the numerical configuration in the header
-and the time report per module."""
+"""Hooks for every test item, the notebooks included: the numerical configuration in the header,
+the time report per module, and the order modules run in (longest first, so that `make test`'s
+parallel workers finish together)."""
 
 import json
 import os
 from pathlib import Path
 
 import pytest
+
+# `make test` runs modules in parallel (pytest-xdist, `-n auto`): one worker per core, each with
+# its own Ray, kernels and warm processes, so memory caps it too (two workers peaked at 15.6 GiB
+# in use together on a 24 GiB machine); more than 4 has not been tried.
+WORKER_GIB = 8
+MAX_WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config):
+    import psutil
+
+    by_memory = int(psutil.virtual_memory().total / 2**30 // WORKER_GIB)
+    return max(1, min(os.cpu_count() or 1, by_memory, MAX_WORKERS))
 
 
 def pytest_report_header(config):
@@ -16,9 +30,11 @@ def pytest_report_header(config):
     return f"numerics: ATen kernels {torch.backends.cpu.get_cpu_capability()}, MKL_CBWR={mkl}"
 
 
-# The suite's time per module, printed at the end of every run (and kept in .pytest_times.json),
-# so growth is visible where it happens: setup, call and teardown of each test, module-scoped
-# fixtures included (they are charged to the module's first test).
+# The suite's time per module, printed at the end of every run, so growth is visible where it
+# happens: setup, call and teardown of each test, module-scoped fixtures included (they are
+# charged to the module's first test). Kept per machine beside the kit's cached models (a fresh
+# clone finds it), merged with earlier runs, to order the next run.
+TIMES = Path.home() / ".cache" / "hybridflow-workbench" / "test-times.json"
 _times: dict[str, float] = {}
 _counts: dict[str, int] = {}
 # Ray actors (worker processes) each module started on the test process's Ray: each costs seconds
@@ -28,33 +44,63 @@ _processes: dict[str, int] = {}
 _seen: dict[str, int] = {}  # Ray session -> actors it had at the last count
 
 
-def _count_processes(module: str) -> None:
+def _count_processes() -> int | None:
+    """Actors started on this process's Ray since the last count."""
     import ray
 
     if not ray.is_initialized():
-        return
+        return None
     try:
         session, total = ray.get_runtime_context().get_session_name(), len(ray._private.state.actors())
     except Exception:  # a Ray going down mid-test: nothing to count
-        return
-    _processes[module] = _processes.get(module, 0) + total - _seen.get(session, 0)
+        return None
+    started = total - _seen.get(session, 0)
     _seen[session] = total
+    return started
+
+
+def _module(nodeid: str) -> str:
+    return nodeid.split("::")[0]
 
 
 def pytest_runtest_logreport(report):
-    module = report.nodeid.split("::")[0]
+    # Under xdist this runs on the controller too, with the workers' reports.
+    module = _module(report.nodeid)
     _times[module] = _times.get(module, 0.0) + report.duration
     if report.when == "call":
         _counts[module] = _counts.get(module, 0) + 1
+    for key, value in report.user_properties:
+        if key == "ray_processes" and report.when == "teardown":
+            _processes[module] = _processes.get(module, 0) + value
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_teardown(item, nextitem):
     # Once per module, as its last test's teardown begins (before the session's Ray may stop;
     # tearing down starts no actor): one query of Ray's actor table per module, not per test.
-    module = item.nodeid.split("::")[0]
-    if nextitem is None or nextitem.nodeid.split("::")[0] != module:
-        _count_processes(module)
+    # The count rides on the teardown report, so an xdist worker's reaches the controller.
+    if nextitem is None or _module(nextitem.nodeid) != _module(item.nodeid):
+        started = _count_processes()
+        if started is not None:
+            item.user_properties.append(("ray_processes", started))
+
+
+def _recorded_times() -> dict[str, float]:
+    try:
+        return json.loads(TIMES.read_text())["modules"]
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def pytest_collection_modifyitems(config, items):
+    # Longest module first (by this machine's last runs; unknown modules count as long): the
+    # parallel workers take modules in this order, and a long module taken last would leave
+    # the other worker idle. Tests keep their order inside a module (module fixtures are shared).
+    recorded = _recorded_times()
+    first = {}
+    for i, item in enumerate(items):
+        first.setdefault(_module(item.nodeid), i)
+    items.sort(key=lambda item: (-recorded.get(_module(item.nodeid), float("inf")), first[_module(item.nodeid)]))
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -72,9 +118,7 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(
         f"{total:8.1f} s in {len(_times)} modules, {sum(_processes.values())} Ray worker processes started"
     )
-    report = {
-        "total_s": round(total, 1),
-        "modules": {m: round(s, 2) for m, s in _times.items()},
-        "processes": _processes,
-    }
-    Path(terminalreporter.config.rootpath, ".pytest_times.json").write_text(json.dumps(report, indent=1))
+    TIMES.parent.mkdir(parents=True, exist_ok=True)
+    modules = {**_recorded_times(), **{m: round(s, 2) for m, s in _times.items()}}
+    report = {"last_run_s": round(total, 1), "modules": modules, "processes": _processes}
+    TIMES.write_text(json.dumps(report, indent=1))
