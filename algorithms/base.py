@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import threading
-import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -317,13 +316,10 @@ class Algorithm:
         *,
         step: str = steps.GEN.name,
         new_iteration: bool = True,
-        stage: str | None = None,
     ):
         """Sample responses to `prompts`. By default an iteration starts here (see
         `start_iteration`); pass `new_iteration=False` for a further generation inside one
         (ReMax's greedy baseline: `step="gen_greedy"`)."""
-        if stage is not None:  # the old keyword, under which only "gen" started an iteration
-            step, new_iteration = _renamed_stage(stage), stage == steps.GEN.name
         if isinstance(prompts, Rollout):  # launched ahead (asynchronous fit): its result, pending
             if new_iteration:
                 self.start_iteration(prompts.prompts, sampling, stale=prompts.version < self.iteration)
@@ -469,20 +465,15 @@ class Algorithm:
     def values(self, gen):
         return self.clock.launch(steps.VALUES.name, self.groups.critic.compute_values(gen), gen)
 
-    def reward(self, gen, *, step: str = steps.REWARD.name, stage: str | None = None):
-        step = _renamed_stage(stage) if stage is not None else step
+    def reward(self, gen, *, step: str = steps.REWARD.name):
         return self.clock.launch(step, self.groups.reward.compute_reward(gen), gen)
 
-    def update_critic(
-        self, batch: Batch, critic=None, loss=None, *, step: str = steps.UPDATE_CRITIC.name, stage: str | None = None
-    ):
-        step = _renamed_stage(stage) if stage is not None else step
+    def update_critic(self, batch: Batch, critic=None, loss=None, *, step: str = steps.UPDATE_CRITIC.name):
         finite_batch(batch, before=step)
         loss = loss or CriticLoss(self.config.cliprange_value, self.config.loss_agg_mode)
         return self.clock.launch(step, (critic or self.groups.critic).update_critic(batch, loss))
 
-    def update_actor(self, batch: Batch, loss=None, *, step: str = steps.UPDATE_ACTOR.name, stage: str | None = None):
-        step = _renamed_stage(stage) if stage is not None else step
+    def update_actor(self, batch: Batch, loss=None, *, step: str = steps.UPDATE_ACTOR.name):
         finite_batch(batch, before=step)
         return self.clock.launch(step, self.groups.actor.update_actor(batch, loss or self.actor_loss()))
 
@@ -694,16 +685,6 @@ class BackgroundFit:
 
     def __repr__(self) -> str:
         return f"BackgroundFit({len(self.history)} iterations done{', finished' if self.done else ''})"
-
-
-def _renamed_stage(stage: str) -> str:
-    """The step named by the deprecated `stage=` keyword."""
-    warnings.warn(
-        "the stage= keyword of Algorithm's step methods is now step= (generate: also new_iteration=)",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    return stage
 
 
 def _epochs(prompts: Iterable[Batch]):

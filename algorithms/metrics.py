@@ -5,20 +5,7 @@ The step times (`timing_s/<step>`) come from the step clock, `workbench.clock.St
 
 from __future__ import annotations
 
-import warnings
-
 from algorithms.core import masked_mean
-
-
-def __getattr__(name: str):
-    if name == "StageClock":  # its old home and name
-        from workbench.clock import StepClock
-
-        warnings.warn(
-            "algorithms.metrics.StageClock is now workbench.clock.StepClock", DeprecationWarning, stacklevel=2
-        )
-        return StepClock
-    raise AttributeError(f"module 'algorithms.metrics' has no attribute {name!r}")
 
 
 def data_metrics(batch) -> dict[str, float]:

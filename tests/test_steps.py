@@ -115,9 +115,4 @@ def test_an_iteration_starts_where_generate_is_told_so():
     assert [t["step"] for t in actor.tags] == ["gen", "gen_greedy"]
     grpo.generate(prompts)
     assert set(grpo.clock.seconds) == {"gen"}  # a new iteration: the clock started again
-    with pytest.warns(DeprecationWarning, match="stage= keyword"):
-        grpo.generate(prompts, stage="gen_greedy")  # the old keyword keeps its old meaning
-    assert set(grpo.clock.seconds) == {"gen", "gen_greedy"}
-    with pytest.warns(DeprecationWarning, match="stage= keyword"):
-        grpo.generate(prompts, stage="gen")
-    assert set(grpo.clock.seconds) == {"gen"} and actor.tags[-1]["step"] == "gen"
+    assert actor.tags[-1]["step"] == "gen"

@@ -55,13 +55,6 @@ _LAZY = {
 
 
 def __getattr__(name: str):
-    if name == "RANK_ZERO":
-        import warnings
-
-        from workbench.controller import protocols
-
-        warnings.warn(protocols.RANK_ZERO_RENAMED, DeprecationWarning, stacklevel=2)
-        return protocols.ONE_TO_ALL_KEEP_RANK0
     if name not in _LAZY:
         raise AttributeError(f"module 'workbench' has no attribute {name!r}")
     import importlib

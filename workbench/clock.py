@@ -16,7 +16,6 @@ come from `workbench.steps`.
 from __future__ import annotations
 
 import time
-import warnings
 from contextlib import contextmanager
 
 import ray
@@ -85,11 +84,6 @@ class StepClock:
             yield
         finally:
             self.seconds[step] = self.seconds.get(step, 0.0) + time.monotonic() - start
-
-    def stage(self, name: str):
-        """Deprecated: `measure(name)`."""
-        warnings.warn("StepClock.stage(name) is now StepClock.measure(name)", DeprecationWarning, stacklevel=2)
-        return self.measure(name)
 
     def report(self) -> dict[str, float]:
         """timing_s/* for everything since the last reset, then reset (the next iteration begins)."""

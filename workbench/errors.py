@@ -101,14 +101,6 @@ class NonFiniteError(WorkbenchError):
             f"(e.g. a reward function returning nan, or a loss scale that overflowed)"
         )
 
-    @property
-    def stage(self) -> str:
-        """Deprecated: `step`."""
-        import warnings
-
-        warnings.warn("NonFiniteError.stage is now NonFiniteError.step", DeprecationWarning, stacklevel=2)
-        return self.step
-
 
 class SessionClosedError(WorkbenchError):
     """The Session was shut down; start a new one."""

@@ -2,7 +2,6 @@
 and the planner's placement reasoning asks the mesh rather than assuming an order of its own."""
 
 import itertools
-import warnings
 
 import pytest
 
@@ -63,11 +62,3 @@ def test_generation_layout_from_a_mesh_of_its_own():
         train.with_generation(Mesh(1, 2, 4))
     with pytest.raises(ValueError, match="must divide the training"):
         Mesh(1, 2, 8).with_generation(Mesh(1, 4, 4))
-
-
-def test_world_is_a_deprecated_name_of_world_size():
-    with pytest.warns(DeprecationWarning, match="Mesh.world is deprecated: use Mesh.world_size"):
-        assert Mesh(2, 2, 3).world == 12
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert Mesh(2, 2, 3).world_size == 12

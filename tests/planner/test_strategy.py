@@ -1,19 +1,8 @@
-"""The planner's layouts are the runtime's Mesh; ParallelStrategy is a deprecated alias of it."""
-
-import importlib
-
-import pytest
+"""The planner's layouts are the runtime's Mesh."""
 
 from workbench import Mesh
 from workbench.planner import model_preset
 from workbench.planner.strategy import generation_strategies, is_generation_layout, strategies
-
-
-@pytest.mark.parametrize("module", ["workbench.planner", "workbench.planner.strategy"])
-def test_parallel_strategy_is_a_deprecated_alias_of_mesh(module):
-    with pytest.warns(DeprecationWarning, match=r"ParallelStrategy is deprecated: use workbench.Mesh"):
-        alias = importlib.import_module(module).ParallelStrategy
-    assert alias is Mesh and alias(1, 2, 4) == Mesh(pp=1, tp=2, dp=4)
 
 
 def test_strategies_are_meshes_and_sort_as_before():

@@ -20,12 +20,3 @@ from workbench.controller.register import register
 from workbench.controller.resource_pool import ResourcePool
 from workbench.controller.worker import Worker
 from workbench.controller.worker_group import WorkerGroup, joint_calls
-
-
-def __getattr__(name: str):
-    if name == "RANK_ZERO":
-        from workbench.controller import protocols
-
-        warnings.warn(protocols.RANK_ZERO_RENAMED, DeprecationWarning, stacklevel=2)
-        return protocols.ONE_TO_ALL_KEEP_RANK0
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,8 +1,7 @@
 """Mesh: a (pp, tp, dp) parallel layout, and each rank's coordinates in it.
 
 The workbench's one layout type: worker groups, dispatch protocols and the hybrid engine run
-on it, and the planner proposes and costs it (`workbench.planner.ParallelStrategy` is a
-deprecated name for it).
+on it, and the planner proposes and costs it.
 
 Rank order (the one the runtime uses everywhere): tensor parallelism innermost, then
 pipeline, then data parallelism outermost:
@@ -30,7 +29,6 @@ mesh's `transition` method (HybridFlow Table 2):
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections import Counter
 from dataclasses import dataclass
 from functools import total_ordering
@@ -107,12 +105,6 @@ class Mesh:
     @property
     def world_size(self) -> int:
         return self.pp * self.tp * self.dp
-
-    @property
-    def world(self) -> int:
-        """Deprecated: use `world_size` (the name `ParallelStrategy` used)."""
-        warnings.warn("Mesh.world is deprecated: use Mesh.world_size", DeprecationWarning, stacklevel=2)
-        return self.world_size
 
     @property
     def model_parallel(self) -> int:

@@ -15,7 +15,6 @@ A user protocol is just `Protocol("mine", distribute=..., collect=...)`.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -167,17 +166,3 @@ BUILTIN = {
         ONE_TO_ALL_KEEP_RANK0,
     )
 }
-BUILTIN["RANK_ZERO"] = ONE_TO_ALL_KEEP_RANK0  # its old name, as `register(protocol="RANK_ZERO")` gave it
-
-
-def __getattr__(name: str):
-    if name == "RANK_ZERO":
-        warnings.warn(RANK_ZERO_RENAMED, DeprecationWarning, stacklevel=2)
-        return ONE_TO_ALL_KEEP_RANK0
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-RANK_ZERO_RENAMED = (
-    "RANK_ZERO (every rank runs, rank 0's output kept) is now ONE_TO_ALL_KEEP_RANK0, "
-    "not to be confused with register(execute='rank_zero'), where rank 0 alone runs"
-)

@@ -46,7 +46,7 @@ from workbench.planner.schedule import Schedule, TaskGraph, time_cost
 from workbench.planner.search import Convergence, PlanSpace, SearchResult, exhaustive, mcmc, multi_chain, search
 from workbench.planner.simulator import Simulator, realloc_bytes
 from workbench.planner.specs import MODEL_PRESETS, ClusterSpec, ModelSpec, Workload, model_preset, specs_from_models
-from workbench.planner.strategy import deprecated_parallel_strategy, strategies
+from workbench.planner.strategy import strategies
 
 __all__ = [
     "AsyncEstimate",
@@ -108,10 +108,3 @@ __all__ = [
     "time_cost",
     "valid_meshes",
 ]
-
-
-def __getattr__(name: str):
-    # Deprecated: the planner's layouts are `workbench.Mesh` (one (pp, tp, dp) type).
-    if name == "ParallelStrategy":
-        return deprecated_parallel_strategy(__name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,7 +9,6 @@ paper calls its three stages (generation, preparation, training).
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from dataclasses import dataclass
 from typing import Literal
 
@@ -106,17 +105,6 @@ class Dataflow:
     @property
     def n_levels(self) -> int:
         return 1 + max(self.levels().values())
-
-    def stages(self) -> dict[str, int]:
-        """Deprecated: `levels()`."""
-        warnings.warn("Dataflow.stages() is now Dataflow.levels()", DeprecationWarning, stacklevel=2)
-        return self.levels()
-
-    @property
-    def n_stages(self) -> int:
-        """Deprecated: `n_levels`."""
-        warnings.warn("Dataflow.n_stages is now Dataflow.n_levels", DeprecationWarning, stacklevel=2)
-        return self.n_levels
 
     def model_specs(self, base: ModelSpec | str | dict[str, ModelSpec | str]) -> dict[str, ModelSpec]:
         """A spec per role: one shape for all (value roles get a scalar head), or a dict."""

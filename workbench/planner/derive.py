@@ -120,12 +120,12 @@ def _is_self_method(func: ast.AST) -> bool:
 
 
 def _step_keyword(node: ast.Call) -> str | None:
-    """The step a call names: step="..." (or the deprecated stage="...")."""
+    """The step a call names: step="..."."""
     return next(
         (
             k.value.value
             for k in node.keywords
-            if k.arg in ("step", "stage") and isinstance(k.value, ast.Constant) and isinstance(k.value.value, str)
+            if k.arg == "step" and isinstance(k.value, ast.Constant) and isinstance(k.value.value, str)
         ),
         None,
     )

@@ -9,7 +9,6 @@ hybrid engine gets the generation layout.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from dataclasses import dataclass, field
 
 from workbench.controller.mesh import Mesh
@@ -41,12 +40,6 @@ class Plan:
     """Sum of level times: the estimated seconds per iteration."""
     stats: dict = field(default_factory=dict)
     """Search statistics: placements, allocations evaluated, seconds."""
-
-    @property
-    def stage_times(self) -> tuple[float, ...]:
-        """Deprecated: `level_times`."""
-        warnings.warn("Plan.stage_times is now Plan.level_times", DeprecationWarning, stacklevel=2)
-        return self.level_times
 
     @property
     def placement(self) -> tuple[tuple[str, ...], ...]:

@@ -5,35 +5,14 @@ rank order (tensor innermost, then pipeline, data parallelism outermost): a TP g
 consecutive devices (kept inside one machine), one data-parallel replica `pp·tp` consecutive
 devices, and data-parallel peers are `pp·tp` devices apart. The simulator asks the mesh where
 its groups sit (`Mesh.dp_peers_per_node`, `Mesh.replica_spans_nodes`).
-
-`ParallelStrategy`, the planner's former name for the same (pp, tp, dp), is a deprecated
-alias of `Mesh`.
 """
 
 from __future__ import annotations
 
-import warnings
 from functools import cache
 
 from workbench.controller.mesh import Mesh
 from workbench.planner.specs import ModelSpec
-
-
-def __getattr__(name: str):
-    if name == "ParallelStrategy":
-        return deprecated_parallel_strategy(__name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def deprecated_parallel_strategy(module: str) -> type[Mesh]:
-    warnings.warn(
-        f"{module}.ParallelStrategy is deprecated: use workbench.Mesh (the same "
-        f"(pp, tp, dp) fields and positional order; print a layout with Mesh.short() for "
-        f"the 'p1t2d4' form)",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    return Mesh
 
 
 def _divisors(n: int) -> list[int]:

@@ -4,8 +4,6 @@ Both take a `StageConfig`. ("Stage" means these pre-RL training stages only; an 
 iteration is made of steps, `workbench.steps`.)
 """
 
-import warnings
-
 from workbench.stages.reward_model import pairwise_accuracy, train_reward_model
 from workbench.stages.sft import (
     StageConfig,
@@ -26,10 +24,3 @@ __all__ = [
     "train_reward_model",
     "train_sft",
 ]
-
-
-def __getattr__(name: str):
-    if name in ("SFTConfig", "RewardModelConfig"):  # one config for every stage
-        warnings.warn(f"{name} is now StageConfig", DeprecationWarning, stacklevel=2)
-        return StageConfig
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

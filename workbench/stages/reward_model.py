@@ -6,7 +6,6 @@ answer is "chosen" to cost more).
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import torch
@@ -14,13 +13,6 @@ import torch.nn.functional as F
 
 from workbench.models.value import last_token_index, load_value_model, token_values
 from workbench.stages.sft import StageConfig, encode_examples, fit
-
-
-def __getattr__(name: str):
-    if name == "RewardModelConfig":  # one config for every stage
-        warnings.warn("RewardModelConfig is now StageConfig", DeprecationWarning, stacklevel=2)
-        return StageConfig
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def sequence_scores(model, tokenizer, prompts: list[str], responses: list[str], max_length: int) -> torch.Tensor:

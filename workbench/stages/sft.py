@@ -14,7 +14,6 @@ minutes on a CPU. The result is saved as a normal Hugging Face checkpoint direct
 from __future__ import annotations
 
 import random
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,13 +41,6 @@ class StageConfig:
     seed: int = 0
     log_every: int = 50
     """Print the loss every this many steps (0 = quiet)."""
-
-
-def __getattr__(name: str):
-    if name == "SFTConfig":  # one config for every stage
-        warnings.warn("SFTConfig is now StageConfig", DeprecationWarning, stacklevel=2)
-        return StageConfig
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def fit(
