@@ -46,7 +46,7 @@ def test_future_flows_between_groups_with_different_dp(session):
     out = valued.get()
     assert out["x"].tolist() == [0.0, 6.0, 12.0, 18.0, 24.0]
     assert list(out["uid"]) == [f"u{i}" for i in range(5)]
-    assert out["seen_by"].tolist() == [0] * 5  # 3D_PROTO collects tp rank 0
+    assert out["seen_by"].tolist() == [0] * 5  # THREE_D_PROTO collects tp rank 0
     assert generated._value is _UNSET  # the driver never fetched the actor's output
     # And the other way: dp=1 source into a dp=2 destination, then driver-side check.
     back = actor.double(valued).get()

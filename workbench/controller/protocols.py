@@ -129,23 +129,23 @@ ALL_TO_ALL = Protocol("ALL_TO_ALL", one_per_rank, as_list)
 DP_PROTO = Protocol("DP_PROTO", scatter(lambda m, r: r), concat)
 """Plain data parallelism: one chunk per rank; outputs concatenated in rank order."""
 
-THREE_D_PROTO = Protocol("3D_PROTO", scatter(lambda m, r: m.coord(r).dp), concat, _last_pp_first_tp)
+THREE_D_PROTO = Protocol("THREE_D_PROTO", scatter(lambda m, r: m.coord(r).dp), concat, _last_pp_first_tp)
 """Split by DP size, broadcast inside each model-parallel group; collect from tp=0 of the
 last pipeline stage of every DP group."""
 
-THREE_D_ALL_MICRO_DP = Protocol("3D_ALL_MICRO_DP", scatter(lambda m, r: m.gen_replica(r)), concat, _gen_replica_heads)
+THREE_D_ALL_MICRO_DP = Protocol("THREE_D_ALL_MICRO_DP", scatter(lambda m, r: m.gen_replica(r)), concat, _gen_replica_heads)
 """Hybrid-engine generation: split over every generation replica (dp * micro_dp of them),
 broadcast inside a replica; collect one rank per replica."""
 
-THREE_D_PP_ONLY = Protocol("3D_PP_ONLY", broadcast, as_list, _pp_stage_heads)
+THREE_D_PP_ONLY = Protocol("THREE_D_PP_ONLY", broadcast, as_list, _pp_stage_heads)
 """Broadcast; collect tp=0, dp=0 of every pipeline stage (e.g. inspecting weight names)."""
 
 DP_REDUCED = Protocol("DP_REDUCED", DP_PROTO.distribute, first, lambda m: [0])
 """Split like DP_PROTO; the ranks reduce their results among themselves (e.g. all-reduced
 training metrics), so rank 0's output is the answer."""
 
-THREE_D_REDUCED = Protocol("3D_REDUCED", THREE_D_PROTO.distribute, first, lambda m: [0])
-"""Split like 3D_PROTO; the ranks reduce their results among themselves, so rank 0's output
+THREE_D_REDUCED = Protocol("THREE_D_REDUCED", THREE_D_PROTO.distribute, first, lambda m: [0])
+"""Split like THREE_D_PROTO; the ranks reduce their results among themselves, so rank 0's output
 is the answer (the 3D twin of DP_REDUCED, e.g. training metrics)."""
 
 ONE_TO_ALL_KEEP_RANK0 = Protocol("ONE_TO_ALL_KEEP_RANK0", broadcast, first, lambda m: [0])

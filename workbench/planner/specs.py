@@ -3,7 +3,7 @@ The named clusters (A100, H100, H200, this machine) are built in `clusters`.
 
 Units everywhere in the planner: bytes, seconds, FLOP/s, bytes/s.
 Sources: Llama 2 paper (Touvron et al. 2023) for the model shapes; HybridFlow §8.1 for the
-testbed and workload (see `/work/shared/reference/hybridflow.md` §5).
+testbed and workload (16 machines of 8 A100-80GB; prompts and responses of 1024 tokens).
 """
 
 from __future__ import annotations
