@@ -1,10 +1,13 @@
 """The profiler on real Ray workers: a few tiny shapes, then a fit that predicts them."""
 
+import json
+from dataclasses import replace
+
 import pytest
 
 from workbench.models import make_tiny
-from workbench.planner import cluster_preset
-from workbench.planner.profiler import Profiler, ProfileShapes
+from workbench.planner import cluster_preset, profiler
+from workbench.planner.profiler import ProfileShapes, calibrate
 
 TINY = ProfileShapes(
     forward=((4, 8, 8), (8, 16, 8)),
@@ -16,13 +19,18 @@ TINY = ProfileShapes(
 )
 
 
-def test_profile_and_fit_on_workers(session, tmp_path_factory):
-    model = make_tiny("1m", tmp_path_factory.mktemp("models") / "tiny-1m")
-    profiler = Profiler(session, {"kit-1m": model}, TINY, devices=2)
-    try:
-        cal = profiler.calibration()
-    finally:
-        profiler.close()
+def test_profile_and_fit_on_workers(session, tmp_path_factory, monkeypatch):
+    models = {"kit-1m": str(make_tiny("1m", tmp_path_factory.mktemp("models") / "tiny-1m"))}
+    cache = tmp_path_factory.mktemp("calibration") / "local.json"
+    cal = calibrate(session, models, TINY, devices=2, cache=cache)
+    assert not {"calibration_one", "calibration_all"} & set(session.pools)  # the probes are gone
+    # Cached: the same machine, models, shapes and devices load it and profile nothing.
+    monkeypatch.setattr(profiler, "Profiler", None)  # calling it would fail
+    again = calibrate(session, models, TINY, devices=2, cache=cache)
+    assert json.dumps(again.to_dict(), sort_keys=True) == json.dumps(cal.to_dict(), sort_keys=True)
+    with pytest.raises(TypeError):  # other shapes: profiled again
+        calibrate(session, models, replace(TINY, repeats=2), devices=2, cache=cache)
+    monkeypatch.undo()
     kinds = sorted({t.kind for t in cal.timings})
     assert kinds == ["generate", "inference", "sync", "train"] and len(cal.timings) == 6 + 3
     sharded = [t for t in cal.timings if t.dp == 2]

@@ -16,10 +16,14 @@ workload a benchmark will later run.
 from __future__ import annotations
 
 import copy
+import hashlib
 import os
+import platform
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil
 import torch
@@ -34,7 +38,8 @@ from workbench.engines.forward import model_outputs, response_log_probs
 from workbench.engines.hf_rollout import HFRollout, weightless_copy
 from workbench.engines.rollout import SamplingConfig, response_texts
 from workbench.models.load import load
-from workbench.planner.calibrate import Calibration, CollectiveTiming, Timing, fit
+from workbench.planner import calibrate as calibrate_module
+from workbench.planner.calibrate import Calibration, CollectiveTiming, Timing, fit, load_calibration
 from workbench.planner.specs import ModelSpec
 
 
@@ -338,11 +343,42 @@ class Profiler:
 
 
 def calibrate(
-    session, models: dict[str, str], shapes: ProfileShapes = ProfileShapes(), devices: int = 4
+    session,
+    models: dict[str, str],
+    shapes: ProfileShapes = ProfileShapes(),
+    devices: int = 4,
+    cache: str | Path | None = None,
 ) -> Calibration:
-    """Profile once, fit the local preset's figures (see `calibrate.fit`), remove the probes."""
+    """Profile once, fit the local preset's figures (see `calibrate.fit`), remove the probes.
+
+    Profiling takes minutes. With `cache` (a file), a calibration saved there is used instead
+    when it was made on this machine for the same models, shapes, devices and profiler code
+    (`calibration_key`); otherwise the new one is saved there."""
+    key = calibration_key(models, shapes, devices) if cache is not None else None
+    if cache is not None and Path(cache).exists():
+        saved = load_calibration(cache)
+        if saved.machine.get("key") == key:
+            return saved
     profiler = Profiler(session, models, shapes, devices)
     try:
-        return profiler.calibration()
+        fitted = profiler.calibration()
     finally:
         profiler.close()
+    if cache is not None:
+        fitted.machine["key"] = key
+        staging = Path(cache).with_name(f".{Path(cache).name}.{os.getpid()}")
+        fitted.save(staging).replace(cache)  # whole or nothing: a reader never sees half a file
+    return fitted
+
+
+def calibration_key(models: dict[str, str], shapes: ProfileShapes, devices: int) -> str:
+    """What a calibration depends on: the machine (CPU model, cores, memory, torch), each model's
+    config, the shapes and devices profiled, and the code that profiles and fits."""
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else [platform.processor()]
+    cpu = next((line for line in lines if "model name" in line), lines[0] if lines else "")
+    machine = [cpu, str(os.cpu_count()), str(psutil.virtual_memory().total), torch.__version__]
+    parts = [*machine, repr(shapes), str(devices)]
+    parts += [f"{name}:{(Path(path) / 'config.json').read_text()}" for name, path in sorted(models.items())]
+    parts += [Path(module.__file__).read_text() for module in (sys.modules[__name__], calibrate_module)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
