@@ -22,6 +22,7 @@ import itertools
 import json
 import resource
 import sys
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -55,6 +56,45 @@ class SpanSource(Protocol):
         """The spans of the `drains` that `answers` ({ref: spans}) holds, tagged; the rest
         stay in `drains` for the next drain."""
         ...
+
+
+class CallTags:
+    """The tags of driver calls whose spans have not all been drained yet: kept from the call
+    (`keep`, with how many spans it will have) until each of them has been taken (`settle`), so
+    a long run keeps only the calls in flight; at most `limit` (a dead rank's spans never come)."""
+
+    def __init__(self, limit: int = 100_000):
+        self.limit = limit
+        self._tags: OrderedDict[int, dict] = OrderedDict()
+        self._due: dict[int, int] = {}  # call number -> spans not taken yet
+
+    def keep(self, number: int, tags: dict, spans: int) -> dict:
+        """Keep call `number`'s tags; the dict returned can still be added to (the step clock
+        adds iteration and step) until the call's spans are taken."""
+        self._tags[number], self._due[number] = tags, spans
+        while len(self._tags) > self.limit:
+            self._due.pop(self._tags.popitem(last=False)[0], None)
+        return tags
+
+    def of(self, number: int | None) -> dict:
+        return self._tags.get(number, {}) if number is not None else {}
+
+    def settle(self, number: int | None) -> None:
+        """One of call `number`'s spans was taken (its tags go with the last)."""
+        if number in self._due:
+            self._due[number] -= 1
+            if self._due[number] <= 0:
+                del self._due[number], self._tags[number]
+
+    def __len__(self) -> int:
+        return len(self._tags)
+
+
+def take_answers(drains: list, answers: dict) -> tuple[list[CallRecord], list]:
+    """The spans `answers` ({ref: spans}) holds for `drains`, and the drains not answered yet
+    (kept for the next drain, so no span is lost)."""
+    records = [r for ref in drains if ref in answers for r in answers[ref]]
+    return records, [ref for ref in drains if ref not in answers]
 
 
 _SPAN_SOURCES: list[SpanSource] = []

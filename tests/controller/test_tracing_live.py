@@ -10,7 +10,7 @@ from tests.controller.workers import EchoWorker
 from workbench import Batch, tags
 from workbench.clock import StepClock
 from workbench.controller.worker_group import take_answers
-from workbench.tracing import CallRecord, add_span_source, load_records, remove_span_source, save_records
+from workbench.tracing import CallRecord, CallTags, add_span_source, load_records, remove_span_source, save_records
 
 
 def rows(n):
@@ -152,6 +152,19 @@ def test_call_tags_are_kept_only_until_every_rank_span_is_drained(session):
     long_call.get()
     session.trace()
     assert not hostset.call_tags and not hostset.task_calls
+
+
+def test_call_tags_keep_at_most_their_limit_and_go_with_the_last_span():
+    kept = CallTags(limit=2)
+    for number in range(3):
+        kept.keep(number, {"n": number}, spans=2)
+    assert len(kept) == 2 and kept.of(0) == {} and kept.of(2) == {"n": 2}  # the oldest dropped
+    kept.settle(2)
+    assert kept.of(2) == {"n": 2}  # one span of two taken
+    kept.settle(2)
+    assert kept.of(2) == {} and len(kept) == 1
+    kept.settle(0)  # dropped before its spans came: nothing to settle
+    kept.settle(None)  # a span of no driver call
 
 
 @ray.remote(num_cpus=0)

@@ -133,7 +133,9 @@ THREE_D_PROTO = Protocol("THREE_D_PROTO", scatter(lambda m, r: m.coord(r).dp), c
 """Split by DP size, broadcast inside each model-parallel group; collect from tp=0 of the
 last pipeline stage of every DP group."""
 
-THREE_D_ALL_MICRO_DP = Protocol("THREE_D_ALL_MICRO_DP", scatter(lambda m, r: m.gen_replica(r)), concat, _gen_replica_heads)
+THREE_D_ALL_MICRO_DP = Protocol(
+    "THREE_D_ALL_MICRO_DP", scatter(lambda m, r: m.gen_replica(r)), concat, _gen_replica_heads
+)
 """Hybrid-engine generation: split over every generation replica (dp * micro_dp of them),
 broadcast inside a replica; collect one rank per replica."""
 

@@ -30,7 +30,7 @@ from workbench.controller.resource_pool import ResourcePool
 from workbench.controller.worker import AFTER, META, TASK, TRACE_GROUP, entry_name, host_class
 from workbench.data.batch import Batch
 from workbench.errors import DispatchError, GroupRemovedError, WorkerCallError, WorkerDiedError
-from workbench.tracing import CallRecord, current_tags, new_call_number
+from workbench.tracing import CallRecord, CallTags, current_tags, new_call_number, take_answers
 
 MAX_CALL_TAGS = 100_000  # tags kept per host set for spans not drained yet
 
@@ -102,9 +102,8 @@ class HostSet:
         remote_host = ray.remote(concurrency_groups={TRACE_GROUP: 1})(host_cls)  # type: ignore[call-overload]  # not in Ray's stubs
         self.key = warm_key(pool, threads, roles)
         """What a warm process must match to serve this set (see ResourcePool.parked)."""
-        self.call_tags: OrderedDict[int, dict] = OrderedDict()
+        self.call_tags = CallTags(MAX_CALL_TAGS)
         """Tags of driver calls whose spans have not all been drained yet (see tag_call)."""
-        self._spans_due: dict[int, int] = {}  # call number -> ranks whose span has not arrived
         self.task_calls: OrderedDict[bytes, int] = OrderedDict()
         """Ray task id -> driver call number, for rank tasks whose own span is not drained yet (see note_task)."""
         self.drains: list = []
@@ -173,11 +172,7 @@ class HostSet:
         are drained. They are dropped once every rank's span of the call has been drained (a
         rank's spans recorded inside the call come before its own), so a long run keeps only
         the tags of calls in flight; MAX_CALL_TAGS bounds those a dead rank never answers."""
-        self.call_tags[number] = tags
-        self._spans_due[number] = ranks
-        while len(self.call_tags) > MAX_CALL_TAGS:
-            self._spans_due.pop(self.call_tags.popitem(last=False)[0], None)
-        return tags
+        return self.call_tags.keep(number, tags, ranks)
 
     def note_task(self, ref: ray.ObjectRef, number: int) -> None:
         """Rank task of call `number` (by one of its refs): its spans name the task, and
@@ -246,18 +241,13 @@ class HostSet:
         records, self.drains = take_answers(self.drains, answers)
         tasks = [self._number_span(r) for r in records]
         for r in records:
-            r.extra.update(self.call_tags.get(r.extra.get("call", -1), {}))
+            r.extra.update(self.call_tags.of(r.extra.get("call")))
         for r, task in zip(records, tasks):  # after tagging them all: a call's spans may share this drain
             if r.call_id < 0:  # an inner span (record_span), not the call's own
                 continue
             if task is not None:
                 self.task_calls.pop(task, None)
-            number = r.extra.get("call")
-            if number in self._spans_due:
-                self._spans_due[number] -= 1
-                if self._spans_due[number] <= 0:
-                    del self._spans_due[number]
-                    self.call_tags.pop(number, None)
+            self.call_tags.settle(r.extra.get("call"))
         return records
 
     def _number_span(self, record: CallRecord) -> bytes | None:
@@ -618,13 +608,6 @@ def wait_answers(drains: list, timeout: float) -> dict:
         return dict(zip(ready, ray.get(ready)))
     except ray.exceptions.RayActorError:  # a process died: the others' answers one by one
         return {ref: _answer(ref) for ref in ready}
-
-
-def take_answers(drains: list, answers: dict) -> tuple[list[CallRecord], list]:
-    """The spans `answers` holds for `drains`, and the drains not answered yet (kept for the
-    next drain, so no span is lost)."""
-    records = [r for ref in drains if ref in answers for r in answers[ref]]
-    return records, [ref for ref in drains if ref not in answers]
 
 
 def _answer(ref) -> list[CallRecord]:

@@ -27,7 +27,7 @@ import multiprocessing
 import os
 import time
 import traceback
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 
 import ray
@@ -39,10 +39,9 @@ from workbench.controller.future import CallInfo, DataFuture, describe_output
 from workbench.controller.mesh import Mesh
 from workbench.controller.protocols import concat
 from workbench.controller.worker import MAX_RECORDS, TRACE_GROUP, resolve_input
-from workbench.controller.worker_group import take_answers
 from workbench.data.batch import PAD_KEY, Batch
 from workbench.errors import DispatchError, WorkbenchError
-from workbench.tracing import CallRecord, add_span_source, current_tags, new_call_number
+from workbench.tracing import CallRecord, CallTags, add_span_source, current_tags, new_call_number, take_answers
 
 SCORER_NAMESPACE = "workbench"
 SCORER_PREFIX = "workbench:reward_scorer:"
@@ -167,16 +166,13 @@ class ScorerSpans:
     workbench.tracing.SpanSource), tagged with their calls' tags as HostSet tags a group's."""
 
     def __init__(self):
-        self.call_tags: OrderedDict[int, list] = OrderedDict()  # call number -> [tags, spans not drained yet]
+        self.call_tags = CallTags(MAX_CALL_TAGS)
         self.drains: list = []
         """drain_records calls that have not answered yet (the next drain collects them)."""
 
     def tag_call(self, number: int, tags: dict, pieces: int) -> dict:
-        """Keep a scoring call's tags until its spans are drained (as HostSet.tag_call does)."""
-        self.call_tags[number] = [tags, pieces]
-        while len(self.call_tags) > MAX_CALL_TAGS:
-            self.call_tags.popitem(last=False)
-        return tags
+        """Keep a scoring call's tags until the spans of its `pieces` are drained."""
+        return self.call_tags.keep(number, tags, pieces)
 
     def request_records(self) -> None:
         if ray.is_initialized():
@@ -185,12 +181,8 @@ class ScorerSpans:
     def take_records(self, answers: dict) -> list[CallRecord]:
         records, self.drains = take_answers(self.drains, answers)
         for r in records:
-            entry = self.call_tags.get(r.extra.get("call"))
-            if entry is not None:
-                r.extra.update(entry[0])
-                entry[1] -= 1
-                if entry[1] <= 0:
-                    del self.call_tags[r.extra["call"]]
+            r.extra.update(self.call_tags.of(r.extra.get("call")))
+            self.call_tags.settle(r.extra.get("call"))
         return records
 
 
