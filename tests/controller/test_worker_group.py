@@ -153,6 +153,11 @@ def test_worker_error_names_role_rank_method_and_group_stays_usable(session):
     assert "critic.fail_on failed on rank 1" in message
     assert "ValueError: boom on purpose at rank 1" in message  # the remote traceback
     assert group.fail_on(5).get() == [0, 1]
+    # Arguments that do not fit the method are refused on the driver, before any remote work.
+    with pytest.raises(DispatchError, match=r"critic.fail_on\(self, rank.*unexpected keyword argument 'bogus'"):
+        group.fail_on(1, bogus=2)
+    with pytest.raises(DispatchError, match=r"critic.double\(self, batch.*missing a required argument: 'batch'"):
+        group.double()
 
 
 def test_killed_worker_is_reported_and_group_can_be_recreated(session):

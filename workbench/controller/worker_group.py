@@ -12,6 +12,8 @@ separate groups.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
@@ -468,12 +470,21 @@ class WorkerGroup:
         return plan
 
     def _check_inputs(self, method: str, args: tuple, kwargs: dict) -> None:
-        """The config's own driver-side checks of these inputs; no reserved keyword names."""
-        if self._check_call is not None:
-            self._check_call(self.role, method, args, kwargs)
+        """No reserved keyword names; the arguments fit the method's signature; then the
+        config's own driver-side checks of them, by parameter name (`check_call`)."""
         reserved = [k for k in kwargs if k.startswith("_wb_")]
         if reserved:
             raise DispatchError(f"{self.role}.{method}: keyword names starting with _wb_ are reserved: {reserved}")
+        signature = _signature(self.cls, method)
+        if signature is None:
+            return
+        try:
+            bound = signature.bind(None, *args, **kwargs)  # None for self
+        except TypeError as e:
+            raise DispatchError(f"{self.role}.{method}{signature}: {e}") from None
+        if self._check_call is not None:
+            bound.apply_defaults()
+            self._check_call(self.role, method, dict(list(bound.arguments.items())[1:]))
 
     def _distribute(self, plan: MethodPlan, args: tuple, kwargs: dict) -> list[tuple[tuple, dict]] | None:
         """Each rank's (args, kwargs), split per the method's protocol; None when there are none."""
@@ -608,6 +619,15 @@ def wait_answers(drains: list, timeout: float) -> dict:
         return dict(zip(ready, ray.get(ready)))
     except ray.exceptions.RayActorError:  # a process died: the others' answers one by one
         return {ref: _answer(ref) for ref in ready}
+
+
+@functools.cache
+def _signature(cls: type, method: str) -> inspect.Signature | None:
+    """The worker method's signature, self first (None where Python cannot tell it)."""
+    try:
+        return inspect.signature(getattr(cls, method))
+    except (TypeError, ValueError):
+        return None
 
 
 def _answer(ref) -> list[CallRecord]:

@@ -228,13 +228,14 @@ class ActorConfig:
         if self.train:
             check_rows_split("ActorConfig", self.mini_batch_size, rows, role)
 
-    def check_call(self, role: str, method: str, args: tuple, kwargs: dict) -> None:
-        """Driver-side check of a call's inputs, before it is sent (see WorkerGroup.call)."""
-        batch = args[0] if args else kwargs.get("prompts", kwargs.get("batch"))
+    def check_call(self, role: str, method: str, arguments: dict) -> None:
+        """Driver-side check of a call's inputs (by parameter name, defaults filled in), before
+        it is sent (see WorkerGroup.call)."""
+        batch = arguments.get("prompts", arguments.get("batch"))
         if not isinstance(batch, Batch) or "input_ids" not in batch:
             return
         if method == "generate_sequences":
-            sampling = args[1] if len(args) > 1 else kwargs.get("sampling", SamplingConfig())
+            sampling = arguments["sampling"]
             limit = check_model_dir(self.model_path, "ActorConfig.model_path", "causal", self.load.trust_remote_code)
             if self.rollout == "vllm":
                 limit = min(limit or self.vllm.max_model_len, self.vllm.max_model_len)
@@ -242,7 +243,7 @@ class ActorConfig:
                 limit, batch["input_ids"].shape[1], sampling.max_new_tokens, "ActorConfig.model_path", self.model_path
             )
         elif method == "generate_episodes":
-            env = args[1] if len(args) > 1 else kwargs.get("env")
+            env = arguments["env"]
             if not isinstance(env, Environment):
                 raise ConfigError(
                     f"{role}.generate_episodes(env=...)",
@@ -253,7 +254,7 @@ class ActorConfig:
                 raise ConfigError(
                     "ActorConfig.rollout", None, "multi-turn episodes need a rollout engine: set rollout='hf' or 'vllm'"
                 )
-            episode = args[3] if len(args) > 3 else kwargs.get("episodes", EpisodeConfig())
+            episode = arguments["episodes"]
             limit = check_model_dir(self.model_path, "ActorConfig.model_path", "causal", self.load.trust_remote_code)
             if self.rollout == "vllm":
                 limit = min(limit or self.vllm.max_model_len, self.vllm.max_model_len)

@@ -119,8 +119,8 @@ class CriticConfig:
                 f"raise mini_batch_size to {rows} or turn reuse_values_forward off",
             )
 
-    def check_call(self, role: str, method: str, args: tuple, kwargs: dict) -> None:
-        batch = args[0] if args else kwargs.get("batch")
+    def check_call(self, role: str, method: str, arguments: dict) -> None:
+        batch = arguments.get("batch")
         if method == "update_critic" and isinstance(batch, Batch):
             self.check_rows(batch.num_valid, role)
 
