@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import inspect
 import os
 import platform
 import statistics
@@ -380,5 +381,5 @@ def calibration_key(models: dict[str, str], shapes: ProfileShapes, devices: int)
     machine = [cpu, str(os.cpu_count()), str(psutil.virtual_memory().total), torch.__version__]
     parts = [*machine, repr(shapes), str(devices)]
     parts += [f"{name}:{(Path(path) / 'config.json').read_text()}" for name, path in sorted(models.items())]
-    parts += [Path(module.__file__).read_text() for module in (sys.modules[__name__], calibrate_module)]
+    parts += [inspect.getsource(module) for module in (sys.modules[__name__], calibrate_module)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
