@@ -58,12 +58,16 @@ class SpanSource(Protocol):
         ...
 
 
+MAX_CALL_TAGS = 100_000
+"""Calls whose tags a CallTags keeps at most (a dead rank's spans never come to settle them)."""
+
+
 class CallTags:
     """The tags of driver calls whose spans have not all been drained yet: kept from the call
     (`keep`, with how many spans it will have) until each of them has been taken (`settle`), so
-    a long run keeps only the calls in flight; at most `limit` (a dead rank's spans never come)."""
+    a long run keeps only the calls in flight; at most `limit`."""
 
-    def __init__(self, limit: int = 100_000):
+    def __init__(self, limit: int = MAX_CALL_TAGS):
         self.limit = limit
         self._tags: OrderedDict[int, dict] = OrderedDict()
         self._due: dict[int, int] = {}  # call number -> spans not taken yet

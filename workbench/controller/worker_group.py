@@ -32,9 +32,7 @@ from workbench.controller.resource_pool import ResourcePool
 from workbench.controller.worker import AFTER, META, TASK, TRACE_GROUP, entry_name, host_class
 from workbench.data.batch import Batch
 from workbench.errors import DispatchError, GroupRemovedError, WorkerCallError, WorkerDiedError
-from workbench.tracing import CallRecord, CallTags, current_tags, new_call_number, take_answers
-
-MAX_CALL_TAGS = 100_000  # tags kept per host set for spans not drained yet
+from workbench.tracing import MAX_CALL_TAGS, CallRecord, CallTags, current_tags, new_call_number, take_answers
 
 _JOINT: ContextVar[list[tuple[ResourcePool, tuple]] | None] = ContextVar("joint_calls", default=None)
 """The calls issued so far inside a `joint_calls` block, (pool, (host set, refs)) each; None
@@ -104,7 +102,7 @@ class HostSet:
         remote_host = ray.remote(concurrency_groups={TRACE_GROUP: 1})(host_cls)  # type: ignore[call-overload]  # not in Ray's stubs
         self.key = warm_key(pool, threads, roles)
         """What a warm process must match to serve this set (see ResourcePool.parked)."""
-        self.call_tags = CallTags(MAX_CALL_TAGS)
+        self.call_tags = CallTags()
         """Tags of driver calls whose spans have not all been drained yet (see tag_call)."""
         self.task_calls: OrderedDict[bytes, int] = OrderedDict()
         """Ray task id -> driver call number, for rank tasks whose own span is not drained yet (see note_task)."""

@@ -49,8 +49,6 @@ LOAD_TIMEOUT = 120.0
 """Seconds a scoring process may take to load a reward function (its imports), apart from the time limit."""
 SCORER_POOL = "rule_reward"
 """The pool (and role) name of scoring spans in the trace."""
-MAX_CALL_TAGS = 100_000
-"""Tags kept for scoring calls whose spans have not been drained yet."""
 
 
 class RuleRewardError(WorkbenchError):
@@ -166,7 +164,7 @@ class ScorerSpans:
     workbench.tracing.SpanSource), tagged with their calls' tags as HostSet tags a group's."""
 
     def __init__(self):
-        self.call_tags = CallTags(MAX_CALL_TAGS)
+        self.call_tags = CallTags()
         self.drains: list = []
         """drain_records calls that have not answered yet (the next drain collects them)."""
 
