@@ -67,9 +67,9 @@ LAYOUTS = {  # name: (tp, dp, gen_tp), p = p_g = 1
 class TransitionBenchWorker(ActorRolloutRefWorker):
     """The actor, plus a barrier before each switch and the raw all-gather baseline."""
 
-    def _sync_rollout_weights(self) -> None:
+    def _prepare_generation(self) -> None:
         dist.barrier()  # every rank starts the switch together: dispatch skew is not its cost
-        super()._sync_rollout_weights()
+        super()._prepare_generation()
 
     @register(ONE_TO_ALL)
     def timed_switch(self, executor: str) -> dict:
@@ -77,7 +77,7 @@ class TransitionBenchWorker(ActorRolloutRefWorker):
         behind a barrier): its seconds and the bytes this rank received."""
         # (No `self.config` here: a method naming an attribute `config` beside `dist` makes Ray's
         # cloudpickle ship the submodule torch.distributed.config, which does not pickle.)
-        engine = self.hybrid
+        engine = self.generation.hybrid
         engine.to_training()
         engine.executor, previous = executor, engine.executor
         try:
@@ -92,7 +92,7 @@ class TransitionBenchWorker(ActorRolloutRefWorker):
     def raw_all_gather(self, received_by_rank: list[int]) -> float:
         """Seconds of one all_gather_single of this rank's contribution (bytes it received in
         the switch / (group size - 1)) inside the gather group the hybrid engine formed."""
-        members, group = self.hybrid.gather_members, self.hybrid.gather_group
+        members, group = self.generation.hybrid.gather_members, self.generation.hybrid.gather_group
         if len(members) == 1:
             return 0.0
         numel = received_by_rank[self.rank] // (len(members) - 1) // 4
@@ -108,10 +108,11 @@ class TransitionBenchWorker(ActorRolloutRefWorker):
         """Seconds of the switch's collectives alone: one all_gather_single per weight, of the
         part this rank sends for it, into outputs allocated and touched before the clock (no
         allocation, no re-assembly): how much of the switch is the number of collectives."""
-        members, group = self.hybrid.gather_members, self.hybrid.gather_group
+        members, group = self.generation.hybrid.gather_members, self.generation.hybrid.gather_group
         if len(members) == 1:
             return 0.0
-        parts = [local(train).reshape(-1) for _, train, _ in self.hybrid.pairs if shard_dim(train) is not None]
+        pairs = self.generation.hybrid.pairs
+        parts = [local(train).reshape(-1) for _, train, _ in pairs if shard_dim(train) is not None]
         if self.mesh.transition == "deepspeed_chat":  # each data-parallel copy sends 1/d of its piece
             parts = [p.chunk(self.mesh.dp)[self.coord.dp] for p in parts]
         parts = [p.contiguous() for p in parts]
@@ -129,11 +130,11 @@ class TransitionBenchWorker(ActorRolloutRefWorker):
         all_gather_single, then copy each weight's generation piece out, all into buffers kept
         from the previous call (no allocation). 0.0 where there is nothing to gather or for
         deepspeed_chat (its 1/d parts are not prototyped)."""
-        members, group = self.hybrid.gather_members, self.hybrid.gather_group
+        members, group = self.generation.hybrid.gather_members, self.generation.hybrid.gather_group
         if len(members) == 1 or self.mesh.transition == "deepspeed_chat":
             return 0.0
         if getattr(self, "_buckets", None) is None:
-            self._buckets = _layer_buckets(self.hybrid.pairs, len(members))
+            self._buckets = _layer_buckets(self.generation.hybrid.pairs, len(members))
         dist.barrier()
         start = time.perf_counter()
         for pieces, send, recv, outputs in self._buckets:

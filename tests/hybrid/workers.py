@@ -13,7 +13,7 @@ class CorruptibleActor(ActorRolloutRefWorker):
     def corrupt_next_switch(self, rank: int, on: bool = True) -> None:
         """On `rank`, add 1.0 to the last element of every gathered generation piece: a weight
         that belongs to another rank's training piece, as a broken gather would misplace it."""
-        engine = self.hybrid
+        engine = self.generation.hybrid
         engine.__dict__.pop("_generation_piece", None)  # back to the class's method
         if on and self.rank == rank:
             honest = engine._generation_piece
@@ -28,7 +28,7 @@ class CorruptibleActor(ActorRolloutRefWorker):
     @register(ONE_TO_ALL)
     def use_transition_executor(self, executor: str) -> None:
         """Switch by `executor` from the next generation on (until the layout changes)."""
-        self.hybrid.executor = executor
+        self.generation.hybrid.executor = executor
 
     @register(ONE_TO_ALL)
     def switch_by_each_executor(self) -> dict:
@@ -36,7 +36,7 @@ class CorruptibleActor(ActorRolloutRefWorker):
         switch's stats, whether each cut training piece lives inside its generation piece while
         generating and came back bit-identical (own contiguous storage) after; and the names of
         the generation pieces that differ between the two."""
-        engine, executor = self.hybrid, self.hybrid.executor
+        engine, executor = self.generation.hybrid, self.generation.hybrid.executor
         engine.to_training()
         cut = _cut_pairs(engine)
         before = {name: local(train).clone() for name, train, _ in cut}

@@ -1,14 +1,11 @@
 """ActorRolloutRefWorker: the actor's training, its rollout and (optionally) the reference policy,
 in one process per device — the hybrid engine of HybridFlow §5.
 
-Training weights are FSDP2 or DeepSpeed ZeRO shards over the data-parallel ranks
-(`ActorConfig.backend`). Where a rank holds its training weights whole (one data-parallel rank,
-or ZeRO-1/2) the HF rollout reads those very tensors: no generation copy, nothing to sync.
-Otherwise the rollout engine holds its own generation copy, and before a generation that
-follows an update every rank streams the full weights into it one tensor at a time (each
-gathered from the shards as it is reached, loaded in place: no restart, no disk, no gathered
-copy of the whole model). Each sync is recorded in the trace (`hybrid.sync_weights`, with its
-seconds, bytes and memory).
+Training weights are FSDP2, DeepSpeed ZeRO or 3D (pipeline, tensor and data parallel) shards
+(`ActorConfig.backend`). How the rollout gets them is one strategy object,
+`self.generation` (workbench.workers.generation): it reads the training tensors, keeps a copy
+synced tensor by tensor after each update (recorded in the trace as `hybrid.sync_weights`, with
+its seconds, bytes and memory), or switches layouts through the 3D-HybridEngine.
 
 With `lora` set (workbench.models.lora) the base stays frozen and only the adapters train: the
 reference policy is the same module with its adapters disabled (no second copy), a sync moves
@@ -21,7 +18,6 @@ With `train=False, rollout=None, reference=True` the same class is a plain refer
 from __future__ import annotations
 
 import copy
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -29,7 +25,6 @@ from dataclasses import dataclass, field, replace
 import psutil
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh
 
 from workbench import checks
 from workbench.agents.env import Environment
@@ -39,17 +34,16 @@ from workbench.engines.backends import BACKENDS, check_data_parallel_only, make_
 from workbench.engines.contract import Forward, LossFn, OptimConfig, check_training_fields, needs
 from workbench.engines.forward import model_outputs, response_log_probs, sequence_nll
 from workbench.engines.frozen import check_keep, frozen_load_config, keep_frozen, kept_bytes
-from workbench.engines.hf_rollout import HFRollout, HFRolloutConfig, weightless_copy
+from workbench.engines.hf_rollout import HFRolloutConfig
 from workbench.engines.multi_turn import EpisodeConfig, Episodes
 from workbench.engines.pipeline import PipelinedModel
-from workbench.engines.pipelined_rollout import PipelinedRollout, check_pipelined_rollout
-from workbench.engines.rollout import SamplingConfig, end_token_ids, response_texts, stream_seed
+from workbench.engines.pipelined_rollout import check_pipelined_rollout
+from workbench.engines.rollout import SamplingConfig, response_texts, stream_seed
 from workbench.engines.tensor_parallel import check_tensor_parallel_layout, parallelize, pipelined_generation
 from workbench.engines.vllm_rollout import VLLMRolloutConfig
 from workbench.errors import ConfigError
 from workbench.hybrid.channel import WeightChannel
-from workbench.hybrid.layouts import generation_groups
-from workbench.hybrid.transition import EXECUTORS, HybridEngine
+from workbench.hybrid.transition import EXECUTORS
 from workbench.models.load import (
     LoadConfig,
     check_compiled_training,
@@ -64,7 +58,6 @@ from workbench.models.load import (
 )
 from workbench.models.lora import (
     LoRAConfig,
-    adapter_weights,
     apply_lora,
     check_lora,
     check_targets,
@@ -72,6 +65,7 @@ from workbench.models.lora import (
     peft_model,
     save_lora,
 )
+from workbench.workers import generation
 from workbench.workers.updates import (
     check_mini_batch_splits,
     check_rows_split,
@@ -282,178 +276,63 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember):
         model = loaded.model
         if config.lora is not None:  # before any copy or sharding: every copy has the adapters
             model = apply_lora(model, config.lora)
-        tensor_parallel = config.backend == "3d" and self.mesh.tp > 1
-        tp_mesh = self.device_mesh["tp"] if tensor_parallel else None
-        pp_mesh = self.device_mesh["pp"] if config.backend == "3d" and self.mesh.pp > 1 else None
-        self.reference = None
-        if config.reference and config.lora is None and config.reference_keep == "whole":
-            reference = parallelize(copy.deepcopy(model), tp_mesh)  # cut like the training weights
-            reference = PipelinedModel(reference, pp_mesh) if pp_mesh is not None else reference
-            self.reference = compile_forward(keep_frozen(reference, "whole", None, self.device), config.load)
-        elif config.reference and config.lora is None:  # from the host, sharded on its way to the device
-            keep = config.reference_keep
-            on_host = load(config.model_path, frozen_load_config(config.load, self.device, config.train, keep)).model
-            self.reference = keep_frozen(on_host, keep, self.device_mesh["dp"], self.device)
-        self.hybrid = None
-        # With pipeline stages the stages generate as a pipeline, or every rank with whole
-        # weights (check_tensor_parallel_layout).
-        hybrid_layout = tensor_parallel and pp_mesh is None and config.rollout == "hf"
-        pipelined = config.rollout == "hf" and pp_mesh is not None and pipelined_generation(self.mesh)
-        if pipelined and (self.mesh.gen_tp or self.mesh.tp) < self.mesh.tp:  # stages of their own, switched into
-            self.rollout = self._staged_rollout(weightless_copy(model))  # the switch fills its weights
-        elif pipelined:
-            self.rollout = None  # built over the training stages below
-        elif hybrid_layout:
-            self.rollout = HFRollout(
-                self._generation_model(model),
-                self.tokenizer.pad_token_id,
-                end_token_ids(model, self.tokenizer),
-                config.hf,
-                tokenizer=self.tokenizer,
-            )
-        else:
-            self.rollout = self._make_rollout(model)
-        compile_forward(model, config.load)  # after the copies above: each compiles its own way
-        self.engine = None
-        if config.train:
-            self.engine = make_engine(
-                model,
-                config.optim,
-                self.device_mesh["dp"],
-                backend=config.backend,
-                zero_stage=config.zero_stage,
-                micro_batch_size=config.micro_batch_size,
-                mini_batch_size=self._rows_per_step(),
-                tp_mesh=tp_mesh,
-                compute_dtype=training_dtype(config.load, self.device, "ActorConfig"),
-                pp_mesh=pp_mesh,
-            )
-        if hybrid_layout:
-            self._switched = self.engine.model if self.engine is not None else parallelize(model, tp_mesh)
-            self.hybrid = self._hybrid_engine()
-        self.shares_weights = False
-        if isinstance(self.rollout, PipelinedRollout):  # stages of their own: the switch fills them
-            self._switched = self.engine.model.hf
-            self.hybrid = self._hybrid_engine()
-        elif pipelined:
-            self.rollout = self._pipelined_rollout()
-            self.shares_weights = True
-        elif self.engine is not None and self.hybrid is None and isinstance(self.rollout, HFRollout):
-            live = self.engine.shared_full_weights()
-            if live is not None:
-                self.rollout.share_weights(live)
-                self.shares_weights = True
-            else:  # sharded: the rollout holds its own copy, gathered one tensor at a time
-                self.rollout.materialize(self.engine.iter_full_weights())
-        self.version = 0  # bumped by every update; the rollout copy is synced lazily
-        self.rollout_version = 0
+        self.reference = self._reference(model)
+        drafted = generation.draft(self, model)  # before the engine cuts the model
+        compile_forward(model, config.load)  # after the copies: each compiles its own way
+        self.engine = self._engine(model) if config.train else None
+        self.generation = generation.bind(self, drafted, model)
+        self.version = 0  # bumped by every update; a rollout copy is synced lazily
         self.channel: WeightChannel | None = None
         self.received_version: int | None = None
         """The driver's policy version of the weights a rollout group last received (None: the
         weights are this process's own); generated rows carry it as `policy_version`."""
         self.updates = 0
 
-    def _hybrid_engine(self) -> HybridEngine:
-        staged = isinstance(self.rollout, PipelinedRollout)
-        return HybridEngine(
-            self._switched,
-            self.rollout.pipe.hf if staged else self.rollout.model,
-            self.mesh,
-            self.rank,
-            tp_group=self.device_mesh["tp"].get_group(),
-            gen_tp_group=self._gen_tp_group,
-            check=self.config.check_weight_sync,
-            executor=self.config.transition_executor,
+    def _cuts(self) -> tuple:
+        """The tensor- and pipeline-parallel sub-meshes the training weights are cut over (None
+        where the backend does not cut that way)."""
+        three_d = self.config.backend == "3d"
+        tp_mesh = self.device_mesh["tp"] if three_d and self.mesh.tp > 1 else None
+        pp_mesh = self.device_mesh["pp"] if three_d and self.mesh.pp > 1 else None
+        return tp_mesh, pp_mesh
+
+    def _reference(self, model):
+        """The reference policy's own frozen copy (None: no reference, or LoRA's base is it)."""
+        config = self.config
+        if not config.reference or config.lora is not None:
+            return None
+        tp_mesh, pp_mesh = self._cuts()
+        if config.reference_keep == "whole":
+            reference = parallelize(copy.deepcopy(model), tp_mesh)  # cut like the training weights
+            reference = PipelinedModel(reference, pp_mesh) if pp_mesh is not None else reference
+            return compile_forward(keep_frozen(reference, "whole", None, self.device), config.load)
+        keep = config.reference_keep  # from the host, sharded on its way to the device
+        on_host = load(config.model_path, frozen_load_config(config.load, self.device, config.train, keep)).model
+        return keep_frozen(on_host, keep, self.device_mesh["dp"], self.device)
+
+    def _engine(self, model):
+        config = self.config
+        tp_mesh, pp_mesh = self._cuts()
+        return make_engine(
+            model,
+            config.optim,
+            self.device_mesh["dp"],
+            backend=config.backend,
+            zero_stage=config.zero_stage,
+            micro_batch_size=config.micro_batch_size,
+            mini_batch_size=self._rows_per_step(),
+            tp_mesh=tp_mesh,
+            compute_dtype=training_dtype(config.load, self.device, "ActorConfig"),
+            pp_mesh=pp_mesh,
         )
 
-    def _pipelined_rollout(self) -> PipelinedRollout:
-        """Generation over the training stages (checked on the driver: the actor trains)."""
-        tp_group = self.device_mesh["tp"].get_group() if self.mesh.tp > 1 else None
-        return self._rollout_over(self.engine.model, tp_group)
-
-    def _staged_rollout(self, skeleton) -> PipelinedRollout:
-        """Generation over stages of its own, cut over the generation tensor-parallel groups of
-        each stage (gen_tp < tp): the hybrid engine fills their weights at each switch."""
-        groups = torch.tensor(generation_groups(self.mesh)).reshape(-1, self.mesh.pp, self.mesh.gen_tp)
-        device_mesh = DeviceMesh(self.device.type, groups, mesh_dim_names=("replica", "pp", "tp"))
-        tp_mesh = device_mesh["tp"] if self.mesh.gen_tp > 1 else None
-        self._gen_tp_group = tp_mesh.get_group() if tp_mesh is not None else None
-        stages = PipelinedModel(parallelize(skeleton, tp_mesh), device_mesh["pp"])
-        return self._rollout_over(stages, self._gen_tp_group)
-
-    def _rollout_over(self, stages: PipelinedModel, tp_group) -> PipelinedRollout:
-        end = end_token_ids(stages.hf, self.tokenizer)
-        pad, cfg = self.tokenizer.pad_token_id, self.config.hf
-        return PipelinedRollout(stages, pad, end, cfg, tokenizer=self.tokenizer, tp_group=tp_group)
+    @property
+    def rollout(self):
+        """The rollout engine (None: this actor does not generate)."""
+        return self.generation.rollout
 
     def generation_changed(self, previous) -> None:
-        """A new generation layout or transition method: cut a fresh generation model over the
-        new generation groups (its weights are filled at each switch, so the initial ones from
-        disk do) and build the switch for it; the training weights are untouched. Pipeline
-        stages switch between generating as a pipeline and a whole copy on every rank."""
-        if self.mesh.pp > 1 and self.config.rollout == "hf":
-            if _stage_generation(previous) != _stage_generation(self.mesh):
-                self._pipeline_generation_changed()
-            return
-        if self.hybrid is None:
-            return  # checked on the driver: without tensor parallelism the layout cannot change
-        self.hybrid.to_training()
-        skeleton = load(self.config.model_path, for_worker(self.config.load, self.device, self.config.train)).model
-        self.rollout.model = self._generation_model(skeleton).eval()
-        self.hybrid = self._hybrid_engine()
-
-    def _pipeline_generation_changed(self) -> None:
-        """Generation over the training stages (no weights of its own), over stages of its own
-        that the hybrid engine switches into, or a whole copy gathered from the stages."""
-        if self.hybrid is not None:
-            self.hybrid.to_training()
-            self.hybrid = None
-        if pipelined_generation(self.mesh) and self.mesh.gen_tp in (None, self.mesh.tp):
-            self.rollout, self.shares_weights = self._pipelined_rollout(), True
-            return
-        self.shares_weights = False
-        skeleton = load(self.config.model_path, for_worker(self.config.load, self.device, self.config.train)).model
-        if pipelined_generation(self.mesh):
-            self.rollout = self._staged_rollout(skeleton)
-            self._switched = self.engine.model.hf
-            self.hybrid = self._hybrid_engine()
-            return
-        self.rollout = self._make_rollout(skeleton)
-        self.rollout.materialize(self.engine.iter_full_weights())
-        self.rollout_version = self.version
-
-    def _generation_model(self, model):
-        """A copy of the model cut over this rank's generation tensor-parallel group (its
-        weights are freed at once: the hybrid engine fills them before each generation)."""
-        groups = generation_groups(self.mesh)
-        gen = copy.deepcopy(model)
-        if len(groups[0]) == 1:
-            self._gen_tp_group = None
-            return gen
-        device_mesh = DeviceMesh(self.device.type, torch.tensor(groups), mesh_dim_names=("replica", "tp"))  # pp = 1
-        self._gen_tp_group = device_mesh["tp"].get_group()
-        return parallelize(gen, device_mesh["tp"])
-
-    def _make_rollout(self, model):
-        cfg = self.config
-        if cfg.rollout == "hf":
-            pad, eos = self.tokenizer.pad_token_id, end_token_ids(model, self.tokenizer)
-            # A trained model's rollout gets its weights once the engine exists (shared with the
-            # training tensors, or gathered from them): no full copy now.
-            gen = weightless_copy(model) if cfg.train else copy.deepcopy(model)
-            return HFRollout(gen, pad, eos, cfg.hf, tokenizer=self.tokenizer)
-        if cfg.rollout == "vllm":
-            from workbench.engines.vllm_rollout import VLLMRollout  # heavy import, only when used
-
-            # Ranks sharing a machine must not pin their engines to the same cores.
-            cores = os.cpu_count() or 1
-            engine = (
-                replace(cfg.vllm, cpu_threads_bind=str(self.rank % cores))
-                if cfg.vllm.cpu_threads_bind == "per-rank"
-                else cfg.vllm
-            )
-            return VLLMRollout(cfg.model_path, engine, lora=cfg.lora)
-        return None
+        self.generation = generation.relayout(self, self.generation, previous)
 
     # ---- rollout (hybrid engine) -------------------------------------------------------------
     @register(THREE_D_ALL_MICRO_DP)
@@ -488,49 +367,23 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember):
         return self._generate(produce, sampling)
 
     def _generate(self, produce: Callable[[SamplingConfig], Batch], sampling: SamplingConfig) -> Batch:
-        """One generation of either kind: weights synced in, a seed stream per generation
-        replica (distinct but reproducible), `produce(sampling)`, then back to the training layout."""
-        self._sync_rollout_weights()
+        """One generation of either kind: the rollout's weights prepared, a seed stream per
+        generation replica (distinct but reproducible), `produce(sampling)`, then back to the
+        training layout."""
+        self._prepare_generation()
         if sampling.seed is not None:
             sampling = replace(sampling, seed=stream_seed(sampling.seed, self.mesh.gen_replica(self.rank)))
         out = produce(sampling)
         start = time.time()
-        self.rollout.release()  # back to the training layout: generation-only memory goes
-        if self.hybrid is not None:
-            self.hybrid.to_training()
+        self.generation.restore(self)  # generation-only memory goes
         self.record_span("hybrid.release", start, time.time(), rss_bytes=psutil.Process().memory_info().rss)
         out["response_text"] = response_texts(out, self.tokenizer)
         if self.received_version is not None:
             out["policy_version"] = torch.full((len(out),), self.received_version, dtype=torch.int64)
         return out
 
-    def _sync_rollout_weights(self) -> None:
-        """Training shards -> rollout copy, in place, tensor by tensor, when they differ. The
-        3D-HybridEngine instead gathers the generation layout before every generation."""
-        if self.hybrid is not None:
-            stats = self.hybrid.to_generation()
-            end = time.time()
-            self.record_span("hybrid.transition", end - stats.seconds - stats.check_seconds, end, **stats.as_dict())
-            return
-        if self.engine is None or self.shares_weights or self.rollout_version == self.version:
-            return
-        start = time.time()
-        moved = _Counted()
-        if self.config.lora is not None and self.config.rollout == "vllm":  # vLLM applies the adapter itself
-            self.rollout.load_adapter(adapter_weights(moved(self._weights_to_sync())))
-        else:  # the HF copy is the peft model too: same names (adapters only, with LoRA)
-            self.rollout.load_weights(moved(self._weights_to_sync()))
-        peak_rss = psutil.Process().memory_info().rss
-        self.rollout_version = self.version
-        self.record_span(
-            "hybrid.sync_weights",
-            start,
-            time.time(),
-            peak_rss_bytes=peak_rss,
-            version=self.version,
-            bytes_loaded=moved.bytes,
-            tensors=moved.tensors,
-        )
+    def _prepare_generation(self) -> None:
+        self.generation.prepare(self)
 
     # ---- weights between pools (a rollout group on devices of its own) ----------------------
     @register(ONE_TO_ALL)
@@ -539,10 +392,10 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember):
         reallocation where the channel reallocates (every rank sends its share, a layer unit at
         a time), else one tensor at a time, every rank gathering it from the shards and rank 0
         broadcasting it."""
-        self._trained_model()
+        self._trained()
         if self.channel_sources:
             return self.reallocate_over_channel(version, "async.send_weights", engine=self.engine)
-        return self.send_over_channel(self._weights_to_sync(), version, "async.send_weights")
+        return self.send_over_channel(self.weights_to_sync(), version, "async.send_weights")
 
     @register(ONE_TO_ALL)
     def receive_weights(self, version: int) -> dict:
@@ -551,36 +404,31 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember):
         if self.channel is None or self.rollout is None:
             raise RuntimeError("receive_weights: needs a rollout engine and a weight channel (RolloutLink)")
 
-        def load(incoming) -> None:
-            if self.config.lora is not None and self.config.rollout == "vllm":
-                self.rollout.load_adapter(adapter_weights(incoming))
-            else:
-                self.rollout.load_weights(incoming)
-
         if self.channel_sources and self.config.rollout == "vllm":
             # vLLM reloads a model in one call (its CPU backend repacks every linear layer after
             # a load): the units are kept as they arrive and loaded once, as a broadcast's are.
             units: list[tuple[str, torch.Tensor]] = []
             stats = self.reallocate_over_channel(version, "async.receive_weights", load=units.extend)
-            self.rollout.load_weights(units)
+            self.generation.load(units)
         elif self.channel_sources:  # a layer unit at a time, straight into the rollout engine
-            stats = self.reallocate_over_channel(version, "async.receive_weights", load=self.rollout.load_weights)
+            stats = self.reallocate_over_channel(version, "async.receive_weights", load=self.generation.load)
         else:
-            stats = self.receive_over_channel(load, version, "async.receive_weights")
-        self.rollout_version = self.received_version = version
+            stats = self.receive_over_channel(self.generation.load, version, "async.receive_weights")
+        self.received_version = version
         return stats
 
-    def _weights_to_sync(self):
+    def weights_to_sync(self):
         """(name, full tensor) of what a rollout copy needs: every weight, or the adapters."""
+        engine = self._trained()
         if self.config.lora is None:
-            return self.engine.iter_full_weights()
-        return iter(self.engine.gather_weights(is_trained).items())
+            return engine.iter_full_weights()
+        return iter(engine.gather_weights(is_trained).items())
 
     # ---- forwards ----------------------------------------------------------------------------
     @register(THREE_D_PROTO)
     def compute_log_prob(self, batch: Batch) -> Batch:
         """old_log_probs and entropy of the responses under the current (training) weights."""
-        log_probs, entropy = self._forward(self._trained_model(), batch, with_entropy=True)
+        log_probs, entropy = self._forward(self._trained().model, batch, with_entropy=True)
         return Batch({"old_log_probs": log_probs, "entropy": entropy})
 
     @register(THREE_D_PROTO)
@@ -588,7 +436,7 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember):
     def compute_loss(self, batch: Batch) -> Batch:
         """Pre-training (PPO-ptx) loss per row of a text batch with input_ids, attention_mask
         and loss_mask (workbench.stages.encode_examples), under the current weights."""
-        model, step = self._trained_model(), self.config.micro_batch_size
+        model, step = self._trained().model, self.config.micro_batch_size
         model.eval()
         nll = [
             sequence_nll(model, part["input_ids"], part["attention_mask"], part["loss_mask"])
@@ -609,8 +457,9 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember):
         if not self.config.reference:
             raise RuntimeError("this worker holds no reference copy (ActorConfig.reference=False)")
         if self.config.lora is not None:  # the reference is the frozen base: adapters off
-            with peft_model(self.engine.model).disable_adapter():
-                log_probs, _ = self._forward(self.engine.model, batch)
+            model = self._trained().model
+            with peft_model(model).disable_adapter():
+                log_probs, _ = self._forward(model, batch)
         else:
             log_probs, _ = self._forward(self.reference, batch)
         return Batch({"ref_log_probs": log_probs})
@@ -629,12 +478,14 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember):
             for i in range(0, len(batch), self.config.micro_batch_size)
         ]
         log_probs = torch.cat([p[0] for p in parts])
-        return log_probs, torch.cat([p[1] for p in parts]) if with_entropy else None
+        if not with_entropy:
+            return log_probs, None
+        return log_probs, torch.cat([p[1] for p in parts if p[1] is not None])
 
-    def _trained_model(self):
+    def _trained(self):
         if self.engine is None:
             raise RuntimeError("this worker does not train (ActorConfig.train=False)")
-        return self.engine.model
+        return self.engine
 
     # ---- training ----------------------------------------------------------------------------
     @register(THREE_D_REDUCED)
@@ -644,11 +495,11 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember):
         outputs are what its `needs` names: "log_probs" (default), "entropy", or "nll" for
         pre-training rows (workbench.engines.contract)."""
         cfg = self.config
-        self._trained_model()
+        engine = self._trained()
         shuffle_seed = cfg.seed + 1000 * self.updates if cfg.shuffle else None
         forward = self._training_forward(loss_fn)
         metrics = run_updates(
-            self.engine, batch, loss_fn, forward, self._rows_per_step(), cfg.micro_batch_size, cfg.epochs, shuffle_seed
+            engine, batch, loss_fn, forward, self._rows_per_step(), cfg.micro_batch_size, cfg.epochs, shuffle_seed
         )
         self.version += 1
         self.updates += 1
@@ -671,15 +522,13 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember):
     def save_checkpoint(self, path: str) -> str:
         """Sharded model + optimizer state under `path` (every rank writes its shard), with each
         rank's random generators and update count."""
-        self._trained_model()
-        self.engine.save(path)
+        self._trained().save(path)
         save_rank_state(path, self.rank, updates=self.updates)
         return path
 
     @register(ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> str:
-        self._trained_model()
-        self.engine.load(path)
+        self._trained().load(path)
         self.updates = load_rank_state(path, self.rank).get("updates", self.updates)
         self.version += 1  # the rollout copy must be refreshed
         return path
@@ -691,7 +540,7 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember):
         or with merged=True the base with the adapters merged in, as a plain model directory."""
         cfg = self.config
         if cfg.lora is not None:
-            adapters = self.engine.gather_weights(is_trained)  # a collective: every rank
+            adapters = self._trained().gather_weights(is_trained)  # a collective: every rank
             if self.rank == 0:  # the base comes from its directory: only the adapters travel
                 save_lora(load(cfg.model_path, cfg.load).model, cfg.lora, adapters, path, merged)
         else:
@@ -705,25 +554,3 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember):
             self.tokenizer.save_pretrained(path)
         dist.barrier()
         return path
-
-
-def _stage_generation(mesh) -> tuple:
-    """How pipeline stages generate under `mesh`: whole weights on every rank, as a pipeline on
-    the training weights, or as a pipeline switched into (with its generation tp)."""
-    if not pipelined_generation(mesh):
-        return ("whole",)
-    gen_tp = mesh.gen_tp or mesh.tp
-    return ("pipelined",) if gen_tp == mesh.tp else ("switched", gen_tp)
-
-
-class _Counted:
-    """Wraps a (name, tensor) stream and counts what passes: the bytes a weight sync moved."""
-
-    def __init__(self):
-        self.bytes = self.tensors = 0
-
-    def __call__(self, named):
-        for name, tensor in named:
-            self.bytes += tensor.numel() * tensor.element_size()
-            self.tensors += 1
-            yield name, tensor
