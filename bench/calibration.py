@@ -1,6 +1,6 @@
 """Planner calibration: does the fitted `local` preset predict real PPO iterations here?
 
-1. Profile this machine (`workbench.planner.profiler`: model calls on one worker, gloo
+1. Profile this machine (`workbench.deploy.profiler`: model calls on one worker, gloo
    all-reduces, how workers share the cores) and fit the `local` cluster preset.
 2. For several placements of the four PPO models (actor, reference, critic, reward model) on
    local Ray workers, one device per colocated set (and two placements with two: one data
@@ -38,12 +38,12 @@ from algorithms.ppo import PPO, PPOConfig
 from workbench import Mesh, Session, steps
 from workbench.data import arithmetic
 from workbench.data.prompts import tokenize_prompts
+from workbench.deploy.profiler import Profiler
 from workbench.engines.rollout import SamplingConfig
 from workbench.models import load, make_tiny
 from workbench.planner import PlanEvaluator, Workload, cluster_preset, dataflow_preset
 from workbench.planner.calibrate import load_calibration
 from workbench.planner.execution import DeviceMesh, ExecutionPlan
-from workbench.planner.profiler import Profiler
 from workbench.planner.specs import ModelSpec
 from workbench.workers import ActorConfig, ActorRolloutRefWorker
 from workbench.workers.critic import CriticConfig, CriticWorker

@@ -2,7 +2,7 @@
 ranks, as FSDP2 shards, and as those shards in host memory (`ActorConfig.reference_keep`,
 workbench.engines.frozen), with the planner's estimate beside each.
 
-1. Profile this machine and fit the local cluster (`workbench.planner.profiler.calibrate`), as
+1. Profile this machine and fit the local cluster (`workbench.deploy.profiler.calibrate`), as
    bench/plan_runs.py does: the estimates see nothing this script measures afterwards.
 2. Three reference groups of 2 ranks (one torch thread each) on the same 2 devices, one per
    keep. Per repeat, in rotation: `compute_ref_log_prob` on the same batch (8 prompts x 2
@@ -28,10 +28,10 @@ import time
 from pathlib import Path
 
 from workbench import Mesh, Session
+from workbench.deploy.profiler import calibrate, synthetic_batch
 from workbench.models import make_tiny
 from workbench.models.load import load
 from workbench.planner import Simulator, Workload
-from workbench.planner.profiler import calibrate, synthetic_batch
 from workbench.planner.specs import ModelSpec
 from workbench.workers import ActorConfig, ActorRolloutRefWorker
 

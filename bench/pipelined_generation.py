@@ -3,7 +3,7 @@
 workbench.engines.pipelined_rollout) and with a whole copy on each rank (gen_pp=1: two
 generation replicas), with the planner's estimate beside each.
 
-1. Profile this machine and fit the local cluster (`workbench.planner.profiler.calibrate`), as
+1. Profile this machine and fit the local cluster (`workbench.deploy.profiler.calibrate`), as
    bench/plan_runs.py does: the estimates see nothing this script measures afterwards.
 2. Two actor groups of 2 ranks (one torch thread each) on the same 2 devices, one per layout.
    Per repeat, alternating which goes first: `generate_sequences` of the same prompts (every
@@ -32,13 +32,13 @@ from pathlib import Path
 import torch
 
 from workbench import Batch, Mesh, Session
+from workbench.deploy.profiler import calibrate
 from workbench.engines.contract import OptimConfig
 from workbench.engines.pipeline_stages import stage_layers
 from workbench.engines.rollout import SamplingConfig
 from workbench.models import make_tiny
 from workbench.models.load import load
 from workbench.planner import Simulator, Workload
-from workbench.planner.profiler import calibrate
 from workbench.planner.schedule import concurrent_time, shared_cores
 from workbench.planner.specs import ModelSpec
 from workbench.workers import ActorConfig, ActorRolloutRefWorker

@@ -7,7 +7,7 @@ The fourth plan, shared_copy, generates on a copy over both devices while the ac
 one of them (a copy on devices its home shares). The fifth, replica, trains the critic over both
 devices and computes its values on a replica on d1, reallocated into from both home ranks.
 
-1. Profile this machine and fit the local cluster (`workbench.planner.profiler.calibrate`), saved
+1. Profile this machine and fit the local cluster (`workbench.deploy.profiler.calibrate`), saved
    where the runs read it (`placement.calibration`): nothing the runs measure feeds the estimates.
 2. Per round, each plan in turn (the machine is shared and noisy): a headless PPO run of the tiny
    10m model on 2 devices of one torch thread each. Its plan.yaml holds the estimate per call
@@ -31,9 +31,9 @@ from pathlib import Path
 import yaml
 
 from workbench import Session
+from workbench.deploy.profiler import calibrate
 from workbench.models import make_tiny
 from workbench.planner.measured import compare, measured_call_seconds
-from workbench.planner.profiler import calibrate
 from workbench.run.config import load_config
 from workbench.run.runner import Runner
 from workbench.tracing import load_records

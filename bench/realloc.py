@@ -43,9 +43,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from workbench import Mesh
-from workbench.hybrid.realloc import Placement, llama_params, llama_shapes, plan
 from workbench.hybrid.reallocate import Reallocator, piece_of
 from workbench.planner import model_preset, realloc_bytes
+from workbench.transfers import Placement, llama_params, llama_shapes, plan
 
 WORLD = 4
 PAIRS = {  # name: (source mesh, first rank, destination mesh, first rank)

@@ -47,11 +47,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from workbench import ONE_TO_ALL, Mesh, Session, register
+from workbench import ONE_TO_ALL, Mesh, Session, layouts, register
 from workbench.data.prompts import tokenize_prompts
 from workbench.engines.rollout import SamplingConfig
 from workbench.engines.tensor_parallel import local, shard_dim
-from workbench.hybrid import layouts
 from workbench.hybrid.transition import EXECUTORS
 from workbench.models import load, make_tiny
 from workbench.workers import ActorConfig, ActorRolloutRefWorker

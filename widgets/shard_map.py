@@ -8,7 +8,7 @@ redundancy). Hatched: a training shard (or its ZeRO partition) kept beside the g
 weights (Table 2's redundancy). Mid: the rest of the shard it generates with. Light: weights it
 gathers in the switch but does not generate with (the whole model under deepspeed_chat and
 vanilla). The strip under a column is coloured by the rank's gather group: ranks of one colour
-all-gather together. Everything is read from `workbench.hybrid.layouts`.
+all-gather together. Everything is read from `workbench.layouts`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from __future__ import annotations
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from workbench.controller.mesh import Mesh
-from workbench.hybrid import layouts
+from workbench import layouts
+from workbench.mesh import Mesh
 
 TRAIN, GENERATE, GATHERED, EMPTY = "#1f4e79", "#6fa8dc", "#dde7f0", "white"
 COLOURS = {"train": TRAIN, "kept": TRAIN, "generate": GENERATE, "gathered": GATHERED, "": EMPTY}

@@ -7,30 +7,33 @@ import os
 # Export HF_HUB_DISABLE_PROGRESS_BARS=0 to have them back.
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
-from workbench.controller import (
-    ALL_TO_ALL,
-    DP_PROTO,
-    DP_REDUCED,
-    ONE_TO_ALL,
-    ONE_TO_ALL_KEEP_RANK0,
-    THREE_D_ALL_MICRO_DP,
-    THREE_D_PP_ONLY,
-    THREE_D_PROTO,
-    DataFuture,
-    Mesh,
-    Protocol,
-    ResourcePool,
-    Worker,
-    WorkerGroup,
-    register,
+# Every name is imported on first use: `import workbench` stays cheap, and a pure module
+# (workbench.mesh, workbench.planner) loads without Ray or torch. `from workbench import Session`.
+_CONTROLLER = (
+    "ALL_TO_ALL",
+    "DP_PROTO",
+    "DP_REDUCED",
+    "ONE_TO_ALL",
+    "ONE_TO_ALL_KEEP_RANK0",
+    "THREE_D_ALL_MICRO_DP",
+    "THREE_D_PP_ONLY",
+    "THREE_D_PROTO",
+    "DataFuture",
+    "Protocol",
+    "ResourcePool",
+    "Worker",
+    "WorkerGroup",
+    "register",
 )
-from workbench.data import Batch
-from workbench.errors import DispatchError, PlacementError, WorkerCallError, WorkerDiedError
-from workbench.session import Session
-
-# Heavier pieces a notebook needs, imported on first use (worker processes import this package
-# too, and most never touch the model stack): `from workbench import ActorConfig, RuleReward`.
 _LAZY = {
+    **dict.fromkeys(_CONTROLLER, "workbench.controller"),
+    "Mesh": "workbench.mesh",
+    "Batch": "workbench.data.batch",
+    "DispatchError": "workbench.errors",
+    "PlacementError": "workbench.errors",
+    "WorkerCallError": "workbench.errors",
+    "WorkerDiedError": "workbench.errors",
+    "Session": "workbench.session",
     "ActorConfig": "workbench.workers.actor",
     "ActorRolloutRefWorker": "workbench.workers.actor",
     "CriticConfig": "workbench.workers.critic",
@@ -65,27 +68,4 @@ def __getattr__(name: str):
     return value
 
 
-__all__ = [
-    *_LAZY,
-    "ALL_TO_ALL",
-    "DP_PROTO",
-    "DP_REDUCED",
-    "ONE_TO_ALL",
-    "ONE_TO_ALL_KEEP_RANK0",
-    "THREE_D_ALL_MICRO_DP",
-    "THREE_D_PP_ONLY",
-    "THREE_D_PROTO",
-    "Batch",
-    "DataFuture",
-    "DispatchError",
-    "Mesh",
-    "PlacementError",
-    "Protocol",
-    "ResourcePool",
-    "Session",
-    "Worker",
-    "WorkerCallError",
-    "WorkerDiedError",
-    "WorkerGroup",
-    "register",
-]
+__all__ = list(_LAZY)

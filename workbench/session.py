@@ -38,11 +38,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, overload
 import ray
 
 from workbench import checks
-from workbench.controller.mesh import Mesh
 from workbench.controller.resource_pool import ResourcePool, check_devices
 from workbench.controller.worker import Worker
 from workbench.controller.worker_group import HostSet, WorkerGroup, wait_answers, warm_key
 from workbench.errors import ConfigError, DispatchError, GroupRemovedError, PlacementError, SessionClosedError
+from workbench.mesh import Mesh
 from workbench.tracing import CallRecord, SpanSource, save_chrome_trace, span_sources
 
 if TYPE_CHECKING:  # for the typed handles of Session.group (importing workers loads the model stack)

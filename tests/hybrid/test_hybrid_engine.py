@@ -19,7 +19,7 @@ import tests.workers.losses as losses
 from algorithms import PPO, Groups
 from tests.hybrid.workers import CorruptibleActor
 from tests.workers.reference import advantages_for, assert_checkpoint_roundtrip, prompts
-from workbench import Mesh
+from workbench import Mesh, layouts, transfers
 from workbench.data import arithmetic
 from workbench.data.prompts import tokenize_prompts
 from workbench.engines import forward
@@ -28,7 +28,6 @@ from workbench.engines.forward import model_outputs
 from workbench.engines.hf_rollout import HFRollout
 from workbench.engines.rollout import SamplingConfig
 from workbench.errors import ConfigError, DispatchError, WorkerCallError
-from workbench.hybrid import layouts, realloc
 from workbench.models import load, make_tiny
 from workbench.workers import ActorConfig
 from workbench.workers.critic import CriticConfig, CriticWorker
@@ -129,7 +128,7 @@ def test_generation_layouts_equal_the_unsharded_model_and_table_2(shared_session
 def zero3_twins(mesh: Mesh, model_bytes: int) -> int:
     """Bytes per rank deepspeed_chat's ZeRO-3 all-gather moves beyond the reallocation (each way):
     (d-1)/d of the rank's own tensor piece M/t, refetched from its data-parallel twins; 0 for the
-    other methods (`realloc.switch_placements`)."""
+    other methods (`transfers.switch_placements`)."""
     d = mesh.dp if mesh.transition == "deepspeed_chat" else 1
     return model_bytes * (d - 1) // (d * mesh.tp)
 
@@ -139,7 +138,7 @@ def test_the_switch_as_a_reallocation_is_bit_identical_and_keeps_each_methods_gu
     shared_session, switching_actor, unsharded
 ):
     """executor="realloc" (the default) moves the weights by point-to-point
-    (`realloc.switch_placements`), "allgather" by Table 2's all-gathers: the same generation
+    (`transfers.switch_placements`), "allgather" by Table 2's all-gathers: the same generation
     pieces bit for bit, the same peak and redundancy (hybridflow's training piece re-pointed
     inside its generation piece, not kept beside it), training restored after; the reallocation's
     bytes are its plan's: Table 2's, for deepspeed_chat less the ZeRO-3 twins' share."""
@@ -149,8 +148,8 @@ def test_the_switch_as_a_reallocation_is_bit_identical_and_keeps_each_methods_gu
     model_bytes = rows[0]["allgather"]["stats"]["model_bytes"]
     table = layouts.transition_bytes(mesh, model_bytes)
     shapes = {name: tuple(t.shape) for name, t in model.named_parameters()}
-    planned = realloc.rank_bytes(
-        realloc.llama_params(shapes, model.config.num_hidden_layers), *realloc.switch_placements(mesh)
+    planned = transfers.rank_bytes(
+        transfers.llama_params(shapes, model.config.num_hidden_layers), *transfers.switch_placements(mesh)
     )
     twins = zero3_twins(mesh, model_bytes)
     for rank, row in enumerate(rows):

@@ -8,9 +8,8 @@ from fractions import Fraction
 import pytest
 
 from workbench import Mesh
-from workbench.controller.mesh import TRANSITION_METHODS
 from workbench.errors import ConfigError
-from workbench.hybrid.layouts import (
+from workbench.layouts import (
     RANK_MAP_KEYS,
     Shard,
     contains_training_shard,
@@ -29,6 +28,7 @@ from workbench.hybrid.layouts import (
     train_shard,
     transition_bytes,
 )
+from workbench.mesh import TRANSITION_METHODS
 from workbench.planner import model_preset
 from workbench.planner.memory import WEIGHT_BYTES, transition
 

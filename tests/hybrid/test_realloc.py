@@ -7,10 +7,10 @@ import itertools
 import pytest
 import torch
 
-from workbench import Mesh
-from workbench.controller.mesh import TRANSITION_METHODS
-from workbench.hybrid import layouts
-from workbench.hybrid.realloc import (
+from workbench import Mesh, layouts
+from workbench.mesh import TRANSITION_METHODS
+from workbench.planner import ModelSpec, Simulator, Workload, cluster_preset, realloc_bytes
+from workbench.transfers import (
     Param,
     Placement,
     even_stages,
@@ -22,7 +22,6 @@ from workbench.hybrid.realloc import (
     rank_bytes,
     switch_placements,
 )
-from workbench.planner import ModelSpec, Simulator, Workload, cluster_preset, realloc_bytes
 
 # A 1m-kit-shaped Llama with a small vocabulary: (hidden, layers, heads, kv heads, intermediate, vocab).
 SHAPE = (128, 4, 4, 4, 352, 256)

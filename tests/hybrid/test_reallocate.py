@@ -17,9 +17,9 @@ import torch.multiprocessing as mp
 from tests.hybrid.test_realloc import PAIRS, SHAPE, SPEC
 from workbench import Mesh
 from workbench.hybrid.channel import ChannelAddress, open_group
-from workbench.hybrid.realloc import Param, Placement, llama_params, llama_shapes, plan
 from workbench.hybrid.reallocate import Reallocator, piece_of
 from workbench.planner import realloc_bytes
+from workbench.transfers import Param, Placement, llama_params, llama_shapes, plan
 
 WORLD = 6
 DEVICE = os.environ.get("WORKBENCH_TEST_DEVICE", "cpu")

@@ -12,16 +12,17 @@ import torch
 
 from algorithms import PPO, Groups, PPOConfig
 from tests.controller.workers import EchoWorker
-from workbench.controller.mesh import Mesh
 from workbench.data import arithmetic
 from workbench.data.prompts import tokenize_prompts
+from workbench.deploy import deploy_calls
+from workbench.deploy.routing import CallRouter
 from workbench.engines.contract import OptimConfig
 from workbench.engines.rollout import SamplingConfig
+from workbench.mesh import Mesh
 from workbench.models import load, make_tiny
 from workbench.models.value import load_value_model
-from workbench.planner import DeviceMesh, ExecutionPlan, PlannerError, dataflow_preset, deploy_calls
-from workbench.planner.call_deploy import plan_groups, runtime_refusal
-from workbench.planner.routing import CallRouter
+from workbench.planner import DeviceMesh, ExecutionPlan, PlannerError, dataflow_preset
+from workbench.planner.call_groups import plan_groups, runtime_refusal
 from workbench.workers import ActorConfig, ActorRolloutRefWorker
 from workbench.workers.critic import CriticConfig, CriticWorker
 from workbench.workers.reward import RewardModelWorker, ScoreModelConfig
@@ -111,7 +112,7 @@ def test_a_searched_plan_deploys_and_runs(session, kit):
     machine, spreads PPO's calls over both devices; the plan deploys, and its iteration equals
     the colocated plan's."""
     from workbench.planner import PlanSpace, Workload, cluster_preset, multi_chain
-    from workbench.planner.call_deploy import runtime_refusal
+    from workbench.planner.call_groups import runtime_refusal
 
     space = PlanSpace(
         PPO_FLOW,
@@ -279,7 +280,7 @@ def test_a_critics_replica_is_reallocated_into_from_every_home_rank(session, kit
 
 
 def test_overlapping_meshes_share_one_span():
-    from workbench.planner.call_deploy import spans
+    from workbench.planner.call_groups import spans
 
     d = DeviceMesh
     assert spans([d(0, 4), d(0, 2), d(2, 2), d(4, 1), d(5, 1)]) == {

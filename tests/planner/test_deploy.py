@@ -5,6 +5,7 @@ import torch
 
 from tests.controller.workers import EchoWorker
 from workbench.data.prompts import tokenize_prompts
+from workbench.deploy import deploy_plan, plan_pools
 from workbench.engines.rollout import SamplingConfig
 from workbench.errors import ConfigError
 from workbench.models import load, make_tiny
@@ -14,9 +15,9 @@ from workbench.workers.critic import CriticConfig, CriticWorker
 from workbench.workers.reward import RewardModelWorker, ScoreModelConfig
 
 
-def test_plan_to_pools_creates_the_planned_placement(session):
+def test_plan_pools_creates_the_planned_placement(session):
     plan = automap(dataflow_preset("ppo"), "llama2-13b", Workload(), cluster_preset("a100_80g", 8))
-    layouts = plan.to_pools(session)
+    layouts = plan_pools(plan, session)
     assert set(layouts) == {"actor", "critic", "reference", "reward"}
     for colocated in plan.sets:
         pool = session.pools[colocated.name]
@@ -38,7 +39,7 @@ def local_plan(**limits):
 
 def test_deploy_starts_a_group_per_model_and_fuses_equal_layouts(session):
     plan = local_plan(max_tp=1, max_pp=1)
-    groups = plan.deploy(session, {m: (EchoWorker, None) for m in plan.dataflow.models})
+    groups = deploy_plan(plan, session, {m: (EchoWorker, None) for m in plan.dataflow.models})
     assert set(groups) == set(plan.dataflow.models)
     for colocated in plan.sets:
         pids = {m: {w["pid"] for w in groups[m].where().get()} for m in colocated.models}
@@ -50,11 +51,11 @@ def test_deploy_starts_a_group_per_model_and_fuses_equal_layouts(session):
 def test_deploy_refuses_before_reserving_anything(session):
     plan = local_plan(max_tp=1, max_pp=1)
     with pytest.raises(PlannerError, match=r"missing \['critic'\]"):
-        plan.deploy(session, {m: (EchoWorker, None) for m in plan.dataflow.models if m != "critic"})
+        deploy_plan(plan, session, {m: (EchoWorker, None) for m in plan.dataflow.models if m != "critic"})
     tp_plan = automap(dataflow_preset("ppo"), "llama2-13b", Workload(), cluster_preset("a100_80g", 8))
     fsdp = {m: (EchoWorker, CriticConfig(model_path="/not/read/before/the/layout")) for m in tp_plan.dataflow.models}
     with pytest.raises(ConfigError, match="data parallelism only"):
-        tp_plan.deploy(session, fsdp)
+        deploy_plan(tp_plan, session, fsdp)
     assert not session.pools
 
 
@@ -65,7 +66,8 @@ def test_a_tensor_parallel_plan_deploys_and_runs(session, tmp_path):
     actor = plan.set_of("actor").assignments["actor"]
     assert actor.strategy.tp > 1, f"the planner no longer picks tensor parallelism here: {actor.strategy}"
     model = str(make_tiny("10m", tmp_path / "m10"))
-    groups = plan.deploy(
+    groups = deploy_plan(
+        plan,
         session,
         {
             "actor": (
@@ -106,8 +108,8 @@ def test_layout_limits_bound_the_plan():
 
 def test_model_mesh_carries_the_generation_layout_and_transition_method():
     from workbench import Mesh
+    from workbench.deploy.plans import model_mesh
     from workbench.planner import model_preset
-    from workbench.planner.deploy import model_mesh
     from workbench.planner.memory import transition
     from workbench.planner.plan import ModelAssignment
 

@@ -48,3 +48,10 @@ def test_a_step_without_step_calls_is_refused():
 
     with pytest.raises(DeriveError, match="makes no step calls"):
         derive_dataflow(Empty)
+
+
+@pytest.mark.parametrize("name", sorted(algorithms.ALGORITHMS))
+def test_each_preset_read_off_its_file_is_the_class_derived_flow(name):
+    """dataflow_preset reads algorithms/<file>.py without importing it; the same step() read
+    through the live class gives the same dataflow."""
+    assert dataflow_preset(name) == derive_dataflow(algorithms.ALGORITHMS[name], name)

@@ -6,6 +6,7 @@ import dataclasses
 import pytest
 
 from workbench import Mesh
+from workbench.deploy import deploy_plan
 from workbench.planner import PlannerError, Simulator, Workload, automap, cluster_preset, dataflow_preset
 from workbench.planner.automap import automap_async
 from workbench.planner.memory import static_memory
@@ -68,7 +69,7 @@ def test_a_simulator_prices_one_keep_not_a_choice():
 
 def test_deploying_a_plan_refuses_frozen_models_that_keep_more_than_it_counted():
     from workbench import ActorConfig, ActorRolloutRefWorker, RewardModelWorker, ScoreModelConfig
-    from workbench.planner.deploy import check_frozen_keeps
+    from workbench.deploy.plans import check_frozen_keeps
 
     plan = automap(PPO, "llama2-34b", Workload(frozen_keep="auto"), cluster_preset("a100_80g", 16))
     reference = ActorConfig("m", train=False, rollout=None, reference=True)
@@ -79,7 +80,7 @@ def test_deploying_a_plan_refuses_frozen_models_that_keep_more_than_it_counted()
         "reward": (RewardModelWorker, ScoreModelConfig("m", keep="host")),
     }
     with pytest.raises(PlannerError, match=r"reference: ActorConfig.reference_keep='whole' keeps more .*'host'"):
-        plan.deploy(None, workers)  # refused before the session is touched
+        deploy_plan(plan, None, workers)  # refused before the session is touched
     workers["reference"] = (ActorRolloutRefWorker, dataclasses.replace(reference, reference_keep="host"))
     check_frozen_keeps("host", workers)
     check_frozen_keeps("whole", workers)  # keeping less than counted is fine

@@ -5,9 +5,10 @@ from dataclasses import replace
 
 import pytest
 
+from workbench.deploy import profiler
+from workbench.deploy.profiler import ProfileShapes, calibrate
 from workbench.models import make_tiny
-from workbench.planner import cluster_preset, profiler
-from workbench.planner.profiler import ProfileShapes, calibrate
+from workbench.planner import cluster_preset
 
 TINY = ProfileShapes(
     forward=((4, 8, 8), (8, 16, 8)),

@@ -3,7 +3,7 @@ the home's weights before a call that would read older ones (and only then)."""
 
 from types import SimpleNamespace
 
-from workbench.planner.routing import CallRouter
+from workbench.deploy.routing import CallRouter
 
 
 class Done:

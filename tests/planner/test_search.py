@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from workbench.controller.mesh import Mesh
+from workbench.mesh import Mesh
 from workbench.planner import (
     Dataflow,
     ModelSpec,
@@ -125,7 +125,7 @@ def test_a_runnable_search_keeps_to_plans_the_runtime_deploys():
     generation copy: a copy holds no trainer) and what it runs as the free space does (a copy on
     devices its home shares: generation on d0-1 while the actor trains on d0); on 2 devices both
     spaces' optimum is the colocated plan, and a runnable search finds it."""
-    from workbench.planner.call_deploy import runtime_refusal
+    from workbench.planner.call_groups import runtime_refusal
 
     flow, cluster = dataflow_preset("ppo"), cluster_preset("local", 2)
     specs = flow.model_specs("tiny-10m")

@@ -5,8 +5,8 @@ from dataclasses import replace
 
 import pytest
 
-from workbench.controller.mesh import Mesh
-from workbench.hybrid import realloc
+from workbench import transfers
+from workbench.mesh import Mesh
 from workbench.planner.clusters import cluster_preset
 from workbench.planner.memory import WEIGHT_BYTES, transition
 from workbench.planner.simulator import Simulator, switch_bytes
@@ -22,13 +22,13 @@ LAYOUT_PAIRS = [
 METHODS = ["hybridflow", "vanilla", "deepspeed_chat"]
 
 
-def _engine_plan_bytes(train: Mesh, gen: Mesh, method: str) -> dict[int, realloc.RankBytes]:
+def _engine_plan_bytes(train: Mesh, gen: Mesh, method: str) -> dict[int, transfers.RankBytes]:
     """What `HybridEngine(executor="realloc")` plans and counts: the full fragment plan."""
-    shapes = realloc.llama_shapes(
+    shapes = transfers.llama_shapes(
         SPEC.hidden, SPEC.n_layers, SPEC.n_heads, SPEC.n_kv_heads, SPEC.intermediate, SPEC.vocab
     )
-    params = realloc.llama_params(shapes, SPEC.n_layers, "bfloat16")
-    return realloc.switch_plan(params, train.with_generation(gen, method)).bytes_per_rank()
+    params = transfers.llama_params(shapes, SPEC.n_layers, "bfloat16")
+    return transfers.switch_plan(params, train.with_generation(gen, method)).bytes_per_rank()
 
 
 @pytest.mark.parametrize("method", METHODS)

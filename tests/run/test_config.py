@@ -191,7 +191,7 @@ def test_model_specs_carry_the_actor_and_critic_lora_to_the_planner(tmp_path):
     """The planner's shapes of a run's models: LoRA ranks from actor.lora / critic.lora, so the
     memory estimate keeps gradients and Adam states for the adapters only and a weight sync
     moves just them."""
-    from workbench.controller.mesh import Mesh
+    from workbench.mesh import Mesh
     from workbench.models import make_tiny
     from workbench.planner import specs_from_models
     from workbench.planner.memory import static_memory

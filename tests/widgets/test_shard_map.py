@@ -1,4 +1,4 @@
-"""The training vs generation shard map (HybridFlow Figure 8) drawn from workbench.hybrid.layouts."""
+"""The training vs generation shard map (HybridFlow Figure 8) drawn from workbench.layouts."""
 
 import pytest
 

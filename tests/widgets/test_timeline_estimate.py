@@ -2,7 +2,7 @@
 PlanEvaluator): a lane per device mesh, a bar per call of one iteration, on hand-made spans."""
 
 from widgets.timeline import LiveTimeline
-from workbench.controller.mesh import Mesh
+from workbench.mesh import Mesh
 from workbench.planner import DeviceMesh, ExecutionPlan, PlanEvaluator, Workload, cluster_preset, dataflow_preset
 from workbench.tracing import CallRecord
 

@@ -3,7 +3,6 @@
 import warnings
 
 from workbench.controller.future import DataFuture, RemoteSlice
-from workbench.controller.mesh import Coord, Mesh
 from workbench.controller.protocols import (
     ALL_TO_ALL,
     DP_PROTO,

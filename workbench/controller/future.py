@@ -25,7 +25,7 @@ from workbench.data.batch import PAD_KEY, Batch
 from workbench.errors import WorkerCallError, WorkerDiedError
 
 if TYPE_CHECKING:
-    from workbench.controller.mesh import Mesh
+    from workbench.mesh import Mesh
 
 T = TypeVar("T")
 

@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from workbench.controller.future import DataFuture
-from workbench.controller.mesh import Mesh
 from workbench.data.batch import Batch
+from workbench.mesh import Mesh
 
 
 def all_ranks(mesh: Mesh) -> list[int]:

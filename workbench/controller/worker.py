@@ -28,9 +28,9 @@ import torch._dynamo
 import torch.distributed as dist
 
 from workbench.controller.future import RemoteSlice, describe_output
-from workbench.controller.mesh import Coord, Mesh
 from workbench.controller.register import registered_methods
 from workbench.data.batch import PAD_KEY, Batch
+from workbench.mesh import Coord, Mesh
 from workbench.tracing import CallRecord, process_memory, reset_memory_peaks
 
 

@@ -25,13 +25,13 @@ from typing import Any
 import ray
 
 from workbench.controller.future import CallInfo, DataFuture, RemoteSlice, fetch, fetch_all
-from workbench.controller.mesh import Mesh
 from workbench.controller.protocols import Protocol, first
 from workbench.controller.register import Registration, registered_methods
 from workbench.controller.resource_pool import ResourcePool
 from workbench.controller.worker import AFTER, META, TASK, TRACE_GROUP, entry_name, host_class
 from workbench.data.batch import Batch
 from workbench.errors import DispatchError, GroupRemovedError, WorkerCallError, WorkerDiedError
+from workbench.mesh import Mesh
 from workbench.tracing import MAX_CALL_TAGS, CallRecord, CallTags, current_tags, new_call_number, take_answers
 
 _JOINT: ContextVar[list[tuple[ResourcePool, tuple]] | None] = ContextVar("joint_calls", default=None)

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from workbench.data.batch import Batch
 from workbench.models.value import token_values
+from workbench.prompt_sharing import SHARE_MIN_PARAM_TOKENS
 
 
 def trim_padding(batch: Batch) -> tuple[dict[str, torch.Tensor], int]:
@@ -156,13 +157,6 @@ def shared_prompt_logits(
         use_cache=True,
     ).logits
     return torch.cat([first_logits, logits], 1)
-
-
-SHARE_MIN_PARAM_TOKENS = 2e10
-"""Auto sharing needs saved prompt tokens x parameters at least this (~150 tokens of a 135M
-model). Below it the second model call and the cache copy cost more than the prompt columns saved:
-tiny-10m with 8-token prompts, 2 samples each, scored 12-17% slower shared (bench/plan_runs.py);
-SmolLM2-135M with 46-token prompts, 4 samples each, trains 1.7x faster shared."""
 
 
 def prompt_groups(batch: Batch | dict) -> tuple[int, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""Runs a reallocation (`workbench.hybrid.realloc`'s transfer plan) on the ranks of one process
+"""Runs a reallocation (`workbench.transfers`'s transfer plan) on the ranks of one process
 group: every source and destination rank calls `Reallocator.run` together.
 
 One layer unit at a time (embedding, each decoder layer, head): a rank posts all of the layer's
@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from workbench.hybrid.channel import ChannelAddress, open_group
-from workbench.hybrid.realloc import Fragment, Param, Placement, TransferPlan
+from workbench.transfers import Fragment, Param, Placement, TransferPlan
 
 __all__ = ["SPAN", "ChannelAddress", "ReallocStats", "Reallocator", "open_group", "piece_of"]
 

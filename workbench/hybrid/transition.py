@@ -18,7 +18,7 @@ switches inside its own tensor-parallel group, by the all-gathers.
 
 By default (`executor="realloc"`) the weights move as a parameter reallocation instead of by
 those all-gathers: batched point-to-point (`workbench.hybrid.reallocate`), one decoder layer at a
-time, from the training layout to the block each rank gathers (`realloc.switch_placements`), the
+time, from the training layout to the block each rank gathers (`transfers.switch_placements`), the
 generation pieces and what each method keeps coming out bit-identical. hybridflow's training
 piece is copied once into its generation piece and re-pointed there layer by layer (zero
 redundancy, peak M/t_g as before); vanilla moves Table 2's bytes; deepspeed_chat
@@ -38,12 +38,12 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
-from workbench.controller.mesh import Mesh
+from workbench import layouts
 from workbench.engines.tensor_parallel import local, shard_dim
 from workbench.errors import WeightSyncError
-from workbench.hybrid import layouts
-from workbench.hybrid.realloc import Param, llama_layer, switch_plan
 from workbench.hybrid.reallocate import Reallocator
+from workbench.mesh import Mesh
+from workbench.transfers import Param, llama_layer, switch_plan
 
 # torch >= 2.13 names the one-tensor all-gather all_gather_single (all_gather_into_tensor before).
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

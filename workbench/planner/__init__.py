@@ -1,4 +1,6 @@
-"""Planner: cost model, HybridFlow auto-mapping and ReaLHF plan search (pure Python).
+"""Planner: cost model, HybridFlow auto-mapping and ReaLHF plan search, in pure Python: it
+imports neither Ray nor torch (an import-linter contract and tests/planner/test_pure.py hold it
+to that). `workbench.deploy` starts its plans on a Session and profiles this machine.
 
     from workbench.planner import automap, search, dataflow_preset, cluster_preset, Workload
     flow = dataflow_preset("ppo")
@@ -9,23 +11,21 @@ Modules, one job each: `specs` (models, workload, cluster), `clusters` (named cl
 machine's from a calibration), `dataflow` (calls of an algorithm), `derive` (reads those calls
 off `algorithms/<name>.py`: the built-in dataflows), `strategy` (the 3-D layouts,
 `workbench.Mesh`, a model admits), `memory` (per-device bytes, the hybrid engine's Table 2
-switch as `workbench.hybrid.layouts` counts it) and `simulator` (call times) for the
+switch as `workbench.layouts` counts it) and `simulator` (call times) for the
 cost model, `automap` (HybridFlow Alg. 1/2: joint layouts per colocated set, aligned
 allocations), `placement` (colocated sets and their layouts), `plan` (automap's result, with
-its table and Gantt bars), `plan_io` (a plan as YAML values and back, priced), `deploy` (a plan
-onto a live Session), `call_deploy` / `routing` (a per-call ExecutionPlan onto a live Session:
-replicas, and handles that send each call to its group), `schedule` (TimeCost list
+its table and Gantt bars), `plan_io` (a plan as YAML values and back, priced), `call_groups` (the
+groups a per-call ExecutionPlan needs: replicas, and what runs away from a model's home), `schedule` (TimeCost list
 scheduling), `execution` (ReaLHF plans, augmented graph, MaxMem), `search`
 (Metropolis-Hastings chains with a convergence report), `report` (tables and Gantt bars),
 `measured` (the estimate beside a run's trace: seconds per call and per iteration),
-`profiler` / `calibrate` (fit the local preset on this machine), `asynchronous` (the iteration
+`calibrate` (the local preset fitted from the profiler's timings), `asynchronous` (the iteration
 model of an asynchronous plan: generation on a rollout pool overlapping training; `automap_async`
 plans one, `async_compare` puts it beside the synchronous placements).
 """
 
 from workbench.planner.asynchronous import AsyncEstimate, Sharing
 from workbench.planner.automap import AutoMapper, automap, automap_async, compositions, d_cost, set_partitions
-from workbench.planner.call_deploy import deploy_calls
 from workbench.planner.clusters import cluster_preset, cluster_presets
 from workbench.planner.dataflow import Call, Dataflow
 from workbench.planner.derive import DeriveError, dataflow_preset, derive_dataflow
@@ -57,7 +57,6 @@ __all__ = [
     "ClusterSpec",
     "ColocatedSet",
     "Dataflow",
-    "deploy_calls",
     "DeriveError",
     "Evaluation",
     "ExecutionPlan",

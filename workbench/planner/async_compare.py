@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from workbench.controller.mesh import Mesh
+from workbench.mesh import Mesh
 from workbench.planner.asynchronous import COST_MODEL, AsyncEstimate, Sharing, estimate
 from workbench.planner.automap import AutoMapper, automap_async
 from workbench.planner.calibrate import DEFAULT_PATH, Calibration, load_calibration

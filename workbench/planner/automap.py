@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from workbench.controller.mesh import Mesh
+from workbench.mesh import Mesh
 from workbench.planner.asynchronous import Sharing, steady_iteration
 from workbench.planner.dataflow import Dataflow
 from workbench.planner.errors import ModelDoesNotFitError, NoFeasiblePlanError, PlannerError

@@ -1,5 +1,5 @@
 """Fit the `local` cluster preset to timings measured on this machine (ReaLHF §2: profile, then
-estimate). The profiler (`workbench.planner.profiler`) measures; this module only fits, saves
+estimate). The profiler (`workbench.deploy.profiler`) measures; this module only fits, saves
 and loads, and needs neither torch nor Ray.
 
 The fit keeps the simulator's formulas: every measured call is replayed through `Simulator`
@@ -35,7 +35,7 @@ from typing import Literal
 import numpy as np
 
 from workbench import config_loader
-from workbench.controller.mesh import Mesh
+from workbench.mesh import Mesh
 from workbench.planner.simulator import Simulator
 from workbench.planner.specs import GIB, ClusterSpec, ModelSpec, Workload
 
@@ -219,7 +219,7 @@ def load_calibration(path: str | Path = DEFAULT_PATH) -> Calibration:
     if not path.exists():
         raise FileNotFoundError(
             f"no calibration at {path}; run `python bench/calibration.py` "
-            f"(or workbench.planner.profiler.calibrate) to make one"
+            f"(or workbench.deploy.profiler.calibrate) to make one"
         )
     return Calibration.from_dict(json.loads(path.read_text()))
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.controller.mesh import Mesh
-from workbench.planner.call_deploy import runtime_refusal
+from workbench.mesh import Mesh
+from workbench.planner.call_groups import runtime_refusal
 from workbench.planner.dataflow import Dataflow
 from workbench.planner.execution import DeviceMesh, ExecutionPlan, valid_meshes
 from workbench.planner.plan_io import PlanFormatError

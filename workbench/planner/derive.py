@@ -18,8 +18,10 @@ with its options on.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import inspect
 import textwrap
+from pathlib import Path
 
 from workbench import steps
 from workbench.planner.dataflow import Call, Dataflow
@@ -40,14 +42,16 @@ def derive_dataflow(algorithm: type, name: str | None = None) -> Dataflow:
         source = textwrap.dedent(inspect.getsource(algorithm.step))
     except (OSError, TypeError) as err:
         raise DeriveError(f"cannot read the source of {algorithm.__name__}.step: {err}") from None
+    return _dataflow(ast.parse(source), algorithm.__name__, name)
+
+
+def _dataflow(step: ast.AST, owner: str, name: str | None) -> Dataflow:
     reader = _StepReader()
-    reader.visit(ast.parse(source))
+    reader.visit(step)
     if not reader.calls:
-        raise DeriveError(f"{algorithm.__name__}.step makes no step calls ({sorted(STEP_METHODS)})")
+        raise DeriveError(f"{owner}.step makes no step calls ({sorted(STEP_METHODS)})")
     roles = {c.model for c in reader.calls}
-    return Dataflow(
-        name or algorithm.__name__.lower(), tuple(reader.calls), tuple(r for r in VALUE_ROLES if r in roles)
-    )
+    return Dataflow(name or owner.lower(), tuple(reader.calls), tuple(r for r in VALUE_ROLES if r in roles))
 
 
 class _StepReader(ast.NodeVisitor):
@@ -149,10 +153,41 @@ def _names(target: ast.AST) -> list[str]:
 
 def dataflow_preset(name: str) -> Dataflow:
     """The dataflow of a built-in algorithm (`algorithms.ALGORITHMS`: ppo, grpo, remax,
-    safe_rlhf, rloo, reinforce_pp), read off its `step()` so plan and code cannot drift."""
-    import algorithms  # on first use: the planner's other pieces load without the model stack
-
+    safe_rlhf, rloo, reinforce_pp), read off its `step()` so plan and code cannot drift. The
+    files are read, not imported: the planner stays free of the model stack."""
+    presets = _built_in()
     key = name.lower().replace("-", "_")
-    if key not in algorithms.ALGORITHMS:
-        raise UnknownPresetError("dataflow", name, list(algorithms.ALGORITHMS))
-    return derive_dataflow(algorithms.ALGORITHMS[key], key)
+    if key not in presets:
+        raise UnknownPresetError("dataflow", name, list(presets))
+    path, class_name = presets[key]
+    tree = ast.parse(path.read_text(), str(path))
+    [owner] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name]
+    [step] = [n for n in owner.body if isinstance(n, ast.FunctionDef) and n.name == "step"]
+    return _dataflow(step, class_name, key)
+
+
+def _built_in() -> dict[str, tuple[Path, str]]:
+    """algorithms.ALGORITHMS as (file, class name) per key, read off `algorithms/__init__.py`
+    (found without running it)."""
+    spec = importlib.util.find_spec("algorithms")
+    if spec is None or spec.origin is None:
+        raise UnknownPresetError("dataflow", "algorithms", [])
+    init = Path(spec.origin)
+    tree = ast.parse(init.read_text(), str(init))
+    module_of = {
+        alias.asname or alias.name: node.module
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom) and node.module
+        for alias in node.names
+    }
+    [table] = [
+        n.value
+        for n in tree.body
+        if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "ALGORITHMS" for t in n.targets)
+    ]
+    assert isinstance(table, ast.Dict)
+    return {
+        key.value: (init.parent / f"{module_of[value.id].rsplit('.', 1)[1]}.py", value.id)
+        for key, value in zip(table.keys, table.values)
+        if isinstance(key, ast.Constant) and isinstance(value, ast.Name)
+    }

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from workbench.controller.mesh import Mesh
+from workbench.mesh import Mesh
 from workbench.planner.dataflow import Dataflow
 from workbench.planner.errors import NoMeshError
 from workbench.planner.memory import (
@@ -193,7 +193,7 @@ class PlanEvaluator:
 
     def _copy_of(self, c, plan: ExecutionPlan) -> str | None:
         """What the runtime runs call `c` on away from its model's home
-        (`workbench.planner.call_deploy`), or None at the home: "switch" (the hybrid engine's
+        (`workbench.planner.call_groups`), or None at the home: "switch" (the hybrid engine's
         generation layout on the model's own devices), "frozen" (a frozen model's copy, loaded
         once), "rollout" (a rollout group, pushed after each update), "replica" (a trained
         model's data- or tensor-parallel copy for a call other than generation, reallocated into

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
 
-from workbench.controller.mesh import TRANSITION_METHODS, Mesh
-from workbench.hybrid.layouts import rank_transfer
+from workbench.layouts import rank_transfer
+from workbench.mesh import TRANSITION_METHODS, Mesh
 from workbench.planner.specs import ModelSpec, Workload
 from workbench.planner.strategy import is_generation_layout
 
@@ -134,7 +134,7 @@ class Transition:
 def transition(spec: ModelSpec, train: Mesh, gen: Mesh, method: str = "hybridflow") -> Transition:
     """The actor's training -> generation switch per device: HybridFlow Table 2's bytes for
     a model of M bf16 bytes, as the hybrid engine counts them from the gather groups the
-    runtime forms (`workbench.hybrid.layouts.transition_bytes`, where the table is written
+    runtime forms (`workbench.layouts.transition_bytes`, where the table is written
     out; the planner keeps no formula of its own)."""
     if method not in TRANSITION_METHODS:
         raise ValueError(f"transition method {method!r}: use one of {', '.join(TRANSITION_METHODS)}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from workbench.controller.mesh import Mesh
+from workbench.mesh import Mesh
 from workbench.planner.memory import MemoryBreakdown, Transition
 from workbench.planner.specs import ModelSpec
 

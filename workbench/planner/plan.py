@@ -1,8 +1,8 @@
 """A HybridFlow plan: placement (colocated sets), allocation (devices per set) and strategies,
 with the estimated time of every call; its text table and Gantt bars.
 
-`Plan.deploy` runs it (see `deploy`): every colocated set becomes one resource pool, every
-model in it one worker group on that pool with its (pp, tp, dp) layout, and the actor's
+`workbench.deploy.plans.deploy_plan` runs it: every colocated set becomes one resource pool,
+every model in it one worker group on that pool with its (pp, tp, dp) layout, and the actor's
 hybrid engine gets the generation layout.
 """
 
@@ -11,10 +11,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from workbench.controller.mesh import Mesh
+from workbench.mesh import Mesh
 from workbench.planner.asynchronous import COST_MODEL, AsyncEstimate, Sharing, estimate, steady_iteration
 from workbench.planner.dataflow import Dataflow
-from workbench.planner.deploy import check_frozen_keeps, deploy_sets, reserve_pools
 from workbench.planner.errors import PlannerError
 from workbench.planner.execution import DeviceMesh, ExecutionPlan
 from workbench.planner.placement import ColocatedSet, ModelAssignment  # noqa: F401  (ModelAssignment: older imports)
@@ -80,18 +79,6 @@ class Plan:
 
     def gantt(self) -> list[GanttBar]:
         return plan_gantt(self)
-
-    def to_pools(self, session) -> dict:
-        """Reserve one pool per colocated set on a live Session; returns {model: (pool, mesh)}
-        ready for `session.group(model, WorkerClass, pool, config, mesh=mesh)`."""
-        return reserve_pools(self.sets, session)
-
-    def deploy(self, session, workers: dict) -> dict:
-        """Pools, layouts and worker groups of this plan on a live Session: `workers` maps
-        each model to (Worker class, config); returns {model: WorkerGroup}. The frozen models'
-        configs must keep no more device memory than the plan counted (`check_frozen_keeps`)."""
-        check_frozen_keeps(self.workload.frozen_keep, workers)
-        return deploy_sets(self.sets, session, workers)
 
     def to_dict(self, name: str = "") -> dict:
         """Plain values (YAML-writable): every colocated set's devices and its models' layouts (the

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.controller.mesh import Mesh
+from workbench.mesh import Mesh
 from workbench.planner.automap import AutoMapper, ModelChoice, _Layout, d_cost
 from workbench.planner.dataflow import Dataflow
 from workbench.planner.errors import PlannerError

@@ -20,9 +20,9 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from workbench.controller.mesh import Mesh
+from workbench.mesh import Mesh
 from workbench.planner.automap import automap, fastest_keep
-from workbench.planner.call_deploy import runtime_refusal
+from workbench.planner.call_groups import runtime_refusal
 from workbench.planner.dataflow import Dataflow
 from workbench.planner.errors import PlannerError
 from workbench.planner.execution import DeviceMesh, Evaluation, ExecutionPlan, PlanEvaluator, valid_meshes

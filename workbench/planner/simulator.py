@@ -26,9 +26,9 @@ import math
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from workbench.controller.mesh import Mesh
-from workbench.hybrid import realloc
-from workbench.hybrid.layouts import gather_groups
+from workbench import transfers
+from workbench.layouts import gather_groups
+from workbench.mesh import Mesh
 from workbench.planner.errors import PlannerError
 from workbench.planner.memory import (
     ADAM_BYTES,
@@ -439,10 +439,10 @@ _DTYPES = {2: "bfloat16", 4: "float32", 8: "float64"}
 
 def realloc_bytes(
     spec: ModelSpec, src: Mesh, src_first: int, dst: Mesh, dst_first: int, dtype_bytes: int = 2
-) -> dict[int, realloc.RankBytes]:
+) -> dict[int, transfers.RankBytes]:
     """Bytes each device sends and receives when `spec`'s weights move from `src` on devices
     src_first.. to `dst` on dst_first.. (layer units split evenly over pipeline stages): the
-    runtime's own transfer plan (`workbench.hybrid.realloc.rank_bytes`) over the model's Llama
+    runtime's own transfer plan (`workbench.transfers.rank_bytes`) over the model's Llama
     shapes, so the planner and `workbench.hybrid.reallocate` count the same bytes."""
     if dtype_bytes not in _DTYPES:
         raise ValueError(f"realloc_bytes: dtype_bytes={dtype_bytes!r}; use one of {sorted(_DTYPES)}")
@@ -451,10 +451,10 @@ def realloc_bytes(
 
 def switch_bytes(
     spec: ModelSpec, train: Mesh, gen: Mesh, method: str, dtype_bytes: int = 2
-) -> dict[int, realloc.RankBytes]:
+) -> dict[int, transfers.RankBytes]:
     """Bytes each device sends and receives in the hybrid engine's switch from `train` to the
     generation layout `gen` by `method`, run as a reallocation: the runtime's own count
-    (`workbench.hybrid.realloc.switch_bytes`) over the model's Llama shapes."""
+    (`workbench.transfers.switch_bytes`) over the model's Llama shapes."""
     if dtype_bytes not in _DTYPES:
         raise ValueError(f"switch_bytes: dtype_bytes={dtype_bytes!r}; use one of {sorted(_DTYPES)}")
     return _switch_bytes(spec, train.pp, train.tp, train.dp, gen.pp, gen.tp, method, dtype_bytes)
@@ -462,23 +462,23 @@ def switch_bytes(
 
 @lru_cache(maxsize=4096)
 def _switch_bytes(spec: ModelSpec, pp, tp, dp, gen_pp, gen_tp, method, dtype_bytes) -> dict:
-    return realloc.switch_bytes(_llama_params(spec, dtype_bytes), Mesh(pp, tp, dp, gen_pp, gen_tp, method))
+    return transfers.switch_bytes(_llama_params(spec, dtype_bytes), Mesh(pp, tp, dp, gen_pp, gen_tp, method))
 
 
 @lru_cache(maxsize=64)
-def _llama_params(spec: ModelSpec, dtype_bytes: int) -> list[realloc.Param]:
-    shapes = realloc.llama_shapes(
+def _llama_params(spec: ModelSpec, dtype_bytes: int) -> list[transfers.Param]:
+    shapes = transfers.llama_shapes(
         spec.hidden, spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.intermediate, spec.vocab, spec.value_head
     )
-    return realloc.llama_params(shapes, spec.n_layers, _DTYPES[dtype_bytes])
+    return transfers.llama_params(shapes, spec.n_layers, _DTYPES[dtype_bytes])
 
 
 @lru_cache(maxsize=4096)  # the search asks for the same pairs of layouts many times
 def _realloc_bytes(spec: ModelSpec, p1, t1, d1, first1, p2, t2, d2, first2, dtype_bytes) -> dict:
-    return realloc.rank_bytes(
+    return transfers.rank_bytes(
         _llama_params(spec, dtype_bytes),
-        realloc.Placement(Mesh(p1, t1, d1), first1),
-        realloc.Placement(Mesh(p2, t2, d2), first2),
+        transfers.Placement(Mesh(p1, t1, d1), first1),
+        transfers.Placement(Mesh(p2, t2, d2), first2),
     )
 
 

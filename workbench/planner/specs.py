@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from workbench.planner.errors import UnknownPresetError
+from workbench.prompt_sharing import SHARE_MIN_PARAM_TOKENS
 
 GIB = 1024**3
 
@@ -221,7 +222,7 @@ class Workload:
 
     transition_executor: Literal["realloc", "allgather"] = "realloc"
     """How the runtime moves the weights at that switch (`ActorConfig.transition_executor`):
-    "realloc" (point-to-point, `workbench.hybrid.realloc.switch_bytes`; deepspeed_chat then moves
+    "realloc" (point-to-point, `workbench.transfers.switch_bytes`; deepspeed_chat then moves
     (d-1)/d·M/(p·t) less than Table 2) or "allgather" (the collectives of Table 2)."""
 
     rollout_weights: Literal["broadcast", "reallocate"] = "broadcast"
@@ -289,8 +290,6 @@ class Workload:
     def shares_prompts(self, train: bool, pp: int = 1, params: float = 0.0) -> bool:
         """Whether such a forward computes each prompt once for the rows that repeat it (two
         model calls per micro-batch instead of one; see `forward_tokens`)."""
-        from workbench.engines.forward import SHARE_MIN_PARAM_TOKENS
-
         rows_per_prompt = min(self.n_samples, self.micro_batch_size)
         saved = (self.micro_batch_size - self.micro_batch_size / rows_per_prompt) * self.prompt_len
         return (

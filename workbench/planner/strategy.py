@@ -1,6 +1,6 @@
 """Which 3-D layouts (pipeline, tensor, data) a model admits on n devices.
 
-A layout is a `workbench.controller.mesh.Mesh`, the type the runtime runs, with the runtime's
+A layout is a `workbench.mesh.Mesh`, the type the runtime runs, with the runtime's
 rank order (tensor innermost, then pipeline, data parallelism outermost): a TP group is `tp`
 consecutive devices (kept inside one machine), one data-parallel replica `pp·tp` consecutive
 devices, and data-parallel peers are `pp·tp` devices apart. The simulator asks the mesh where
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from workbench.controller.mesh import Mesh
+from workbench.mesh import Mesh
 from workbench.planner.specs import ModelSpec
 
 

@@ -15,6 +15,7 @@ from algorithms import ALGORITHMS, Algorithm, Groups
 from workbench.data import arithmetic
 from workbench.data.prompts import PromptLoader, load_prompts, tokenize_prompts
 from workbench.data.tasks import Task, get_task
+from workbench.deploy import deploy_calls, deploy_plan
 from workbench.errors import ConfigError
 from workbench.planner import (
     Dataflow,
@@ -25,7 +26,6 @@ from workbench.planner import (
     PlanFormatError,
     Workload,
     automap,
-    deploy_calls,
     search,
     set_partitions,
     specs_from_models,
@@ -206,7 +206,7 @@ def algorithm(
         critic_config = replace(config.critic, model_path=critic_path(config, policy))
         workers: dict[str, tuple[type, Any]] = {"actor": (ActorRolloutRefWorker, actor_config)}
         workers |= {role: (CriticWorker, critic_config) for role in ("critic", "cost_critic") if role in roles}
-        for role, group in plan.deployable().deploy(session, workers).items():
+        for role, group in deploy_plan(plan.deployable(), session, workers).items():
             setattr(groups, role, group)
         if "reference" in roles:
             groups.reference = groups.actor  # the reference copy lives in the actor's processes

@@ -124,7 +124,7 @@ class PlacementSection:
     of a YAML file holding one. null: the hand-written pools above."""
     calibration: str = ".cache/planner/local-calibration.json"
     """This machine's planner calibration (`bench/calibration.py --save PATH`, or
-    `workbench.planner.profiler.calibrate(session, models).save(PATH)`); used to price a plan when
+    `workbench.deploy.profiler.calibrate(session, models).save(PATH)`); used to price a plan when
     the file exists."""
 
 

@@ -23,13 +23,13 @@ from workbench.data.batch import Batch
 
 if TYPE_CHECKING:
     from workbench.agents.env import Environment
-    from workbench.controller.mesh import Mesh
     from workbench.controller.register import Registration
     from workbench.controller.worker_group import HostSet
     from workbench.engines.contract import LossFn
     from workbench.engines.multi_turn import EpisodeConfig
     from workbench.engines.rollout import SamplingConfig
     from workbench.hybrid.channel import ChannelAddress
+    from workbench.mesh import Mesh
 
 Rows = Batch | DataFuture
 """Rows for a method that takes a Batch: a Batch on the driver, or another call's result."""

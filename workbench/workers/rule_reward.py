@@ -36,11 +36,11 @@ from ray import cloudpickle
 
 from workbench import checks
 from workbench.controller.future import CallInfo, DataFuture, describe_output
-from workbench.controller.mesh import Mesh
 from workbench.controller.protocols import concat
 from workbench.controller.worker import MAX_RECORDS, TRACE_GROUP, resolve_input
 from workbench.data.batch import PAD_KEY, Batch
 from workbench.errors import DispatchError, WorkbenchError
+from workbench.mesh import Mesh
 from workbench.tracing import CallRecord, CallTags, add_span_source, current_tags, new_call_number, take_answers
 
 SCORER_NAMESPACE = "workbench"

@@ -25,10 +25,10 @@ import ray
 import torch
 
 from workbench.controller import ONE_TO_ALL, register
-from workbench.controller.mesh import Mesh
 from workbench.hybrid.channel import ChannelAddress, TransferStats, WeightChannel, open_address
-from workbench.hybrid.realloc import Param, Placement, layer_count, llama_layer, plan
 from workbench.hybrid.reallocate import Reallocator
+from workbench.mesh import Mesh
+from workbench.transfers import Param, Placement, layer_count, llama_layer, plan
 
 Named = Iterable[tuple[str, torch.Tensor]]
 

@@ -23,7 +23,7 @@ mesh's `transition` method (HybridFlow Table 2):
 - "vanilla" and "deepspeed_chat": generation groups are formed like the training groups
   (a generation TP group is gen_tp consecutive ranks, a generation PP group gen_pp
   consecutive stages), so some ranks generate with weights they did not train.
-`workbench.hybrid.layouts` derives the shards, gather groups and bytes from these.
+`workbench.layouts` derives the shards, gather groups and bytes from these.
 """
 
 from __future__ import annotations

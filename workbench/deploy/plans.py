@@ -1,10 +1,10 @@
-"""From a plan to real resources: one pool per colocated set, one layout and group per model.
+"""From a HybridFlow plan (workbench.planner.plan) to real resources on a Session: one pool per
+colocated set, one layout and group per model.
 
-    groups = plan.deploy(session, {"actor": (ActorRolloutRefWorker, actor_cfg), ...})
+    groups = deploy_plan(plan, session, {"actor": (ActorRolloutRefWorker, actor_cfg), ...})
     ppo = PPO(Groups(**groups), PPOConfig())
 
-or, to wire the groups by hand, `plan.to_pools(session)` gives each model's (pool, mesh).
-The planner itself stays free of Ray: this module only calls the session it is given.
+or, to wire the groups by hand, `plan_pools(plan, session)` gives each model's (pool, mesh).
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from workbench.controller.mesh import Mesh
+from workbench.mesh import Mesh
 from workbench.planner.errors import PlannerError
 from workbench.planner.placement import ColocatedSet, ModelAssignment
+from workbench.planner.plan import Plan
 from workbench.planner.specs import FROZEN_KEEPS
 
 if TYPE_CHECKING:
@@ -35,9 +36,18 @@ def model_mesh(assignment: ModelAssignment) -> Mesh:
     return s.with_generation(g, t.method if t else "hybridflow") if g else s
 
 
-def reserve_pools(sets: Sequence[ColocatedSet], session: Session) -> dict[str, Layout]:
-    """Reserve a plan's pools (one per colocated set) on `session`; each model's (pool, mesh)."""
-    return {m: layout for colocated in sets for m, layout in _set_layouts(colocated, session).items()}
+def plan_pools(plan: Plan, session: Session) -> dict[str, Layout]:
+    """Reserve one pool per colocated set of `plan` on `session`; returns {model: (pool, mesh)}
+    ready for `session.group(model, WorkerClass, pool, config, mesh=mesh)`."""
+    return {m: layout for colocated in plan.sets for m, layout in _set_layouts(colocated, session).items()}
+
+
+def deploy_plan(plan: Plan, session: Session, workers: dict[str, tuple[type, Any]]) -> dict[str, WorkerGroup]:
+    """Pools, layouts and worker groups of `plan` on `session`: `workers` maps each model to
+    (Worker class, config); returns {model: WorkerGroup}. The frozen models' configs must keep
+    no more device memory than the plan counted (`check_frozen_keeps`)."""
+    check_frozen_keeps(plan.workload.frozen_keep, workers)
+    return deploy_sets(plan.sets, session, workers)
 
 
 def check_frozen_keeps(planned: str, workers: dict[str, tuple[type, Any]]) -> None:

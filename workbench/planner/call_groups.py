@@ -1,7 +1,5 @@
-"""From a per-call plan (ReaLHF's ExecutionPlan) to real resources: every call on its planned mesh.
-
-    handles = deploy_calls(plan, session, {"actor": (ActorRolloutRefWorker, actor_cfg), ...}, dataflow)
-    ppo = PPO(Groups(**handles), PPOConfig())
+"""The groups a per-call plan (ReaLHF's ExecutionPlan) needs: every call on its planned mesh.
+`workbench.deploy.calls.deploy_calls` starts them on a Session.
 
 One pool per set of overlapping device meshes, spanning them; a mesh that is not the whole span
 is a slice of that pool (`Session.slice`: e.g. the reference on d0-1 while the actor trains on
@@ -17,7 +15,7 @@ Models on the same (mesh, layout) share one process per device (`session.fused`)
     generate-only rollout group (`Groups.rollout`), which the algorithm brings up to date after
     each update (RolloutLink);
   * another call of a trained model elsewhere (the critic's values on other devices, or on its
-    own in another layout): a replica that a CallRouter (workbench.planner.routing) sends the
+    own in another layout): a replica that a CallRouter (workbench.deploy.routing) sends the
     call to, brought up to date through a weight channel before a call that would read older
     weights (held as FSDP shards, whatever backend the home trains in, or in a tensor-parallel
     layout as pieces of a "3d" engine): reallocated into from every rank of the home, a layer
@@ -34,26 +32,22 @@ Refused, on the driver before any pool is reserved: the actor's log-probs away f
 training (a replica would need a trainer's forward), a trained model's copy in a
 pipeline-parallel layout, a tensor-parallel one for generation or of a DeepSpeed or
 pipeline-parallel home, and two calls running one worker method on different placements (a
-handle routes by method). The planner stays free of Ray: this module calls the session.
-"""
+handle routes by method)."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from workbench import steps
-from workbench.controller.mesh import Mesh
 from workbench.errors import ConfigError
+from workbench.mesh import Mesh
 from workbench.planner.dataflow import Dataflow
 from workbench.planner.errors import PlannerError
 from workbench.planner.execution import DeviceMesh, ExecutionPlan
 from workbench.planner.strategy import is_generation_layout
-
-if TYPE_CHECKING:
-    from workbench.session import Session
 
 ROLLOUT = "rollout"
 """The role of the actor's generation group on other devices (algorithms.Groups.rollout)."""
@@ -77,7 +71,7 @@ class GroupSpec:
     """For a replica: the home group's role."""
 
 
-def _layout_key(layout: Mesh) -> tuple[int, int, int]:
+def layout_key(layout: Mesh) -> tuple[int, int, int]:
     return (layout.pp, layout.tp, layout.dp)
 
 
@@ -135,7 +129,7 @@ def plan_groups(plan: ExecutionPlan, dataflow: Dataflow, workers: dict[str, tupl
         routed: dict[str, tuple[DeviceMesh, Mesh, str]] = {}  # worker method -> where, which call
         for call in calls:
             mesh, layout = plan.layouts[call.name]
-            method = _worker_method(call.name, model)
+            method = worker_method(call.name, model)
             if method in routed and routed[method][:2] != (mesh, layout):
                 other_mesh, other_layout, other = routed[method]
                 raise PlannerError(
@@ -144,7 +138,7 @@ def plan_groups(plan: ExecutionPlan, dataflow: Dataflow, workers: dict[str, tupl
                     f"by method: give them the same mesh and layout"
                 )
             routed[method] = (mesh, layout, call.name)
-            if (mesh, _layout_key(layout)) == (home_mesh, _layout_key(home_layout)):
+            if (mesh, layout_key(layout)) == (home_mesh, layout_key(home_layout)):
                 home.calls.append(call.name)
             elif mesh == home_mesh and _hybrid_engine(call, home, layout, trained is not None):
                 if home_layout.pp > 1 and (layout.pp, layout.tp) != (1, 1) and layout.pp != home_layout.pp:
@@ -157,7 +151,7 @@ def plan_groups(plan: ExecutionPlan, dataflow: Dataflow, workers: dict[str, tupl
                 home.layout = home.layout.with_generation(layout, "hybridflow")
                 home.calls.append(call.name)
             else:  # a copy in the call's layout, on other devices or on the home's own
-                key = (mesh, _layout_key(layout))
+                key = (mesh, layout_key(layout))
                 replica = _replica(model, call, mesh, layout, workers[model], trained is not None, home_layout)
                 if mesh == home_mesh and replica.role != ROLLOUT:  # beside the home: named by its layout too
                     replica.role += f"_{layout.short()}"
@@ -172,7 +166,7 @@ def plan_groups(plan: ExecutionPlan, dataflow: Dataflow, workers: dict[str, tupl
     return specs
 
 
-def _worker_method(call: str, model: str) -> str:
+def worker_method(call: str, model: str) -> str:
     step = steps.BY_NAME.get(call)
     if step is None or step.worker_method is None:
         raise PlannerError(
@@ -207,7 +201,7 @@ def _replica(
             )
         rollout = _replace(config, train=False, reference=False)
         return GroupSpec(ROLLOUT, model, mesh, layout, (cls, rollout), home=model)
-    method = _worker_method(call.name, model)
+    method = worker_method(call.name, model)
     if method not in PUSHED_METHODS:
         raise PlannerError(
             f"{where}: {method} of a trained model runs where it trains (a replica holds no trainer to run it); "
@@ -252,46 +246,3 @@ def runtime_refusal(plan: ExecutionPlan, dataflow: Dataflow) -> str | None:
     except PlannerError as refusal:
         return str(refusal)
     return None
-
-
-def deploy_calls(
-    plan: ExecutionPlan, session: Session, workers: dict[str, tuple[type, Any]], dataflow: Dataflow
-) -> dict[str, Any]:
-    """Start what `plan` needs on `session`; returns a handle per model (its home group, or a
-    CallRouter when some of its calls run on replicas) and `rollout` when the actor generates on
-    devices of its own. Everything is checked before the first pool is reserved."""
-    from workbench.planner.routing import CallRouter
-
-    specs = plan_groups(plan, dataflow, workers)
-    for spec in specs:
-        check: Callable | None = getattr(spec.worker[1], "check_layout", None)
-        if check is not None:
-            check(spec.layout, spec.role)
-    span_of = spans(s.mesh for s in specs)
-    pools = {span: session.pool(f"calls_{span}", span.size) for span in sorted(set(span_of.values()))}
-    for mesh, span in span_of.items():
-        if mesh != span:
-            pools[mesh] = session.slice(f"calls_{mesh}", pools[span], mesh.first - span.first, mesh.size)
-    fused: dict[tuple[DeviceMesh, tuple[int, int, int]], list[GroupSpec]] = {}
-    for spec in specs:
-        fused.setdefault((spec.mesh, _layout_key(spec.layout)), []).append(spec)
-    groups: dict[str, Any] = {}
-    for (mesh, _), here in fused.items():
-        # The generation layout only matters to the model that generates; keep it if any.
-        layout = max((s.layout for s in here), key=lambda x: x.gen_tp is not None)
-        groups |= session.fused(pools[mesh], mesh=layout, **{s.role: s.worker for s in here})
-    handles: dict[str, Any] = {}
-    for model in dataflow.models:
-        replicas = [s for s in specs if s.home == model and s.role != ROLLOUT]
-        if not replicas:
-            handles[model] = groups[model]
-            continue
-        trained = any(c.kind == "train" for c in dataflow.calls_of(model))
-        routes = {_worker_method(c, model): groups[s.role] for s in replicas for c in s.calls}
-        train_method = next(
-            (_worker_method(c.name, model) for c in dataflow.calls_of(model) if c.kind == "train"), None
-        )
-        handles[model] = CallRouter(model, groups[model], routes, train_method if trained else None)
-    if ROLLOUT in groups:
-        handles[ROLLOUT] = groups[ROLLOUT]
-    return handles

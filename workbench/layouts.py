@@ -22,7 +22,7 @@ from fractions import Fraction
 from numbers import Real
 from typing import NamedTuple
 
-from workbench.controller.mesh import Mesh
+from workbench.mesh import Mesh
 
 
 class Shard(NamedTuple):

@@ -8,7 +8,7 @@ so the runtime and the simulator count the bytes once.
 A model is a list of `Param`s: name, shape, the dim tensor parallelism cuts it along (None: whole
 on every tensor-parallel rank, as norms are), and its *layer unit*: 0 the embedding, 1..L the
 decoder layers, L+1 the final norm and the head (`llama_params` builds this for a Llama).
-A `Placement` is a `Mesh` (pp, tp, dp; rank order as `workbench.controller.mesh` says) on a list
+A `Placement` is a `Mesh` (pp, tp, dp; rank order as `workbench.mesh` says) on a list
 of ranks of one process group (by default `first`, `first`+1, ...), with a layer unit -> pipeline
 stage map (by default `even_stages`). The rank at (pp s, tp k, dp r) holds, of every unit of
 stage s, tensor piece k of the cut weights (`layouts.slices`) and the whole of the others.
@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from math import gcd, prod
 from typing import NamedTuple
 
-from workbench.controller.mesh import Mesh
-from workbench.hybrid.layouts import generation_groups, slices
+from workbench.layouts import generation_groups, slices
+from workbench.mesh import Mesh
 
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "uint8": 1, "int8": 1}
 """Bytes per element of the dtypes a `Param` may name (torch's names without `torch.`)."""
