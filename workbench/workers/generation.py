@@ -36,8 +36,8 @@ from workbench.engines.pipeline import PipelinedModel
 from workbench.engines.pipelined_rollout import PipelinedRollout
 from workbench.engines.rollout import end_token_ids
 from workbench.engines.tensor_parallel import parallelize, pipelined_generation
-from workbench.layouts import generation_groups
 from workbench.hybrid.transition import HybridEngine
+from workbench.layouts import generation_groups
 from workbench.models.load import for_worker, load
 from workbench.models.lora import adapter_weights
 
