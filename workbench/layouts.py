@@ -103,11 +103,17 @@ def generation_groups(mesh: Mesh) -> list[tuple[int, ...]]:
     generation is `torch.tensor(groups).reshape(-1, p_g, t_g)` ([replica][pp_g][tp_g]), or
     [replica][tp_g] when p_g = 1."""
     gen_pp, gen_tp = gen_sizes(_checked(mesh))
-    groups = [[None] * (gen_pp * gen_tp) for _ in range(mesh.dp * mesh.micro_dp)]
+    groups: list[list[int | None]] = [[None] * (gen_pp * gen_tp) for _ in range(mesh.dp * mesh.micro_dp)]
     for r in range(mesh.world_size):
         g = mesh.gen_coord(r)
         groups[g.dp][g.pp * gen_tp + g.tp] = r
-    return [tuple(group) for group in groups]
+    out: list[tuple[int, ...]] = []
+    for group in groups:
+        ranks = tuple(r for r in group if r is not None)
+        if len(ranks) != len(group):  # gen_coord is a bijection on a checked mesh, so every slot is filled
+            raise AssertionError(f"{mesh}: generation replica with an empty slot: {group}")
+        out.append(ranks)
+    return out
 
 
 def generation_tp_groups(mesh: Mesh) -> list[tuple[int, ...]]:

@@ -93,7 +93,7 @@ def deploy_sets(
             check = getattr(workers[m][1], "check_layout", None)
             if check is not None:
                 check(model_mesh(a), m)
-    groups = {}
+    groups: dict[str, WorkerGroup] = {}
     for colocated in sets:
         layouts = _set_layouts(colocated, session)
         by_layout: dict[tuple[int, int, int], list[str]] = {}  # same (pp, tp, dp) -> one process

@@ -25,6 +25,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 import torch
@@ -108,6 +109,9 @@ def _median_time(fn, repeats: int) -> float:
 
 class ProbeWorker(Worker):
     """Times calls and collectives where the model workers run (one process per device)."""
+
+    _models: dict[str, tuple[ModelSpec, HFRollout, Any, Any]]
+    """Loaded on first use (model_calls) and kept for re-profiling: path -> (spec, rollout, engine, tokenizer)."""
 
     @register(ONE_TO_ALL)
     def machine(self) -> dict:

@@ -204,6 +204,8 @@ class AutoMapper:
         for c in self.flow.calls_of(model):
             if c.kind != "generate":
                 continue
+            if g is None:  # layouts() gives every layout of a generating model its generation
+                raise AssertionError(f"{model}: layout {s.short()} has no generation layout")
             gm = generation_memory(spec, s, g, self.wl, layout.static.params, free, self.wl.transition, c.batch_factor)
             if gm is None:
                 return None
@@ -316,8 +318,9 @@ class AutoMapper:
         best, n_alloc, n_place = None, 0, 0
         for placement in placements if placements is not None else set_partitions(self.flow.models):
             n_place += 1
-            mins = [self.min_devices(p, n) for p in placement]
-            if any(m is None for m in mins) or sum(mins) > n:
+            least = [self.min_devices(p, n) for p in placement]
+            mins = [m for m in least if m is not None]
+            if len(mins) < len(least) or sum(mins) > n:  # a set that fits nowhere, or too many devices
                 continue
             hi = [n - sum(mins) + m for m in mins]
             tables = [self._table(p, lo, h) for p, lo, h in zip(placement, mins, hi)]
@@ -553,7 +556,7 @@ class AutoMapper:
 
 def _pareto(layouts: list[_Layout]) -> list[_Layout]:
     """Layouts not beaten by another in static memory, activations and time together."""
-    keep = []
+    keep: list[_Layout] = []
     for o in sorted(layouts, key=lambda o: (o.bound, o.static.total, o.activations)):
         if not any(k.static.total <= o.static.total and k.activations <= o.activations for k in keep):
             keep.append(o)
@@ -567,7 +570,7 @@ def pack_aligned(sizes: list[int], devices_per_node: int, n_nodes: int) -> list[
     u = devices_per_node
     free = [u] * n_nodes  # free devices per machine (filled from its start)
     used = [[False] * u for _ in range(n_nodes)]
-    firsts: list[int | None] = [None] * len(sizes)
+    firsts = [-1] * len(sizes)  # each set's first device: every one is written below or None returned
     for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
         k = sizes[i]
         if k >= u:

@@ -30,7 +30,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -264,6 +264,8 @@ def fit_piecewise_linear(
             x = new
         if best is None or error(x) < best[0]:
             best = (error(x), x)
+    if best is None:
+        raise ValueError("fit_piecewise_linear needs at least one start")
     return best[1]
 
 
@@ -423,8 +425,10 @@ def fit_fixed_cost(timings: list[Timing], cluster: ClusterSpec, field: str, lowe
     if not timings:
         return 0.0
     measured = np.array([t.seconds for t in timings])
-    base = np.array([t.predict(dataclasses.replace(cluster, **{field: 0.0})) for t in timings])
-    per_unit = np.array([t.predict(dataclasses.replace(cluster, **{field: 1.0})) for t in timings]) - base
+    zero: dict[str, Any] = {field: 0.0}  # `field` names a float field of ClusterSpec
+    one: dict[str, Any] = {field: 1.0}
+    base = np.array([t.predict(dataclasses.replace(cluster, **zero)) for t in timings])
+    per_unit = np.array([t.predict(dataclasses.replace(cluster, **one)) for t in timings]) - base
     w = per_unit / measured
     if not np.any(w > 0):
         return 0.0

@@ -235,7 +235,9 @@ def _replica(
 
 
 def _replace(config: Any, **changes: Any) -> Any:
-    return dataclasses.replace(config, **changes) if dataclasses.is_dataclass(config) else config
+    # A config is a dataclass instance (or anything else, kept); never a dataclass class.
+    is_instance = dataclasses.is_dataclass(config) and not isinstance(config, type)
+    return dataclasses.replace(config, **changes) if is_instance else config
 
 
 def runtime_refusal(plan: ExecutionPlan, dataflow: Dataflow) -> str | None:

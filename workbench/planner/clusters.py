@@ -9,10 +9,22 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Literal, TypedDict
 
 from workbench.planner.calibrate import load_calibration
 from workbench.planner.errors import NoMeshError, UnknownPresetError
 from workbench.planner.specs import GIB, ClusterSpec
+
+
+class _Latencies(TypedDict):
+    """The per-operation costs every GPU preset shares (ClusterSpec fields)."""
+
+    kernel_latency: float
+    collective_latency: float
+    step_overhead: float
+    sequence_overhead: float
+    allocation: Literal["aligned", "free"]
+
 
 # Fixed costs of small work on GPU presets (defaults, not measured here):
 #   kernel_latency 5 us: a CUDA kernel launch costs ~3-5 us of host time and a small kernel
@@ -28,7 +40,7 @@ from workbench.planner.specs import GIB, ClusterSpec
 #     GPU, i.e. tens of us per sequence at a few hundred sequences. With it the planner ranks
 #     generation TP as HybridFlow measured (actor trained 1-8-2 on 16 A100s: 2 fastest for 7B,
 #     4 for 13B); without it, 8 for both (tests/planner/test_simulator.py).
-_GPU_LATENCIES = dict(
+_GPU_LATENCIES = _Latencies(
     kernel_latency=5e-6, collective_latency=20e-6, step_overhead=2e-3, sequence_overhead=50e-6, allocation="aligned"
 )
 _GPU_LATENCY_NOTE = "kernel 5 us, collective 20 us, step 2 ms, 50 us per sequence-step (see clusters.py); ReaLHF meshes"

@@ -109,11 +109,12 @@ class Dataflow:
     def model_specs(self, base: ModelSpec | str | dict[str, ModelSpec | str]) -> dict[str, ModelSpec]:
         """A spec per role: one shape for all (value roles get a scalar head), or a dict."""
         if isinstance(base, dict):
-            out = {}
+            out: dict[str, ModelSpec] = {}
             for role in self.models:
                 if role not in base:
                     raise KeyError(f"no model spec for role {role!r}; roles: {self.models}")
-                spec = model_preset(base[role]) if isinstance(base[role], str) else base[role]
+                given = base[role]
+                spec = model_preset(given) if isinstance(given, str) else given
                 out[role] = spec.as_value_model() if role in self.value_models else spec
             return out
         spec = model_preset(base) if isinstance(base, str) else base

@@ -22,6 +22,7 @@ import importlib.util
 import inspect
 import textwrap
 from pathlib import Path
+from typing import Any, TypeGuard
 
 from workbench import steps
 from workbench.planner.dataflow import Call, Dataflow
@@ -36,7 +37,7 @@ class DeriveError(ValueError):
     """The algorithm's step() is not in a form the planner can read."""
 
 
-def derive_dataflow(algorithm: type, name: str | None = None) -> Dataflow:
+def derive_dataflow(algorithm: type[Any], name: str | None = None) -> Dataflow:
     """The dataflow of one iteration of `algorithm` (a subclass of algorithms.Algorithm)."""
     try:
         source = textwrap.dedent(inspect.getsource(algorithm.step))
@@ -119,7 +120,7 @@ class _StepReader(ast.NodeVisitor):
         return call_name
 
 
-def _is_self_method(func: ast.AST) -> bool:
+def _is_self_method(func: ast.AST) -> TypeGuard[ast.Attribute]:
     return isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self"
 
 
@@ -189,5 +190,5 @@ def _built_in() -> dict[str, tuple[Path, str]]:
     return {
         key.value: (init.parent / f"{module_of[value.id].rsplit('.', 1)[1]}.py", value.id)
         for key, value in zip(table.keys, table.values)
-        if isinstance(key, ast.Constant) and isinstance(value, ast.Name)
+        if isinstance(key, ast.Constant) and isinstance(key.value, str) and isinstance(value, ast.Name)
     }

@@ -217,7 +217,8 @@ class PlanEvaluator:
         return self.sim.call_time(c, self.specs[c.model], s, kv_budget, c.model in self.train_call)
 
     def build_graph(self, plan: ExecutionPlan, kv_budget: dict[str, float]) -> TaskGraph:
-        g, ids, u = TaskGraph(), {}, self.cluster.devices_per_node
+        g, u = TaskGraph(), self.cluster.devices_per_node
+        ids: dict[tuple[object, ...], int] = {}  # (call, iteration) or a weight push's key -> task id
         gathered = self.flow.driver_inputs()
         last_on: dict[int, int] = {}  # device -> the last call issued on it
         step_done: list[int] = []  # the driver has the last step's results (no overlap)

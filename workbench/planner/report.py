@@ -5,6 +5,7 @@ The bars and table helpers here serve both kinds of plan: a searched ReaLHF exec
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -36,8 +37,8 @@ def device_range(lo: int, hi: int) -> str:
     return f"d{lo}" if hi - lo == 1 else f"d{lo}-{hi - 1}"
 
 
-def text_table(header: list[str], rows: list[list[str]]) -> str:
-    """Left-aligned columns under a header and a rule."""
+def text_table(header: list[str], rows: Sequence[Sequence[object]]) -> str:
+    """Left-aligned columns under a header and a rule (cells are shown with str())."""
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     line = fmt.format(*header)
@@ -66,7 +67,7 @@ def execution_table(plan: ExecutionPlan, evaluation: Evaluation) -> str:
             b.iteration,
             device_range(*b.devices) if b.devices[1] else "-",
             b.kind,
-            plan.layouts[b.call][1].short() if b.kind == "compute" else "",
+            _strategy(plan, b),
             f"{b.start:.2f}",
             f"{b.end:.2f}",
         ]
@@ -78,3 +79,12 @@ def execution_table(plan: ExecutionPlan, evaluation: Evaluation) -> str:
         f"{evaluation.makespan:.2f}s)   MaxMem: {evaluation.max_mem / GB:.1f} GB"
         + ("  OUT OF MEMORY" if evaluation.oom else "")
     )
+
+
+def _strategy(plan: ExecutionPlan, bar: GanttBar) -> str:
+    """The parallel strategy of a compute bar's call; blank for transfers."""
+    if bar.kind != "compute":
+        return ""
+    if bar.call is None:  # execution_gantt gives every compute task its call
+        raise AssertionError(f"compute bar {bar.label!r} names no call")
+    return plan.layouts[bar.call][1].short()

@@ -155,7 +155,8 @@ def _shared_time_cost(graph: TaskGraph, devices_per_node: int, cores: float) -> 
     now, done = 0.0, 0
     while pending or running:
         pending.sort()
-        claimed, still = set(), []
+        claimed: set[int] = set()
+        still: list[tuple[float, int]] = []
         for r, i in pending:
             if busy.isdisjoint(devices[i]) and claimed.isdisjoint(devices[i]):
                 busy.update(devices[i])

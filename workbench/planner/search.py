@@ -14,10 +14,12 @@ result depends only on the seeds, not on how fast the machine is.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from workbench.mesh import Mesh
@@ -78,9 +80,11 @@ class PlanSpace:
                 )
             self.options.append(opts)
         # Indexes for the local moves: same mesh / same (size, strategy).
-        self._by_mesh, self._by_shape = [], []
+        self._by_mesh: list[dict[DeviceMesh, list[int]]] = []
+        self._by_shape: list[dict[tuple[int, Mesh], list[int]]] = []
         for opts in self.options:
-            by_mesh, by_shape = {}, {}
+            by_mesh: dict[DeviceMesh, list[int]] = {}
+            by_shape: dict[tuple[int, Mesh], list[int]] = {}
             for j, (m, s) in enumerate(opts):
                 by_mesh.setdefault(m, []).append(j)
                 by_shape.setdefault((m.size, s), []).append(j)
@@ -152,6 +156,8 @@ class PlanSpace:
                 key = (not fits, t)
                 if best is None or key < best[0]:
                     best = (key, j)
+            if best is None:  # __init__ refuses a call without options
+                raise AssertionError(f"call {call.name!r} has no options")
             out.append(best[1])
         return tuple(out)
 
@@ -328,7 +334,7 @@ def polish(
             around = space.neighbours(best)
             shortlist = []
             for i, opts in enumerate(space.options):
-                alone = sorted(range(len(opts)), key=lambda j, i=i: cost(best[:i] + (j,) + best[i + 1 :]))
+                alone = sorted(range(len(opts)), key=functools.partial(_cost_with, cost, best, i))
                 shortlist.append([j for j in alone if j != best[i]][:pair_options])
             for i, k in itertools.combinations(range(len(best)), 2):
                 for a in shortlist[i]:
@@ -343,6 +349,11 @@ def polish(
             best, best_cost = nearest, cost(nearest)
     except TimeoutError:
         return best
+
+
+def _cost_with(cost: Callable[[tuple[int, ...]], float], choice: tuple[int, ...], i: int, j: int) -> float:
+    """The cost of `choice` with call i moved to option j (a sort key, bound per call)."""
+    return cost(choice[:i] + (j,) + choice[i + 1 :])
 
 
 def _level_splits(space: PlanSpace, choice: tuple[int, ...], cost) -> list[tuple[int, ...]]:
@@ -367,7 +378,7 @@ def _level_splits(space: PlanSpace, choice: tuple[int, ...], cost) -> list[tuple
                 on_part = [j for j, (m, _) in enumerate(space.options[i]) if m == parts[k % n]]
                 if not on_part:
                     break
-                moved[i] = min(on_part, key=lambda j, i=i: cost(choice[:i] + (j,) + choice[i + 1 :]))
+                moved[i] = min(on_part, key=functools.partial(_cost_with, cost, choice, i))
             else:
                 out.append(tuple(moved))
     return out
@@ -455,6 +466,8 @@ def exhaustive(space: PlanSpace, limit: int = 200_000) -> tuple[tuple[int, ...],
         c = space.cost(choice)
         if best is None or c < best[1]:
             best = (choice, c)
+    if best is None:  # a product of non-empty option lists has at least one plan
+        raise AssertionError("exhaustive: empty plan space")
     return best
 
 

@@ -179,7 +179,7 @@ def model_preset(name: str) -> ModelSpec:
         raise UnknownPresetError("model", name, list(MODEL_PRESETS)) from None
 
 
-FROZEN_KEEPS = ("whole", "sharded", "host")
+FROZEN_KEEPS: tuple[Literal["whole", "sharded", "host"], ...] = ("whole", "sharded", "host")
 """How a frozen model can keep its weights (`Workload.frozen_keep`), by the device memory it
 holds, most first: the order a tie between plans is broken in (nothing gathered first, nothing
 copied in from the host before that), and the order `Plan.deploy` compares a config with."""

@@ -13,7 +13,7 @@ from workbench import checks
 from workbench.controller import ONE_TO_ALL, THREE_D_PROTO, THREE_D_REDUCED, Worker, register
 from workbench.data.batch import Batch
 from workbench.engines.backends import BACKENDS, check_data_parallel_only, make_engine
-from workbench.engines.contract import LossFn, OptimConfig, check_training_fields
+from workbench.engines.contract import Forward, LossFn, OptimConfig, check_training_fields
 from workbench.engines.forward import model_outputs, response_values
 from workbench.engines.kept_forward import KeptForwards
 from workbench.engines.tensor_parallel import check_tensor_parallel_layout, local, shard_dim
@@ -186,7 +186,7 @@ class CriticWorker(Worker, WeightChannelMember):
         algorithms.losses.CriticLoss, PPO's clipped value loss on batch["returns"])."""
         cfg = self.config
         kept, self.kept = self.kept, None
-        forward = self.training_forward
+        forward: Forward = self.training_forward
         if kept is not None and len(batch) <= self.rows_per_step:  # epochs == 1 (config): one step
             forward = kept.forward(forward)  # over the kept rows: their forward is this step's
         metrics = run_updates(

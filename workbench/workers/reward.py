@@ -83,12 +83,12 @@ class RewardModelWorker(Worker):
     @torch.no_grad()
     def _score(self, batch: Batch) -> Batch:
         step = self.config.micro_batch_size
-        scores = []
+        pieces = []
         for i in range(0, len(batch), step):
             part, _ = trim_padding(batch[i : i + step])  # columns that are padding in every row
             values = token_values(self.model, part["input_ids"], part["attention_mask"], part["position_ids"])
-            scores.append(values.gather(1, last_token_index(part["attention_mask"]).unsqueeze(1)).squeeze(1))
-        scores = torch.cat(scores)
+            pieces.append(values.gather(1, last_token_index(part["attention_mask"]).unsqueeze(1)).squeeze(1))
+        scores = torch.cat(pieces)
         mask = batch["response_mask"]
         last = last_token_index(mask)
         token_level = torch.zeros(mask.shape, dtype=scores.dtype, device=scores.device)

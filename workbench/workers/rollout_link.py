@@ -27,10 +27,7 @@ from workbench.workers.critic import CriticConfig
 
 def check_rollout_pair(actor: Any, rollout: Any) -> None:
     """Refuse, on the driver, a rollout group that cannot take the actor's weights."""
-    a, r = getattr(actor, "config", None), getattr(rollout, "config", None)
-    for role, config in (("actor", a), ("rollout", r)):
-        if config is None or not hasattr(config, "train"):
-            raise ConfigError(f"Groups.{role}", type(config).__name__, "give an ActorRolloutRefWorker group")
+    a, r = _actor_config(actor, "actor"), _actor_config(rollout, "rollout")
     if not a.train:
         raise ConfigError("Groups.actor: ActorConfig.train", a.train, "the actor must train (train=True)")
     if r.train or r.rollout is None:
@@ -63,6 +60,14 @@ def check_rollout_pair(actor: Any, rollout: Any) -> None:
             r.temperature,
             f"use the actor's ({a.temperature}): the rollout's log-probs are the behaviour policy's",
         )
+
+
+def _actor_config(group: Any, role: str) -> Any:
+    """The ActorConfig of an ActorRolloutRefWorker group; refused for any other group."""
+    config = getattr(group, "config", None)
+    if config is None or not hasattr(config, "train"):
+        raise ConfigError(f"Groups.{role}", type(config).__name__, "give an ActorRolloutRefWorker group")
+    return config
 
 
 def reallocatable(trained: Any, copy: Any) -> bool:

@@ -29,6 +29,7 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 import ray
 import torch
@@ -107,7 +108,7 @@ class RuleReward:
         ]
         metas, outputs = [r[0] for r in results], [r[1] for r in results]
         ranks = list(range(len(pieces)))
-        future = DataFuture(
+        future: DataFuture[Batch] = DataFuture(
             CallInfo("rule_reward", self.name, ranks), outputs, metas, ranks, concat, Mesh(dp=len(pieces))
         )
         future.trace_tags = SPANS.tag_call(number, current_tags(), len(pieces))  # the step clock adds to these
@@ -137,7 +138,7 @@ def scorer_pool(size: int) -> list:
     pool = _scorers.setdefault(key, [])
     while len(pool) < size:
         pool.append(
-            RewardScorer.options(
+            RewardScorer.options(  # type: ignore[attr-defined]  # an ActorClass: mypy skips class decorators
                 name=f"{SCORER_PREFIX}{len(pool)}", namespace=SCORER_NAMESPACE, get_if_exists=True
             ).remote()
         )
@@ -191,7 +192,7 @@ add_span_source(SPANS)
 # ---- the scoring processes ------------------------------------------------------------------------
 # num_cpus=0: scoring is light, and pools may have reserved every CPU slot. drain_records runs
 # in its own thread, so spans reach the driver while a slow function holds the scorer.
-@ray.remote(num_cpus=0, concurrency_groups={TRACE_GROUP: 1})
+@ray.remote(num_cpus=0, concurrency_groups={TRACE_GROUP: 1})  # type: ignore[call-overload]  # not in Ray's stubs
 class RewardScorer:
     """One long-lived scoring process: keeps a child that runs reward functions, and replaces
     the child only when it had to be killed (time limit) or died."""
@@ -328,7 +329,8 @@ def _child_loop(conn) -> None:
     then sends one message per row (so the parent knows which row a hang or crash was on). A
     function that raises ends its chunk."""
     torch.set_num_threads(1)
-    loaded, fn = None, None
+    loaded: bytes | None = None
+    fn: Any = None  # the reward function, unpickled from the first chunk (set before any row is scored)
     while True:
         try:
             fn_bytes, texts, truths = conn.recv()

@@ -83,14 +83,14 @@ def mean_over_ranks(metrics: dict[str, float]) -> dict[str, float]:
     or for an extreme by name (accumulation.reduction) the max / min; an extreme no rank had a
     token for is 0."""
     keys = {how: [k for k in metrics if reduction(k) == how] for how in ("mean", "max", "min")}
-    out = {}
+    out: dict[str, float] = {}
     if keys["mean"]:
         values = all_reduce_small(torch.tensor([metrics[k] for k in keys["mean"]], dtype=torch.float64))
         out |= dict(zip(keys["mean"], (values / dist.get_world_size()).tolist()))
     if keys["max"] or keys["min"]:  # one MAX over [max..., -min...]
         signed = [metrics[k] for k in keys["max"]] + [-metrics[k] for k in keys["min"]]
-        values = all_reduce_small(torch.tensor(signed, dtype=torch.float64), op=dist.ReduceOp.MAX).tolist()
-        extremes = values[: len(keys["max"])] + [-v for v in values[len(keys["max"]) :]]
+        reduced = all_reduce_small(torch.tensor(signed, dtype=torch.float64), op=dist.ReduceOp.MAX).tolist()
+        extremes = reduced[: len(keys["max"])] + [-v for v in reduced[len(keys["max"]) :]]
         out |= {k: v if math.isfinite(v) else 0.0 for k, v in zip(keys["max"] + keys["min"], extremes)}
     return {k: out[k] for k in metrics}
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import ray
@@ -43,6 +44,19 @@ class WeightChannelMember:
     """The trained group's ranks in the channel when it reallocates (all of them, channel ranks
     0..n-1; the copy's follow); 0 when the trained group's rank 0 broadcasts."""
     _reallocator: Reallocator | None = None
+
+    if TYPE_CHECKING:  # the Worker's, which this is mixed into (declared for the type checker only)
+
+        @property
+        def rank(self) -> int: ...
+
+        @property
+        def device(self) -> torch.device: ...
+
+        @property
+        def mesh(self) -> Mesh: ...
+
+        def record_span(self, name: str, start: float, end: float, **extra: Any) -> None: ...
 
     @register(ONE_TO_ALL, execute="rank_zero")
     def open_weight_channel(self, size: int, local: bool, shared_device: bool = False) -> ChannelAddress:
