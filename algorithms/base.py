@@ -27,11 +27,11 @@ from typing import Any
 import torch
 
 from algorithms import core
+from algorithms.asynchronous import Rollout, RolloutQueue
 from algorithms.groups import Groups
 from algorithms.guard import finite_batch
 from algorithms.losses import ActorLoss, CriticLoss
 from algorithms.metrics import data_metrics, format_line, throughput
-from algorithms.pipeline import Rollout, RolloutPipeline
 from workbench import checks, config_loader, steps
 from workbench.agents.env import Environment
 from workbench.clock import StepClock
@@ -235,11 +235,11 @@ class Algorithm:
         self.history: list[dict[str, float]] = []
         self.rollout_version = -1
         """The policy version the rollout group holds (Groups.rollout); -1: not pushed yet."""
-        self.pipeline: RolloutPipeline | None = None
+        self.rollouts: RolloutQueue | None = None
         """Generations launched ahead by `fit(..., asynchronous=True)`; kept between calls."""
         self.launch_ahead: Callable[[], None] | None = None
-        """Set by the pipeline during a step: launches the batches ahead, called by `collect` once
-        the step's scoring calls are queued."""
+        """Set by the rollout queue during a step: launches the batches ahead, called by `collect`
+        once the step's scoring calls are queued."""
         self._link: Any = None
 
     def required_roles(self) -> tuple[str, ...]:
@@ -257,8 +257,8 @@ class Algorithm:
             "history": [dict(m) for m in self.history],
             **{name: dataclasses.asdict(getattr(self, name)) for name in self.controllers},
         }
-        if self.pipeline is not None:  # rollouts generated ahead, with the versions that made them
-            state["pipeline"] = self.pipeline.state_dict()
+        if self.rollouts is not None:  # rollouts generated ahead, with the versions that made them
+            state["rollouts"] = self.rollouts.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -273,10 +273,10 @@ class Algorithm:
         for name in self.controllers:
             setattr(self, name, type(getattr(self, name))(**state[name]))
         self.rollout_version = -1  # the rollout group gets the loaded weights before it generates
-        self.pipeline = None
-        if "pipeline" in state:
-            self.pipeline = RolloutPipeline(self, state["pipeline"]["max_staleness"])
-            self.pipeline.load_state_dict(state["pipeline"])
+        self.rollouts = None
+        if "rollouts" in state:
+            self.rollouts = RolloutQueue(self, state["rollouts"]["max_staleness"])
+            self.rollouts.load_state_dict(state["rollouts"])
 
     def _check(self, prompts: Batch) -> None:
         """Before an iteration's remote work: the config (perhaps edited in place in a cell since
@@ -350,7 +350,7 @@ class Algorithm:
 
     def launch_rollout(self, prompts: Batch, index: int) -> Rollout:
         """Generate batch `index` of the run now, for an iteration to come (the asynchronous
-        pipeline); checked on the driver first, as an iteration's generation is."""
+        rollout queue); checked on the driver first, as an iteration's generation is."""
         self._check(prompts)
         sampling = self._seeded(self.config.sampling, index)
         return Rollout(prompts, self._launch_generation(prompts, sampling), self.rollout_version, index)
@@ -581,7 +581,7 @@ class Algorithm:
             the loop after that step. Pass `log=None` to silence the line.
         asynchronous: generate the next batches on the rollout group (Groups.rollout) while the
             actor trains on this one, each at most `max_staleness` policy versions old
-            (algorithms.pipeline; 0 = the synchronous run). The launched generations are kept
+            (algorithms.asynchronous; 0 = the synchronous run). The launched generations are kept
             between calls (and in checkpoints): the next fit trains on them first."""
         callbacks = list(callbacks)
         for callback in callbacks:
@@ -592,8 +592,8 @@ class Algorithm:
         step: Callable[[Any], tuple[Batch, dict]] = self.step
         batches = _epochs(prompts)
         if asynchronous:
-            pipeline = self.asynchronous(max_staleness)
-            step, batches = (lambda draw: pipeline.step(draw)), itertools.repeat(iter(batches))
+            queue = self.asynchronous(max_staleness)
+            step, batches = (lambda draw: queue.step(draw)), itertools.repeat(iter(batches))
         metrics = []
         for prompt_batch in itertools.islice(batches, iterations):
             batch, m = step(prompt_batch)
@@ -604,15 +604,15 @@ class Algorithm:
                 break
         return metrics
 
-    def asynchronous(self, max_staleness: int = 1) -> RolloutPipeline:
-        """The pipeline that launches generations ahead (kept between fits, restored from
+    def asynchronous(self, max_staleness: int = 1) -> RolloutQueue:
+        """The rollout queue that launches generations ahead (kept between fits, restored from
         checkpoints); a different bound first trains on what was launched under the old one."""
-        if self.pipeline is None or self.pipeline.max_staleness != max_staleness:
-            pipeline = RolloutPipeline(self, max_staleness)
-            if self.pipeline is not None:  # already launched: trained first, under the new bound
-                pipeline.queue, pipeline.launched = self.pipeline.queue, self.pipeline.launched
-            self.pipeline = pipeline
-        return self.pipeline
+        if self.rollouts is None or self.rollouts.max_staleness != max_staleness:
+            queue = RolloutQueue(self, max_staleness)
+            if self.rollouts is not None:  # already launched: trained first, under the new bound
+                queue.queue, queue.launched = self.rollouts.queue, self.rollouts.launched
+            self.rollouts = queue
+        return self.rollouts
 
     def fit_background(
         self, prompts: Iterable[Batch], iterations: int, callbacks: Iterable[Callable] = (), **fit_options

@@ -9,7 +9,7 @@ Placements, all on two devices of one torch thread each (the same cores, the sam
   (placement.critic_beside=rollout): the reference beside the critic's values, the actor's update
   beside the critic's — PPO's fastest synchronous placement here;
 - `async-s1`, `async-s2`: the same split, generation of the next batches overlapping training
-  (algorithms.pipeline) with max_staleness 1 and 2, truncated importance sampling on the stale
+  (algorithms.asynchronous) with max_staleness 1 and 2, truncated importance sampling on the stale
   rows (pi_old from the one-step update's own forward).
 `async-cr-s1` is split-cr overlapped (the next generation launched once the step's scoring calls
 are queued: between the critic's values and its update); the planner's model of both is

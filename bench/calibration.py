@@ -43,7 +43,7 @@ from workbench.engines.rollout import SamplingConfig
 from workbench.models import load, make_tiny
 from workbench.planner import PlanEvaluator, Workload, cluster_preset, dataflow_preset
 from workbench.planner.calibrate import load_calibration
-from workbench.planner.execution import DeviceMesh, ExecutionPlan
+from workbench.planner.execution import DeviceRange, ExecutionPlan
 from workbench.planner.specs import ModelSpec
 from workbench.workers import ActorConfig, ActorRolloutRefWorker
 from workbench.workers.critic import CriticConfig, CriticWorker
@@ -163,7 +163,7 @@ def estimate(
     data parallel over them, or tensor parallel for `tp_roles` with data-parallel generation),
     and its seconds per call plus outside every call."""
     flow = dataflow_preset("ppo")
-    home = {role: DeviceMesh(i * devices, devices) for i, roles in enumerate(sets) for role in roles}
+    home = {role: DeviceRange(i * devices, devices) for i, roles in enumerate(sets) for role in roles}
 
     def strategy(call):
         if call.model in tp_roles and call.kind != "generate":

@@ -140,7 +140,7 @@ def ppo_scorers(reward_dir: Path, args, load, train: dict) -> tuple[tuple, tuple
 def build_asynchronous(session, algo: str, model_dir: Path, reward_dir: Path, args):
     """The asynchronous workbench on the same cores: the trainer (GRPO: the actor; PPO: actor,
     reference, critic and reward fused in one process) on one device, a rollout group generating
-    the next batches on the other (algorithms.pipeline, max_staleness=args.max_staleness), the
+    the next batches on the other (algorithms.asynchronous, max_staleness=args.max_staleness), the
     weights pushed after every update. Same backend and compile settings as the 1x2-zero2
     placement, one torch thread each."""
     from algorithms import GRPO, PPO, Groups, GRPOConfig, PPOConfig
@@ -441,7 +441,7 @@ def main() -> None:
         default=True,
         action=argparse.BooleanOptionalAction,
         help="also run the asynchronous workbench (a column): the trainer on one device, a rollout "
-        "group on the other, generation overlapping training (algorithms.pipeline)",
+        "group on the other, generation overlapping training (algorithms.asynchronous)",
     )
     parser.add_argument("--max-staleness", type=int, default=1, help="the asynchronous column's staleness bound")
     args = parser.parse_args()

@@ -204,7 +204,7 @@ def test_a_checkpoint_mid_pipeline_resumes_to_the_same_metrics(session, kit, tmp
     algo.fit(kit["batches"], 2, log=None, asynchronous=True, max_staleness=2)
     checkpoints = RunCheckpointer(tmp_path)
     checkpoints.save(algo)
-    assert [r.version for r in algo.pipeline.queue] == [0, 1]  # generated ahead, saved with their versions
+    assert [r.version for r in algo.rollouts.queue] == [0, 1]  # generated ahead, saved with their versions
     straight = learned(algo.fit(kit["batches"], 3, log=None, asynchronous=True, max_staleness=2))
     resumed_algo = grpo(trainer, rollout)
     checkpoints.restore(resumed_algo)

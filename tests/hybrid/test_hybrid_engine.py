@@ -119,7 +119,7 @@ def test_generation_layouts_equal_the_unsharded_model_and_table_2(shared_session
         x, want = span.extra, derived[span.rank]
         counted = (x["bytes_received"] + twins, x["bytes_sent"] + twins, x["peak_param_bytes"], x["redundant_bytes"])
         assert counted == (want.received, want.sent, want.peak_params, want.redundant), (span.rank, x, want)
-        assert x["executor"] == "realloc" and x["checked"] and x["model_bytes"] == model_bytes
+        assert x["executor"] == "reallocate" and x["checked"] and x["model_bytes"] == model_bytes
         assert (x["bytes_received"] + twins, x["peak_param_bytes"], x["redundant_bytes"]) == table2(
             model_bytes, tp, dp, gen_tp, method
         )
@@ -137,7 +137,7 @@ def zero3_twins(mesh: Mesh, model_bytes: int) -> int:
 def test_the_switch_as_a_reallocation_is_bit_identical_and_keeps_each_methods_guarantees(
     shared_session, switching_actor, unsharded
 ):
-    """executor="realloc" (the default) moves the weights by point-to-point
+    """executor="reallocate" (the default) moves the weights by point-to-point
     (`transfers.switch_placements`), "allgather" by Table 2's all-gathers: the same generation
     pieces bit for bit, the same peak and redundancy (hybridflow's training piece re-pointed
     inside its generation piece, not kept beside it), training restored after; the reallocation's
@@ -153,11 +153,11 @@ def test_the_switch_as_a_reallocation_is_bit_identical_and_keeps_each_methods_gu
     )
     twins = zero3_twins(mesh, model_bytes)
     for rank, row in enumerate(rows):
-        gathered, moved = row["allgather"]["stats"], row["realloc"]["stats"]
+        gathered, moved = row["allgather"]["stats"], row["reallocate"]["stats"]
         assert row["different"] == [], (rank, row["different"])
-        assert row["allgather"]["restored"] and row["realloc"]["restored"], rank
-        assert row["allgather"]["inside"] == row["realloc"]["inside"] == (mesh.transition != "vanilla"), rank
-        assert moved["executor"] == "realloc" and moved["checked"] and moved["model_bytes"] == model_bytes
+        assert row["allgather"]["restored"] and row["reallocate"]["restored"], rank
+        assert row["allgather"]["inside"] == row["reallocate"]["inside"] == (mesh.transition != "vanilla"), rank
+        assert moved["executor"] == "reallocate" and moved["checked"] and moved["model_bytes"] == model_bytes
         assert (moved["peak_param_bytes"], moved["redundant_bytes"]) == (table[rank].peak_params, table[rank].redundant)
         assert (gathered["peak_param_bytes"], gathered["redundant_bytes"]) == (
             moved["peak_param_bytes"],
@@ -168,12 +168,12 @@ def test_the_switch_as_a_reallocation_is_bit_identical_and_keeps_each_methods_gu
         assert (gathered["bytes_sent"], gathered["bytes_received"]) == (table[rank].sent, table[rank].received)
     batch = prompts(tokenizer, 8)
     expected = HFRollout(copy.deepcopy(model), tokenizer.pad_token_id, tokenizer.eos_token_id).generate(batch, GREEDY)
-    actor.use_transition_executor("allgather")  # the default generations use "realloc"
+    actor.use_transition_executor("allgather")  # the default generations use "reallocate"
     try:
         since = time.time()
         out = actor.generate_sequences(batch, GREEDY).get()
     finally:
-        actor.use_transition_executor("realloc")  # the group is shared
+        actor.use_transition_executor("reallocate")  # the group is shared
     assert torch.equal(out["responses"], expected["responses"])
     spans = transitions(shared_session, since)
     assert sorted(s.rank for s in spans) == list(range(mesh.world_size))

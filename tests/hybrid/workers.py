@@ -41,7 +41,7 @@ class CorruptibleActor(ActorRolloutRefWorker):
         cut = _cut_pairs(engine)
         before = {name: local(train).clone() for name, train, _ in cut}
         result, generated = {}, {}
-        for way in ("allgather", "realloc"):
+        for way in ("allgather", "reallocate"):
             engine.executor = way
             stats = engine.to_generation()
             generated[way] = {name: local(gen).clone() for name, _, gen in cut}
@@ -52,7 +52,9 @@ class CorruptibleActor(ActorRolloutRefWorker):
             ]
             result[way] = {"stats": stats.as_dict(), "inside": all(inside), "restored": all(restored)}
         engine.executor = executor
-        result["different"] = [n for n in before if not torch.equal(generated["allgather"][n], generated["realloc"][n])]
+        result["different"] = [
+            n for n in before if not torch.equal(generated["allgather"][n], generated["reallocate"][n])
+        ]
         return result
 
 

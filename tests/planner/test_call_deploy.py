@@ -21,7 +21,7 @@ from workbench.engines.rollout import SamplingConfig
 from workbench.mesh import Mesh
 from workbench.models import load, make_tiny
 from workbench.models.value import load_value_model
-from workbench.planner import DeviceMesh, ExecutionPlan, PlannerError, dataflow_preset
+from workbench.planner import DeviceRange, ExecutionPlan, PlannerError, dataflow_preset
 from workbench.planner.call_groups import plan_groups, runtime_refusal
 from workbench.workers import ActorConfig, ActorRolloutRefWorker
 from workbench.workers.critic import CriticConfig, CriticWorker
@@ -30,11 +30,11 @@ from workbench.workers.reward import RewardModelWorker, ScoreModelConfig
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 PPO_FLOW = dataflow_preset("ppo")
-D0, D1, D01 = DeviceMesh(0, 1), DeviceMesh(1, 1), DeviceMesh(0, 2)
+D0, D1, D01 = DeviceRange(0, 1), DeviceRange(1, 1), DeviceRange(0, 2)
 ONE = Mesh(1, 1, 1)
 
 
-def per_call(**moved: DeviceMesh) -> ExecutionPlan:
+def per_call(**moved: DeviceRange) -> ExecutionPlan:
     """Every PPO call on d0 (one device, p1t1d1) except the ones moved."""
     return ExecutionPlan({c.name: (moved.get(c.name, D0), ONE) for c in PPO_FLOW.calls})
 
@@ -171,7 +171,7 @@ def test_a_trained_models_copies_on_devices_its_home_shares_match_copies_apart(s
     """The actor's generation and the critic's values on d0-1 (two ranks each) while both train
     on d0: the copies share d0 with their home, take their weights through joint calls and take
     turns there; the iteration equals the one with the same copies on d1-2, apart."""
-    d12 = DeviceMesh(1, 2)
+    d12 = DeviceRange(1, 2)
     two = Mesh(1, 1, 2)
     apart = per_call()
     apart.layouts |= {"gen": (d12, two), "values": (d12, two)}
@@ -247,7 +247,7 @@ def test_a_critics_replica_is_reallocated_into_from_every_home_rank(session, kit
     place), and after the update its values equal the home's own forward."""
     two = Mesh(1, 1, 2)
     plan = ExecutionPlan({c.name: (D01, two) for c in PPO_FLOW.calls})
-    plan.layouts["values"] = (DeviceMesh(1, 2), Mesh(1, 2, 1) if replica_layout == "p1t2d1" else two)
+    plan.layouts["values"] = (DeviceRange(1, 2), Mesh(1, 2, 1) if replica_layout == "p1t2d1" else two)
     since = time.time()
     handles = deploy_calls(plan, session, kit["workers"], PPO_FLOW)
     critic = handles["critic"]
@@ -282,7 +282,7 @@ def test_a_critics_replica_is_reallocated_into_from_every_home_rank(session, kit
 def test_overlapping_meshes_share_one_span():
     from workbench.planner.call_groups import spans
 
-    d = DeviceMesh
+    d = DeviceRange
     assert spans([d(0, 4), d(0, 2), d(2, 2), d(4, 1), d(5, 1)]) == {
         d(0, 4): d(0, 4),
         d(0, 2): d(0, 4),
@@ -313,12 +313,12 @@ def test_what_this_runtime_cannot_run_is_refused_with_the_call(kit):
     with pytest.raises(PlannerError, match=r"'old_log_prob' of model 'actor' .* compute_log_prob"):
         plan_groups(per_call(gen=D1, old_log_prob=D1), PPO_FLOW, workers)  # beside the rollout group too
     pp_values = ExecutionPlan({c.name: (D01, Mesh(1, 1, 2)) for c in PPO_FLOW.calls})
-    pp_values.layouts["values"] = (DeviceMesh(2, 2), Mesh(2, 1, 1))
+    pp_values.layouts["values"] = (DeviceRange(2, 2), Mesh(2, 1, 1))
     with pytest.raises(PlannerError, match=r"'values' of model 'critic' on d2-3 \(p2t1d1\): .* pp=1"):
         plan_groups(pp_values, PPO_FLOW, workers)
     # a tensor-parallel replica only by reallocation, which moves weights out of an FSDP home
     tp_values = ExecutionPlan({c.name: (D01, Mesh(1, 1, 2)) for c in PPO_FLOW.calls})
-    tp_values.layouts["values"] = (DeviceMesh(2, 2), Mesh(1, 2, 1))
+    tp_values.layouts["values"] = (DeviceRange(2, 2), Mesh(1, 2, 1))
     replica = {s.role: s for s in plan_groups(tp_values, PPO_FLOW, workers)}["critic_d2-3"]
     assert replica.worker[1].backend == "3d" and replica.layout.short() == "p1t2d1"
     cls, config = workers["critic"]
@@ -329,7 +329,7 @@ def test_what_this_runtime_cannot_run_is_refused_with_the_call(kit):
     with pytest.raises(PlannerError, match=r"'values' of model 'critic' on d2-3 .* \(pp=1\)"):
         plan_groups(tp_values, PPO_FLOW, workers)
     tp_rollout = ExecutionPlan({c.name: (D01, Mesh(1, 1, 2)) for c in PPO_FLOW.calls})
-    tp_rollout.layouts["gen"] = (DeviceMesh(2, 2), Mesh(1, 2, 1))
+    tp_rollout.layouts["gen"] = (DeviceRange(2, 2), Mesh(1, 2, 1))
     with pytest.raises(PlannerError, match=r"'gen' of model 'actor' on d2-3 .* data parallelism only"):
         plan_groups(tp_rollout, PPO_FLOW, workers)
 
@@ -368,7 +368,7 @@ def test_pipeline_stages_generate_in_stages_of_their_own_or_with_whole_weights(k
     its pipeline stages (p2t2d1 on its training weights, p2t1d2 through the hybrid engine's
     switch in each stage), with whole weights where the call's is p1t1d4; other layouts are
     refused with the call, so a runnable search keeps away from them."""
-    d03 = DeviceMesh(0, 4)
+    d03 = DeviceRange(0, 4)
     plan = ExecutionPlan({c.name: (d03, Mesh(1, 1, 4)) for c in PPO_FLOW.calls})
     for call in ("gen", "old_log_prob", "update_actor"):
         plan.layouts[call] = (d03, Mesh(2, 2, 1))

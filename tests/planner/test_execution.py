@@ -6,7 +6,7 @@ from workbench import Mesh
 from workbench.planner import (
     Call,
     Dataflow,
-    DeviceMesh,
+    DeviceRange,
     ExecutionPlan,
     NoMeshError,
     PlanEvaluator,
@@ -26,8 +26,8 @@ def test_valid_meshes_are_node_divisors_or_whole_nodes():
     ms = valid_meshes(c)
     # Per machine: 8 + 4 + 2 + 1 aligned slices; plus the two machines together.
     assert len(ms) == 2 * 15 + 1
-    assert DeviceMesh(0, 16) in ms and DeviceMesh(4, 4) in ms and DeviceMesh(2, 4) not in ms
-    assert mesh(c, 8, 8) == DeviceMesh(8, 8)
+    assert DeviceRange(0, 16) in ms and DeviceRange(4, 4) in ms and DeviceRange(2, 4) not in ms
+    assert mesh(c, 8, 8) == DeviceRange(8, 8)
     with pytest.raises(NoMeshError, match="12"):
         mesh(c, 12)
     with pytest.raises(NoMeshError):
@@ -70,7 +70,7 @@ def test_consecutive_iterations_overlap_when_dependencies_allow(tiny_workload):
     )
     p2 = Mesh(1, 1, 2)
     plan = ExecutionPlan(
-        {"gen": (DeviceMesh(0, 2), p2), "train": (DeviceMesh(0, 2), p2), "score": (DeviceMesh(2, 2), p2)}
+        {"gen": (DeviceRange(0, 2), p2), "train": (DeviceRange(0, 2), p2), "score": (DeviceRange(2, 2), p2)}
     )
     r = ev.evaluate(plan)
     names = [t.name for t in r.graph.tasks]
@@ -102,9 +102,9 @@ def test_a_synchronous_step_ends_before_the_next_one_starts(tiny_workload):
     specs["rm"] = dataclasses.replace(specs["rm"], n_layers=specs["rm"].n_layers * 8)
     plan = ExecutionPlan(
         {
-            "gen": (DeviceMesh(2, 1), S1),  # a copy of the actor: pushed every step
-            "train": (DeviceMesh(0, 2), Mesh(1, 1, 2)),
-            "score": (DeviceMesh(3, 1), S1),
+            "gen": (DeviceRange(2, 1), S1),  # a copy of the actor: pushed every step
+            "train": (DeviceRange(0, 2), Mesh(1, 1, 2)),
+            "score": (DeviceRange(3, 1), S1),
         }
     )
     sync = PlanEvaluator(flow, specs, tiny_workload, cluster, n_iterations=2).evaluate(plan)
@@ -127,9 +127,9 @@ def test_parameter_transfer_when_layouts_differ(tiny_workload):
     ev = PlanEvaluator(flow, flow.model_specs("tiny-10m"), tiny_workload, cluster_preset("local"), n_iterations=2)
     plan = ExecutionPlan(
         {
-            "gen": (DeviceMesh(0, 4), Mesh(1, 1, 4)),
-            "score": (DeviceMesh(0, 4), Mesh(1, 1, 4)),
-            "train": (DeviceMesh(0, 2), Mesh(1, 2, 1)),
+            "gen": (DeviceRange(0, 4), Mesh(1, 1, 4)),
+            "score": (DeviceRange(0, 4), Mesh(1, 1, 4)),
+            "train": (DeviceRange(0, 2), Mesh(1, 2, 1)),
         }
     )
     r = ev.evaluate(plan)
@@ -145,7 +145,7 @@ def test_parameter_transfer_when_layouts_differ(tiny_workload):
     assert p1.parents == (train0, step0)
     assert r.schedule.start[i1] >= r.schedule.end[train0]
     # A tensor-parallel copy, which only ReaLHF's runtime makes: its layer-by-layer reallocation.
-    plan.layouts["gen"] = (DeviceMesh(0, 4), Mesh(1, 2, 2))
+    plan.layouts["gen"] = (DeviceRange(0, 4), Mesh(1, 2, 2))
     [tp_copy] = [x for x in ev.evaluate(plan).graph.tasks if x.kind == "param" and x.iteration == 0]
     assert tp_copy.name == "realloc actor->gen@0"
     assert tp_copy.cost == pytest.approx(ev.sim.realloc_time(spec, Mesh(1, 2, 1), (0, 2), Mesh(1, 2, 2), (0, 4)))
@@ -157,8 +157,8 @@ def test_a_critics_replica_is_priced_as_its_reallocation_from_every_home_rank(ti
     ranks, so a two-rank home sends half of what a one-rank home sends to a two-rank copy."""
     flow = dataflow_preset("ppo")
     ev = PlanEvaluator(flow, flow.model_specs("tiny-10m"), tiny_workload, cluster_preset("local", 4), n_iterations=1)
-    layouts = {c.name: (DeviceMesh(0, 2), Mesh(1, 1, 2)) for c in flow.calls}
-    layouts["values"] = (DeviceMesh(2, 2), Mesh(1, 1, 2))
+    layouts = {c.name: (DeviceRange(0, 2), Mesh(1, 1, 2)) for c in flow.calls}
+    layouts["values"] = (DeviceRange(2, 2), Mesh(1, 1, 2))
     [task] = [x for x in ev.evaluate(ExecutionPlan(layouts)).graph.tasks if x.kind == "param"]
     spec, copy = ev.specs["critic"], Mesh(1, 1, 2)
     assert task.name == "realloc critic->d2-3@0" and task.devices == ((0, 2), (2, 4))
@@ -181,8 +181,8 @@ def test_a_tensor_parallel_replica_is_kept_and_priced_as_its_reallocation(tiny_w
     busiest home rank sends what the runtime's transfer plan gives it (`realloc_bytes`)."""
     flow = dataflow_preset("ppo")
     ev = PlanEvaluator(flow, flow.model_specs("tiny-10m"), tiny_workload, cluster_preset("local", 4), n_iterations=1)
-    layouts = {c.name: (DeviceMesh(0, 2), Mesh(1, 1, 2)) for c in flow.calls}
-    layouts["values"] = (DeviceMesh(2, 2), Mesh(1, 2, 1))
+    layouts = {c.name: (DeviceRange(0, 2), Mesh(1, 1, 2)) for c in flow.calls}
+    layouts["values"] = (DeviceRange(2, 2), Mesh(1, 2, 1))
     plan = ExecutionPlan(layouts)
     assert ev._copy_of(flow.call("values"), plan) == "replica"
     [task] = [x for x in ev.evaluate(plan).graph.tasks if x.kind == "param"]
@@ -193,17 +193,17 @@ def test_a_tensor_parallel_replica_is_kept_and_priced_as_its_reallocation(tiny_w
     dp = ev.sim.replica_realloc_time(spec, home, Mesh(1, 1, 2), False)
     assert task.cost < dp
     static, *_ = ev.memory(plan)
-    layouts["values"] = (DeviceMesh(0, 2), Mesh(1, 1, 2))  # at home: no copy on d2-3
+    layouts["values"] = (DeviceRange(0, 2), Mesh(1, 1, 2))  # at home: no copy on d2-3
     at_home, *_ = ev.memory(ExecutionPlan(layouts))
     assert static[2] - at_home[2] == pytest.approx(generation_weights(spec, tp))
     # a tensor-parallel home sends its own pieces (no gather); a pipeline-parallel one broadcasts
     for c in ("values", "update_critic"):
-        layouts[c] = (DeviceMesh(0, 2), tp if c == "update_critic" else Mesh(1, 1, 2))
-    layouts["values"] = (DeviceMesh(2, 2), Mesh(1, 1, 2))
+        layouts[c] = (DeviceRange(0, 2), tp if c == "update_critic" else Mesh(1, 1, 2))
+    layouts["values"] = (DeviceRange(2, 2), Mesh(1, 1, 2))
     [task] = [x for x in ev.evaluate(ExecutionPlan(layouts)).graph.tasks if x.kind == "param"]
     assert task.cost == pytest.approx(ev.sim.replica_realloc_time(spec, tp, Mesh(1, 1, 2), False))
     assert ev.sim._gather_time(spec, tp) > 0  # what the pieces save
-    layouts["update_critic"] = (DeviceMesh(0, 2), Mesh(2, 1, 1))
+    layouts["update_critic"] = (DeviceRange(0, 2), Mesh(2, 1, 1))
     [task] = [x for x in ev.evaluate(ExecutionPlan(layouts)).graph.tasks if x.kind == "param"]
     assert task.name == "push critic->d2-3@0"
     assert task.cost == pytest.approx(ev.sim.weight_push_time(spec, Mesh(2, 1, 1), Mesh(1, 1, 2), False))
@@ -215,8 +215,8 @@ def test_a_rollout_group_is_priced_as_the_workload_moves_its_weights(tiny_worklo
     the reallocation from every trainer rank (AlgoConfig.rollout_weights), which a two-rank
     trainer halves the sends of; under LoRA the adapters are broadcast either way."""
     flow = dataflow_preset("ppo")
-    layouts = {c.name: (DeviceMesh(0, 2), Mesh(1, 1, 2)) for c in flow.calls}
-    layouts["gen"] = (DeviceMesh(2, 2), Mesh(1, 1, 2))
+    layouts = {c.name: (DeviceRange(0, 2), Mesh(1, 1, 2)) for c in flow.calls}
+    layouts["gen"] = (DeviceRange(2, 2), Mesh(1, 1, 2))
     trainer = copy = Mesh(1, 1, 2)
 
     def push(workload, specs=None):
@@ -267,10 +267,10 @@ def test_a_frozen_models_copy_moves_nothing_per_iteration(tiny_workload):
     whatever its layout; a trained model's copy is pushed every iteration."""
     flow = _scored_twice()
     ev = PlanEvaluator(flow, flow.model_specs("tiny-10m"), tiny_workload, cluster_preset("local", 4), n_iterations=2)
-    layouts = {c.name: (DeviceMesh(0, 2), Mesh(1, 1, 2)) for c in flow.calls}
-    layouts["rescore"] = (DeviceMesh(2, 2), Mesh(1, 2, 1))
+    layouts = {c.name: (DeviceRange(0, 2), Mesh(1, 1, 2)) for c in flow.calls}
+    layouts["rescore"] = (DeviceRange(2, 2), Mesh(1, 2, 1))
     assert not [x for x in ev.evaluate(ExecutionPlan(layouts)).graph.tasks if x.kind == "param"]
-    layouts["gen"] = (DeviceMesh(2, 2), Mesh(1, 1, 2))
+    layouts["gen"] = (DeviceRange(2, 2), Mesh(1, 1, 2))
     moved = [x.name for x in ev.evaluate(ExecutionPlan(layouts)).graph.tasks if x.kind == "param"]
     assert moved == ["push actor->d2-3@0", "push actor->d2-3@1"]
 
@@ -282,7 +282,7 @@ def test_the_copies_the_runtime_keeps_are_static_memory(tiny_workload):
     flow = _scored_twice()
     specs = flow.model_specs("tiny-10m")
     ev = PlanEvaluator(flow, specs, tiny_workload, cluster_preset("local", 4))
-    home, apart = (DeviceMesh(0, 2), Mesh(1, 1, 2)), (DeviceMesh(2, 2), Mesh(1, 1, 2))
+    home, apart = (DeviceRange(0, 2), Mesh(1, 1, 2)), (DeviceRange(2, 2), Mesh(1, 1, 2))
     colocated = ExecutionPlan({c.name: home for c in flow.calls})
     static0, dyn0, _ = ev.memory(colocated)
     assert static0[2:] == [0.0, 0.0]
@@ -293,7 +293,7 @@ def test_the_copies_the_runtime_keeps_are_static_memory(tiny_workload):
     assert static[2:] == [pytest.approx(whole["actor"] + whole["rm"])] * 2
     assert dyn[2] < whole["actor"]  # the KV cache and activations only
     # The actor's generation tensor-parallel on other devices: reallocated in for the call.
-    realloc = ExecutionPlan({**colocated.layouts, "gen": (DeviceMesh(2, 2), Mesh(1, 2, 1))})
+    realloc = ExecutionPlan({**colocated.layouts, "gen": (DeviceRange(2, 2), Mesh(1, 2, 1))})
     static, dyn, _ = ev.memory(realloc)
     assert static[2:] == [0.0, 0.0] and dyn[2] > whole["actor"] / 2
 
@@ -302,11 +302,11 @@ def test_max_mem_and_oom_penalty():
     flow = dataflow_preset("ppo")
     cluster = cluster_preset("a100_80g", 8)
     ev = PlanEvaluator(flow, flow.model_specs("llama2-7b"), Workload(), cluster)
-    one = ExecutionPlan({c.name: (DeviceMesh(0, 1), S1) for c in flow.calls})
+    one = ExecutionPlan({c.name: (DeviceRange(0, 1), S1) for c in flow.calls})
     r = ev.evaluate(one)
     assert r.oom and r.max_mem > cluster.device_memory
     assert r.cost == pytest.approx(r.time * 10 * r.max_mem / cluster.device_memory)
-    spread = ExecutionPlan({c.name: (DeviceMesh(0, 8), Mesh(1, 8, 1)) for c in flow.calls})
+    spread = ExecutionPlan({c.name: (DeviceRange(0, 8), Mesh(1, 8, 1)) for c in flow.calls})
     r2 = ev.evaluate(spread)
     assert not r2.oom and r2.cost == r2.time and r2.max_mem < r.max_mem
 
@@ -333,7 +333,7 @@ def test_driver_stage_and_dispatch_are_tasks_of_the_iteration(tiny_workload):
     flow = dataflow_preset("ppo")
     base = cluster_preset("local", 1)
     slow = dataclasses.replace(base, call_overhead=0.01, driver_bandwidth=1e8)
-    one = ExecutionPlan({c.name: (DeviceMesh(0, 1), S1) for c in flow.calls})
+    one = ExecutionPlan({c.name: (DeviceRange(0, 1), S1) for c in flow.calls})
     evs = [
         PlanEvaluator(flow, flow.model_specs("tiny-10m"), tiny_workload, c, n_iterations=1).evaluate(one)
         for c in (base, slow)
@@ -355,7 +355,7 @@ def test_a_generation_layout_on_the_trained_models_devices_costs_the_hybrid_engi
     flow = dataflow_preset("ppo")
     cluster = cluster_preset("a100_80g", 16)
     ev = PlanEvaluator(flow, flow.model_specs("llama2-7b"), Workload(), cluster, n_iterations=1)
-    spec, everywhere, train = ev.specs["actor"], DeviceMesh(0, 16), Mesh(1, 8, 2)
+    spec, everywhere, train = ev.specs["actor"], DeviceRange(0, 16), Mesh(1, 8, 2)
 
     def param_task(gen_mesh, gen):
         layouts = {c.name: (everywhere, train) for c in flow.calls}
@@ -366,5 +366,5 @@ def test_a_generation_layout_on_the_trained_models_devices_costs_the_hybrid_engi
     switch = param_task(everywhere, Mesh(1, 2, 8))
     assert switch.cost == pytest.approx(ev.sim.reshard_time(spec, train, Mesh(1, 2, 8)))
     assert switch.cost < ev.sim.realloc_time(spec, train, (0, 16), Mesh(1, 2, 8), (0, 16))
-    moved = param_task(DeviceMesh(0, 8), Mesh(1, 2, 4))  # half the devices: reallocated
+    moved = param_task(DeviceRange(0, 8), Mesh(1, 2, 4))  # half the devices: reallocated
     assert moved.cost == pytest.approx(ev.sim.realloc_time(spec, train, (0, 16), Mesh(1, 2, 4), (0, 8)))

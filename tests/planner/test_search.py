@@ -17,7 +17,7 @@ from workbench.planner import (
     search,
 )
 from workbench.planner.automap import automap
-from workbench.planner.execution import DeviceMesh, ExecutionPlan
+from workbench.planner.execution import DeviceRange, ExecutionPlan
 from workbench.planner.search import _level_splits, automap_start, polish
 
 
@@ -132,7 +132,7 @@ def test_a_runnable_search_keeps_to_plans_the_runtime_deploys():
     free = PlanSpace(flow, specs, Workload.tiny(), cluster, max_tp=1, max_pp=1)
     kept = PlanSpace(flow, specs, Workload.tiny(), cluster, max_tp=1, max_pp=1, runnable=True)
     assert all(s.tp == s.pp == 1 for options in kept.options for _, s in options)
-    d0, both = DeviceMesh(0, 1), DeviceMesh(0, 2)
+    d0, both = DeviceRange(0, 1), DeviceRange(0, 2)
     shared = ExecutionPlan({c.name: (d0, Mesh(1, 1, 1)) for c in flow.calls})
     shared.layouts["gen"] = (both, Mesh(1, 1, 2))
     assert runtime_refusal(shared, flow) is None
@@ -209,4 +209,4 @@ def test_level_splits_spread_one_levels_calls_over_the_halves_of_their_mesh():
         meshes = [space.options[i][moved[i]][0] for i in updates]
         if meshes[0] != meshes[1]:
             halves.append(sorted(meshes))
-    assert [DeviceMesh(0, 8), DeviceMesh(8, 8)] in halves
+    assert [DeviceRange(0, 8), DeviceRange(8, 8)] in halves

@@ -23,7 +23,7 @@ METHODS = ["hybridflow", "vanilla", "deepspeed_chat"]
 
 
 def _engine_plan_bytes(train: Mesh, gen: Mesh, method: str) -> dict[int, transfers.RankBytes]:
-    """What `HybridEngine(executor="realloc")` plans and counts: the full fragment plan."""
+    """What `HybridEngine(executor="reallocate")` plans and counts: the full fragment plan."""
     shapes = transfers.llama_shapes(
         SPEC.hidden, SPEC.n_layers, SPEC.n_heads, SPEC.n_kv_heads, SPEC.intermediate, SPEC.vocab
     )

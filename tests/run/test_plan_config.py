@@ -49,7 +49,7 @@ def planned(cfg):
 
 
 def test_the_workload_prices_the_switch_the_actor_runs(tiny):
-    assert build.run_workload(config(tiny)).transition_executor == "realloc"
+    assert build.run_workload(config(tiny)).transition_executor == "reallocate"
     cfg = config(tiny, "actor.transition_executor=allgather")
     assert build.run_workload(cfg).transition_executor == "allgather"
 

@@ -3,7 +3,7 @@ PlanEvaluator): a lane per device mesh, a bar per call of one iteration, on hand
 
 from widgets.timeline import LiveTimeline
 from workbench.mesh import Mesh
-from workbench.planner import DeviceMesh, ExecutionPlan, PlanEvaluator, Workload, cluster_preset, dataflow_preset
+from workbench.planner import DeviceRange, ExecutionPlan, PlanEvaluator, Workload, cluster_preset, dataflow_preset
 from workbench.tracing import CallRecord
 
 FLOW = dataflow_preset("ppo")
@@ -12,7 +12,7 @@ FLOW = dataflow_preset("ppo")
 def test_a_per_call_estimate_has_a_lane_per_mesh():
     # The actor's generation and the critic's values on d1, everything else on d0.
     plan = ExecutionPlan(
-        {c.name: (DeviceMesh(1 if c.name in ("gen", "values") else 0, 1), Mesh(1, 1, 1)) for c in FLOW.calls}
+        {c.name: (DeviceRange(1 if c.name in ("gen", "values") else 0, 1), Mesh(1, 1, 1)) for c in FLOW.calls}
     )
     evaluation = PlanEvaluator(FLOW, FLOW.model_specs("tiny-1m"), Workload.tiny(), cluster_preset("local", 2)).evaluate(
         plan

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from workbench.deploy.routing import CallRouter
 from workbench.planner.call_groups import ROLLOUT, GroupSpec, layout_key, plan_groups, spans, worker_method
 from workbench.planner.dataflow import Dataflow
-from workbench.planner.execution import DeviceMesh, ExecutionPlan
+from workbench.planner.execution import DeviceRange, ExecutionPlan
 
 if TYPE_CHECKING:
     from workbench.session import Session
@@ -35,7 +35,7 @@ def deploy_calls(
     for mesh, span in span_of.items():
         if mesh != span:
             pools[mesh] = session.slice(f"calls_{mesh}", pools[span], mesh.first - span.first, mesh.size)
-    fused: dict[tuple[DeviceMesh, tuple[int, int, int]], list[GroupSpec]] = {}
+    fused: dict[tuple[DeviceRange, tuple[int, int, int]], list[GroupSpec]] = {}
     for spec in specs:
         fused.setdefault((spec.mesh, layout_key(spec.layout)), []).append(spec)
     groups: dict[str, Any] = {}

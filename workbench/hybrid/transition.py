@@ -16,7 +16,7 @@ Generation: cut into t_g <= t pieces over the generation groups of `mesh.transit
 With pipeline stages (gen_pp = pp, hybridflow) the models are one stage's, and each stage
 switches inside its own tensor-parallel group, by the all-gathers.
 
-By default (`executor="realloc"`) the weights move as a parameter reallocation instead of by
+By default (`executor="reallocate"`) the weights move as a parameter reallocation instead of by
 those all-gathers: batched point-to-point (`workbench.hybrid.reallocate`), one decoder layer at a
 time, from the training layout to the block each rank gathers (`transfers.switch_placements`), the
 generation pieces and what each method keeps coming out bit-identical. hybridflow's training
@@ -48,7 +48,7 @@ from workbench.transfers import Param, llama_layer, switch_plan
 # torch >= 2.13 names the one-tensor all-gather all_gather_single (all_gather_into_tensor before).
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
-EXECUTORS = ("realloc", "allgather")
+EXECUTORS = ("reallocate", "allgather")
 """How `HybridEngine.to_generation` moves the weights: the switch as a reallocation by
 point-to-point (the default), or all-gathers in each method's gather groups (Table 2's
 collectives)."""
@@ -61,7 +61,7 @@ class TransitionStats:
     method: str
     seconds: float = 0.0
     """The switch itself: all-gathers and re-pointing."""
-    executor: str = "realloc"
+    executor: str = "reallocate"
     """How the weights moved (`EXECUTORS`)."""
     bytes_sent: int = 0
     """Bytes this rank sent in its all-gathers (ring: its piece to each other member), or in its
@@ -97,7 +97,7 @@ class HybridEngine:
         tp_group=None,
         gen_tp_group=None,
         check: bool = True,
-        executor: str = "realloc",
+        executor: str = "reallocate",
     ):
         if mesh.pp != 1 and (mesh.transition != "hybridflow" or (mesh.gen_pp or mesh.pp) != mesh.pp):
             raise NotImplementedError(
@@ -155,7 +155,7 @@ class HybridEngine:
         self.to_training()  # after a failed generation the last switch may still be in place
         start = time.time()
         stats = TransitionStats(method=self.mesh.transition, executor=self._checked_executor())
-        if self.executor == "realloc":
+        if self.executor == "reallocate":
             self._reallocate(stats)
         else:
             for bucket in self.buckets:
@@ -242,7 +242,7 @@ class HybridEngine:
         reallocator = Reallocator(switch_plan(params, self.mesh), device=device)
         if reallocator.rank != self.rank:
             raise ValueError(
-                f"HybridEngine (executor='realloc'): rank {self.rank} is rank {reallocator.rank} of the default "
+                f"HybridEngine (executor='reallocate'): rank {self.rank} is rank {reallocator.rank} of the default "
                 "process group; the reallocation needs the mesh's ranks to be the group's"
             )
         return reallocator

@@ -36,7 +36,7 @@ from workbench.planner.errors import (
     PlannerError,
     UnknownPresetError,
 )
-from workbench.planner.execution import DeviceMesh, Evaluation, ExecutionPlan, PlanEvaluator, mesh, valid_meshes
+from workbench.planner.execution import DeviceRange, Evaluation, ExecutionPlan, PlanEvaluator, mesh, valid_meshes
 from workbench.planner.memory import MemoryBreakdown, static_memory
 from workbench.planner.placement import ColocatedSet, ModelAssignment
 from workbench.planner.plan import AsyncPlan, Plan
@@ -63,7 +63,7 @@ __all__ = [
     "GanttBar",
     "MODEL_PRESETS",
     "MemoryBreakdown",
-    "DeviceMesh",
+    "DeviceRange",
     "ModelAssignment",
     "ModelDoesNotFitError",
     "ModelSpec",

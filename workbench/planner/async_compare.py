@@ -27,7 +27,7 @@ from workbench.planner.calibrate import DEFAULT_PATH, Calibration, load_calibrat
 from workbench.planner.dataflow import Dataflow
 from workbench.planner.derive import dataflow_preset
 from workbench.planner.errors import NoFeasiblePlanError
-from workbench.planner.execution import DeviceMesh, ExecutionPlan, PlanEvaluator
+from workbench.planner.execution import DeviceRange, ExecutionPlan, PlanEvaluator
 from workbench.planner.memory import static_memory
 from workbench.planner.plan import AsyncPlan, Plan
 from workbench.planner.report import text_table
@@ -220,7 +220,7 @@ def placement_estimates(
         )
 
     # Colocated: the path bench/calibration.py takes (ReaLHF TimeCost, shared cores).
-    everywhere = (DeviceMesh(0, n_coloc), Mesh(1, 1, n_coloc))
+    everywhere = (DeviceRange(0, n_coloc), Mesh(1, 1, n_coloc))
     evaluator = PlanEvaluator(
         sync_flow, sync_flow.model_specs(spec), workload(n_coloc), cluster_of(n_coloc), n_iterations=1
     )

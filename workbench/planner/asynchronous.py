@@ -1,4 +1,4 @@
-"""The iteration model of an asynchronous plan (algorithms.pipeline): generation on a rollout
+"""The iteration model of an asynchronous plan (algorithms.asynchronous): generation on a rollout
 pool of its own overlapping the trainer's work on another pool.
 
 The runtime's order, which the model follows call for call: before the first iteration the
@@ -131,7 +131,7 @@ def hosted_iteration(
     pool's seconds), the calls of a level on one pool in turn and the pools side by side.
 
     max_staleness=0 (synchronous): generation, then the levels, then the push. Otherwise the
-    next generation is launched once the first level's calls are queued (`algorithms.pipeline`),
+    next generation is launched once the first level's calls are queued (`algorithms.asynchronous`),
     so on the rollout pool it runs after that level's hosted calls and delays its later ones:
     with the critic hosted, max(R, V) + max(U_actor, G + U_critic) + W where the synchronous
     split takes G + max(R, V) + max(U_actor, U_critic) + W. With nothing hosted this is

@@ -46,7 +46,7 @@ from workbench.errors import ConfigError
 from workbench.mesh import Mesh
 from workbench.planner.dataflow import Dataflow
 from workbench.planner.errors import PlannerError
-from workbench.planner.execution import DeviceMesh, ExecutionPlan
+from workbench.planner.execution import DeviceRange, ExecutionPlan
 from workbench.planner.strategy import is_generation_layout
 
 ROLLOUT = "rollout"
@@ -63,7 +63,7 @@ class GroupSpec:
     role: str
     """Its name in the session: the model's for a home group, its own for a replica."""
     model: str
-    mesh: DeviceMesh
+    mesh: DeviceRange
     layout: Mesh
     worker: tuple[type, Any]
     calls: list[str] = field(default_factory=list)
@@ -75,7 +75,7 @@ def layout_key(layout: Mesh) -> tuple[int, int, int]:
     return (layout.pp, layout.tp, layout.dp)
 
 
-def _where(mesh: DeviceMesh, layout: Mesh) -> str:
+def _where(mesh: DeviceRange, layout: Mesh) -> str:
     return f"{mesh}:{layout.short()}"
 
 
@@ -99,15 +99,15 @@ def check_calls(plan: ExecutionPlan, dataflow: Dataflow, workers: dict[str, Any]
         )
 
 
-def spans(meshes: Iterable[DeviceMesh]) -> dict[DeviceMesh, DeviceMesh]:
+def spans(meshes: Iterable[DeviceRange]) -> dict[DeviceRange, DeviceRange]:
     """Each mesh's span: the smallest mesh covering every mesh it overlaps, directly or through
     others (one pool each; the meshes inside are its slices)."""
-    out: dict[DeviceMesh, DeviceMesh] = {}
-    group: list[DeviceMesh] = []
+    out: dict[DeviceRange, DeviceRange] = {}
+    group: list[DeviceRange] = []
     end = 0
     for mesh in sorted(set(meshes)) + [None]:
         if group and (mesh is None or mesh.first >= end):  # past every mesh so far: the span ends
-            out |= dict.fromkeys(group, DeviceMesh(group[0].first, end - group[0].first))
+            out |= dict.fromkeys(group, DeviceRange(group[0].first, end - group[0].first))
             group = []
         if mesh is not None:
             group.append(mesh)
@@ -125,8 +125,8 @@ def plan_groups(plan: ExecutionPlan, dataflow: Dataflow, workers: dict[str, tupl
         home_call = trained or calls[0]
         home_mesh, home_layout = plan.layouts[home_call.name]
         home = GroupSpec(model, model, home_mesh, home_layout, workers[model])
-        replicas: dict[tuple[DeviceMesh, tuple[int, int, int]], GroupSpec] = {}
-        routed: dict[str, tuple[DeviceMesh, Mesh, str]] = {}  # worker method -> where, which call
+        replicas: dict[tuple[DeviceRange, tuple[int, int, int]], GroupSpec] = {}
+        routed: dict[str, tuple[DeviceRange, Mesh, str]] = {}  # worker method -> where, which call
         for call in calls:
             mesh, layout = plan.layouts[call.name]
             method = worker_method(call.name, model)
@@ -183,7 +183,7 @@ def _hybrid_engine(call, home: GroupSpec, layout: Mesh, trained: bool) -> bool:
 
 
 def _replica(
-    model: str, call, mesh: DeviceMesh, layout: Mesh, worker: tuple[type, Any], trained: bool, home_layout: Mesh
+    model: str, call, mesh: DeviceRange, layout: Mesh, worker: tuple[type, Any], trained: bool, home_layout: Mesh
 ):
     """The group that runs `call` of `model` away from its home (in `home_layout`): on other
     devices (some may be the home's), or on the home's own in another layout. Checks the call."""

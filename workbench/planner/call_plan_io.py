@@ -16,7 +16,7 @@ from typing import Any
 from workbench.mesh import Mesh
 from workbench.planner.call_groups import runtime_refusal
 from workbench.planner.dataflow import Dataflow
-from workbench.planner.execution import DeviceMesh, ExecutionPlan, valid_meshes
+from workbench.planner.execution import DeviceRange, ExecutionPlan, valid_meshes
 from workbench.planner.plan_io import PlanFormatError
 from workbench.planner.specs import ClusterSpec
 
@@ -52,7 +52,7 @@ def execution_plan_from_dict(
         at, raw = f"{where}.calls.{call}", calls[call]
         if not isinstance(raw, dict) or set(raw) - set(CALL_KEYS) or "devices" not in raw:
             raise PlanFormatError(at, raw, f"give devices (and first_device, pp, tp, dp): fields {list(CALL_KEYS)}")
-        mesh = DeviceMesh(int(raw.get("first_device", 0)), int(raw["devices"]))
+        mesh = DeviceRange(int(raw.get("first_device", 0)), int(raw["devices"]))
         if mesh not in meshes:
             raise PlanFormatError(
                 at,

@@ -79,7 +79,7 @@ class Dataflow:
 
     def with_rollout(self, role: str = "rollout") -> Dataflow:
         """The same iteration with generation on a rollout group of its own (asynchronous RL's
-        split, `algorithms.pipeline`): every generate call moves to `role`, a frozen copy of
+        split, `algorithms.asynchronous`): every generate call moves to `role`, a frozen copy of
         the model that generated it, which takes that model's weights after each update."""
         if role in self.models:
             raise ValueError(f"dataflow {self.name!r} already has a role {role!r}")

@@ -34,7 +34,7 @@ from workbench.planner.strategy import is_generation_layout
 
 
 @dataclass(frozen=True, order=True)
-class DeviceMesh:
+class DeviceRange:
     """Contiguous devices [first, first + size) of the cluster (nodes are filled in order)."""
 
     first: int
@@ -44,26 +44,26 @@ class DeviceMesh:
     def span(self) -> tuple[int, int]:
         return (self.first, self.first + self.size)
 
-    def overlaps(self, other: DeviceMesh) -> bool:
+    def overlaps(self, other: DeviceRange) -> bool:
         return self.first < other.first + other.size and other.first < self.first + self.size
 
     def __str__(self) -> str:
         return f"d{self.first}" if self.size == 1 else f"d{self.first}-{self.first + self.size - 1}"
 
 
-def valid_meshes(cluster: ClusterSpec) -> list[DeviceMesh]:
+def valid_meshes(cluster: ClusterSpec) -> list[DeviceRange]:
     """ReaLHF meshes: an aligned slice of one machine whose size divides the machine, or
     k whole consecutive machines."""
     u, out = cluster.devices_per_node, []
     for size in cluster.mesh_sizes():
         step = size if size <= u else u
-        out += [DeviceMesh(f, size) for f in range(0, cluster.n_devices - size + 1, step)]
+        out += [DeviceRange(f, size) for f in range(0, cluster.n_devices - size + 1, step)]
     return out
 
 
-def mesh(cluster: ClusterSpec, size: int, first: int = 0) -> DeviceMesh:
+def mesh(cluster: ClusterSpec, size: int, first: int = 0) -> DeviceRange:
     """A validated mesh; raises NoMeshError for sizes or offsets no mesh has."""
-    m = DeviceMesh(first, size)
+    m = DeviceRange(first, size)
     if m not in set(valid_meshes(cluster)):
         raise NoMeshError(
             size, cluster.devices_per_node, cluster.mesh_sizes(), what=f"mesh of size {size} at device {first}:"
@@ -73,10 +73,10 @@ def mesh(cluster: ClusterSpec, size: int, first: int = 0) -> DeviceMesh:
 
 @dataclass
 class ExecutionPlan:
-    """DeviceMesh (which devices) and Mesh (their (pp, tp, dp) layout) for every call, by
+    """DeviceRange (which devices) and Mesh (their (pp, tp, dp) layout) for every call, by
     call name."""
 
-    layouts: dict[str, tuple[DeviceMesh, Mesh]]
+    layouts: dict[str, tuple[DeviceRange, Mesh]]
 
     def describe(self) -> str:
         return ", ".join(f"{c}@{m}:{s.short()}" for c, (m, s) in self.layouts.items())
@@ -126,7 +126,7 @@ class PlanEvaluator:
                     raise ValueError(f"model {c.model!r} has two train calls; the planner supports one per iteration")
                 self.train_call[c.model] = c.name
 
-    def home(self, model: str, plan: ExecutionPlan) -> tuple[DeviceMesh, Mesh]:
+    def home(self, model: str, plan: ExecutionPlan) -> tuple[DeviceRange, Mesh]:
         call = self.train_call.get(model) or self.flow.calls_of(model)[0].name
         return plan.layouts[call]
 
@@ -212,7 +212,7 @@ class PlanEvaluator:
             return "realloc"
         return "rollout" if c.kind == "generate" else "replica"
 
-    def call_cost(self, call_name: str, mesh_: DeviceMesh, s: Mesh, kv_budget: float = float("inf")) -> float:
+    def call_cost(self, call_name: str, mesh_: DeviceRange, s: Mesh, kv_budget: float = float("inf")) -> float:
         c = self.flow.call(call_name)
         return self.sim.call_time(c, self.specs[c.model], s, kv_budget, c.model in self.train_call)
 
@@ -340,7 +340,7 @@ class PlanEvaluator:
         return Evaluation(t, sched.makespan, max_mem, cost, oom, graph, sched)
 
 
-def _cross_nodes(a: DeviceMesh, b: DeviceMesh, devices_per_node: int) -> bool:
+def _cross_nodes(a: DeviceRange, b: DeviceRange, devices_per_node: int) -> bool:
     """Whether the devices two meshes span together are on more than one machine."""
     lo, hi = min(a.first, b.first), max(a.span[1], b.span[1])
     return lo // devices_per_node != (hi - 1) // devices_per_node

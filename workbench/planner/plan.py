@@ -15,7 +15,7 @@ from workbench.mesh import Mesh
 from workbench.planner.asynchronous import COST_MODEL, AsyncEstimate, Sharing, estimate, steady_iteration
 from workbench.planner.dataflow import Dataflow
 from workbench.planner.errors import PlannerError
-from workbench.planner.execution import DeviceMesh, ExecutionPlan
+from workbench.planner.execution import DeviceRange, ExecutionPlan
 from workbench.planner.placement import ColocatedSet, ModelAssignment  # noqa: F401  (ModelAssignment: older imports)
 from workbench.planner.report import GB, GanttBar, device_range, text_table
 from workbench.planner.specs import ClusterSpec, Workload
@@ -107,7 +107,7 @@ class Plan:
         layouts = {}
         for c in self.dataflow.calls:
             s = self.set_of(c.model)
-            layouts[c.name] = (DeviceMesh(s.first_device, s.n_devices), self.strategy_of(c.name))
+            layouts[c.name] = (DeviceRange(s.first_device, s.n_devices), self.strategy_of(c.name))
         return ExecutionPlan(layouts)
 
 

@@ -27,7 +27,7 @@ from workbench.planner.automap import automap, fastest_keep
 from workbench.planner.call_groups import runtime_refusal
 from workbench.planner.dataflow import Dataflow
 from workbench.planner.errors import PlannerError
-from workbench.planner.execution import DeviceMesh, Evaluation, ExecutionPlan, PlanEvaluator, valid_meshes
+from workbench.planner.execution import DeviceRange, Evaluation, ExecutionPlan, PlanEvaluator, valid_meshes
 from workbench.planner.memory import (
     generation_weights,
     inference_activations,
@@ -50,7 +50,7 @@ class PlanSpace:
         cluster: ClusterSpec,
         n_iterations: int = 2,
         oom_penalty: float = 10.0,
-        meshes: list[DeviceMesh] | None = None,
+        meshes: list[DeviceRange] | None = None,
         runnable: bool = False,
         max_tp: int | None = None,
         max_pp: int | None = None,
@@ -64,7 +64,7 @@ class PlanSpace:
         self.calls = [c.name for c in dataflow.calls]
         self.runnable = runnable
         meshes = meshes if meshes is not None else valid_meshes(cluster)
-        self.options: list[list[tuple[DeviceMesh, Mesh]]] = []
+        self.options: list[list[tuple[DeviceRange, Mesh]]] = []
         for c in dataflow.calls:
             spec = specs[c.model]
             opts = [
@@ -370,7 +370,7 @@ def _level_splits(space: PlanSpace, choice: tuple[int, ...], cost) -> list[tuple
         for n in sorted({2, len(calls)}):
             if len(calls) < 2 or mesh_.size % n:
                 continue
-            parts = [DeviceMesh(mesh_.first + p * mesh_.size // n, mesh_.size // n) for p in range(n)]
+            parts = [DeviceRange(mesh_.first + p * mesh_.size // n, mesh_.size // n) for p in range(n)]
             if not all(p in valid for p in parts):
                 continue
             moved = list(choice)

@@ -279,7 +279,7 @@ class Simulator:
             )
         copy = self.weight_copy_time(t.generation_params * share * self._widen)
         u = self.cluster.devices_per_node
-        if self.wl.transition_executor == "realloc":
+        if self.wl.transition_executor == "reallocate":
             per_rank = switch_bytes(spec, train, gen, method, self.dtype_bytes)
             busiest = max(max(b) for b in per_rank.values()) * share
             # Every rank of the switch is a source rank, so its sender is in its own training

@@ -182,7 +182,7 @@ def model_preset(name: str) -> ModelSpec:
 FROZEN_KEEPS: tuple[Literal["whole", "sharded", "host"], ...] = ("whole", "sharded", "host")
 """How a frozen model can keep its weights (`Workload.frozen_keep`), by the device memory it
 holds, most first: the order a tie between plans is broken in (nothing gathered first, nothing
-copied in from the host before that), and the order `Plan.deploy` compares a config with."""
+copied in from the host before that), and the order `deploy_plan` compares a config with."""
 
 
 @dataclass(frozen=True)
@@ -220,9 +220,9 @@ class Workload:
     (all-gather inside TP·PP groups, training shard kept beside) or "deepspeed_chat"
     (all-gather over all the actor's devices)."""
 
-    transition_executor: Literal["realloc", "allgather"] = "realloc"
+    transition_executor: Literal["reallocate", "allgather"] = "reallocate"
     """How the runtime moves the weights at that switch (`ActorConfig.transition_executor`):
-    "realloc" (point-to-point, `workbench.transfers.switch_bytes`; deepspeed_chat then moves
+    "reallocate" (point-to-point, `workbench.transfers.switch_bytes`; deepspeed_chat then moves
     (d-1)/d·M/(p·t) less than Table 2) or "allgather" (the collectives of Table 2)."""
 
     rollout_weights: Literal["broadcast", "reallocate"] = "broadcast"
@@ -263,9 +263,9 @@ class Workload:
                 f"Workload.transition={self.transition!r}: use 'hybridflow', "
                 f"'vanilla' or 'deepspeed_chat' (HybridFlow Table 2)"
             )
-        if self.transition_executor not in ("realloc", "allgather"):
+        if self.transition_executor not in ("reallocate", "allgather"):
             raise ValueError(
-                f"Workload.transition_executor={self.transition_executor!r}: use 'realloc' "
+                f"Workload.transition_executor={self.transition_executor!r}: use 'reallocate' "
                 f"(point-to-point reallocation, the runtime's default) or 'allgather'"
             )
 

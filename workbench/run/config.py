@@ -130,7 +130,7 @@ class PlacementSection:
 
 @dataclass
 class AsynchronousSection:
-    """Generation of the next batches overlapping training on this one (algorithms.pipeline)."""
+    """Generation of the next batches overlapping training on this one (algorithms.asynchronous)."""
 
     enabled: bool = False
     """Launch generations ahead on the rollout group (placement.rollout_devices >= 1)."""

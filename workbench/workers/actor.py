@@ -137,8 +137,8 @@ class ActorConfig:
     check_weight_sync: bool = True
     """backend="3d": after every switch to the generation layout, compare a per-tensor checksum of
     the generation pieces with the training pieces (WeightSyncError on a mismatch)."""
-    transition_executor: str = "realloc"
-    """backend="3d": how the switch to the generation layout moves the weights: "realloc" (the
+    transition_executor: str = "reallocate"
+    """backend="3d": how the switch to the generation layout moves the weights: "reallocate" (the
     switch as a parameter reallocation by point-to-point, faster) or "allgather" (each method's
     all-gathers, HybridFlow Table 2's collectives); bit-identical weights either way, see
     workbench.hybrid.transition."""
