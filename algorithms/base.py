@@ -288,9 +288,14 @@ class Algorithm:
             return
         rows = len(prompts) * self.config.sampling.n
         for role in ("actor", "critic", "cost_critic"):
-            check = getattr(getattr(getattr(self.groups, role), "config", None), "check_rows", None)
+            check = getattr(self.worker_config(role), "check_rows", None)
             if callable(check):
                 check(rows, role)
+
+    def worker_config(self, role: str) -> Any:
+        """The config of `role`'s worker group (None: no such group, or one without a worker
+        config, such as a rule reward). Configs differ by role: callers read what they need."""
+        return getattr(getattr(self.groups, role, None), "config", None)
 
     def _check_temperature(self) -> None:
         """Log-probs are computed at each group's ActorConfig.temperature and the loss's at the
@@ -299,8 +304,7 @@ class Algorithm:
         if sampling.greedy:
             return
         for role in ("actor", "reference"):
-            worker_config = getattr(getattr(self.groups, role), "config", None)
-            temperature = getattr(worker_config, "temperature", None)
+            temperature = getattr(self.worker_config(role), "temperature", None)
             if temperature is not None and abs(temperature - sampling.temperature) > 1e-9:
                 raise ValueError(
                     f"{type(self).__name__}: the {role} computes log-probs at ActorConfig.temperature="
@@ -427,8 +431,8 @@ class Algorithm:
     def _one_step_update(self, rows: int) -> str | None:
         """None when the actor updates on a batch of `rows` in one optimizer step (so pi_old is
         the weights of that step's forward), else why not."""
-        actor = getattr(self.groups.actor, "config", None)
-        if actor is None or not hasattr(actor, "epochs"):
+        actor = self.worker_config("actor")
+        if not hasattr(actor, "epochs"):
             return "the actor's config is unknown (not a workbench ActorRolloutRefWorker group)"
         if actor.epochs != 1:
             return (
@@ -452,7 +456,7 @@ class Algorithm:
                 "the rollout's log-probs"
             )
         actor: Any = self.groups.actor.config
-        generator: Any = getattr(self.groups.rollout, "config", None) or actor  # whose log-probs the rows carry
+        generator: Any = self.worker_config("rollout") or actor  # whose log-probs the rows carry
         if check_numerics and (
             generator.rollout != "hf" or resolve_dtype(generator.load.dtype, generator.load.device) != torch.float32
         ):

@@ -63,12 +63,12 @@ from workbench.models.lora import (
     check_targets,
     is_trained,
     peft_model,
-    save_lora,
 )
 from workbench.workers import generation
 from workbench.workers.updates import (
     check_mini_batch_splits,
     check_rows_split,
+    export_trained,
     load_rank_state,
     mean_over_ranks,
     run_updates,
@@ -539,17 +539,8 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember):
         With LoRA: a peft adapter directory (`PeftModel.from_pretrained(base, path)` loads it),
         or with merged=True the base with the adapters merged in, as a plain model directory."""
         cfg = self.config
-        if cfg.lora is not None:
-            adapters = self._trained().gather_weights(is_trained)  # a collective: every rank
-            if self.rank == 0:  # the base comes from its directory: only the adapters travel
-                save_lora(load(cfg.model_path, cfg.load).model, cfg.lora, adapters, path, merged)
-        else:
-            weights = self.engine.full_weights() if self.engine else None
-            if self.rank == 0:
-                model = load(cfg.model_path, cfg.load).model  # an unsharded template
-                if weights is not None:
-                    model.load_state_dict(weights)
-                model.save_pretrained(path)
+        engine = self._trained() if cfg.lora is not None else self.engine  # a reference exports its base
+        export_trained(engine, self.rank, path, lambda: load(cfg.model_path, cfg.load).model, cfg.lora, merged)
         if self.rank == 0:
             self.tokenizer.save_pretrained(path)
         dist.barrier()

@@ -27,11 +27,12 @@ from workbench.models.load import (
     for_worker,
     training_dtype,
 )
-from workbench.models.lora import LoRAConfig, apply_lora, check_lora, check_targets, is_trained, save_lora
+from workbench.models.lora import LoRAConfig, apply_lora, check_lora, check_targets
 from workbench.models.value import load_value_model
 from workbench.workers.updates import (
     check_mini_batch_splits,
     check_rows_split,
+    export_trained,
     load_rank_state,
     mean_over_ranks,
     run_updates,
@@ -251,18 +252,11 @@ class CriticWorker(Worker, WeightChannelMember):
         With LoRA: a peft adapter directory (adapters and the value head), or the merged model
         with merged=True."""
         cfg = self.config
-        if cfg.lora is not None:
-            adapters = self.engine.gather_weights(is_trained)  # a collective: every rank
-            if self.rank == 0:
-                base = load_value_model(cfg.model_path, cfg.load).model
-                save_lora(base, cfg.lora, adapters, path, merged, trained_heads=VALUE_HEADS)
-            dist.barrier()
-            return path
-        weights = self.engine.full_weights()
-        if self.rank == 0:
-            model = load_value_model(self.config.model_path, self.config.load).model  # an unsharded template
-            model.load_state_dict(weights)
-            model.save_pretrained(path)
+
+        def template():  # an unsharded value model from the base directory
+            return load_value_model(cfg.model_path, cfg.load).model
+
+        export_trained(self.engine, self.rank, path, template, cfg.lora, merged, trained_heads=VALUE_HEADS)
         dist.barrier()
         return path
 

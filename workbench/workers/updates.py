@@ -1,10 +1,12 @@
 """What every trained model's worker shares: the update loop (epochs x mini-batches x
-micro-batches) and the per-rank state a checkpoint keeps beside the engine's shards."""
+micro-batches), the per-rank state a checkpoint keeps beside the engine's shards, and the export
+of the trained weights as a Hugging Face directory."""
 
 from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +17,7 @@ from workbench.data.batch import Batch
 from workbench.engines.accumulation import NonFiniteStep, all_reduce_small, combine_metrics, reduction
 from workbench.engines.contract import Forward, LossFn
 from workbench.errors import ConfigError
+from workbench.models.lora import LoRAConfig, is_trained, save_lora
 
 
 def check_mini_batch_splits(owner: str, mini_batch_size: int, dp: int, role: str) -> None:
@@ -128,3 +131,29 @@ def load_rank_state(path: str, rank: int) -> dict[str, int]:
     state = torch.load(file, weights_only=False)
     set_rng_state(state)
     return state["counters"]
+
+
+def export_trained(
+    engine,
+    rank: int,
+    path: str,
+    template: Callable[[], torch.nn.Module],
+    lora: LoRAConfig | None,
+    merged: bool = False,
+    trained_heads: tuple[str, ...] = (),
+) -> None:
+    """The engine's weights as a Hugging Face directory under `path`, written by rank 0 into
+    `template()` (an unsharded model from the base directory). With LoRA: a peft adapter
+    directory (only the adapters travel; `trained_heads` are trained whole), or the base with
+    them merged in. Every rank calls it: the gather is a collective."""
+    if lora is not None:
+        adapters = engine.gather_weights(is_trained)
+        if rank == 0:
+            save_lora(template(), lora, adapters, path, merged, trained_heads=trained_heads)
+        return
+    weights = engine.full_weights() if engine is not None else None
+    if rank == 0:
+        model = template()
+        if weights is not None:
+            model.load_state_dict(weights)
+        model.save_pretrained(path)
