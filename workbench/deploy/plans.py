@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from workbench.deploy.groups import Placed, check_layouts, start_groups
 from workbench.mesh import Mesh
 from workbench.planner.errors import PlannerError
 from workbench.planner.placement import ColocatedSet, ModelAssignment
@@ -39,7 +40,7 @@ def model_mesh(assignment: ModelAssignment) -> Mesh:
 def plan_pools(plan: Plan, session: Session) -> dict[str, Layout]:
     """Reserve one pool per colocated set of `plan` on `session`; returns {model: (pool, mesh)}
     ready for `session.group(model, WorkerClass, pool, config, mesh=mesh)`."""
-    return {m: layout for colocated in plan.sets for m, layout in _set_layouts(colocated, session).items()}
+    return _reserve(plan.sets, session)
 
 
 def deploy_plan(plan: Plan, session: Session, workers: dict[str, tuple[type, Any]]) -> dict[str, WorkerGroup]:
@@ -75,11 +76,11 @@ def deploy_sets(
     """Pools, layouts and worker groups for a plan's colocated sets; returns {model: WorkerGroup}.
 
     workers: model -> (Worker class, config) for every model of the plan. Models of one
-    colocated set with the same (pp, tp, dp) share one process per device (`session.fused`,
-    as HybridFlow colocates actor and reference); a different layout gets its own processes
-    on the set's pool. Everything is checked before any pool is reserved: each config's
-    `check_layout(mesh, model)` says whether its worker runs the planned layout (tensor
-    parallelism needs backend="3d"; plan with automap(..., max_tp=1, max_pp=1) otherwise).
+    colocated set with the same (pp, tp, dp) share one process per device (`start_groups`); a
+    different layout gets its own processes on the set's pool. Everything is checked before any
+    pool is reserved: each config's `check_layout(mesh, model)` says whether its worker runs the
+    planned layout (tensor parallelism needs backend="3d"; plan with automap(..., max_tp=1,
+    max_pp=1) otherwise).
     """
     models = [m for s in sets for m in s.models]
     missing, unknown = [m for m in models if m not in workers], [w for w in workers if w not in models]
@@ -88,28 +89,16 @@ def deploy_sets(
             f"deploy needs a (Worker class, config) for each planned model {models}; "
             + (f"missing {missing}" if missing else f"not in the plan: {unknown}")
         )
-    for s in sets:
-        for m, a in s.assignments.items():
-            check = getattr(workers[m][1], "check_layout", None)
-            if check is not None:
-                check(model_mesh(a), m)
-    groups: dict[str, WorkerGroup] = {}
+    check_layouts(Placed(m, workers[m], None, model_mesh(a)) for s in sets for m, a in s.assignments.items())
+    layouts = _reserve(sets, session)
+    return start_groups(session, [Placed(m, workers[m], pool, mesh) for m, (pool, mesh) in layouts.items()])
+
+
+def _reserve(sets: Sequence[ColocatedSet], session: Session) -> dict[str, Layout]:
+    """One pool per colocated set, reserved in order; each model's (pool, mesh)."""
+    layouts: dict[str, Layout] = {}
     for colocated in sets:
-        layouts = _set_layouts(colocated, session)
-        by_layout: dict[tuple[int, int, int], list[str]] = {}  # same (pp, tp, dp) -> one process
-        for model in colocated.models:
-            mesh = layouts[model].mesh
-            by_layout.setdefault((mesh.pp, mesh.tp, mesh.dp), []).append(model)
-        for models_here in by_layout.values():
-            # The generation layout only matters to the model that generates; keep it if any.
-            mesh = max((layouts[m].mesh for m in models_here), key=lambda x: x.gen_tp is not None)
-            pool = layouts[models_here[0]].pool
-            groups |= session.fused(pool, mesh=mesh, **{m: workers[m] for m in models_here})
-    return groups
-
-
-def _set_layouts(colocated: ColocatedSet, session: Session) -> dict[str, Layout]:
-    """Reserve one colocated set's pool; its models' (pool, mesh)."""
-    devices = list(colocated.devices_per_node)
-    pool = session.pool(colocated.name, devices if len(devices) > 1 else devices[0])
-    return {m: Layout(pool, model_mesh(a)) for m, a in colocated.assignments.items()}
+        devices = list(colocated.devices_per_node)
+        pool = session.pool(colocated.name, devices if len(devices) > 1 else devices[0])
+        layouts |= {m: Layout(pool, model_mesh(a)) for m, a in colocated.assignments.items()}
+    return layouts

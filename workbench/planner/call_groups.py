@@ -71,7 +71,7 @@ class GroupSpec:
     """For a replica: the home group's role."""
 
 
-def layout_key(layout: Mesh) -> tuple[int, int, int]:
+def _layout_key(layout: Mesh) -> tuple[int, int, int]:
     return (layout.pp, layout.tp, layout.dp)
 
 
@@ -138,7 +138,7 @@ def plan_groups(plan: ExecutionPlan, dataflow: Dataflow, workers: dict[str, tupl
                     f"by method: give them the same mesh and layout"
                 )
             routed[method] = (mesh, layout, call.name)
-            if (mesh, layout_key(layout)) == (home_mesh, layout_key(home_layout)):
+            if (mesh, _layout_key(layout)) == (home_mesh, _layout_key(home_layout)):
                 home.calls.append(call.name)
             elif mesh == home_mesh and _hybrid_engine(call, home, layout, trained is not None):
                 if home_layout.pp > 1 and (layout.pp, layout.tp) != (1, 1) and layout.pp != home_layout.pp:
@@ -151,7 +151,7 @@ def plan_groups(plan: ExecutionPlan, dataflow: Dataflow, workers: dict[str, tupl
                 home.layout = home.layout.with_generation(layout, "hybridflow")
                 home.calls.append(call.name)
             else:  # a copy in the call's layout, on other devices or on the home's own
-                key = (mesh, layout_key(layout))
+                key = (mesh, _layout_key(layout))
                 replica = _replica(model, call, mesh, layout, workers[model], trained is not None, home_layout)
                 if mesh == home_mesh and replica.role != ROLLOUT:  # beside the home: named by its layout too
                     replica.role += f"_{layout.short()}"
