@@ -6,18 +6,18 @@
       update_actor: {devices: 1, pp: 1, tp: 1, dp: 1}         # first_device 0 when not given
       ...
 
-Read with the same checks `deploy_calls` makes (what runs away from a model's home:
-`call_deploy.runtime_refusal`), each refusal a PlanFormatError naming the field."""
+Read with plan_io's field readers (a model-level plan's layouts read the same way), and the
+checks `deploy_calls` makes (what runs away from a model's home: `call_groups.runtime_refusal`),
+each refusal a PlanFormatError naming the field."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from workbench.mesh import Mesh
 from workbench.planner.call_groups import runtime_refusal
 from workbench.planner.dataflow import Dataflow
 from workbench.planner.execution import DeviceRange, ExecutionPlan, valid_meshes
-from workbench.planner.plan_io import PlanFormatError
+from workbench.planner.plan_io import LAYOUT_KEYS, PlanFormatError, mapping, read_layout, whole
 from workbench.planner.specs import ClusterSpec
 
 CALL_KEYS = ("devices", "first_device", "pp", "tp", "dp")
@@ -49,22 +49,21 @@ def execution_plan_from_dict(
     meshes = set(valid_meshes(cluster))
     layouts = {}
     for call in names:
-        at, raw = f"{where}.calls.{call}", calls[call]
-        if not isinstance(raw, dict) or set(raw) - set(CALL_KEYS) or "devices" not in raw:
+        at = f"{where}.calls.{call}"
+        raw = mapping(at, calls[call], CALL_KEYS, "devices (and first_device, pp, tp, dp)")
+        if "devices" not in raw:
             raise PlanFormatError(at, raw, f"give devices (and first_device, pp, tp, dp): fields {list(CALL_KEYS)}")
-        mesh = DeviceRange(int(raw.get("first_device", 0)), int(raw["devices"]))
+        mesh = DeviceRange(
+            whole(f"{at}.first_device", raw.get("first_device", 0), low=0), whole(f"{at}.devices", raw["devices"])
+        )
         if mesh not in meshes:
             raise PlanFormatError(
                 at,
                 str(mesh),
-                f"not a device mesh of this {cluster.n_devices}-device cluster (a slice of one machine whose "
+                f"not a device range of this {cluster.n_devices}-device cluster (a slice of one machine whose "
                 f"size divides it, aligned, or whole machines); raise placement.num_devices or move it",
             )
-        pp, tp = int(raw.get("pp", 1)), int(raw.get("tp", 1))
-        dp = int(raw.get("dp", mesh.size // (pp * tp) if mesh.size % (pp * tp) == 0 else 0))
-        if pp * tp * dp != mesh.size:
-            raise PlanFormatError(at, (pp, tp, dp), f"pp*tp*dp must be the call's {mesh.size} device(s)")
-        layouts[call] = (mesh, Mesh(pp, tp, dp))
+        layouts[call] = (mesh, read_layout(at, {k: raw[k] for k in LAYOUT_KEYS if k in raw}, mesh.size))
     plan = ExecutionPlan(layouts)
     refusal = runtime_refusal(plan, dataflow)
     if refusal is not None:

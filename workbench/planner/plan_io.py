@@ -56,13 +56,13 @@ def plan_to_dict(plan: Plan, name: str = "") -> dict[str, Any]:
 
 
 # ---- reading ----------------------------------------------------------------------------------
-def _whole(where: str, value: Any, low: int = 1) -> int:
+def whole(where: str, value: Any, low: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise PlanFormatError(where, value, f"give a whole number >= {low}")
     return value
 
 
-def _mapping(where: str, value: Any, keys: tuple[str, ...], what: str) -> dict:
+def mapping(where: str, value: Any, keys: tuple[str, ...], what: str) -> dict:
     if not isinstance(value, dict):
         raise PlanFormatError(where, value, f"give a mapping of {what}")
     unknown = [k for k in value if k not in keys]
@@ -74,9 +74,9 @@ def _mapping(where: str, value: Any, keys: tuple[str, ...], what: str) -> dict:
 def read_layout(where: str, value: Any, n_devices: int) -> Mesh:
     """(pp, tp, dp) of one model on its set's `n_devices`; missing pp/tp default to 1 and a
     missing dp to what the set's devices leave."""
-    value = _mapping(where, value, (*LAYOUT_KEYS, "generation"), "pp, tp, dp")
-    pp, tp = (_whole(f"{where}.{k}", value.get(k, 1)) for k in ("pp", "tp"))
-    dp = _whole(f"{where}.dp", value["dp"]) if "dp" in value else max(1, n_devices // (pp * tp))
+    value = mapping(where, value, (*LAYOUT_KEYS, "generation"), "pp, tp, dp")
+    pp, tp = (whole(f"{where}.{k}", value.get(k, 1)) for k in ("pp", "tp"))
+    dp = whole(f"{where}.dp", value["dp"]) if "dp" in value else max(1, n_devices // (pp * tp))
     if pp * tp * dp != n_devices:
         raise PlanFormatError(
             where,
@@ -103,7 +103,7 @@ def plan_from_dict(
     model does not admit (tp dividing its heads, pp its layers, tp inside one machine); a
     generation layout for a model that does not generate, or one the hybrid engine cannot
     switch to; a set whose memory does not fit a device."""
-    values = _mapping(where, values, PLAN_KEYS, "sets (and an optional name)")
+    values = mapping(where, values, PLAN_KEYS, "sets (and an optional name)")
     sets_in = values.get("sets")
     if not isinstance(sets_in, list) or not sets_in:
         raise PlanFormatError(f"{where}.sets", sets_in, "give a list of colocated sets, each with devices and models")
@@ -115,11 +115,11 @@ def plan_from_dict(
     next_first = 0
     for i, raw in enumerate(sets_in):
         at = f"{where}.sets[{i}]"
-        raw = _mapping(at, raw, SET_KEYS, "devices and models")
+        raw = mapping(at, raw, SET_KEYS, "devices and models")
         if "devices" not in raw:
             raise PlanFormatError(f"{at}.devices", None, "give the set's device count")
-        n = _whole(f"{at}.devices", raw["devices"])
-        first = _whole(f"{at}.first_device", raw.get("first_device", next_first), low=0)
+        n = whole(f"{at}.devices", raw["devices"])
+        first = whole(f"{at}.first_device", raw.get("first_device", next_first), low=0)
         if first + n > n_total:
             raise PlanFormatError(
                 f"{at}.devices",
