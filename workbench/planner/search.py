@@ -56,7 +56,7 @@ class PlanSpace:
         max_pp: int | None = None,
     ):
         """runnable: keep to plans `deploy_calls` runs (what it does with a call away from its
-        model's home: `call_deploy.runtime_refusal`); the others cost infinity. max_tp / max_pp:
+        model's home: `call_groups.runtime_refusal`); the others cost infinity. max_tp / max_pp:
         bound every call's layout (max_tp=1, max_pp=1 for workers without tensor or pipeline
         parallelism, backend="fsdp")."""
         self.flow, self.specs, self.wl, self.cluster = dataflow, specs, workload, cluster
