@@ -80,10 +80,10 @@ class PlanSpace:
                 )
             self.options.append(opts)
         # Indexes for the local moves: same mesh / same (size, strategy).
-        self._by_mesh: list[dict[DeviceMesh, list[int]]] = []
+        self._by_mesh: list[dict[DeviceRange, list[int]]] = []
         self._by_shape: list[dict[tuple[int, Mesh], list[int]]] = []
         for opts in self.options:
-            by_mesh: dict[DeviceMesh, list[int]] = {}
+            by_mesh: dict[DeviceRange, list[int]] = {}
             by_shape: dict[tuple[int, Mesh], list[int]] = {}
             for j, (m, s) in enumerate(opts):
                 by_mesh.setdefault(m, []).append(j)

@@ -8,6 +8,7 @@ import math
 import random
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -137,7 +138,7 @@ def export_trained(
     engine,
     rank: int,
     path: str,
-    template: Callable[[], torch.nn.Module],
+    template: Callable[[], Any],  # a transformers PreTrainedModel
     lora: LoRAConfig | None,
     merged: bool = False,
     trained_heads: tuple[str, ...] = (),
