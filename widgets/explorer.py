@@ -398,7 +398,7 @@ def plan_data(e: Estimate) -> dict:
             "generation_s": split.generation_time,
             "trainer_s": split.trainer_time,
             "push_s": split.push_time,
-            **{k: getattr(overlapped.pipeline(), k) for k in ("bottleneck", "idle_rollout", "idle_trainer")},
+            **{k: getattr(overlapped.iteration_model(), k) for k in ("bottleneck", "idle_rollout", "idle_trainer")},
         }
     return out
 

@@ -138,7 +138,7 @@ class AsyncPlan(Plan):
         """The same plan run synchronously (max_staleness=0): G + T + W."""
         return self.generation_time + self.trainer_time + self.push_time
 
-    def pipeline(self, iterations: int = 1) -> AsyncEstimate:
+    def iteration_model(self, iterations: int = 1) -> AsyncEstimate:
         """The iteration model of this plan over `iterations` iterations (from the cost model)."""
         return estimate(
             self.generation_time,
@@ -161,7 +161,7 @@ class AsyncPlan(Plan):
         return f"{super().describe()} (max_staleness {self.max_staleness}; synchronous {self.synchronous_time:.1f}s)"
 
     def table(self) -> str:
-        e = self.pipeline()
+        e = self.iteration_model()
         return (
             plan_table(self) + f"\nasynchronous, max_staleness {self.max_staleness}: generation {e.generate_s:.2f}s on "
             f"{self.set_of(self.rollout).name} | trainer {e.train_s:.2f}s | push {e.push_s:.2f}s "

@@ -188,8 +188,8 @@ class Runner:
 
     def _drawn(self) -> int:
         """Prompt batches drawn so far: one per iteration, and those launched ahead (asynchronous)."""
-        pipeline = self.algorithm.pipeline
-        return pipeline.launched if pipeline is not None else self.algorithm.iteration
+        queue = self.algorithm.rollouts
+        return queue.launched if queue is not None else self.algorithm.iteration
 
     def _iteration(self, batches, log: MetricLog, bar) -> bool:
         """One iteration and what follows it; True when a callback asks to stop."""
