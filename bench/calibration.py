@@ -219,16 +219,15 @@ def main(argv=None) -> dict:
     prompts = tokenize_prompts([p.__dict__ for p in problems], loaded.tokenizer, max_prompt_length=32)
     sampling = SamplingConfig(max_new_tokens=args.new_tokens, n=args.samples, seed=0)
     cfg = PPOConfig(sampling=sampling)
-    sequences = args.prompts * args.samples
     workload = Workload(
-        global_batch=args.prompts,
+        batch_size=args.prompts,
         prompt_len=prompts["input_ids"].shape[1],
-        response_len=args.new_tokens,
-        n_samples=args.samples,
-        ppo_epochs=1,
-        ppo_mini_batches=max(1, sequences // MINI),
+        max_new_tokens=args.new_tokens,
+        n=args.samples,
+        epochs=1,
+        mini_batch_size=MINI,
         micro_batch_size=MICRO,
-        recompute=False,
+        gradient_checkpointing=False,
         param_sharding="full",
     )
 

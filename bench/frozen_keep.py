@@ -90,10 +90,10 @@ def main() -> None:
     estimated = {}
     for keep in KEEPS:
         wl = Workload(
-            global_batch=args.prompts,
-            n_samples=args.n,
+            batch_size=args.prompts,
+            n=args.n,
             prompt_len=args.prompt_len,
-            response_len=args.new_tokens,
+            max_new_tokens=args.new_tokens,
             micro_batch_size=args.micro_batch_size,
             param_sharding="full",
             frozen_keep=keep,  # type: ignore[arg-type]

@@ -106,7 +106,7 @@ def main() -> None:
             if rec.method == "generate_sequences" and rec.start >= since and name in inside:
                 inside[name][rec.call_id] = max(inside[name].get(rec.call_id, 0.0), rec.end - rec.start)
     cluster = fitted.cluster(devices_per_node=2)
-    wl = Workload(global_batch=args.prompts, n_samples=1, prompt_len=args.prompt_len, response_len=args.new_tokens)
+    wl = Workload(batch_size=args.prompts, n=1, prompt_len=args.prompt_len, max_new_tokens=args.new_tokens)
     sim = Simulator(cluster, wl)
     held = {"pipelined": stage_fraction(loaded.model, 2), "whole": 1.0}
     table = {}

@@ -57,9 +57,9 @@ from workbench.models import load, make_tiny
 from workbench.planner import AutoMapper
 
 MOVES = (
-    [("response_len", v) for v in (16, 64, 128, 256, 32)]
-    + [("global_batch", v) for v in (8, 32, 64, 16)]
-    + [("n_samples", v) for v in (1, 4, 8, 2)]
+    [("max_new_tokens", v) for v in (16, 64, 128, 256, 32)]
+    + [("batch_size", v) for v in (8, 32, 64, 16)]
+    + [("n", v) for v in (1, 4, 8, 2)]
     + [("placement", v) for v in ("split", "standalone", "colocate", "auto")]
 )
 

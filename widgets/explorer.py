@@ -125,19 +125,17 @@ class PlacementExplorer(View):
             Control("critic", "critic model", "choice", SIZES, s.critic, "size of the value model (PPO, Safe-RLHF)"),
             Control("reward", "reward model", "choice", SIZES, s.reward, "size of the reward (and cost) model"),
             Control(
-                "global_batch",
+                "batch_size",
                 "prompts per iteration",
                 "steps",
                 BATCHES,
-                s.global_batch,
+                s.batch_size,
                 "prompts sampled each iteration",
             ),
-            Control(
-                "n_samples", "samples per prompt", "int", (1, 16, 1), s.n_samples, "responses generated per prompt"
-            ),
+            Control("n", "samples per prompt", "int", (1, 16, 1), s.n, "responses generated per prompt"),
             Control("prompt_len", "prompt tokens", "steps", TOKENS, s.prompt_len, "tokens in each prompt"),
             Control(
-                "response_len", "response tokens", "steps", TOKENS, s.response_len, "tokens generated per response"
+                "max_new_tokens", "response tokens", "steps", TOKENS, s.max_new_tokens, "tokens generated per response"
             ),
             Control(
                 "max_staleness",
@@ -195,7 +193,7 @@ class PlacementExplorer(View):
         for name in ("actor", "critic", "reward"):
             if name in values:
                 checks.one_of(owner, name, values[name], SIZES)
-        for name in ("machines", "devices_per_machine", "global_batch", "n_samples", "prompt_len", "response_len"):
+        for name in ("machines", "devices_per_machine", "batch_size", "n", "prompt_len", "max_new_tokens"):
             if name in values:
                 checks.whole(owner, name, values[name], 1)
         if "max_staleness" in values:

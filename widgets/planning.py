@@ -63,13 +63,13 @@ class Scenario:
     """Model preset of the critic and cost critic (value head)."""
     reward: str = "tiny-1m"
     """Model preset of the reward and cost models (value head)."""
-    global_batch: int = 16
+    batch_size: int = 16
     """Prompts per iteration."""
-    n_samples: int = 2
+    n: int = 2
     """Responses per prompt."""
     prompt_len: int = 32
     """Prompt tokens per sequence."""
-    response_len: int = 32
+    max_new_tokens: int = 32
     """Generated tokens per sequence."""
     algorithm: str = "PPO"
     """A key of ALGORITHMS."""
@@ -126,12 +126,12 @@ def dataflow_for(algorithm: str):
 def workload_for(s: Scenario) -> Workload:
     """The scenario's batch shape as the planner's Workload (at most 8 mini- and micro-batches)."""
     return Workload(
-        global_batch=s.global_batch,
-        n_samples=s.n_samples,
+        batch_size=s.batch_size,
+        n=s.n,
         prompt_len=s.prompt_len,
-        response_len=s.response_len,
-        ppo_mini_batches=min(8, s.global_batch),
-        micro_batch_size=min(8, s.global_batch * s.n_samples),
+        max_new_tokens=s.max_new_tokens,
+        mini_batch_size=-(-s.batch_size * s.n // min(8, s.batch_size)),
+        micro_batch_size=min(8, s.batch_size * s.n),
     )
 
 

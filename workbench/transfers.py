@@ -195,7 +195,7 @@ class RankBytes(NamedTuple):
 
 
 @dataclass(frozen=True)
-class TransferPlan:
+class Reallocation:
     """Every fragment of a reallocation, by layer unit (`layers[u]` in sending order)."""
 
     src: Placement
@@ -279,7 +279,7 @@ def _sender(d: int, j: int, holders: list[int], src: Placement, src_index: dict[
     return holders[j % len(holders)]
 
 
-def plan(params: Iterable[Param], src: Placement, dst: Placement) -> TransferPlan:
+def plan(params: Iterable[Param], src: Placement, dst: Placement) -> Reallocation:
     """The transfer plan moving `params` from `src` to `dst` (same, overlapping or disjoint ranks)."""
     params = tuple(params)
     n_units = _unit_count(params)
@@ -287,7 +287,7 @@ def plan(params: Iterable[Param], src: Placement, dst: Placement) -> TransferPla
     layers: list[list[Fragment]] = [[] for _ in range(n_units)]
     for p in params:
         layers[p.layer] += _param_fragments(p, src, st_src[p.layer], dst, st_dst[p.layer])
-    return TransferPlan(src, dst, params, tuple(tuple(f) for f in layers))
+    return Reallocation(src, dst, params, tuple(tuple(f) for f in layers))
 
 
 def rank_bytes(params: Iterable[Param], src: Placement, dst: Placement) -> dict[int, RankBytes]:
@@ -421,7 +421,7 @@ def switch_placements(mesh: Mesh) -> tuple[Placement, Placement]:
     return src, Placement(Mesh(1, 1, mesh.world_size))
 
 
-def switch_plan(params: Iterable[Param], mesh: Mesh) -> TransferPlan:
+def switch_plan(params: Iterable[Param], mesh: Mesh) -> Reallocation:
     """The hybrid engine's switch under `mesh` as the reallocation it runs: the cut weights
     only (whole ones, the norms, are shared by both models and never move)."""
     return plan(_cut(params), *switch_placements(mesh))
@@ -438,7 +438,7 @@ def _cut(params: Iterable[Param]) -> list[Param]:
     return [p for p in params if p.dim is not None]
 
 
-def describe(plan_: TransferPlan) -> str:
+def describe(plan_: Reallocation) -> str:
     """A short table: per rank, MiB sent and received and its peers."""
     peers: defaultdict[int, set[int]] = defaultdict(set)
     for f in plan_.fragments:

@@ -23,8 +23,8 @@ GRPO = dataflow_preset("grpo")
 H100 = cluster_preset("h100", 8)
 
 
-def workload(response_len: int) -> Workload:
-    return Workload(global_batch=64, n_samples=4, prompt_len=512, response_len=response_len)
+def workload(max_new_tokens: int) -> Workload:
+    return Workload(batch_size=64, n=4, prompt_len=512, max_new_tokens=max_new_tokens)
 
 
 def test_an_async_plan_is_the_slower_side_plus_the_push_of_its_sets():
@@ -88,12 +88,12 @@ def test_staleness_zero_plans_the_synchronous_split():
 
 def test_the_comparison_with_colocation_flips_where_the_numbers_say():
     verdicts = {}
-    for response_len in (128, 1024, 4096):
-        cmp = compare_async(GRPO, "llama2-7b", workload(response_len), H100, max_staleness=1)
+    for max_new_tokens in (128, 1024, 4096):
+        cmp = compare_async(GRPO, "llama2-7b", workload(max_new_tokens), H100, max_staleness=1)
         assert cmp.colocated is not None and cmp.asynchronous is not None
         faster = cmp.asynchronous.iteration_time < cmp.colocated.iteration_time
         assert cmp.beats_colocation == faster
-        verdicts[response_len] = faster
+        verdicts[max_new_tokens] = faster
         assert ("does not beat" in cmp.table()) != faster
     # short responses: training dominates and half the devices train; long ones: generation on
     # half the devices dominates; in between the overlap wins
@@ -161,7 +161,7 @@ def test_bench_estimates_put_the_four_placements_on_one_cost_model():
         prompts=8,
         samples=4,
         prompt_len=16,
-        response_len=32,
+        max_new_tokens=32,
         calibration=cal,
         skip=("ref", "reward"),
         skip_synchronous=("old_log_prob",),
@@ -184,7 +184,7 @@ def test_bench_estimates_put_the_four_placements_on_one_cost_model():
         prompts=8,
         samples=4,
         prompt_len=16,
-        response_len=32,
+        max_new_tokens=32,
         calibration=dataclasses.replace(cal, cores=4.0),
         skip=("ref", "reward"),
         skip_synchronous=("old_log_prob",),
@@ -192,7 +192,7 @@ def test_bench_estimates_put_the_four_placements_on_one_cost_model():
     assert more.iteration_s["async-s1"] == pytest.approx(max(s1.generate_s, s1.train_s) + s1.push_s)
     with pytest.raises(ValueError, match="no call"):
         placement_estimates(
-            "tiny-10m", "grpo", prompts=8, prompt_len=16, response_len=32, calibration=cal, skip=("values",)
+            "tiny-10m", "grpo", prompts=8, prompt_len=16, max_new_tokens=32, calibration=cal, skip=("values",)
         )
 
 

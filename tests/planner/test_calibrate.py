@@ -161,11 +161,18 @@ def test_shared_schedule_matches_list_scheduling_without_contention():
     assert shared.start == plain.start and shared.end == plain.end
 
 
-def test_workload_of_a_timing_has_no_recomputation_and_sharded_weights():
+def test_workload_of_a_timing_has_no_checkpointing_and_sharded_weights():
     t = Timing("train", SMALL, 16, 48, 0, 4, mini_batches=2)
-    assert t.workload() == Workload(
-        16, 48, 0, 1, 1, 2, 4, False, param_sharding="full"
-    )  # as the profiler's FSDP engine
+    wl = Workload(
+        batch_size=16,
+        prompt_len=48,
+        max_new_tokens=0,
+        mini_batch_size=8,
+        micro_batch_size=4,
+        gradient_checkpointing=False,
+        param_sharding="full",  # as the profiler's FSDP engine
+    )
+    assert t.workload() == wl and wl.mini_batches == 2
 
 
 def test_fit_pins_a_zero_overhead_at_zero():

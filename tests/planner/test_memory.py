@@ -111,14 +111,14 @@ def test_frozen_models_kept_sharded_or_on_the_host_take_less_device_memory_and_p
     # FSDP shards data-parallel layouts only: a tensor-parallel frozen model is kept whole, as the runtime does
     assert static_memory(SPEC, Mesh(1, 2, 4), False, "full", "host").params == pytest.approx(M / 2)
     cluster = cluster_preset("a100_80g", n_nodes=1)
-    wl = Workload(global_batch=64, prompt_len=256, response_len=256, param_sharding="full")
+    wl = Workload(batch_size=64, prompt_len=256, max_new_tokens=256, param_sharding="full")
     whole, sharded, host = (
         Simulator(cluster, Workload(**{**wl.__dict__, "frozen_keep": keep})).inference(SPEC, s, trained=False)
         for keep in ("whole", "sharded", "host")
     )
     assert whole < sharded < host
     # The host copy is this rank's shard (1/dp) per micro-batch forward.
-    micro = -(-wl.global_batch // s.dp // wl.micro_batch_size)
+    micro = -(-wl.batch_size // s.dp // wl.micro_batch_size)
     assert host - sharded == pytest.approx(micro * M / 8 / cluster.host_bandwidth, rel=1e-6)
     tp = Mesh(1, 2, 4)
     assert Simulator(cluster, Workload(**{**wl.__dict__, "frozen_keep": "host"})).inference(
@@ -126,7 +126,7 @@ def test_frozen_models_kept_sharded_or_on_the_host_take_less_device_memory_and_p
     ) == pytest.approx(Simulator(cluster, wl).inference(SPEC, tp, trained=False))
     # Sharing prompts (GRPO's samples side by side) makes two model calls per micro-batch: two
     # gathers and two host copies.
-    grpo = Workload(**{**wl.__dict__, "n_samples": 4, "frozen_keep": "host"})
+    grpo = Workload(**{**wl.__dict__, "n": 4, "frozen_keep": "host"})
     assert grpo.shares_prompts(False, 1, SPEC.param_count)
     copies = Simulator(cluster, grpo).inference(SPEC, s, trained=False) - Simulator(
         cluster, Workload(**{**grpo.__dict__, "frozen_keep": "sharded"})

@@ -161,7 +161,7 @@ def test_a_runnable_search_crosses_to_a_split_the_runtime_runs():
         1, 2
     )
     flow, spec = dataflow_preset("ppo"), model_preset("tiny-10m")
-    wl = Workload(global_batch=8, prompt_len=16, response_len=16, n_samples=2, param_sharding="full")
+    wl = Workload(batch_size=8, prompt_len=16, max_new_tokens=16, n=2, param_sharding="full")
     space = PlanSpace(flow, flow.model_specs(spec), wl, cluster, runnable=True, max_tp=1, max_pp=1)
     best, cost = exhaustive(space)
     assert len({mesh for mesh, _ in space.plan(best).layouts.values()}) >= 2  # not everything on one mesh

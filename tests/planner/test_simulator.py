@@ -12,13 +12,13 @@ from workbench.planner.simulator import synced_tensors
 
 SPEC = model_preset("tiny-10m")
 OPT = Workload(
-    global_batch=16,
-    n_samples=2,
+    batch_size=16,
+    n=2,
     prompt_len=16,
-    response_len=16,
-    ppo_mini_batches=4,
+    max_new_tokens=16,
+    mini_batch_size=8,
     micro_batch_size=4,
-    recompute=False,
+    gradient_checkpointing=False,
 )
 FULL = dataclasses.replace(OPT, param_sharding="full")
 
@@ -93,11 +93,11 @@ def test_fixed_costs_per_decoding_step_are_kernels_all_reduces_and_step_overhead
 
     spec, gpu = model_preset("llama2-7b"), cluster_preset("a100_80g", 8)
     bare = dataclasses.replace(gpu, kernel_latency=0.0, step_overhead=0.0)
-    wl = Workload(global_batch=8)  # one wave of 8 sequences per replica at tp=1
+    wl = Workload(batch_size=8)  # one wave of 8 sequences per replica at tp=1
     s = Mesh(1, 1, 1)
     extra = Simulator(gpu, wl).generate(spec, s) - Simulator(bare, wl).generate(spec, s)
     per_step = KERNELS_PER_LAYER * spec.n_layers * gpu.kernel_latency + gpu.step_overhead
-    assert extra == pytest.approx((wl.response_len + 1) * per_step)
+    assert extra == pytest.approx((wl.max_new_tokens + 1) * per_step)
 
 
 def test_collectives_cross_machines_where_the_runtime_puts_the_ranks(monkeypatch):
@@ -234,13 +234,13 @@ def test_forwards_are_priced_with_each_repeated_prompt_computed_once_where_the_w
     assert OPT.forward_tokens(train=False, params=big) == 16 / 2 + 16
     assert OPT.forward_tokens(train=False, params=1e6) == 32  # a tiny model: not worth a second call
     assert OPT.forward_tokens(train=True, pp=2, params=big) == 32  # pipeline stages compute rows whole
-    checkpointing = dataclasses.replace(OPT, recompute=True)
+    checkpointing = dataclasses.replace(OPT, gradient_checkpointing=True)
     assert (
         checkpointing.forward_tokens(True, params=big) == 32 and checkpointing.forward_tokens(False, params=big) == 24
     )
-    four = dataclasses.replace(OPT, n_samples=4, micro_batch_size=2)
+    four = dataclasses.replace(OPT, n=4, micro_batch_size=2)
     assert four.forward_tokens(train=True, params=big) == 16 / 2 + 16  # a micro-batch holds 2 of a prompt's 4 rows
-    one = dataclasses.replace(OPT, n_samples=1, global_batch=32)
+    one = dataclasses.replace(OPT, n=1, batch_size=32)
     assert one.forward_tokens(train=True, params=big) == 32
     cluster = cluster_preset("local", 4)
     spec = model_preset("llama2-7b")
@@ -255,12 +255,12 @@ def test_pipelined_generation_saves_memory_not_time_and_pays_hops_and_the_logits
     one device's does, plus pp-1 hops of the hidden states and a broadcast of the last stage's
     logits to every stage."""
     spec, gpu = model_preset("llama2-7b"), cluster_preset("a100_80g", 8)
-    wl = Workload(global_batch=8)  # one wave of 8 sequences per replica
+    wl = Workload(batch_size=8)  # one wave of 8 sequences per replica
     sim = Simulator(gpu, wl)
     one, piped = sim.generate(spec, Mesh(1, 1, 1)), sim.generate(spec, Mesh(2, 1, 1))
     link = sim.link_bandwidth(False)
     hop = gpu.collective_latency + 8 * spec.hidden * sim.dtype_bytes / link
     logits = gpu.collective_latency + 8 * spec.vocab * sim.dtype_bytes / link
     prefill = gpu.collective_latency + 8 * wl.prompt_len * spec.hidden * sim.dtype_bytes / link + logits
-    assert piped - one == pytest.approx(prefill + wl.response_len * (hop + logits))
+    assert piped - one == pytest.approx(prefill + wl.max_new_tokens * (hop + logits))
     assert logits > hop  # a 32k vocabulary outweighs a 4k hidden state

@@ -64,7 +64,7 @@ def test_cluster_size_no_mesh_covers():
 
 def test_workload_defaults_are_the_paper_setting():
     wl = Workload()
-    assert (wl.global_batch, wl.prompt_len, wl.response_len, wl.ppo_epochs, wl.ppo_mini_batches) == (
+    assert (wl.batch_size, wl.prompt_len, wl.max_new_tokens, wl.epochs, wl.mini_batches) == (
         1024,
         1024,
         1024,

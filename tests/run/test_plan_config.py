@@ -72,10 +72,10 @@ def test_the_workload_prices_the_reference_as_the_actor_config_keeps_it(tiny):
 
 
 def test_the_workload_checkpoints_activations_only_where_the_actor_does(tiny):
-    # The planner's Workload defaults to the papers' full recomputation (a 4th forward per
+    # The planner's Workload defaults to the papers' full checkpointing (a 4th forward per
     # training pass); the workers checkpoint only with actor.load.gradient_checkpointing.
-    assert build.run_workload(config(tiny)).recompute is False
-    assert build.run_workload(config(tiny, "actor.load.gradient_checkpointing=true")).recompute is True
+    assert build.run_workload(config(tiny)).gradient_checkpointing is False
+    assert build.run_workload(config(tiny, "actor.load.gradient_checkpointing=true")).gradient_checkpointing is True
 
 
 def test_the_workload_prices_the_prompts_the_workers_see(tiny):
@@ -99,7 +99,7 @@ def test_an_inline_plan_is_priced_for_the_run(tiny):
     assert [s.name for s in run.plan.sets] == ["actor+reference", "critic"]
     assert set(run.plan.call_times) == {"gen", "old_log_prob", "ref", "values", "update_critic", "update_actor"}
     assert run.estimated_iteration_s == pytest.approx(sum(run.plan.level_times)) and run.estimated_iteration_s > 0
-    assert run.plan.workload.global_batch == 4 and run.plan.workload.n_samples == 2
+    assert run.plan.workload.batch_size == 4 and run.plan.workload.n == 2
     assert [s.models for s in run.deployable().sets] == [("actor",), ("critic",)]  # the reference: actor's processes
     record = run.to_dict()
     assert record["source"] == "inline" and record["sets"][1]["first_device"] == 2

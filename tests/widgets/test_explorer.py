@@ -10,7 +10,7 @@ def test_a_slider_change_changes_the_figure_data():
     explorer = PlacementExplorer()
     before = explorer.data()
     assert before["error"] is None and before["bars"] and before["iteration_s"] > 0
-    explorer.set(response_len=128)  # longer responses: more decoding, a longer iteration
+    explorer.set(max_new_tokens=128)  # longer responses: more decoding, a longer iteration
     after = explorer.data()
     assert after["iteration_s"] > before["iteration_s"]
     assert [b["end"] for b in after["bars"]] != [b["end"] for b in before["bars"]]
@@ -39,9 +39,9 @@ def test_every_algorithm_and_device_type_plans():
         actor="llama2-7b",
         critic="llama2-7b",
         reward="llama2-7b",
-        global_batch=256,
+        batch_size=256,
         prompt_len=512,
-        response_len=512,
+        max_new_tokens=512,
         machines=2,
         devices_per_machine=8,
     )
@@ -59,7 +59,7 @@ def test_an_infeasible_placement_says_which_model_and_by_how_much():
         actor="llama2-70b",
         critic="llama2-70b",
         reward="llama2-70b",
-        global_batch=64,
+        batch_size=64,
     )
     data = explorer.data()
     assert data["bars"] == []
@@ -83,7 +83,7 @@ def test_widget_and_panel_forms_follow_the_view():
     text = box.children[1]
     before = text.value
     slider.value = 128
-    assert explorer.scenario.response_len == 128 and text.value != before
+    assert explorer.scenario.max_new_tokens == 128 and text.value != before
     layout = explorer.panel()
     assert layout is not None
 
@@ -104,7 +104,7 @@ def test_the_figure_data_follows_a_slider_and_compares_two_placements():
     explorer._listeners.append(update)
     bars = layout.select_one({"name": "explorer_bars"})
     before = list(bars.data["end"])
-    explorer.set(response_len=256)
+    explorer.set(max_new_tokens=256)
     assert bars.data["end"] != before and max(bars.data["end"]) == pytest.approx(explorer.data()["iteration_s"])
     other = layout.select_one({"name": "explorer_compare_bars"})
     assert len(set(other.data["lane"])) == 4  # standalone: a lane per model
@@ -144,33 +144,33 @@ ASYNC = dict(
     actor="llama2-7b",
     critic="llama2-7b",
     reward="llama2-7b",
-    global_batch=64,
-    n_samples=4,
+    batch_size=64,
+    n=4,
     prompt_len=512,
 )
 
 
 def test_an_async_split_shows_both_estimates_and_whether_it_beats_colocation():
     verdicts = {}
-    for response_len in (128, 1024, 4096):
-        explorer = PlacementExplorer(placement="async split", max_staleness=1, response_len=response_len, **ASYNC)
+    for max_new_tokens in (128, 1024, 4096):
+        explorer = PlacementExplorer(placement="async split", max_staleness=1, max_new_tokens=max_new_tokens, **ASYNC)
         a = explorer.data()["asynchronous"]
         assert a["asynchronous_s"] == pytest.approx(max(a["generation_s"], a["trainer_s"]) + a["push_s"])
         assert a["synchronous_s"] == pytest.approx(a["generation_s"] + a["trainer_s"] + a["push_s"])
         assert a["beats_colocation"] == (a["asynchronous_s"] < a["colocated_s"])
-        colocated = PlacementExplorer(placement="colocate", response_len=response_len, **ASYNC).data()
+        colocated = PlacementExplorer(placement="colocate", max_new_tokens=max_new_tokens, **ASYNC).data()
         assert a["colocated_s"] == pytest.approx(colocated["iteration_s"])
         summary = explorer.summary()
         assert f"synchronous <b>{a['synchronous_s']:.3g} s</b>" in summary
         assert f"asynchronous (max staleness 1) <b>{a['asynchronous_s']:.3g} s</b>" in summary
         assert ("<b>beats colocation</b>" in summary) == a["beats_colocation"]
         assert ("<b>does not beat colocation</b>" in summary) != a["beats_colocation"]
-        verdicts[response_len] = a["beats_colocation"]
+        verdicts[max_new_tokens] = a["beats_colocation"]
     assert verdicts == {128: False, 1024: True, 4096: False}  # the overlap wins in between
 
 
 def test_the_staleness_slider_runs_the_split_synchronously_at_zero():
-    explorer = PlacementExplorer(placement="async split", max_staleness=0, response_len=1024, **ASYNC)
+    explorer = PlacementExplorer(placement="async split", max_staleness=0, max_new_tokens=1024, **ASYNC)
     slider = next(c for c in explorer.controls() if c.name == "max_staleness")
     assert slider.visible and slider.kind == "int" and slider.help
     sync = explorer.data()
@@ -196,7 +196,7 @@ def test_the_staleness_slider_runs_the_split_synchronously_at_zero():
 
 
 def test_auto_weighs_async_split_plans_only_with_a_staleness():
-    explorer = PlacementExplorer(placement="auto", response_len=1024, **ASYNC)
+    explorer = PlacementExplorer(placement="auto", max_new_tokens=1024, **ASYNC)
     assert explorer.data()["asynchronous"] is None  # synchronous plans only, as before
     synchronous = explorer.data()["iteration_s"]
     explorer.set(max_staleness=1)
@@ -206,7 +206,7 @@ def test_auto_weighs_async_split_plans_only_with_a_staleness():
 
 
 def test_the_live_figure_and_the_picture_draw_an_async_split():
-    explorer = PlacementExplorer(placement="async split", max_staleness=1, response_len=1024, **ASYNC)
+    explorer = PlacementExplorer(placement="async split", max_staleness=1, max_new_tokens=1024, **ASYNC)
     layout, update = explorer.figure()
     explorer._listeners.append(update)
     bars = layout.select_one({"name": "explorer_bars"})
@@ -217,7 +217,7 @@ def test_the_live_figure_and_the_picture_draw_an_async_split():
 
 
 def test_the_notebook_form_shows_the_staleness_slider_where_it_applies():
-    explorer = PlacementExplorer(placement="colocate", response_len=1024, **ASYNC)
+    explorer = PlacementExplorer(placement="colocate", max_new_tokens=1024, **ASYNC)
     box = explorer.widget()
     controls = {getattr(c, "description", ""): c for c in box.children[0].children}
     slider, placement, text = controls["max staleness"], controls["placement"], box.children[1]

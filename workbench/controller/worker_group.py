@@ -309,13 +309,13 @@ def _actor_state(actor_id: str) -> str | None:
 
 
 @dataclass(frozen=True)
-class MethodPlan:
+class MethodDispatch:
     """What every call of one registered method does alike on one group, worked out on its
     first call: which ranks run it, through which entry points, and how outputs come back."""
 
     method: str
     mesh: Mesh
-    """The layout it was worked out for (a changed generation layout needs a new plan)."""
+    """The layout it was worked out for (a changed generation layout needs a new dispatch)."""
     registration: Registration
     ranks: list[int]
     entries: list
@@ -326,7 +326,7 @@ class MethodPlan:
     """Data-parallel chunks a Batch input is split into (None: the protocol does not split)."""
 
     @classmethod
-    def build(cls, role: str, method: str, registration: Registration, hostset: HostSet) -> MethodPlan:
+    def build(cls, role: str, method: str, registration: Registration, hostset: HostSet) -> MethodDispatch:
         mesh, protocol = hostset.mesh, registration.protocol
         collect: Callable
         if registration.execute == "rank_zero":
@@ -351,7 +351,7 @@ class WorkerGroup:
     def __init__(self, role: str, hostset: HostSet, cls: type):
         self.role, self._hostset, self._cls = role, hostset, cls
         self._methods: dict[str, Registration] = registered_methods(cls)
-        self._plans: dict[str, MethodPlan] = {}
+        self._dispatches: dict[str, MethodDispatch] = {}
         check = getattr(hostset.configs.get(role), "check_call", None)
         self._check_call: Callable | None = check if callable(check) else None
         self._successor: WorkerGroup | None = None
@@ -440,14 +440,14 @@ class WorkerGroup:
     def call(self, method: str, *args, **kwargs) -> DataFuture:
         """Run registered `method` on the group; returns a DataFuture immediately."""
         group = self._callable(method)
-        plan = group._plan(method)
+        dispatch = group._dispatch(method)
         group._check_inputs(method, args, kwargs)
-        per_rank = group._distribute(plan, args, kwargs)
+        per_rank = group._distribute(dispatch, args, kwargs)
         after = group._other_groups_pending()
-        number, tags = group._tag(plan)
-        metas, outputs = group._submit(plan, per_rank, after, number)
-        group._remember_path(plan, args, kwargs)
-        return group._future(plan, outputs, metas, tags)
+        number, tags = group._tag(dispatch)
+        metas, outputs = group._submit(dispatch, per_rank, after, number)
+        group._remember_path(dispatch, args, kwargs)
+        return group._future(dispatch, outputs, metas, tags)
 
     def _callable(self, method: str) -> WorkerGroup:
         """The live group, refused at once when one of its processes is known to be dead."""
@@ -456,16 +456,16 @@ class WorkerGroup:
             raise group._hostset.died_error(group.role, method)
         return group
 
-    def _plan(self, method: str) -> MethodPlan:
-        plan = self._plans.get(method)
-        if plan is None or plan.mesh is not self._hostset.mesh:
+    def _dispatch(self, method: str) -> MethodDispatch:
+        dispatch = self._dispatches.get(method)
+        if dispatch is None or dispatch.mesh is not self._hostset.mesh:
             registration = self._methods.get(method)
             if registration is None:
                 raise DispatchError(
                     f"{self.role} has no registered method {method!r}; registered: {sorted(self._methods)}"
                 )
-            plan = self._plans[method] = MethodPlan.build(self.role, method, registration, self._hostset)
-        return plan
+            dispatch = self._dispatches[method] = MethodDispatch.build(self.role, method, registration, self._hostset)
+        return dispatch
 
     def _check_inputs(self, method: str, args: tuple, kwargs: dict) -> None:
         """No reserved keyword names; the arguments fit the method's signature; then the
@@ -484,27 +484,27 @@ class WorkerGroup:
             bound.apply_defaults()
             self._check_call(self.role, method, dict(list(bound.arguments.items())[1:]))
 
-    def _distribute(self, plan: MethodPlan, args: tuple, kwargs: dict) -> list[tuple[tuple, dict]] | None:
+    def _distribute(self, dispatch: MethodDispatch, args: tuple, kwargs: dict) -> list[tuple[tuple, dict]] | None:
         """Each rank's (args, kwargs), split per the method's protocol; None when there are none."""
         if not args and not kwargs:
             return None
-        if plan.registration.execute == "rank_zero":
+        if dispatch.registration.execute == "rank_zero":
             return [(tuple(_whole(a) for a in args), {k: _whole(v) for k, v in kwargs.items()})]
-        args = tuple(self._fit(plan, a) for a in args)  # every input fits before anything is stored
-        kwargs = {k: self._fit(plan, v) for k, v in kwargs.items()}
-        mesh, distribute = self._hostset.mesh, plan.registration.protocol.distribute
+        args = tuple(self._fit(dispatch, a) for a in args)  # every input fits before anything is stored
+        kwargs = {k: self._fit(dispatch, v) for k, v in kwargs.items()}
+        mesh, distribute = self._hostset.mesh, dispatch.registration.protocol.distribute
         spread_args = [_put_once(distribute(mesh, a)) for a in args]
         spread_kwargs = {k: _put_once(distribute(mesh, v)) for k, v in kwargs.items()}
-        return [(tuple(a[r] for a in spread_args), {k: v[r] for k, v in spread_kwargs.items()}) for r in plan.ranks]
+        return [(tuple(a[r] for a in spread_args), {k: v[r] for k, v in spread_kwargs.items()}) for r in dispatch.ranks]
 
-    def _fit(self, plan: MethodPlan, value: Any) -> Any:
+    def _fit(self, dispatch: MethodDispatch, value: Any) -> Any:
         """Pad (or refuse) a Batch whose rows do not divide into the protocol's chunks."""
-        chunks = plan.chunks
+        chunks = dispatch.chunks
         if not isinstance(value, Batch) or chunks is None or len(value) % chunks == 0:
             return value
-        if not plan.registration.pad:
+        if not dispatch.registration.pad:
             raise DispatchError(
-                f"{self.role}.{plan.method}: a Batch of {len(value)} rows does not split into "
+                f"{self.role}.{dispatch.method}: a Batch of {len(value)} rows does not split into "
                 f"{chunks} equal data-parallel chunks ({self._hostset.mesh}); pass a multiple of {chunks} "
                 f"rows, or register the method with pad=True"
             )
@@ -524,24 +524,24 @@ class WorkerGroup:
             pool.last_calls[device] = (last_hosts, asked[id(last_refs)])  # what finished need not be asked again
         return list(dict.fromkeys(pending))  # joint calls may stand on several devices in several lists
 
-    def _tag(self, plan: MethodPlan) -> tuple[int, dict]:
+    def _tag(self, dispatch: MethodDispatch) -> tuple[int, dict]:
         """The call's number and its trace tags (kept until its spans are drained)."""
         number = new_call_number()
-        return number, self._hostset.tag_call(number, current_tags(), len(plan.ranks))
+        return number, self._hostset.tag_call(number, current_tags(), len(dispatch.ranks))
 
-    def _submit(self, plan: MethodPlan, per_rank: list | None, after: list, number: int) -> tuple[list, list]:
+    def _submit(self, dispatch: MethodDispatch, per_rank: list | None, after: list, number: int) -> tuple[list, list]:
         """One task per rank: its inputs, the metas of its RemoteSlices (top-level arguments, so
         Ray ships their values) and what it waits for; each task is noted as part of call
         `number` (see TASK). The pool keeps the refs: another group's next call on it waits."""
         hostset, reserved = self._hostset, {AFTER: after} if after else {}
         metas, outputs = [], []
-        for i, entry in enumerate(plan.entries):
+        for i, entry in enumerate(dispatch.entries):
             if per_rank is None:
                 result = entry.remote(**reserved)
             else:
                 rank_args, rank_kwargs = per_rank[i]
                 result = entry.remote(*rank_args, **rank_kwargs, **_slice_metas(rank_args, rank_kwargs), **reserved)
-            if plan.registration.returns_rows:
+            if dispatch.registration.returns_rows:
                 metas.append(result[0])
                 result = result[1]
             hostset.note_task(result, number)
@@ -554,19 +554,19 @@ class WorkerGroup:
             hostset.pool.last_calls.update(dict.fromkeys(hostset.pool.devices, last))
         return metas, outputs
 
-    def _remember_path(self, plan: MethodPlan, args: tuple, kwargs: dict) -> None:
+    def _remember_path(self, dispatch: MethodDispatch, args: tuple, kwargs: dict) -> None:
         """A method registered with remembers_path saves the role's state: keep where, for
         session.recover."""
-        if plan.registration.remembers_path and (args or "path" in kwargs):
+        if dispatch.registration.remembers_path and (args or "path" in kwargs):
             self._hostset.checkpoints[self.role] = str(kwargs.get("path", args[0] if args else None))
 
-    def _future(self, plan: MethodPlan, outputs: list, metas: list, tags: dict) -> DataFuture:
+    def _future(self, dispatch: MethodDispatch, outputs: list, metas: list, tags: dict) -> DataFuture:
         future: DataFuture = DataFuture(
-            CallInfo(self.role, plan.method, plan.ranks, self._hostset),
+            CallInfo(self.role, dispatch.method, dispatch.ranks, self._hostset),
             outputs,
-            metas if plan.registration.returns_rows else None,
-            plan.collect_ranks,
-            plan.collect,
+            metas if dispatch.registration.returns_rows else None,
+            dispatch.collect_ranks,
+            dispatch.collect,
             self._hostset.mesh,
         )
         future.trace_tags = tags  # StepClock.launch adds the iteration and step

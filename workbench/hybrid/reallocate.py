@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from workbench.hybrid.channel import ChannelAddress, open_group
-from workbench.transfers import Fragment, Param, Placement, TransferPlan
+from workbench.transfers import Fragment, Param, Placement, Reallocation
 
 __all__ = ["SPAN", "ChannelAddress", "ReallocStats", "Reallocator", "open_group", "piece_of"]
 
@@ -95,7 +95,7 @@ class Reallocator:
     often as the weights move. `group`: the process group (None: the default one); `device`:
     where the destination pieces and buffers live (the sources' device; "cuda" with NCCL)."""
 
-    def __init__(self, plan: TransferPlan, group=None, device: torch.device | str = "cpu"):
+    def __init__(self, plan: Reallocation, group=None, device: torch.device | str = "cpu"):
         self.plan, self.group, self.device = plan, group, torch.device(device)
         size = group.size() if group is not None else dist.get_world_size()
         self.rank = group.rank() if group is not None else dist.get_rank()

@@ -8,7 +8,7 @@ overlapping training, beat colocating everything?
 this machine's calibrated cluster (colocated, split, async-s1, async-s2), from the cost model:
 
     est = placement_estimates("tiny-10m", "grpo", prompts=8, samples=4, prompt_len=16,
-                              response_len=32, skip=("ref", "reward"), skip_synchronous=("old_log_prob",))
+                              max_new_tokens=32, skip=("ref", "reward"), skip_synchronous=("old_log_prob",))
     est.iteration_s["async-s1"], est.tokens_per_s, est.pipelines["async-s1"].bottleneck
 """
 
@@ -114,7 +114,7 @@ class PlacementEstimates:
     total_s: dict[str, float]
     """`iterations` iterations from the start (the asynchronous pipeline's fill included)."""
     tokens_per_s: dict[str, float]
-    """Response tokens (prompts x samples x response_len) per steady-state second."""
+    """Response tokens (prompts x samples x max_new_tokens) per steady-state second."""
     pipelines: dict[str, AsyncEstimate] = field(default_factory=dict)
     """The split placements' iteration model: generation, trainer, push, bottleneck, idle."""
     cluster: ClusterSpec | None = None
@@ -156,7 +156,7 @@ def placement_estimates(
     prompts: int,
     samples: int = 1,
     prompt_len: int,
-    response_len: int,
+    max_new_tokens: int,
     trainer_devices: int = 1,
     rollout_devices: int = 1,
     colocated_devices: int | None = None,
@@ -184,7 +184,7 @@ def placement_estimates(
     model: a ModelSpec, a preset name ("tiny-10m") or a Hugging Face model directory (its
     config), trained with LoRA of `lora_rank` (0: full fine-tuning; the push then moves the
     adapters alone). algorithm: "grpo", "ppo" (or a Dataflow). prompts, samples, prompt_len,
-    response_len: the batch (prompts x samples responses of response_len tokens; one optimizer
+    max_new_tokens: the batch (prompts x samples responses of max_new_tokens tokens; one optimizer
     step per iteration, one micro-batch per data-parallel rank, as the bench configures).
     skip: calls the runs do not make (a rule reward: "reward"; GRPO without a KL loss: "ref");
     skip_synchronous: calls only the synchronous runs skip ("old_log_prob" where they reuse the
@@ -208,14 +208,14 @@ def placement_estimates(
 
     def workload(dp: int) -> Workload:
         return Workload(
-            global_batch=prompts,
-            n_samples=samples,
+            batch_size=prompts,
+            n=samples,
             prompt_len=prompt_len,
-            response_len=response_len,
-            ppo_epochs=1,
-            ppo_mini_batches=1,
+            max_new_tokens=max_new_tokens,
+            epochs=1,
+            mini_batch_size=rows,  # one optimizer step per update
             micro_batch_size=math.ceil(rows / dp),
-            recompute=False,
+            gradient_checkpointing=False,
             param_sharding="full",
         )
 
@@ -255,7 +255,7 @@ def placement_estimates(
     }
     for k, p in pipelines.items():
         iteration_s[k], total_s[k] = p.iteration_s, p.total_s
-    tokens = rows * response_len
+    tokens = rows * max_new_tokens
     return PlacementEstimates(
         iteration_s,
         total_s,

@@ -74,13 +74,13 @@ class Timing:
 
     def workload(self) -> Workload:
         return Workload(
-            global_batch=self.batch,
+            batch_size=self.batch,
             prompt_len=self.prompt_len,
-            response_len=self.response_len,
-            ppo_epochs=1,
-            ppo_mini_batches=self.mini_batches,
+            max_new_tokens=self.response_len,
+            epochs=1,
+            mini_batch_size=-(-self.batch // self.mini_batches),  # the steps the call took
             micro_batch_size=self.micro_batch_size,
-            recompute=False,
+            gradient_checkpointing=False,
             param_sharding="full",
         )
 

@@ -162,7 +162,7 @@ def train_activations(spec: ModelSpec, s: Mesh, wl: Workload) -> float:
     fp32 logits. With recomputation only each layer's bf16 input (2·b·s·h) is kept, plus one
     layer's full working set."""
     bsh = wl.micro_batch_size * wl.seq_len * spec.hidden
-    if wl.recompute:
+    if wl.gradient_checkpointing:
         layers = 2 * bsh * spec.n_layers + ACT_BYTES_PER_TOKEN_H * bsh
     else:
         layers = ACT_BYTES_PER_TOKEN_H * bsh * spec.n_layers

@@ -223,8 +223,8 @@ def plan_table(plan: Plan) -> str:
         f"HybridFlow plan: {plan.dataflow.name} on {c.n_devices} x {c.name} "
         f"({c.n_nodes} node(s) x {c.devices_per_node})"
         + ("" if c.calibrated else "  [UNCALIBRATED cluster figures]")
-        + f"\nworkload: batch {wl.global_batch}x{wl.n_samples}, prompt {wl.prompt_len}, "
-        f"response {wl.response_len}, {wl.ppo_epochs} epoch(s) x {wl.ppo_mini_batches} "
+        + f"\nworkload: batch {wl.batch_size}x{wl.n}, prompt {wl.prompt_len}, "
+        f"response {wl.max_new_tokens}, {wl.epochs} epoch(s) x {wl.mini_batches} "
         f"mini-batches"
     )
     sets = text_table(

@@ -114,11 +114,11 @@ class Simulator:
     def _pass(self, spec: ModelSpec, s: Mesh, bf: float, *, train: bool, trained: bool = True) -> float:
         c, wl = self.cluster, self.wl
         seqs = wl.sequences * bf
-        epochs = wl.ppo_epochs if train else 1
-        steps = wl.ppo_epochs * wl.ppo_mini_batches if train else 1
+        epochs = wl.epochs if train else 1
+        steps = wl.epochs * wl.mini_batches if train else 1
         tokens = seqs * wl.forward_tokens(train, s.pp, spec.param_count) * epochs
         # fwd = 1, bwd = 2 forward-equivalents, recomputation one more forward.
-        passes = (4 if wl.recompute else 3) if train else 1
+        passes = (4 if wl.gradient_checkpointing else 3) if train else 1
         eff = c.train_efficiency if train else c.inference_efficiency
         flops = tokens * spec.forward_flops_per_token(wl.seq_len / 2) * passes
         compute = flops / (s.world_size * c.peak_flops * eff)
@@ -186,7 +186,7 @@ class Simulator:
         return KERNELS_PER_LAYER * spec.n_layers * self.cluster.kernel_latency
 
     def generate(self, spec: ModelSpec, s: Mesh, kv_budget: float = INF, batch_factor: float = 1.0) -> float:
-        """Prefill + response_len decoding steps per wave; INF if not one sequence fits."""
+        """Prefill + max_new_tokens decoding steps per wave; INF if not one sequence fits."""
         wl = self.wl
         batch = math.ceil(wl.sequences * batch_factor / s.dp)
         conc = generation_concurrency(spec, s, wl, kv_budget) if kv_budget < INF else batch
@@ -204,7 +204,7 @@ class Simulator:
         b = math.ceil(batch / waves)
         # A step streams every weight once per replica (the pipeline stages take turns on one
         # batch, so PP saves memory but not time) plus the KV cache at the mean context.
-        ctx = wl.prompt_len + wl.response_len / 2
+        ctx = wl.prompt_len + wl.max_new_tokens / 2
         read = (spec.param_count * self.dtype_bytes + b * spec.kv_bytes_per_token * self._widen * ctx) / s.tp
         mem = read / (c.memory_bandwidth * c.bandwidth_efficiency)
         comp = 2 * spec.matmul_params * b / (s.tp * c.peak_flops * c.inference_efficiency)
@@ -231,7 +231,7 @@ class Simulator:
             hop = c.collective_latency + b * spec.hidden * self.dtype_bytes / link
             step += (s.pp - 1) * hop + logits
             prefill += (s.pp - 1) * (hop + (wl.prompt_len - 1) * b * spec.hidden * self.dtype_bytes / link) + logits
-        t = waves * (prefill + wl.response_len * step)
+        t = waves * (prefill + wl.max_new_tokens * step)
         self._memo[key] = t
         return t
 
@@ -403,9 +403,9 @@ class Simulator:
         wl = self.wl
         seqs = wl.sequences * call.batch_factor
         if call.kind == "generate":
-            return seqs * (wl.seq_len * 8 + wl.response_len * 4)
+            return seqs * (wl.seq_len * 8 + wl.max_new_tokens * 4)
         if call.kind == "inference":
-            return seqs * wl.response_len * 4
+            return seqs * wl.max_new_tokens * 4
         return 0.0
 
     def driver_time(self, gathered: list[Call], n_trained: int) -> float:

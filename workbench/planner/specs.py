@@ -189,21 +189,23 @@ copied in from the host before that), and the order `deploy_plan` compares a con
 class Workload:
     """Shapes of one RLHF iteration. Defaults: the HybridFlow paper's setting (§8.1)."""
 
-    global_batch: int = 1024
-    """Prompts per iteration."""
+    batch_size: int = 1024
+    """Prompts per iteration (`data.loader.batch_size`)."""
     prompt_len: int = 1024
     """Prompt tokens per sequence (padded length)."""
-    response_len: int = 1024
-    """Generated tokens per sequence (decode steps)."""
-    n_samples: int = 1
-    """Responses per prompt (GRPO groups); every call after generation sees batch·n sequences."""
-    ppo_epochs: int = 1
-    """Passes over the batch in each training call."""
-    ppo_mini_batches: int = 8
-    """Optimizer steps per epoch (the batch is split into this many mini-batches)."""
+    max_new_tokens: int = 1024
+    """Generated tokens per sequence, the decode steps (`sampling.max_new_tokens`)."""
+    n: int = 1
+    """Responses per prompt (`sampling.n`, GRPO's groups); every call after generation sees
+    batch_size·n sequences."""
+    epochs: int = 1
+    """Passes over the batch in each training call (`actor.epochs`)."""
+    mini_batch_size: int = 128
+    """Sequences per optimizer step (`actor.mini_batch_size`); the default makes the paper's
+    8 steps of 1024 sequences."""
     micro_batch_size: int = 8
     """Sequences per forward/backward micro-batch on one data-parallel rank."""
-    recompute: bool = True
+    gradient_checkpointing: bool = True
     """Full activation checkpointing in training: stores one tensor per layer, costs a second
     forward pass (Chen et al. 2016)."""
     param_sharding: Literal["optimizer", "full"] = "optimizer"
@@ -249,6 +251,8 @@ class Workload:
     `Simulator` prices one keep, so it refuses "auto"."""
 
     def __post_init__(self) -> None:
+        if self.mini_batch_size < 1:
+            raise ValueError(f"Workload.mini_batch_size={self.mini_batch_size}: use 1 or more sequences per step")
         if self.frozen_keep not in (*FROZEN_KEEPS, "auto"):
             raise ValueError(f"Workload.frozen_keep={self.frozen_keep!r}: use 'whole', 'sharded', 'host' or 'auto'")
         if self.rollout_weights not in ("broadcast", "reallocate"):
@@ -271,11 +275,17 @@ class Workload:
 
     @property
     def seq_len(self) -> int:
-        return self.prompt_len + self.response_len
+        return self.prompt_len + self.max_new_tokens
 
     @property
     def sequences(self) -> int:
-        return self.global_batch * self.n_samples
+        return self.batch_size * self.n
+
+    @property
+    def mini_batches(self) -> int:
+        """Optimizer steps per epoch: the sequences in mini-batches of `mini_batch_size` (a
+        last, smaller one is a step too)."""
+        return -(-self.sequences // self.mini_batch_size)
 
     def forward_tokens(self, train: bool, pp: int = 1, params: float = 0.0) -> float:
         """Tokens a training (`train`) or scoring forward of a `params`-parameter model computes
@@ -283,26 +293,26 @@ class Workload:
         repeat it (`workbench.engines.forward.shared_prompt_logits`: GRPO's n samples sit side by
         side) where that saves enough (`SHARE_MIN_PARAM_TOKENS`), except under pipeline
         parallelism and, in training, activation checkpointing."""
-        rows_per_prompt = min(self.n_samples, self.micro_batch_size)
+        rows_per_prompt = min(self.n, self.micro_batch_size)
         shared = self.shares_prompts(train, pp, params)
-        return self.prompt_len / (rows_per_prompt if shared else 1) + self.response_len
+        return self.prompt_len / (rows_per_prompt if shared else 1) + self.max_new_tokens
 
     def shares_prompts(self, train: bool, pp: int = 1, params: float = 0.0) -> bool:
         """Whether such a forward computes each prompt once for the rows that repeat it (two
         model calls per micro-batch instead of one; see `forward_tokens`)."""
-        rows_per_prompt = min(self.n_samples, self.micro_batch_size)
+        rows_per_prompt = min(self.n, self.micro_batch_size)
         saved = (self.micro_batch_size - self.micro_batch_size / rows_per_prompt) * self.prompt_len
         return (
             rows_per_prompt > 1
             and pp == 1
-            and not (train and self.recompute)
+            and not (train and self.gradient_checkpointing)
             and saved * params >= SHARE_MIN_PARAM_TOKENS
         )
 
     @classmethod
     def tiny(cls) -> Workload:
         """A workload that runs on this CPU machine with the tiny kit."""
-        return cls(global_batch=16, prompt_len=32, response_len=32, ppo_mini_batches=2, micro_batch_size=4)
+        return cls(batch_size=16, prompt_len=32, max_new_tokens=32, mini_batch_size=8, micro_batch_size=4)
 
 
 @dataclass(frozen=True)

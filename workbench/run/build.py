@@ -339,18 +339,17 @@ def run_workload(config: RunConfig, prompt_width: float | None = None) -> Worklo
     of the actor's update; FSDP-sharded workers ("full"); whether they checkpoint activations;
     how the actor's switch moves weights, how a rollout group and a replica take them (by the
     trainers' backends), and how the reference keeps its weights."""
-    batch = config.data.loader.batch_size
-    rows = batch * config.sampling.n
     return Workload(
-        global_batch=batch,
+        batch_size=config.data.loader.batch_size,
         prompt_len=max(1, round(prompt_width)) if prompt_width else config.data.loader.max_prompt_length,
-        response_len=config.sampling.max_new_tokens,
-        n_samples=config.sampling.n,
-        ppo_epochs=config.actor.epochs,
-        ppo_mini_batches=max(1, rows // max(1, config.actor.mini_batch_size)),
+        max_new_tokens=config.sampling.max_new_tokens,
+        n=config.sampling.n,
+        epochs=config.actor.epochs,
+        mini_batch_size=config.actor.mini_batch_size,
         micro_batch_size=config.actor.micro_batch_size,
         param_sharding="full",
-        recompute=config.actor.load.gradient_checkpointing,  # the papers' default (True) is not the workers'
+        # the papers' default (True) is not the workers'
+        gradient_checkpointing=config.actor.load.gradient_checkpointing,
         transition_executor=config.actor.transition_executor,
         rollout_weights=config.algorithm.rollout_weights,  # type: ignore[arg-type]  # checked by AlgoConfig
         frozen_keep=config.actor.reference_keep,  # type: ignore[arg-type]  # checked by ActorConfig
