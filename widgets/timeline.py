@@ -320,12 +320,30 @@ class LiveTimeline(View):
     # ---- the live figure ---------------------------------------------------------------------------
     def figure(self) -> FigureParts:
         from bokeh.layouts import column
-        from bokeh.models import CDSView, ColumnDataSource, DataRange1d, FactorRange, GroupFilter, LabelSet, TapTool
+        from bokeh.models import CDSView, GroupFilter
 
         # One source for every span (one stream per refresh); each glyph draws its kind.
         spans = plots.Stream(COLUMNS, self.rows, MAX_SPANS, "timeline_spans")  # self.rows grows: send() streams
         calls = CDSView(filter=GroupFilter(column_name="kind", group="call"))
         transitions = CDSView(filter=GroupFilter(column_name="kind", group="transition"))
+        fig, x_range, lanes = self._measured_figure()
+        bars = self._call_glyphs(fig, spans.source, calls)
+        thin = self._thin_glyphs(fig, spans.source, transitions)
+        plots.legend_outside(fig, "right")
+        marks = self._iteration_marks(fig)
+        self._span_tools(fig, spans.source, [bars, *thin])
+        parts: list[Any] = [fig]
+        estimate = self._estimate_figure(x_range) if self.estimate is not None else None
+        if estimate is not None:
+            parts.append(estimate[0])
+        update = self._figure_update(spans, fig, lanes, marks, x_range, estimate)
+        update()
+        return column(*parts, sizing_mode="stretch_width"), update
+
+    def _measured_figure(self) -> tuple:
+        """The measured spans' figure, its time axis and its lanes (a factor per pool and rank)."""
+        from bokeh.models import DataRange1d, FactorRange
+
         # Bokeh follows the newest spans (the last `last_iterations` iterations' width) until
         # someone pans or zooms; reset returns to following.
         x_range = DataRange1d(name="timeline_x", follow="end", range_padding=0.02)
@@ -342,6 +360,12 @@ class LiveTimeline(View):
             name="timeline",
         )
         fig.y_range.range_padding = 0.1
+        return fig, x_range, lanes
+
+    @staticmethod
+    def _call_glyphs(fig, source, calls):
+        """A call's bar, drawn from when its inputs arrived, and before it the pale, hatched
+        part spent receiving them; returns the bar's renderer (the part a click opens)."""
         bars = fig.hbar(
             y="lane",
             left="fetched",
@@ -349,7 +373,7 @@ class LiveTimeline(View):
             height=0.7,
             color="colour",
             line_color="white",
-            source=spans.source,
+            source=source,
             view=calls,
             legend_field="role",
         )
@@ -364,17 +388,25 @@ class LiveTimeline(View):
             hatch_color="colour",
             hatch_alpha=0.6,
             line_alpha=0,
-            source=spans.source,
+            source=source,
             view=calls,
             legend_label="receiving inputs",
         )
+        return bars
+
+    @staticmethod
+    def _thin_glyphs(fig, source, transitions) -> list:
+        """Thin bars: the hybrid engine's transitions (black) and the spans inside a call
+        (INNER_SPANS, each its own colour and legend entry); returns their renderers."""
+        from bokeh.models import CDSView, GroupFilter
+
         switches = fig.hbar(
             y="lane",
             left="start",
             right="end",
             height=0.3,
             color="black",
-            source=spans.source,
+            source=source,
             view=transitions,
             legend_label="hybrid-engine transition",
         )
@@ -385,15 +417,21 @@ class LiveTimeline(View):
                 right="end",
                 height=0.3,
                 color="colour",
-                source=spans.source,
+                source=source,
                 view=CDSView(filter=GroupFilter(column_name="kind", group=kind)),
                 legend_label=legend,
             )
             for kind, _, legend in INNER_SPANS.values()
         ]
-        plots.legend_outside(fig, "right")
+        return [switches, *inner]
+
+    @staticmethod
+    def _iteration_marks(fig):
+        """A dotted line and a label where each iteration starts; returns their (empty) source."""
+        from bokeh.models import ColumnDataSource, LabelSet
+
         marks = ColumnDataSource({"x": [], "label": []}, name="timeline_marks")
-        fig.vspan(x="x", source=marks, line_color="grey", line_dash="dotted")  # iteration starts
+        fig.vspan(x="x", source=marks, line_color="grey", line_dash="dotted")
         fig.add_layout(
             LabelSet(
                 x="x",
@@ -406,9 +444,15 @@ class LiveTimeline(View):
                 text_color="grey",
             )
         )
+        return marks
+
+    def _span_tools(self, fig, source, renderers: list) -> None:
+        """Hovering a span shows its details; clicking one selects it (`select`)."""
+        from bokeh.models import TapTool
+
         plots.hover(
             fig,
-            [bars, switches, *inner],
+            renderers,
             [
                 ("span", "@role rank @rank: @method"),
                 ("iteration", "@run @iteration (step @step)"),
@@ -417,13 +461,12 @@ class LiveTimeline(View):
                 ("seconds", "@seconds{0.000} (receiving inputs @wait{0.000})"),
             ],
         )
-        fig.add_tools(TapTool(renderers=[bars, switches, *inner]))
-        spans.source.selected.on_change("indices", lambda attr, old, new: self._tapped(spans.source, new))
-        parts: list[Any] = [fig]
-        estimate = self._estimate_figure(x_range) if self.estimate is not None else None
-        if estimate is not None:
-            parts.append(estimate[0])
+        fig.add_tools(TapTool(renderers=renderers))
+        source.selected.on_change("indices", lambda attr, old, new: self._tapped(source, new))
 
+    def _figure_update(self, spans: plots.Stream, fig, lanes, marks, x_range, estimate) -> Callable[[], None]:
+        """The figure's update: stream the new spans and iteration marks, grow the lanes, move
+        the estimate under the latest iteration and keep the followed window one of its width."""
         marks_sent = [-1]  # the marks' version this figure shows
 
         def update() -> None:
@@ -447,8 +490,7 @@ class LiveTimeline(View):
             if width is not None and (current is None or abs(width - current) > 0.2 * current):
                 x_range.follow_interval = width  # changes only when iterations' length does
 
-        update()
-        return column(*parts, sizing_mode="stretch_width"), update
+        return update
 
     def _tapped(self, source, indices: list[int]) -> None:
         if indices:

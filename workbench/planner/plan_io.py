@@ -116,70 +116,113 @@ def plan_from_dict(
     for i, raw in enumerate(sets_in):
         at = f"{where}.sets[{i}]"
         raw = mapping(at, raw, SET_KEYS, "devices and models")
-        if "devices" not in raw:
-            raise PlanFormatError(f"{at}.devices", None, "give the set's device count")
-        n = whole(f"{at}.devices", raw["devices"])
-        first = whole(f"{at}.first_device", raw.get("first_device", next_first), low=0)
-        if first + n > n_total:
-            raise PlanFormatError(
-                f"{at}.devices",
-                n,
-                f"devices {first}..{first + n - 1} go beyond the {n_total} device(s) available "
-                f"(devices 0..{n_total - 1}): use fewer, or give the run more devices",
-            )
-        for d in range(first, first + n):
-            if d in taken:
-                raise PlanFormatError(
-                    f"{at}.first_device", first, f"device {d} is already set {taken[d]}'s: sets may not share devices"
-                )
-            taken[d] = i
+        first, n = _read_devices(at, raw, next_first, n_total, taken, i)
         next_first = first + n
-        models_in = raw.get("models")
-        if not isinstance(models_in, dict) or not models_in:
-            raise PlanFormatError(f"{at}.models", models_in, "give a mapping model -> {pp, tp, dp}")
-        assigns, choices = {}, {}
-        for m, layout_in in models_in.items():
-            mw = f"{at}.models.{m}"
-            if m not in dataflow.models:
-                raise PlanFormatError(
-                    mw,
-                    layout_in,
-                    f"the algorithm ({dataflow.name}) has no model {m!r} (its models: {list(dataflow.models)}); "
-                    "remove it",
-                )
-            if m in seen:
-                raise PlanFormatError(mw, layout_in, f"{m!r} is already placed in {seen[m]}: give each model one set")
-            seen[m] = at
-            strategy = read_layout(mw, layout_in, n)
-            _check_admits(mw, specs[m], strategy, u)
-            gen = None
-            if "generation" in layout_in:
-                if not (dataflow.generates(m) and dataflow.trained(m)):
-                    raise PlanFormatError(
-                        f"{mw}.generation",
-                        layout_in["generation"],
-                        f"{m!r} does not both train and generate: only the actor has a generation layout; remove it",
-                    )
-                gen = read_layout(f"{mw}.generation", layout_in["generation"], n)
-                if not is_generation_layout(strategy, gen):
-                    raise PlanFormatError(
-                        f"{mw}.generation",
-                        layout_in["generation"],
-                        f"the hybrid engine switches {strategy.short()} only to layouts whose pp divides {strategy.pp} "
-                        f"and tp divides {strategy.tp} on the same devices",
-                    )
-            elif dataflow.generates(m) and dataflow.trained(m):
-                gen = strategy
-            choices[m] = (strategy, gen)
-        peak, costs, set_assigns, set_times = _price(mapper, at, tuple(models_in), n, choices, cluster)
-        assigns.update(set_assigns)
+        choices = _read_models(at, raw.get("models"), dataflow, specs, n, u, seen)
+        colocated, costs, set_times = _priced_set(mapper, at, raw, first, n, choices, cluster)
+        sets.append(colocated)
         call_times.update(set_times)
         level_costs.append(costs)
-        first_, counts, nodes = span(first, n, u)
-        names = tuple(m for m in dataflow.models if m in models_in)
-        sets.append(
-            ColocatedSet(str(raw.get("name") or "+".join(names)), names, first_, n, counts, nodes, assigns, peak)
+    _check_all_placed(where, dataflow, seen, sets)
+    levels = tuple(max(col) for col in zip(*level_costs))
+    sets.sort(key=lambda s: s.first_device)
+    stats = {"source": "hand-written", "name": str(values.get("name") or ""), "idle_devices": n_total - len(taken)}
+    return Plan(dataflow, cluster, workload, tuple(sets), call_times, levels, d_cost(level_costs), stats)
+
+
+def _read_devices(
+    at: str, raw: dict, next_first: int, n_total: int, taken: dict[int, int], index: int
+) -> tuple[int, int]:
+    """First device and device count of set `index`: packed after the previous set unless its
+    `first_device` says where, inside the cluster's `n_total` devices and on none another set
+    has `taken` (device -> set; this set's devices are added)."""
+    if "devices" not in raw:
+        raise PlanFormatError(f"{at}.devices", None, "give the set's device count")
+    n = whole(f"{at}.devices", raw["devices"])
+    first = whole(f"{at}.first_device", raw.get("first_device", next_first), low=0)
+    if first + n > n_total:
+        raise PlanFormatError(
+            f"{at}.devices",
+            n,
+            f"devices {first}..{first + n - 1} go beyond the {n_total} device(s) available "
+            f"(devices 0..{n_total - 1}): use fewer, or give the run more devices",
         )
+    for d in range(first, first + n):
+        if d in taken:
+            raise PlanFormatError(
+                f"{at}.first_device", first, f"device {d} is already set {taken[d]}'s: sets may not share devices"
+            )
+        taken[d] = index
+    return first, n
+
+
+def _read_models(
+    at: str,
+    models_in: Any,
+    dataflow: Dataflow,
+    specs: dict[str, ModelSpec],
+    n: int,
+    devices_per_node: int,
+    seen: dict[str, str],
+) -> dict[str, tuple[Mesh, Mesh | None]]:
+    """model -> (layout, generation layout) of the set at `at` on its `n` devices. `seen`
+    (model -> the set it is in) refuses a model placed twice; this set's models are added."""
+    if not isinstance(models_in, dict) or not models_in:
+        raise PlanFormatError(f"{at}.models", models_in, "give a mapping model -> {pp, tp, dp}")
+    choices = {}
+    for m, layout_in in models_in.items():
+        mw = f"{at}.models.{m}"
+        if m not in dataflow.models:
+            raise PlanFormatError(
+                mw,
+                layout_in,
+                f"the algorithm ({dataflow.name}) has no model {m!r} (its models: {list(dataflow.models)}); remove it",
+            )
+        if m in seen:
+            raise PlanFormatError(mw, layout_in, f"{m!r} is already placed in {seen[m]}: give each model one set")
+        seen[m] = at
+        strategy = read_layout(mw, layout_in, n)
+        _check_admits(mw, specs[m], strategy, devices_per_node)
+        choices[m] = (strategy, _read_generation(mw, m, layout_in, strategy, dataflow, n))
+    return choices
+
+
+def _read_generation(where: str, model: str, layout: dict, strategy: Mesh, dataflow: Dataflow, n: int) -> Mesh | None:
+    """The layout `model` generates in: its `generation` entry, else its training layout (a
+    model that trains and generates), else None (no switch between the two to price)."""
+    switches = dataflow.generates(model) and dataflow.trained(model)
+    if "generation" not in layout:
+        return strategy if switches else None
+    if not switches:
+        raise PlanFormatError(
+            f"{where}.generation",
+            layout["generation"],
+            f"{model!r} does not both train and generate: only the actor has a generation layout; remove it",
+        )
+    gen = read_layout(f"{where}.generation", layout["generation"], n)
+    if not is_generation_layout(strategy, gen):
+        raise PlanFormatError(
+            f"{where}.generation",
+            layout["generation"],
+            f"the hybrid engine switches {strategy.short()} only to layouts whose pp divides {strategy.pp} "
+            f"and tp divides {strategy.tp} on the same devices",
+        )
+    return gen
+
+
+def _priced_set(
+    mapper: AutoMapper, at: str, raw: dict, first: int, n: int, choices: dict, cluster: ClusterSpec
+) -> tuple[ColocatedSet, list[float], dict[str, float]]:
+    """The set at `at` with its layouts priced (`_price`), its level costs and its call times."""
+    peak, costs, assigns, call_times = _price(mapper, at, tuple(choices), n, choices, cluster)
+    names = tuple(m for m in mapper.flow.models if m in choices)  # in the dataflow's order
+    first_, counts, nodes = span(first, n, cluster.devices_per_node)
+    name = str(raw.get("name") or "+".join(names))
+    return ColocatedSet(name, names, first_, n, counts, nodes, assigns, peak), costs, call_times
+
+
+def _check_all_placed(where: str, dataflow: Dataflow, seen: dict[str, str], sets: list[ColocatedSet]) -> None:
+    """Every model of the dataflow is in some set (`seen`: model -> its set)."""
     missing = [m for m in dataflow.models if m not in seen]
     if missing:
         raise PlanFormatError(
@@ -187,10 +230,6 @@ def plan_from_dict(
             [list(s.models) for s in sets],
             f"the algorithm ({dataflow.name}) needs {missing} too: add them to a set",
         )
-    levels = tuple(max(col) for col in zip(*level_costs))
-    sets.sort(key=lambda s: s.first_device)
-    stats = {"source": "hand-written", "name": str(values.get("name") or ""), "idle_devices": n_total - len(taken)}
-    return Plan(dataflow, cluster, workload, tuple(sets), call_times, levels, d_cost(level_costs), stats)
 
 
 def _check_admits(where: str, spec: ModelSpec, s: Mesh, devices_per_node: int) -> None:
