@@ -41,7 +41,7 @@ from workbench.data.prompts import tokenize_prompts
 from workbench.deploy.profiler import Profiler
 from workbench.engines.rollout import SamplingConfig
 from workbench.models import load, make_tiny
-from workbench.planner import PlanEvaluator, Workload, cluster_preset, dataflow_preset
+from workbench.planner import PlanEvaluator, Problem, Workload, cluster_preset, dataflow_preset
 from workbench.planner.calibrate import load_calibration
 from workbench.planner.execution import DeviceRange, ExecutionPlan
 from workbench.planner.specs import ModelSpec
@@ -171,7 +171,7 @@ def estimate(
         return Mesh(1, 1, devices)
 
     plan = ExecutionPlan({c.name: (home[c.model], strategy(c)) for c in flow.calls})
-    evaluator = PlanEvaluator(flow, flow.model_specs(spec), workload, cluster, n_iterations=1)
+    evaluator = PlanEvaluator(Problem(flow, spec, workload, cluster), n_iterations=1)
     ev = evaluator.evaluate(plan)
     calls = {
         t.call: ev.schedule.end[i] - ev.schedule.start[i] for i, t in enumerate(ev.graph.tasks) if t.kind == "compute"

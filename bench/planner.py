@@ -28,6 +28,7 @@ from workbench.planner import (
     ModelDoesNotFitError,
     NoFeasiblePlanError,
     PlanSpace,
+    Problem,
     Workload,
     cluster_preset,
     dataflow_preset,
@@ -87,7 +88,8 @@ def run_case(model: str, n: int, mcmc_steps: int, chains: int) -> dict:
         "error": None,
         "mcmc": None,
     }
-    mapper = AutoMapper(flow, flow.model_specs(model), wl, cluster)
+    problem = Problem(flow, model, wl, cluster)
+    mapper = AutoMapper(problem)
     t0 = time.perf_counter()
     try:
         plan = mapper.run()
@@ -103,7 +105,7 @@ def run_case(model: str, n: int, mcmc_steps: int, chains: int) -> dict:
         except NoFeasiblePlanError:
             case["fixed"][name] = None
     if mcmc_steps:
-        space = PlanSpace(flow, flow.model_specs(model), wl, cluster, n_iterations=2)
+        space = PlanSpace(problem, n_iterations=2)
         automap_timecost = space.evaluator.evaluate(plan.to_execution_plan()).time
         r = multi_chain(space, tuple(range(chains)), max_steps=mcmc_steps, tolerance=0.05)
         case["mcmc"] = {

@@ -54,7 +54,7 @@ from workbench import (
     tokenize_prompts,
 )
 from workbench.models import load, make_tiny
-from workbench.planner import AutoMapper
+from workbench.planner import AutoMapper, Problem
 
 MOVES = (
     [("max_new_tokens", v) for v in (16, 64, 128, 256, 32)]
@@ -91,7 +91,7 @@ def slider_latency(rounds: int) -> dict:
             flow = dataflow_for(s.algorithm)
             wl = workload_for(s)
             t0 = time.perf_counter()
-            AutoMapper(flow, flow.model_specs(model_specs(s, flow.models)), wl, cluster_for(s)).run()
+            AutoMapper(Problem(flow, model_specs(s, flow.models), wl, cluster_for(s))).run()
             bare.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             explorer.png()

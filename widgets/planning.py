@@ -29,6 +29,7 @@ from workbench.planner import (
     ModelDoesNotFitError,
     Plan,
     PlannerError,
+    Problem,
     Workload,
     automap_async,
     cluster_preset,
@@ -166,18 +167,18 @@ def estimate(s: Scenario) -> Estimate:
     cluster = cluster_for(s)
     workload = workload_for(s)
     checks.whole("Scenario", "max_staleness", s.max_staleness, low=0, fix="use 0 (synchronous), 1, 2, ...")
-    specs = flow.model_specs(model_specs(s, flow.models))
-    mapper = AutoMapper(flow, specs, workload, cluster)
+    problem = Problem(flow, model_specs(s, flow.models), workload, cluster)
+    mapper = AutoMapper(problem)
     plan: Plan
     try:
         mapper.check_each_model_fits()
         if s.placement == "async split":
-            plan = automap_async(flow, specs, workload, cluster, s.max_staleness)
+            plan = automap_async(problem, s.max_staleness)
         elif s.placement == "auto":
             plan = mapper.run()
             if s.max_staleness:
                 try:
-                    split = automap_async(flow, specs, workload, cluster, s.max_staleness)
+                    split = automap_async(problem, s.max_staleness)
                     plan = split if split.iteration_time < plan.iteration_time else plan
                 except PlannerError:  # no split fits: the synchronous plan stands
                     pass

@@ -7,6 +7,7 @@ import pytest
 from workbench.planner import (
     AsyncPlan,
     AutoMapper,
+    Problem,
     Workload,
     automap,
     automap_async,
@@ -28,7 +29,7 @@ def workload(max_new_tokens: int) -> Workload:
 
 
 def test_an_async_plan_is_the_slower_side_plus_the_push_of_its_sets():
-    plan = automap_async(GRPO, "llama2-7b", workload(1024), H100, max_staleness=1)
+    plan = automap_async(Problem(GRPO, "llama2-7b", workload(1024), H100), max_staleness=1)
     assert isinstance(plan, AsyncPlan)
     rollout = plan.set_of("rollout")
     assert rollout.models == ("rollout",) and plan.set_of("actor") is not rollout
@@ -63,7 +64,7 @@ def test_on_shared_cores_both_sides_of_an_async_plan_slow_each_other():
     by `Sharing`; the same sets on as many cores as devices are faster."""
     flow, wl = dataflow_preset("grpo"), Workload.tiny()
     shared = dataclasses.replace(cluster_preset("local", 4), cores_per_node=2.0)
-    plan = automap_async(flow, "tiny-10m", wl, shared, max_staleness=1)
+    plan = automap_async(Problem(flow, "tiny-10m", wl, shared), max_staleness=1)
     rollout = plan.set_of("rollout")
     trainer_devices = sum(s.n_devices for s in plan.sets if s is not rollout)
     assert plan.sharing == Sharing(2.0, trainer_devices, rollout.n_devices)
@@ -74,12 +75,14 @@ def test_on_shared_cores_both_sides_of_an_async_plan_slow_each_other():
     )
     assert plan.iteration_time > max(plan.generation_time, plan.trainer_time) + plan.push_time  # they slow each other
     assert plan.with_staleness(1).iteration_time == pytest.approx(plan.iteration_time)
-    roomy = automap_async(flow, "tiny-10m", wl, dataclasses.replace(shared, cores_per_node=None), max_staleness=1)
+    roomy = automap_async(
+        Problem(flow, "tiny-10m", wl, dataclasses.replace(shared, cores_per_node=None)), max_staleness=1
+    )
     assert roomy.sharing is None and roomy.iteration_time < plan.iteration_time
 
 
 def test_staleness_zero_plans_the_synchronous_split():
-    plan = automap_async(GRPO, "llama2-7b", workload(1024), H100, max_staleness=0)
+    plan = automap_async(Problem(GRPO, "llama2-7b", workload(1024), H100), max_staleness=0)
     assert plan.iteration_time == pytest.approx(plan.synchronous_time)
     assert plan.iteration_time == pytest.approx(
         steady_iteration(plan.generation_time, plan.trainer_time, plan.push_time, 0)
@@ -89,7 +92,7 @@ def test_staleness_zero_plans_the_synchronous_split():
 def test_the_comparison_with_colocation_flips_where_the_numbers_say():
     verdicts = {}
     for max_new_tokens in (128, 1024, 4096):
-        cmp = compare_async(GRPO, "llama2-7b", workload(max_new_tokens), H100, max_staleness=1)
+        cmp = compare_async(Problem(GRPO, "llama2-7b", workload(max_new_tokens), H100), max_staleness=1)
         assert cmp.colocated is not None and cmp.asynchronous is not None
         faster = cmp.asynchronous.iteration_time < cmp.colocated.iteration_time
         assert cmp.beats_colocation == faster
@@ -102,24 +105,25 @@ def test_the_comparison_with_colocation_flips_where_the_numbers_say():
 
 def test_automap_takes_the_async_plan_only_when_asked_and_faster():
     wl = workload(1024)
-    sync = automap(GRPO, "llama2-7b", wl, H100)
+    problem = Problem(GRPO, "llama2-7b", wl, H100)
+    sync = automap(problem)
     assert not isinstance(sync, AsyncPlan)  # unchanged by default
-    best = automap(GRPO, "llama2-7b", wl, H100, max_staleness=1)
+    best = automap(problem, max_staleness=1)
     assert isinstance(best, AsyncPlan) and best.iteration_time < sync.iteration_time
     short = workload(128)
-    assert not isinstance(automap(GRPO, "llama2-7b", short, H100, max_staleness=1), AsyncPlan)
+    assert not isinstance(automap(Problem(GRPO, "llama2-7b", short, H100), max_staleness=1), AsyncPlan)
     one = cluster_preset("h100", 1)  # no room for a rollout pool: the synchronous plan stands
-    assert not isinstance(automap(GRPO, "tiny-1m", Workload.tiny(), one, max_staleness=1), AsyncPlan)
+    assert not isinstance(automap(Problem(GRPO, "tiny-1m", Workload.tiny(), one), max_staleness=1), AsyncPlan)
 
 
 def test_run_async_needs_a_rollout_role():
-    mapper = AutoMapper(GRPO, GRPO.model_specs("tiny-1m"), Workload.tiny(), cluster_preset("local", 4))
+    mapper = AutoMapper(Problem(GRPO, "tiny-1m", Workload.tiny(), cluster_preset("local", 4)))
     with pytest.raises(Exception, match="rollout role"):
         mapper.run_async(1)
 
 
 def test_the_async_table_and_bars_show_one_steady_iteration():
-    plan = automap_async(GRPO, "llama2-7b", workload(1024), H100, max_staleness=1)
+    plan = automap_async(Problem(GRPO, "llama2-7b", workload(1024), H100), max_staleness=1)
     text = plan.table()
     assert "asynchronous, max_staleness 1" in text and f"{plan.iteration_time:.2f}s per iteration" in text
     bars = plan.gantt()
@@ -199,7 +203,7 @@ def test_bench_estimates_put_the_four_placements_on_one_cost_model():
 @pytest.mark.parametrize("allocation", ["aligned", "free"])
 def test_async_plans_on_two_machines_pack_their_sets_apart(allocation):
     cluster = cluster_preset("a100_80g", 32)
-    plan = automap_async(dataflow_preset("ppo"), "llama2-7b", Workload(), cluster, 1, allocation=allocation)
+    plan = automap_async(Problem(dataflow_preset("ppo"), "llama2-7b", Workload(), cluster), 1, allocation=allocation)
     devices = [d for s in plan.sets for d in s.devices]
     assert len(devices) == len(set(devices)) and plan.set_of("rollout").n_devices >= 1
     assert plan.iteration_time == pytest.approx(max(plan.generation_time, plan.trainer_time) + plan.push_time)

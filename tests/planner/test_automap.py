@@ -5,6 +5,7 @@ import pytest
 from workbench.planner import (
     ModelDoesNotFitError,
     NoFeasiblePlanError,
+    Problem,
     Workload,
     automap,
     cluster_preset,
@@ -56,7 +57,7 @@ def test_d_cost_hand_made():
 
 def test_set_stage_costs_add_inside_a_colocated_set():
     flow = dataflow_preset("ppo")
-    m = AutoMapper(flow, flow.model_specs("tiny-10m"), Workload.tiny(), cluster_preset("local"))
+    m = AutoMapper(Problem(flow, "tiny-10m", Workload.tiny(), cluster_preset("local")))
     both = m.set_cost(("critic", "reward"), 2)[0]
     critic = m.set_cost(("critic",), 2)[0]
     reward = m.set_cost(("reward",), 2)[0]
@@ -67,7 +68,7 @@ def test_set_stage_costs_add_inside_a_colocated_set():
 def test_automap_small_case_is_exhaustive_over_placements_and_allocations():
     flow = dataflow_preset("ppo")
     cluster = cluster_preset("local")  # 4 devices
-    plan = automap(flow, "tiny-10m", Workload.tiny(), cluster)
+    plan = automap(Problem(flow, "tiny-10m", Workload.tiny(), cluster))
     assert plan.stats["placements"] == 15
     # Every placement's allocations: sum over partitions of C(4-1, k-1).
     expected = sum(math.comb(3, len(p) - 1) for p in set_partitions(flow.models))
@@ -76,7 +77,7 @@ def test_automap_small_case_is_exhaustive_over_placements_and_allocations():
     assert plan.iteration_time == pytest.approx(sum(plan.level_times))
     assert plan.peak_memory <= cluster.device_memory
     # Best by brute force over the same cost tables.
-    m = AutoMapper(flow, flow.model_specs("tiny-10m"), Workload.tiny(), cluster)
+    m = AutoMapper(Problem(flow, "tiny-10m", Workload.tiny(), cluster))
     brute = min(
         d_cost([m.set_cost(p, a)[0] for p, a in zip(part, alloc)])
         for part in set_partitions(flow.models)
@@ -86,7 +87,7 @@ def test_automap_small_case_is_exhaustive_over_placements_and_allocations():
 
 
 def test_actor_generation_layout_divides_training_layout():
-    plan = automap(dataflow_preset("ppo"), "llama2-7b", Workload(), cluster_preset("a100_80g", 16))
+    plan = automap(Problem(dataflow_preset("ppo"), "llama2-7b", Workload(), cluster_preset("a100_80g", 16)))
     a = plan.set_of("actor").assignments["actor"]
     assert a.generation is not None
     assert a.strategy.pp % a.generation.pp == 0 and a.strategy.tp % a.generation.tp == 0
@@ -98,7 +99,7 @@ def test_actor_generation_layout_divides_training_layout():
 
 def test_strategy_cache_is_per_model_and_device_count():
     flow = dataflow_preset("ppo")
-    m = AutoMapper(flow, flow.model_specs("llama2-7b"), Workload(), cluster_preset("a100_80g", 8))
+    m = AutoMapper(Problem(flow, "llama2-7b", Workload(), cluster_preset("a100_80g", 8)))
     m.run()
     assert all(isinstance(k, tuple) and len(k) == 2 for k in m._layouts)
     assert len(m._layouts) <= 4 * 8
@@ -106,7 +107,7 @@ def test_strategy_cache_is_per_model_and_device_count():
 
 def test_model_that_cannot_fit_names_model_and_shortfall():
     with pytest.raises(ModelDoesNotFitError) as e:
-        automap(dataflow_preset("ppo"), "llama2-70b", Workload(), cluster_preset("a100_80g", 8))
+        automap(Problem(dataflow_preset("ppo"), "llama2-70b", Workload(), cluster_preset("a100_80g", 8)))
     err = e.value
     assert err.model == "actor" and err.short_bytes > 0
     assert "'actor'" in str(err) and "short by" in str(err) and "GiB" in str(err)
@@ -114,4 +115,4 @@ def test_model_that_cannot_fit_names_model_and_shortfall():
 
 def test_models_that_fit_alone_but_not_together():
     with pytest.raises(NoFeasiblePlanError, match="least devices per model"):
-        automap(dataflow_preset("ppo"), "llama2-70b", Workload(), cluster_preset("a100_80g", 32))
+        automap(Problem(dataflow_preset("ppo"), "llama2-70b", Workload(), cluster_preset("a100_80g", 32)))

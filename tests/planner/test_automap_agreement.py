@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from workbench.planner import Workload, cluster_preset, dataflow_preset
+from workbench.planner import Problem, Workload, cluster_preset, dataflow_preset
 from workbench.planner.automap import AutoMapper
 from workbench.planner.execution import PlanEvaluator
 
@@ -25,8 +25,9 @@ def _both(flow_name, model, cluster, wl):
     """(automap estimate, TimeCost of the same plan over one iteration) for the colocated and
     the actor-apart placements."""
     flow = dataflow_preset(flow_name)
-    mapper = AutoMapper(flow, flow.model_specs(model), wl, cluster)
-    evaluator = PlanEvaluator(flow, flow.model_specs(model), wl, cluster, n_iterations=1)
+    problem = Problem(flow, model, wl, cluster)
+    mapper = AutoMapper(problem)
+    evaluator = PlanEvaluator(problem, n_iterations=1)
     models = flow.models
     out = []
     for placement in [(tuple(models),), ((models[0],), tuple(models[1:]))]:

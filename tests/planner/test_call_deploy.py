@@ -21,7 +21,7 @@ from workbench.engines.rollout import SamplingConfig
 from workbench.mesh import Mesh
 from workbench.models import load, make_tiny
 from workbench.models.value import load_value_model
-from workbench.planner import DeviceRange, ExecutionPlan, PlannerError, dataflow_preset
+from workbench.planner import DeviceRange, ExecutionPlan, PlannerError, Problem, dataflow_preset
 from workbench.planner.call_groups import plan_groups, runtime_refusal
 from workbench.workers import ActorConfig, ActorRolloutRefWorker
 from workbench.workers.critic import CriticConfig, CriticWorker
@@ -115,14 +115,9 @@ def test_a_searched_plan_deploys_and_runs(session, kit):
     from workbench.planner.call_groups import runtime_refusal
 
     space = PlanSpace(
-        PPO_FLOW,
-        PPO_FLOW.model_specs("tiny-1m"),
-        Workload.tiny(),
-        cluster_preset("local", 2),
+        Problem(PPO_FLOW, "tiny-1m", Workload.tiny(), cluster_preset("local", 2), max_tp=1, max_pp=1),
         meshes=[D0, D1],
         runnable=True,
-        max_tp=1,
-        max_pp=1,
     )
     plan = multi_chain(space, (0, 1), max_steps=300).plan
     assert runtime_refusal(plan, PPO_FLOW) is None

@@ -9,14 +9,14 @@ from workbench.deploy import deploy_plan, plan_pools
 from workbench.engines.rollout import SamplingConfig
 from workbench.errors import ConfigError
 from workbench.models import load, make_tiny
-from workbench.planner import PlannerError, Workload, automap, cluster_preset, dataflow_preset
+from workbench.planner import PlannerError, Problem, Workload, automap, cluster_preset, dataflow_preset
 from workbench.workers import ActorConfig, ActorRolloutRefWorker
 from workbench.workers.critic import CriticConfig, CriticWorker
 from workbench.workers.reward import RewardModelWorker, ScoreModelConfig
 
 
 def test_plan_pools_creates_the_planned_placement(session):
-    plan = automap(dataflow_preset("ppo"), "llama2-13b", Workload(), cluster_preset("a100_80g", 8))
+    plan = automap(Problem(dataflow_preset("ppo"), "llama2-13b", Workload(), cluster_preset("a100_80g", 8)))
     layouts = plan_pools(plan, session)
     assert set(layouts) == {"actor", "critic", "reference", "reward"}
     for colocated in plan.sets:
@@ -34,7 +34,7 @@ def test_plan_pools_creates_the_planned_placement(session):
 
 
 def local_plan(**limits):
-    return automap(dataflow_preset("ppo"), "tiny-1m", Workload.tiny(), cluster_preset("local", 4), **limits)
+    return automap(Problem(dataflow_preset("ppo"), "tiny-1m", Workload.tiny(), cluster_preset("local", 4), **limits))
 
 
 def test_deploy_starts_a_group_per_model_and_fuses_equal_layouts(session):
@@ -52,7 +52,7 @@ def test_deploy_refuses_before_reserving_anything(session):
     plan = local_plan(max_tp=1, max_pp=1)
     with pytest.raises(PlannerError, match=r"missing \['critic'\]"):
         deploy_plan(plan, session, {m: (EchoWorker, None) for m in plan.dataflow.models if m != "critic"})
-    tp_plan = automap(dataflow_preset("ppo"), "llama2-13b", Workload(), cluster_preset("a100_80g", 8))
+    tp_plan = automap(Problem(dataflow_preset("ppo"), "llama2-13b", Workload(), cluster_preset("a100_80g", 8)))
     fsdp = {m: (EchoWorker, CriticConfig(model_path="/not/read/before/the/layout")) for m in tp_plan.dataflow.models}
     with pytest.raises(ConfigError, match="data parallelism only"):
         deploy_plan(tp_plan, session, fsdp)
@@ -62,7 +62,9 @@ def test_deploy_refuses_before_reserving_anything(session):
 def test_a_tensor_parallel_plan_deploys_and_runs(session, tmp_path):
     """The planner puts the 10M actor and critic on p1t2d2 on 4 local devices: the plan starts
     for real, the actor generates through the hybrid engine and its critic scores."""
-    plan = automap(dataflow_preset("ppo"), "tiny-10m", Workload.tiny(), cluster_preset("local", 4), max_tp=4, max_pp=1)
+    plan = automap(
+        Problem(dataflow_preset("ppo"), "tiny-10m", Workload.tiny(), cluster_preset("local", 4), max_tp=4, max_pp=1)
+    )
     actor = plan.set_of("actor").assignments["actor"]
     assert actor.strategy.tp > 1, f"the planner no longer picks tensor parallelism here: {actor.strategy}"
     model = str(make_tiny("10m", tmp_path / "m10"))

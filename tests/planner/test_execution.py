@@ -10,6 +10,7 @@ from workbench.planner import (
     ExecutionPlan,
     NoMeshError,
     PlanEvaluator,
+    Problem,
     Workload,
     cluster_preset,
     dataflow_preset,
@@ -65,9 +66,7 @@ def test_consecutive_iterations_overlap_when_dependencies_allow(tiny_workload):
     # the score of one iteration runs beside the actor's calls of the same or the next one.
     flow = _scored_beside_training()
     cluster = cluster_preset("local")
-    ev = PlanEvaluator(
-        flow, flow.model_specs("tiny-10m"), tiny_workload, cluster, n_iterations=2, overlap_iterations=True
-    )
+    ev = PlanEvaluator(Problem(flow, "tiny-10m", tiny_workload, cluster), n_iterations=2, overlap_iterations=True)
     p2 = Mesh(1, 1, 2)
     plan = ExecutionPlan(
         {"gen": (DeviceRange(0, 2), p2), "train": (DeviceRange(0, 2), p2), "score": (DeviceRange(2, 2), p2)}
@@ -107,10 +106,9 @@ def test_a_synchronous_step_ends_before_the_next_one_starts(tiny_workload):
             "score": (DeviceRange(3, 1), S1),
         }
     )
-    sync = PlanEvaluator(flow, specs, tiny_workload, cluster, n_iterations=2).evaluate(plan)
-    overlapped = PlanEvaluator(flow, specs, tiny_workload, cluster, n_iterations=2, overlap_iterations=True).evaluate(
-        plan
-    )
+    problem = Problem(flow, specs, tiny_workload, cluster)
+    sync = PlanEvaluator(problem, n_iterations=2).evaluate(plan)
+    overlapped = PlanEvaluator(problem, n_iterations=2, overlap_iterations=True).evaluate(plan)
     tasks, start, end = sync.graph.tasks, sync.schedule.start, sync.schedule.end
     last_of_0 = max(end[i] for i, t in enumerate(tasks) if t.iteration == 0)
     first_of_1 = min(start[i] for i, t in enumerate(tasks) if t.iteration == 1)
@@ -124,7 +122,7 @@ def test_a_synchronous_step_ends_before_the_next_one_starts(tiny_workload):
 
 def test_parameter_transfer_when_layouts_differ(tiny_workload):
     flow = _two_model_flow()
-    ev = PlanEvaluator(flow, flow.model_specs("tiny-10m"), tiny_workload, cluster_preset("local"), n_iterations=2)
+    ev = PlanEvaluator(Problem(flow, "tiny-10m", tiny_workload, cluster_preset("local")), n_iterations=2)
     plan = ExecutionPlan(
         {
             "gen": (DeviceRange(0, 4), Mesh(1, 1, 4)),
@@ -156,7 +154,7 @@ def test_a_critics_replica_is_priced_as_its_reallocation_from_every_home_rank(ti
     runtime's WeightLink for FSDP critics), every home rank sending its share of the copy's
     ranks, so a two-rank home sends half of what a one-rank home sends to a two-rank copy."""
     flow = dataflow_preset("ppo")
-    ev = PlanEvaluator(flow, flow.model_specs("tiny-10m"), tiny_workload, cluster_preset("local", 4), n_iterations=1)
+    ev = PlanEvaluator(Problem(flow, "tiny-10m", tiny_workload, cluster_preset("local", 4)), n_iterations=1)
     layouts = {c.name: (DeviceRange(0, 2), Mesh(1, 1, 2)) for c in flow.calls}
     layouts["values"] = (DeviceRange(2, 2), Mesh(1, 1, 2))
     [task] = [x for x in ev.evaluate(ExecutionPlan(layouts)).graph.tasks if x.kind == "param"]
@@ -169,7 +167,7 @@ def test_a_critics_replica_is_priced_as_its_reallocation_from_every_home_rank(ti
     assert one - two == pytest.approx(sends - gathers)
     # A DeepSpeed critic's replica takes the broadcast (reallocation reads FSDP and "3d" homes).
     deepspeed = dataclasses.replace(tiny_workload, broadcast_homes=("critic",))
-    ev = PlanEvaluator(flow, flow.model_specs("tiny-10m"), deepspeed, cluster_preset("local", 4), n_iterations=1)
+    ev = PlanEvaluator(Problem(flow, "tiny-10m", deepspeed, cluster_preset("local", 4)), n_iterations=1)
     [task] = [x for x in ev.evaluate(ExecutionPlan(layouts)).graph.tasks if x.kind == "param"]
     assert task.name == "push critic->d2-3@0"
     assert task.cost == pytest.approx(ev.sim.weight_push_time(spec, Mesh(1, 1, 2), copy, False))
@@ -180,7 +178,7 @@ def test_a_tensor_parallel_replica_is_kept_and_priced_as_its_reallocation(tiny_w
     it (its pieces are static memory there) and reallocates into it after each update; the
     busiest home rank sends what the runtime's transfer plan gives it (`realloc_bytes`)."""
     flow = dataflow_preset("ppo")
-    ev = PlanEvaluator(flow, flow.model_specs("tiny-10m"), tiny_workload, cluster_preset("local", 4), n_iterations=1)
+    ev = PlanEvaluator(Problem(flow, "tiny-10m", tiny_workload, cluster_preset("local", 4)), n_iterations=1)
     layouts = {c.name: (DeviceRange(0, 2), Mesh(1, 1, 2)) for c in flow.calls}
     layouts["values"] = (DeviceRange(2, 2), Mesh(1, 2, 1))
     plan = ExecutionPlan(layouts)
@@ -220,7 +218,7 @@ def test_a_rollout_group_is_priced_as_the_workload_moves_its_weights(tiny_worklo
     trainer = copy = Mesh(1, 1, 2)
 
     def push(workload, specs=None):
-        ev = PlanEvaluator(flow, specs or flow.model_specs("tiny-10m"), workload, cluster_preset("local", 4), 1)
+        ev = PlanEvaluator(Problem(flow, specs or "tiny-10m", workload, cluster_preset("local", 4)), 1)
         [task] = [x for x in ev.evaluate(ExecutionPlan(layouts)).graph.tasks if x.kind == "param"]
         return task, ev.sim, ev.specs["actor"]
 
@@ -266,7 +264,7 @@ def test_a_frozen_models_copy_moves_nothing_per_iteration(tiny_workload):
     """A frozen model's second call elsewhere reads a copy loaded once: no per-iteration move,
     whatever its layout; a trained model's copy is pushed every iteration."""
     flow = _scored_twice()
-    ev = PlanEvaluator(flow, flow.model_specs("tiny-10m"), tiny_workload, cluster_preset("local", 4), n_iterations=2)
+    ev = PlanEvaluator(Problem(flow, "tiny-10m", tiny_workload, cluster_preset("local", 4)), n_iterations=2)
     layouts = {c.name: (DeviceRange(0, 2), Mesh(1, 1, 2)) for c in flow.calls}
     layouts["rescore"] = (DeviceRange(2, 2), Mesh(1, 2, 1))
     assert not [x for x in ev.evaluate(ExecutionPlan(layouts)).graph.tasks if x.kind == "param"]
@@ -281,7 +279,7 @@ def test_the_copies_the_runtime_keeps_are_static_memory(tiny_workload):
     moves into holds its weights for the call alone."""
     flow = _scored_twice()
     specs = flow.model_specs("tiny-10m")
-    ev = PlanEvaluator(flow, specs, tiny_workload, cluster_preset("local", 4))
+    ev = PlanEvaluator(Problem(flow, specs, tiny_workload, cluster_preset("local", 4)))
     home, apart = (DeviceRange(0, 2), Mesh(1, 1, 2)), (DeviceRange(2, 2), Mesh(1, 1, 2))
     colocated = ExecutionPlan({c.name: home for c in flow.calls})
     static0, dyn0, _ = ev.memory(colocated)
@@ -301,7 +299,7 @@ def test_the_copies_the_runtime_keeps_are_static_memory(tiny_workload):
 def test_max_mem_and_oom_penalty():
     flow = dataflow_preset("ppo")
     cluster = cluster_preset("a100_80g", 8)
-    ev = PlanEvaluator(flow, flow.model_specs("llama2-7b"), Workload(), cluster)
+    ev = PlanEvaluator(Problem(flow, "llama2-7b", Workload(), cluster))
     one = ExecutionPlan({c.name: (DeviceRange(0, 1), S1) for c in flow.calls})
     r = ev.evaluate(one)
     assert r.oom and r.max_mem > cluster.device_memory
@@ -316,8 +314,9 @@ def test_automap_plan_scores_as_execution_plan():
 
     flow = dataflow_preset("ppo")
     cluster = cluster_preset("a100_80g", 16)
-    plan = automap(flow, "llama2-7b", Workload(), cluster)
-    ev = PlanEvaluator(flow, flow.model_specs("llama2-7b"), Workload(), cluster, n_iterations=1)
+    problem = Problem(flow, "llama2-7b", Workload(), cluster)
+    plan = automap(problem)
+    ev = PlanEvaluator(problem, n_iterations=1)
     r = ev.evaluate(plan.to_execution_plan())
     assert not r.oom
     # One iteration, no cross-iteration overlap: TimeCost cannot exceed the stage model.
@@ -335,8 +334,7 @@ def test_driver_stage_and_dispatch_are_tasks_of_the_iteration(tiny_workload):
     slow = dataclasses.replace(base, call_overhead=0.01, driver_bandwidth=1e8)
     one = ExecutionPlan({c.name: (DeviceRange(0, 1), S1) for c in flow.calls})
     evs = [
-        PlanEvaluator(flow, flow.model_specs("tiny-10m"), tiny_workload, c, n_iterations=1).evaluate(one)
-        for c in (base, slow)
+        PlanEvaluator(Problem(flow, "tiny-10m", tiny_workload, c), n_iterations=1).evaluate(one) for c in (base, slow)
     ]
     kinds = [t.kind for t in evs[1].graph.tasks]
     assert kinds.count("driver") == 1 and kinds.count("dispatch") == len(flow.calls)
@@ -354,7 +352,7 @@ def test_a_generation_layout_on_the_trained_models_devices_costs_the_hybrid_engi
     # reallocation into a copy; on other devices, or at a layout it cannot switch to, it is one.
     flow = dataflow_preset("ppo")
     cluster = cluster_preset("a100_80g", 16)
-    ev = PlanEvaluator(flow, flow.model_specs("llama2-7b"), Workload(), cluster, n_iterations=1)
+    ev = PlanEvaluator(Problem(flow, "llama2-7b", Workload(), cluster), n_iterations=1)
     spec, everywhere, train = ev.specs["actor"], DeviceRange(0, 16), Mesh(1, 8, 2)
 
     def param_task(gen_mesh, gen):

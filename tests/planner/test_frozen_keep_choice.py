@@ -7,7 +7,7 @@ import pytest
 
 from workbench import Mesh
 from workbench.deploy import deploy_plan
-from workbench.planner import PlannerError, Simulator, Workload, automap, cluster_preset, dataflow_preset
+from workbench.planner import PlannerError, Problem, Simulator, Workload, automap, cluster_preset, dataflow_preset
 from workbench.planner.automap import automap_async
 from workbench.planner.memory import static_memory
 from workbench.planner.search import search
@@ -21,10 +21,10 @@ def keeps(model: str, devices: int) -> dict:
     times = {}
     for keep in ("whole", "sharded", "host"):
         try:
-            times[keep] = automap(PPO, model, Workload(frozen_keep=keep), cluster).iteration_time
+            times[keep] = automap(Problem(PPO, model, Workload(frozen_keep=keep), cluster)).iteration_time
         except PlannerError:
             times[keep] = None
-    return times, automap(PPO, model, Workload(frozen_keep="auto"), cluster)
+    return times, automap(Problem(PPO, model, Workload(frozen_keep="auto"), cluster))
 
 
 def test_host_memory_makes_a_placement_fit_that_no_device_keep_does():
@@ -46,15 +46,15 @@ def test_the_fastest_keep_wins_and_a_tie_keeps_the_weights_whole():
 
 def test_where_no_keep_fits_the_whole_keeps_refusal_is_raised():
     with pytest.raises(PlannerError, match="no placement fits"):
-        automap(PPO, "llama2-70b", Workload(frozen_keep="auto"), cluster_preset("a100_80g", 32))
+        automap(Problem(PPO, "llama2-70b", Workload(frozen_keep="auto"), cluster_preset("a100_80g", 32)))
 
 
 def test_the_search_chooses_a_keep_too():
     cluster = cluster_preset("a100_80g", 16)
     fast = dict(max_steps=40, seeds=(0,))
-    result = search(PPO, "llama2-34b", Workload(frozen_keep="auto"), cluster, **fast)
+    result = search(Problem(PPO, "llama2-34b", Workload(frozen_keep="auto"), cluster), **fast)
     assert result.workload.frozen_keep == "host" and not result.evaluation.oom  # the only keep that fits, as above
-    assert search(PPO, "llama2-34b", Workload(frozen_keep="whole"), cluster, **fast).evaluation.oom
+    assert search(Problem(PPO, "llama2-34b", Workload(frozen_keep="whole"), cluster), **fast).evaluation.oom
 
 
 def test_a_simulator_prices_one_keep_not_a_choice():
@@ -63,7 +63,7 @@ def test_a_simulator_prices_one_keep_not_a_choice():
     with pytest.raises(ValueError, match="frozen_keep='auto' is a choice"):  # the memory model on its own
         static_memory(PPO.model_specs("llama2-7b")["reference"], Mesh(1, 1, 8), False, "full", "auto")
     # The asynchronous auto-mapper chooses too.
-    split = automap_async(PPO, "llama2-34b", Workload(frozen_keep="auto"), cluster_preset("a100_80g", 24))
+    split = automap_async(Problem(PPO, "llama2-34b", Workload(frozen_keep="auto"), cluster_preset("a100_80g", 24)))
     assert split.workload.frozen_keep in ("whole", "sharded", "host")
 
 
@@ -71,7 +71,7 @@ def test_deploying_a_plan_refuses_frozen_models_that_keep_more_than_it_counted()
     from workbench import ActorConfig, ActorRolloutRefWorker, RewardModelWorker, ScoreModelConfig
     from workbench.deploy.plans import check_frozen_keeps
 
-    plan = automap(PPO, "llama2-34b", Workload(frozen_keep="auto"), cluster_preset("a100_80g", 16))
+    plan = automap(Problem(PPO, "llama2-34b", Workload(frozen_keep="auto"), cluster_preset("a100_80g", 16)))
     reference = ActorConfig("m", train=False, rollout=None, reference=True)
     workers = {
         "actor": (ActorRolloutRefWorker, ActorConfig("m")),

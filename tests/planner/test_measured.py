@@ -2,7 +2,7 @@
 
 import pytest
 
-from workbench.planner import Workload, cluster_preset, dataflow_preset, mcmc
+from workbench.planner import Problem, Workload, cluster_preset, dataflow_preset, mcmc
 from workbench.planner.measured import (
     call_spans,
     check_table,
@@ -66,7 +66,7 @@ def test_compare_rounds_and_keeps_the_measured_order():
 
 def test_the_estimate_per_call_is_one_iterations_compute_and_dispatch():
     flow = dataflow_preset("ppo")
-    space = PlanSpace(flow, flow.model_specs("tiny-1m"), Workload.tiny(), cluster_preset("local", 2))
+    space = PlanSpace(Problem(flow, "tiny-1m", Workload.tiny(), cluster_preset("local", 2)))
     evaluation = mcmc(space, max_steps=50, seed=0).evaluation
     estimated = estimated_call_seconds(evaluation)
     assert set(estimated) == {c.name for c in flow.calls}

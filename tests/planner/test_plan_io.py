@@ -6,6 +6,7 @@ import yaml
 
 from workbench.planner import (
     PlanFormatError,
+    Problem,
     Workload,
     automap,
     cluster_preset,
@@ -46,7 +47,7 @@ def one_each(**overrides):
     ],
 )
 def test_round_trip_of_automapped_plans(flow, model, cluster):
-    plan = automap(flow, model, WL if model.startswith("tiny") else Workload(), cluster)
+    plan = automap(Problem(flow, model, WL if model.startswith("tiny") else Workload(), cluster))
     values = plan.to_dict("p")
     back = plan_from_dict(yaml.safe_load(yaml.safe_dump(values)), flow, flow.model_specs(model), plan.workload, cluster)
     assert back.to_dict("p") == values

@@ -10,6 +10,7 @@ import pytest
 from workbench.planner import (
     ModelDoesNotFitError,
     NoFeasiblePlanError,
+    Problem,
     Workload,
     automap,
     cluster_preset,
@@ -33,7 +34,7 @@ def grid():
         if n == 128 and model not in (MODELS[0], MODELS[-1]):
             continue
         try:
-            out[model, n] = automap(FLOW, model, Workload(), cluster_preset("a100_80g", n))
+            out[model, n] = automap(Problem(FLOW, model, Workload(), cluster_preset("a100_80g", n)))
         except (ModelDoesNotFitError, NoFeasiblePlanError):
             out[model, n] = None
     return out
@@ -136,7 +137,7 @@ def _fits_at_common_layout(mapper, models, n):
 
 @pytest.mark.parametrize("model", ["llama2-7b", "llama2-13b", "llama2-34b"])
 def test_a_set_that_fits_at_a_common_layout_is_never_infeasible(model):
-    mapper = AutoMapper(FLOW, FLOW.model_specs(model), Workload(), cluster_preset("a100_80g", 32))
+    mapper = AutoMapper(Problem(FLOW, model, Workload(), cluster_preset("a100_80g", 32)))
     fitting = 0
     for k in (1, 2, 3, 4):
         for models in itertools.combinations(FLOW.models, k):
@@ -150,7 +151,7 @@ def test_a_set_that_fits_at_a_common_layout_is_never_infeasible(model):
 
 def test_seven_b_all_colocated_on_sixteen_fits():
     # The example: all four 7B models at p1t8d2 need about 23 GB per device.
-    mapper = AutoMapper(FLOW, FLOW.model_specs("llama2-7b"), Workload(), cluster_preset("a100_80g", 16))
+    mapper = AutoMapper(Problem(FLOW, "llama2-7b", Workload(), cluster_preset("a100_80g", 16)))
     result = mapper.set_cost(FLOW.models, 16)
     assert result is not None and result[2] <= 80e9
 
@@ -158,7 +159,7 @@ def test_seven_b_all_colocated_on_sixteen_fits():
 def test_actor_layouts_are_chosen_with_generation():
     # 7B actor alone on 8 GPUs: the pair minimises train + generation + switch, so its time
     # is no worse than any single (training, generation) pair's.
-    mapper = AutoMapper(FLOW, FLOW.model_specs("llama2-7b"), Workload(), cluster_preset("a100_80g", 8))
+    mapper = AutoMapper(Problem(FLOW, "llama2-7b", Workload(), cluster_preset("a100_80g", 8)))
     stages, choices, _ = mapper.set_cost(("actor",), 8)
     best = choices["actor"].time
     q = mapper.cluster.device_memory
@@ -172,11 +173,11 @@ def test_actor_layouts_are_chosen_with_generation():
 def test_free_allocation_is_still_available_and_monotone():
     costs = []
     for n in (8, 16, 32):
-        plan = automap(FLOW, "llama2-7b", Workload(), cluster_preset("a100_80g", n), allocation="free")
+        plan = automap(Problem(FLOW, "llama2-7b", Workload(), cluster_preset("a100_80g", n)), allocation="free")
         assert plan.stats["allocation_policy"] == "free"
         costs.append(plan.iteration_time)
         # Free splits may cut across machine boundaries; the aligned default never does.
         assert sum(plan.allocation) <= n
     assert costs == sorted(costs, reverse=True)
     with pytest.raises(ValueError, match="allocation='odd'"):
-        automap(FLOW, "llama2-7b", Workload(), cluster_preset("a100_80g", 8), allocation="odd")
+        automap(Problem(FLOW, "llama2-7b", Workload(), cluster_preset("a100_80g", 8)), allocation="odd")

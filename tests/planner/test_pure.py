@@ -22,10 +22,10 @@ sys.meta_path.insert(0, Refuse())
 import workbench.planner as planner
 for module in pkgutil.iter_modules(planner.__path__):
     importlib.import_module("workbench.planner." + module.name)
-from workbench.planner import Workload, automap, cluster_preset, dataflow_preset, search
-plan = automap(dataflow_preset("ppo"), "llama2-7b", Workload(), cluster_preset("a100_80g", 16))
+from workbench.planner import Problem, Workload, automap, cluster_preset, dataflow_preset, search
+plan = automap(Problem(dataflow_preset("ppo"), "llama2-7b", Workload(), cluster_preset("a100_80g", 16)))
 local = cluster_preset("local", 2)
-found = search(dataflow_preset("grpo"), "tiny-1m", Workload.tiny(), local, max_steps=200, seeds=(0,))
+found = search(Problem(dataflow_preset("grpo"), "tiny-1m", Workload.tiny(), local), max_steps=200, seeds=(0,))
 loaded = sorted(name for name in sys.modules if name.split(".")[0] in {NOT_LOADED!r})
 print(len(plan.sets), found.plan is not None, loaded)
 """

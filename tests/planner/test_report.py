@@ -2,6 +2,7 @@ import re
 
 from workbench.planner import (
     PlanSpace,
+    Problem,
     Workload,
     automap,
     cluster_preset,
@@ -13,7 +14,7 @@ from workbench.planner import (
 
 
 def test_plan_table_and_gantt():
-    plan = automap(dataflow_preset("ppo"), "llama2-7b", Workload(), cluster_preset("a100_80g", 16))
+    plan = automap(Problem(dataflow_preset("ppo"), "llama2-7b", Workload(), cluster_preset("a100_80g", 16)))
     text = plan.table()
     for s in plan.sets:
         assert s.name in text
@@ -29,13 +30,13 @@ def test_plan_table_and_gantt():
 
 
 def test_uncalibrated_cluster_is_flagged():
-    plan = automap(dataflow_preset("grpo"), "tiny-1m", Workload.tiny(), cluster_preset("local"))
+    plan = automap(Problem(dataflow_preset("grpo"), "tiny-1m", Workload.tiny(), cluster_preset("local")))
     assert "UNCALIBRATED" in plan.table()
 
 
 def test_execution_gantt_and_table():
     flow = dataflow_preset("ppo")
-    space = PlanSpace(flow, flow.model_specs("tiny-10m"), Workload.tiny(), cluster_preset("local"))
+    space = PlanSpace(Problem(flow, "tiny-10m", Workload.tiny(), cluster_preset("local")))
     r = mcmc(space, max_steps=200, seed=0)
     bars = execution_gantt(r.evaluation)
     computes = [b for b in bars if b.kind == "compute"]

@@ -8,6 +8,7 @@ from workbench.planner import (
     Dataflow,
     ModelSpec,
     PlanSpace,
+    Problem,
     Workload,
     cluster_preset,
     dataflow_preset,
@@ -42,7 +43,7 @@ def small_space():
     cluster = dataclasses.replace(cluster_preset("local", 2), name="tiny2", device_memory=0.7e9)
     # A fixed shape (8 layers, 8192-token vocabulary), not the kit's: this landscape is tuned.
     model = ModelSpec("m30", n_layers=8, hidden=512, n_heads=8, n_kv_heads=8, intermediate=1376, vocab=8192)
-    space = PlanSpace(flow, flow.model_specs(model), Workload.tiny(), cluster)
+    space = PlanSpace(Problem(flow, model, Workload.tiny(), cluster))
     assert [len(o) for o in space.options] == [5] * 6
     return space
 
@@ -78,7 +79,7 @@ def test_mcmc_is_seeded_and_never_worse_than_greedy(small_space):
 
 def test_mcmc_stops_at_time_limit():
     flow = dataflow_preset("ppo")
-    space = PlanSpace(flow, flow.model_specs("llama2-7b"), Workload(), cluster_preset("a100_80g", 16))
+    space = PlanSpace(Problem(flow, "llama2-7b", Workload(), cluster_preset("a100_80g", 16)))
     r = mcmc(space, max_steps=None, time_limit=0.5, seed=0)
     assert r.seconds < 1.5 and r.steps > 10
     assert not r.evaluation.oom
@@ -86,7 +87,7 @@ def test_mcmc_stops_at_time_limit():
 
 def test_exhaustive_refuses_large_spaces():
     flow = dataflow_preset("ppo")
-    space = PlanSpace(flow, flow.model_specs("llama2-7b"), Workload(), cluster_preset("a100_80g", 8))
+    space = PlanSpace(Problem(flow, "llama2-7b", Workload(), cluster_preset("a100_80g", 8)))
     with pytest.raises(ValueError, match="above the limit"):
         exhaustive(space)
 
@@ -109,8 +110,9 @@ def test_chains_report_disagreement_when_the_budget_is_too_small(small_space):
 def test_search_with_a_step_budget_is_deterministic():
     flow = dataflow_preset("ppo")
     wl, cluster = Workload.tiny(), cluster_preset("local", 4)
-    a = search(flow, "tiny-10m", wl, cluster, max_steps=400, seeds=(3, 4))
-    b = search(flow, "tiny-10m", wl, cluster, max_steps=400, seeds=(3, 4))
+    problem = Problem(flow, "tiny-10m", wl, cluster)
+    a = search(problem, max_steps=400, seeds=(3, 4))
+    b = search(problem, max_steps=400, seeds=(3, 4))
     assert a.choice == b.choice and a.convergence.best_costs == b.convergence.best_costs
     assert all(c.steps == 400 for c in a.chains)
 
@@ -128,9 +130,8 @@ def test_a_runnable_search_keeps_to_plans_the_runtime_deploys():
     from workbench.planner.call_groups import runtime_refusal
 
     flow, cluster = dataflow_preset("ppo"), cluster_preset("local", 2)
-    specs = flow.model_specs("tiny-10m")
-    free = PlanSpace(flow, specs, Workload.tiny(), cluster, max_tp=1, max_pp=1)
-    kept = PlanSpace(flow, specs, Workload.tiny(), cluster, max_tp=1, max_pp=1, runnable=True)
+    problem = Problem(flow, "tiny-10m", Workload.tiny(), cluster, max_tp=1, max_pp=1)
+    free, kept = PlanSpace(problem), PlanSpace(problem, runnable=True)
     assert all(s.tp == s.pp == 1 for options in kept.options for _, s in options)
     d0, both = DeviceRange(0, 1), DeviceRange(0, 2)
     shared = ExecutionPlan({c.name: (d0, Mesh(1, 1, 1)) for c in flow.calls})
@@ -144,7 +145,9 @@ def test_a_runnable_search_keeps_to_plans_the_runtime_deploys():
     best_kept, kept_cost = exhaustive(kept)
     assert kept_cost == pytest.approx(free_cost)
     assert {mesh for mesh, _ in kept.plan(best_kept).layouts.values()} == {both}
-    found = search(flow, "tiny-10m", Workload.tiny(), cluster, max_steps=300, seeds=(0, 1), runnable=True, max_tp=1)
+    found = search(
+        Problem(flow, "tiny-10m", Workload.tiny(), cluster, max_tp=1), max_steps=300, seeds=(0, 1), runnable=True
+    )
     assert runtime_refusal(found.plan, flow) is None
     assert found.evaluation.cost == pytest.approx(kept_cost)
 
@@ -162,10 +165,10 @@ def test_a_runnable_search_crosses_to_a_split_the_runtime_runs():
     )
     flow, spec = dataflow_preset("ppo"), model_preset("tiny-10m")
     wl = Workload(batch_size=8, prompt_len=16, max_new_tokens=16, n=2, param_sharding="full")
-    space = PlanSpace(flow, flow.model_specs(spec), wl, cluster, runnable=True, max_tp=1, max_pp=1)
+    space = PlanSpace(Problem(flow, spec, wl, cluster, max_tp=1, max_pp=1), runnable=True)
     best, cost = exhaustive(space)
     assert len({mesh for mesh, _ in space.plan(best).layouts.values()}) >= 2  # not everything on one mesh
-    found = search(flow, spec, wl, cluster, runnable=True, max_tp=1, max_pp=1, max_steps=2000)
+    found = search(Problem(flow, spec, wl, cluster, max_tp=1, max_pp=1), runnable=True, max_steps=2000)
     assert found.evaluation.cost == pytest.approx(cost)
     assert space.refusal(space.random_runnable(random.Random(0))) is None
 
@@ -179,11 +182,12 @@ def test_polish_ends_where_no_neighbour_is_cheaper(small_space):
 
 def test_the_first_chain_starts_from_the_auto_mappers_plan():
     flow, cluster = dataflow_preset("grpo"), cluster_preset("h100", 8)
-    space = PlanSpace(flow, flow.model_specs("llama2-7b"), Workload(), cluster)
-    plan = automap(flow, "llama2-7b", Workload(), cluster)
-    start = automap_start(space, "llama2-7b")
+    problem = Problem(flow, "llama2-7b", Workload(), cluster)
+    space = PlanSpace(problem)
+    plan = automap(problem)
+    start = automap_start(space)
     assert start is not None and space.plan(start).layouts == plan.to_execution_plan().layouts
-    r = search(flow, "llama2-7b", Workload(), cluster, max_steps=50, seeds=(0, 1))
+    r = search(problem, max_steps=50, seeds=(0, 1))
     assert r.chains[0].initial_cost == pytest.approx(space.cost(start))
 
 
@@ -191,17 +195,15 @@ def test_searches_with_different_seeds_agree_within_a_few_percent():
     # Before the auto-mapper's start and the final polish, three searches of two 600-step
     # chains ended 12.8% apart here (249.2, 269.6, 281.0 s); with them 2.0% (233.4, 228.8, 228.8).
     flow, cluster = dataflow_preset("ppo"), cluster_preset("a100_80g", 16)
-    costs = [
-        search(flow, "llama2-7b", Workload(), cluster, max_steps=600, seeds=seeds).evaluation.cost
-        for seeds in [(0, 1), (2, 3), (4, 5)]
-    ]
+    problem = Problem(flow, "llama2-7b", Workload(), cluster)
+    costs = [search(problem, max_steps=600, seeds=seeds).evaluation.cost for seeds in [(0, 1), (2, 3), (4, 5)]]
     assert (max(costs) - min(costs)) / min(costs) <= 0.05, costs
 
 
 def test_level_splits_spread_one_levels_calls_over_the_halves_of_their_mesh():
     flow, cluster = dataflow_preset("ppo"), cluster_preset("a100_80g", 16)
-    space = PlanSpace(flow, flow.model_specs("llama2-7b"), Workload(), cluster)
-    colocated = automap_start(space, "llama2-7b")
+    space = PlanSpace(Problem(flow, "llama2-7b", Workload(), cluster))
+    colocated = automap_start(space)
     assert colocated is not None
     updates = [space.calls.index("update_actor"), space.calls.index("update_critic")]
     halves = []

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from workbench import Mesh
-from workbench.planner import Simulator, Workload, cluster_preset, dataflow_preset, model_preset
+from workbench.planner import Problem, Simulator, Workload, cluster_preset, dataflow_preset, model_preset
 from workbench.planner.automap import AutoMapper
 from workbench.planner.memory import GRAD_BYTES, WEIGHT_BYTES
 from workbench.planner.simulator import synced_tensors
@@ -212,7 +212,7 @@ def test_generation_tensor_parallelism_ranks_as_hybridflow_measured(model, faste
         cluster_preset("a100_80g", 16),
         dataclasses.replace(cluster_preset("a100_80g", 16), sequence_overhead=0.0),
     ):
-        mapper = AutoMapper(flow, flow.model_specs(model), Workload(), cluster)
+        mapper = AutoMapper(Problem(flow, model, Workload(), cluster))
         free = cluster.device_memory
         gen = {}
         for layout in mapper.layouts("actor", 16):

@@ -3,7 +3,15 @@ PlanEvaluator): a lane per device mesh, a bar per call of one iteration, on hand
 
 from widgets.timeline import LiveTimeline
 from workbench.mesh import Mesh
-from workbench.planner import DeviceRange, ExecutionPlan, PlanEvaluator, Workload, cluster_preset, dataflow_preset
+from workbench.planner import (
+    DeviceRange,
+    ExecutionPlan,
+    PlanEvaluator,
+    Problem,
+    Workload,
+    cluster_preset,
+    dataflow_preset,
+)
 from workbench.tracing import CallRecord
 
 FLOW = dataflow_preset("ppo")
@@ -14,9 +22,7 @@ def test_a_per_call_estimate_has_a_lane_per_mesh():
     plan = ExecutionPlan(
         {c.name: (DeviceRange(1 if c.name in ("gen", "values") else 0, 1), Mesh(1, 1, 1)) for c in FLOW.calls}
     )
-    evaluation = PlanEvaluator(FLOW, FLOW.model_specs("tiny-1m"), Workload.tiny(), cluster_preset("local", 2)).evaluate(
-        plan
-    )
+    evaluation = PlanEvaluator(Problem(FLOW, "tiny-1m", Workload.tiny(), cluster_preset("local", 2))).evaluate(plan)
     spans = [CallRecord(0, "actor", "generate_sequences", 0, "calls_d1", 1, 0.0, 0.0, 0.5, 0, 0, True, {})]
     timeline = LiveTimeline(spans, estimate=evaluation)
     data = timeline.data()

@@ -79,7 +79,7 @@ def deploy_sets(
     colocated set with the same (pp, tp, dp) share one process per device (`start_groups`); a
     different layout gets its own processes on the set's pool. Everything is checked before any
     pool is reserved: each config's `check_layout(mesh, model)` says whether its worker runs the
-    planned layout (tensor parallelism needs backend="3d"; plan with automap(..., max_tp=1,
+    planned layout (tensor parallelism needs backend="3d"; plan a Problem(..., max_tp=1,
     max_pp=1) otherwise).
     """
     models = [m for s in sets for m in s.models]

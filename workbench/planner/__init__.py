@@ -2,12 +2,13 @@
 imports neither Ray nor torch (an import-linter contract and tests/planner/test_pure.py hold it
 to that). `workbench.deploy` starts its plans on a Session and profiles this machine.
 
-    from workbench.planner import automap, search, dataflow_preset, cluster_preset, Workload
-    flow = dataflow_preset("ppo")
-    plan = automap(flow, "llama2-7b", Workload(), cluster_preset("a100_80g", 16))
+    from workbench.planner import Problem, automap, search, dataflow_preset, cluster_preset, Workload
+    problem = Problem(dataflow_preset("ppo"), "llama2-7b", Workload(), cluster_preset("a100_80g", 16))
+    plan = automap(problem)
     print(plan.table())
 
-Modules, one job each: `specs` (models, workload, cluster), `clusters` (named clusters, this
+Modules, one job each: `specs` (models, workload, cluster), `problem` (what a plan is made
+for: those, the dataflow and the layouts the workers run), `clusters` (named clusters, this
 machine's from a calibration), `dataflow` (calls of an algorithm), `derive` (reads those calls
 off `algorithms/<name>.py`: the built-in dataflows), `strategy` (the 3-D layouts,
 `workbench.Mesh`, a model admits), `memory` (per-device bytes, the hybrid engine's Table 2
@@ -41,6 +42,7 @@ from workbench.planner.memory import MemoryBreakdown, static_memory
 from workbench.planner.placement import ColocatedSet, ModelAssignment
 from workbench.planner.plan import AsyncPlan, Plan
 from workbench.planner.plan_io import PlanFormatError, plan_from_dict, plan_to_dict
+from workbench.planner.problem import Problem
 from workbench.planner.report import GanttBar, execution_gantt, execution_table
 from workbench.planner.schedule import Schedule, TaskGraph, time_cost
 from workbench.planner.search import Convergence, PlanSpace, SearchResult, exhaustive, mcmc, multi_chain, search
@@ -74,6 +76,7 @@ __all__ = [
     "PlanEvaluator",
     "PlanSpace",
     "PlannerError",
+    "Problem",
     "Schedule",
     "SearchResult",
     "Sharing",

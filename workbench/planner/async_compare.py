@@ -1,7 +1,7 @@
 """Asynchronous split plans beside synchronous ones: does generation on a pool of its own,
 overlapping training, beat colocating everything?
 
-    cmp = compare_async(dataflow_preset("grpo"), "llama2-7b", Workload(...), cluster_preset("h100", 8))
+    cmp = compare_async(Problem(dataflow_preset("grpo"), "llama2-7b", Workload(...), cluster_preset("h100", 8)))
     print(cmp.table())          # colocated, best synchronous, asynchronous split; who wins
 
 `placement_estimates` answers the same question for `bench/async_rl.py`'s four placements on
@@ -30,6 +30,7 @@ from workbench.planner.errors import NoFeasiblePlanError
 from workbench.planner.execution import DeviceRange, ExecutionPlan, PlanEvaluator
 from workbench.planner.memory import static_memory
 from workbench.planner.plan import AsyncPlan, Plan
+from workbench.planner.problem import Problem
 from workbench.planner.report import text_table
 from workbench.planner.simulator import Simulator
 from workbench.planner.specs import ClusterSpec, ModelSpec, Workload, model_preset
@@ -78,27 +79,16 @@ def _s(plan: Plan | None) -> str:
     return f"{plan.iteration_time:.2f}" if plan else "-"
 
 
-def compare_async(
-    dataflow: Dataflow,
-    models: ModelSpec | str | dict,
-    workload: Workload,
-    cluster: ClusterSpec,
-    max_staleness: int = 1,
-    max_tp: int | None = None,
-    max_pp: int | None = None,
-    allocation: str | None = None,
-) -> AsyncComparison:
-    """Plan the scenario three ways (see AsyncComparison); the automap arguments as `automap`'s."""
-    mapper = AutoMapper(dataflow, dataflow.model_specs(models), workload, cluster, max_tp, max_pp, allocation)
+def compare_async(problem: Problem, max_staleness: int = 1, allocation: str | None = None) -> AsyncComparison:
+    """Plan the scenario three ways (see AsyncComparison); `allocation` as `automap`'s."""
+    mapper = AutoMapper(problem, allocation)
     synchronous = mapper.run()
     try:
-        colocated: Plan | None = mapper.run([(dataflow.models,)])
+        colocated: Plan | None = mapper.run([(problem.dataflow.models,)])
     except NoFeasiblePlanError:
         colocated = None
     try:
-        asynchronous: AsyncPlan | None = automap_async(
-            dataflow, models, workload, cluster, max_staleness, max_tp, max_pp, allocation
-        )
+        asynchronous: AsyncPlan | None = automap_async(problem, max_staleness, allocation)
     except NoFeasiblePlanError:
         asynchronous = None
     return AsyncComparison(colocated, synchronous, asynchronous)
@@ -221,9 +211,7 @@ def placement_estimates(
 
     # Colocated: the path bench/calibration.py takes (ReaLHF TimeCost, shared cores).
     everywhere = (DeviceRange(0, n_coloc), Mesh(1, 1, n_coloc))
-    evaluator = PlanEvaluator(
-        sync_flow, sync_flow.model_specs(spec), workload(n_coloc), cluster_of(n_coloc), n_iterations=1
-    )
+    evaluator = PlanEvaluator(Problem(sync_flow, spec, workload(n_coloc), cluster_of(n_coloc)), n_iterations=1)
     colocated = evaluator.evaluate(ExecutionPlan({c.name: everywhere for c in sync_flow.calls})).time
     iteration_s, total_s = {"colocated": colocated}, {"colocated": colocated * iterations}
 

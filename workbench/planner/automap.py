@@ -29,7 +29,6 @@ from typing import TypeVar
 
 from workbench.mesh import Mesh
 from workbench.planner.asynchronous import Sharing, steady_iteration
-from workbench.planner.dataflow import Dataflow
 from workbench.planner.errors import ModelDoesNotFitError, NoFeasiblePlanError, PlannerError
 from workbench.planner.memory import (
     MemoryBreakdown,
@@ -43,9 +42,10 @@ from workbench.planner.memory import (
 )
 from workbench.planner.placement import ColocatedSet, ModelAssignment, pack_sets, span
 from workbench.planner.plan import AsyncPlan, Plan
+from workbench.planner.problem import Problem
 from workbench.planner.schedule import concurrent_time, shared_cores
 from workbench.planner.simulator import INF, Simulator
-from workbench.planner.specs import FROZEN_KEEPS, ClusterSpec, ModelSpec, Workload
+from workbench.planner.specs import FROZEN_KEEPS
 from workbench.planner.strategy import generation_strategies, strategies
 
 P = TypeVar("P")
@@ -122,29 +122,23 @@ class _Layout:
 class AutoMapper:
     """Holds the caches of one auto-mapping run; `run()` returns the best Plan."""
 
-    def __init__(
-        self,
-        dataflow: Dataflow,
-        specs: dict[str, ModelSpec],
-        workload: Workload,
-        cluster: ClusterSpec,
-        max_tp: int | None = None,
-        max_pp: int | None = None,
-        allocation: str | None = None,
-    ):
-        self.flow, self.specs, self.wl, self.cluster = dataflow, specs, workload, cluster
-        self.max_tp, self.max_pp = max_tp, max_pp
-        self.allocation = allocation or cluster.allocation
+    def __init__(self, problem: Problem, allocation: str | None = None):
+        """`allocation` overrides the cluster's default device split ("aligned" or "free")."""
+        self.problem = problem
+        self.flow, self.specs = problem.dataflow, problem.specs
+        self.wl, self.cluster = problem.workload, problem.cluster
+        self.max_tp, self.max_pp = problem.max_tp, problem.max_pp
+        self.allocation = allocation or self.cluster.allocation
         if self.allocation not in ("aligned", "free"):
             raise ValueError(
                 f"allocation={self.allocation!r}: use 'aligned' (whole machines or "
                 f"power-of-two slices of one) or 'free' (any device count)"
             )
-        self.sim = Simulator(cluster, workload)
-        self.level = dataflow.levels()
-        self.n_levels = dataflow.n_levels
-        trains = [self.level[c.name] for c in dataflow.calls if c.kind == "train"]
-        self._driver_level = min(trains) if trains and dataflow.driver_inputs() else None
+        self.sim = Simulator(self.cluster, self.wl)
+        self.level = self.flow.levels()
+        self.n_levels = self.flow.n_levels
+        trains = [self.level[c.name] for c in self.flow.calls if c.kind == "train"]
+        self._driver_level = min(trains) if trains and self.flow.driver_inputs() else None
         self._layouts: dict[tuple[str, int], list[_Layout]] = {}
         self._sets: dict[tuple[tuple[str, ...], int], tuple | None] = {}
 
@@ -595,45 +589,37 @@ def pack_aligned(sizes: list[int], devices_per_node: int, n_nodes: int) -> list[
 
 
 def automap(
-    dataflow: Dataflow,
-    models: ModelSpec | str | dict,
-    workload: Workload,
-    cluster: ClusterSpec,
-    max_tp: int | None = None,
-    max_pp: int | None = None,
+    problem: Problem,
     allocation: str | None = None,
     placements: Sequence[tuple[tuple[str, ...], ...]] | None = None,
     max_staleness: int | None = None,
 ) -> Plan:
     """HybridFlow auto-mapping: the placement, allocation and per-model layouts with the
-    lowest estimated iteration time. `models` is one spec/preset name for every role or a
-    dict role -> spec/preset. `max_tp` / `max_pp` bound the layouts to what the workers that
-    will run the plan implement (`max_tp=1, max_pp=1`: data parallelism only). `allocation`
-    overrides the cluster's default device split ("aligned" ReaLHF meshes or "free");
-    `placements` restricts the search to the given set partitions. `max_staleness`: also plan
-    asynchronous split plans run with that bound (`automap_async`) and return whichever is
-    faster, an `AsyncPlan` when it wins (None: synchronous plans only). `workload.frozen_keep`
-    "auto": the fastest of the plans for each keep (`fastest_keep`)."""
-    if workload.frozen_keep == "auto":
+    lowest estimated iteration time for `problem` (its `max_tp` / `max_pp` bound the layouts to
+    what the workers that will run the plan implement). `allocation` overrides the cluster's
+    default device split ("aligned" ReaLHF meshes or "free"); `placements` restricts the search
+    to the given set partitions. `max_staleness`: also plan asynchronous split plans run with
+    that bound (`automap_async`) and return whichever is faster, an `AsyncPlan` when it wins
+    (None: synchronous plans only). `problem.workload.frozen_keep` "auto": the fastest of the
+    plans for each keep (`fastest_keep`)."""
+    if problem.workload.frozen_keep == "auto":
         return fastest_keep(
-            lambda wl: automap(dataflow, models, wl, cluster, max_tp, max_pp, allocation, placements, max_staleness),
-            workload,
+            lambda p: automap(p, allocation, placements, max_staleness),
+            problem,
             lambda plan: plan.iteration_time,
         )
-    plan = AutoMapper(dataflow, dataflow.model_specs(models), workload, cluster, max_tp, max_pp, allocation).run(
-        placements
-    )
+    plan = AutoMapper(problem, allocation).run(placements)
     if max_staleness is None:
         return plan
     try:
-        split = automap_async(dataflow, models, workload, cluster, max_staleness, max_tp, max_pp, allocation)
+        split = automap_async(problem, max_staleness, allocation)
     except PlannerError:  # no split fits (e.g. one device): the synchronous plan stands
         return plan
     return split if split.iteration_time < plan.iteration_time else plan
 
 
-def fastest_keep(plan_with: Callable[[Workload], P], workload: Workload, cost: Callable[[P], float]) -> P:
-    """`plan_with` the workload under each way of keeping frozen models (`FROZEN_KEEPS`); the
+def fastest_keep(plan_with: Callable[[Problem], P], problem: Problem, cost: Callable[[P], float]) -> P:
+    """`plan_with` the problem under each way of keeping frozen models (`FROZEN_KEEPS`); the
     cheapest plan that fits by `cost` (a tie keeps the earlier keep: whole before sharded
     before host). Sharding frees device memory for other models and longer KV caches, host
     memory frees all of it, both at the price of gathers (and copies) in every forward; where no
@@ -642,7 +628,7 @@ def fastest_keep(plan_with: Callable[[Workload], P], workload: Workload, cost: C
     refusals: list[PlannerError] = []
     for order, keep in enumerate(FROZEN_KEEPS):
         try:
-            plan = plan_with(dataclasses.replace(workload, frozen_keep=keep))
+            plan = plan_with(problem.with_workload(dataclasses.replace(problem.workload, frozen_keep=keep)))
         except PlannerError as refused:
             refusals.append(refused)
             continue
@@ -653,13 +639,8 @@ def fastest_keep(plan_with: Callable[[Workload], P], workload: Workload, cost: C
 
 
 def automap_async(
-    dataflow: Dataflow,
-    models: ModelSpec | str | dict,
-    workload: Workload,
-    cluster: ClusterSpec,
+    problem: Problem,
     max_staleness: int = 1,
-    max_tp: int | None = None,
-    max_pp: int | None = None,
     allocation: str | None = None,
     placements: Sequence[tuple[tuple[str, ...], ...]] | None = None,
     rollout: str = "rollout",
@@ -668,18 +649,18 @@ def automap_async(
     of its own (a frozen copy of the generating model, on devices no other model uses), the
     other models placed by `placements` (default: every set partition) on the rest, scored by
     the asynchronous iteration model with `max_staleness` (0: the synchronous split run)."""
-    if workload.frozen_keep == "auto":
+    if problem.workload.frozen_keep == "auto":
         return fastest_keep(
-            lambda wl: automap_async(
-                dataflow, models, wl, cluster, max_staleness, max_tp, max_pp, allocation, placements, rollout
-            ),
-            workload,
+            lambda p: automap_async(p, max_staleness, allocation, placements, rollout),
+            problem,
             lambda plan: plan.iteration_time,
         )
+    dataflow = problem.dataflow
     source = next((m for m in dataflow.models if dataflow.generates(m)), None)
     if source is None:
         raise PlannerError(f"dataflow {dataflow.name!r} has no generate call to move to a rollout group")
-    specs = dataflow.model_specs(models)
-    flow = dataflow.with_rollout(rollout)
-    mapper = AutoMapper(flow, {**specs, rollout: specs[source]}, workload, cluster, max_tp, max_pp, allocation)
-    return mapper.run_async(max_staleness, placements, source=source, rollout=rollout)
+    specs = problem.specs
+    split = dataclasses.replace(
+        problem, dataflow=dataflow.with_rollout(rollout), models={**specs, rollout: specs[source]}
+    )
+    return AutoMapper(split, allocation).run_async(max_staleness, placements, source=source, rollout=rollout)

@@ -16,7 +16,6 @@ import math
 from dataclasses import dataclass
 
 from workbench.mesh import Mesh
-from workbench.planner.dataflow import Dataflow
 from workbench.planner.errors import NoMeshError
 from workbench.planner.memory import (
     generation_concurrency,
@@ -27,9 +26,10 @@ from workbench.planner.memory import (
     train_activations,
     transition,
 )
+from workbench.planner.problem import Problem
 from workbench.planner.schedule import Schedule, TaskGraph, shared_cores, time_cost
 from workbench.planner.simulator import Simulator
-from workbench.planner.specs import ClusterSpec, ModelSpec, Workload
+from workbench.planner.specs import ClusterSpec
 from workbench.planner.strategy import is_generation_layout
 
 
@@ -99,28 +99,23 @@ class Evaluation:
 
 
 class PlanEvaluator:
-    """TimeCost and MaxMem of execution plans for one dataflow, models, workload, cluster."""
+    """TimeCost and MaxMem of execution plans for one problem (dataflow, models, workload, cluster)."""
 
     def __init__(
-        self,
-        dataflow: Dataflow,
-        specs: dict[str, ModelSpec],
-        workload: Workload,
-        cluster: ClusterSpec,
-        n_iterations: int = 2,
-        oom_penalty: float = 10.0,
-        overlap_iterations: bool = False,
+        self, problem: Problem, n_iterations: int = 2, oom_penalty: float = 10.0, overlap_iterations: bool = False
     ):
-        self.flow, self.specs, self.wl, self.cluster = dataflow, specs, workload, cluster
+        self.problem = problem
+        self.flow, self.specs = problem.dataflow, problem.specs
+        self.wl, self.cluster = problem.workload, problem.cluster
         self.n_iterations, self.oom_penalty = n_iterations, oom_penalty
         # overlap_iterations: one iteration's calls may start before the last one's have all
         # ended, as dependencies allow (ReaLHF's runtime and TimeCost). False (the workbench's
         # synchronous algorithms): `step` returns the updates' metrics before the driver issues
         # the next step, so every call of iteration k+1 waits for all of iteration k.
         self.overlap_iterations = overlap_iterations
-        self.sim = Simulator(cluster, workload)
+        self.sim = Simulator(self.cluster, self.wl)
         self.train_call: dict[str, str] = {}
-        for c in dataflow.calls:
+        for c in self.flow.calls:
             if c.kind == "train":
                 if c.model in self.train_call:
                     raise ValueError(f"model {c.model!r} has two train calls; the planner supports one per iteration")

@@ -31,6 +31,7 @@ from workbench.planner.errors import PlannerError
 from workbench.planner.memory import MemoryBreakdown, inference_activations, static_memory, train_activations
 from workbench.planner.placement import ColocatedSet, ModelAssignment, span
 from workbench.planner.plan import Plan
+from workbench.planner.problem import Problem
 from workbench.planner.specs import GIB, ClusterSpec, ModelSpec, Workload
 from workbench.planner.strategy import is_generation_layout
 
@@ -107,7 +108,7 @@ def plan_from_dict(
     sets_in = values.get("sets")
     if not isinstance(sets_in, list) or not sets_in:
         raise PlanFormatError(f"{where}.sets", sets_in, "give a list of colocated sets, each with devices and models")
-    mapper = AutoMapper(dataflow, specs, workload, cluster)
+    mapper = AutoMapper(Problem(dataflow, specs, workload, cluster))
     u, n_total = cluster.devices_per_node, cluster.n_devices
     seen: dict[str, str] = {}
     taken: dict[int, int] = {}

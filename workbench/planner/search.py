@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from workbench.mesh import Mesh
 from workbench.planner.automap import automap, fastest_keep
 from workbench.planner.call_groups import runtime_refusal
-from workbench.planner.dataflow import Dataflow
 from workbench.planner.errors import PlannerError
 from workbench.planner.execution import DeviceRange, Evaluation, ExecutionPlan, PlanEvaluator, valid_meshes
 from workbench.planner.memory import (
@@ -35,7 +34,8 @@ from workbench.planner.memory import (
     static_memory,
     train_activations,
 )
-from workbench.planner.specs import ClusterSpec, ModelSpec, Workload
+from workbench.planner.problem import Problem
+from workbench.planner.specs import Workload
 from workbench.planner.strategy import strategies
 
 
@@ -44,33 +44,31 @@ class PlanSpace:
 
     def __init__(
         self,
-        dataflow: Dataflow,
-        specs: dict[str, ModelSpec],
-        workload: Workload,
-        cluster: ClusterSpec,
+        problem: Problem,
         n_iterations: int = 2,
         oom_penalty: float = 10.0,
         meshes: list[DeviceRange] | None = None,
         runnable: bool = False,
-        max_tp: int | None = None,
-        max_pp: int | None = None,
     ):
         """runnable: keep to plans `deploy_calls` runs (what it does with a call away from its
-        model's home: `call_groups.runtime_refusal`); the others cost infinity. max_tp / max_pp:
-        bound every call's layout (max_tp=1, max_pp=1 for workers without tensor or pipeline
-        parallelism, backend="fsdp")."""
-        self.flow, self.specs, self.wl, self.cluster = dataflow, specs, workload, cluster
-        self.evaluator = PlanEvaluator(dataflow, specs, workload, cluster, n_iterations, oom_penalty)
-        self.calls = [c.name for c in dataflow.calls]
+        model's home: `call_groups.runtime_refusal`); the others cost infinity. The problem's
+        max_tp / max_pp bound every call's layout (max_tp=1, max_pp=1 for workers without tensor
+        or pipeline parallelism, backend="fsdp")."""
+        self.problem = problem
+        self.flow, self.specs = problem.dataflow, problem.specs
+        self.wl, self.cluster = problem.workload, problem.cluster
+        self.evaluator = PlanEvaluator(problem, n_iterations, oom_penalty)
+        self.calls = [c.name for c in self.flow.calls]
         self.runnable = runnable
-        meshes = meshes if meshes is not None else valid_meshes(cluster)
+        meshes = meshes if meshes is not None else valid_meshes(self.cluster)
+        max_tp, max_pp = problem.max_tp, problem.max_pp
         self.options: list[list[tuple[DeviceRange, Mesh]]] = []
-        for c in dataflow.calls:
-            spec = specs[c.model]
+        for c in self.flow.calls:
+            spec = self.specs[c.model]
             opts = [
                 (m, s)
                 for m in meshes
-                for s in strategies(spec, m.size, cluster.devices_per_node)
+                for s in strategies(spec, m.size, self.cluster.devices_per_node)
                 if (max_tp is None or s.tp <= max_tp) and (max_pp is None or s.pp <= max_pp)
             ]
             if not opts:
@@ -472,10 +470,7 @@ def exhaustive(space: PlanSpace, limit: int = 200_000) -> tuple[tuple[int, ...],
 
 
 def search(
-    dataflow: Dataflow,
-    models: ModelSpec | str | dict,
-    workload: Workload,
-    cluster: ClusterSpec,
+    problem: Problem,
     *,
     max_steps: int | None = 20_000,
     time_limit: float | None = None,
@@ -483,60 +478,42 @@ def search(
     n_iterations: int = 2,
     tolerance: float = 0.01,
     runnable: bool = False,
-    max_tp: int | None = None,
-    max_pp: int | None = None,
 ) -> SearchResult:
     """ReaLHF search with the defaults: valid meshes, a 2-iteration unrolled graph, one chain
     per seed for `max_steps` proposals each. `result.convergence` says whether the chains'
-    best costs agree within `tolerance`. runnable, max_tp, max_pp: keep to plans this runtime
-    deploys (`deploy_calls`), with layouts the workers run (PlanSpace). The first chain starts
-    from the auto-mapper's plan (a good basin to start in: `automap_start`). `workload.frozen_keep`
-    "auto": a search per keep, each with the whole budget (three times the steps and time), the
-    cheapest result (`automap.fastest_keep`); `result.workload` names the keep."""
-    if workload.frozen_keep == "auto":
+    best costs agree within `tolerance`. runnable and the problem's max_tp, max_pp: keep to plans
+    this runtime deploys (`deploy_calls`), with layouts the workers run (PlanSpace). The first
+    chain starts from the auto-mapper's plan (a good basin to start in: `automap_start`).
+    `problem.workload.frozen_keep` "auto": a search per keep, each with the whole budget (three
+    times the steps and time), the cheapest result (`automap.fastest_keep`); `result.workload`
+    names the keep."""
+    if problem.workload.frozen_keep == "auto":
         return fastest_keep(
-            lambda wl: search(
-                dataflow,
-                models,
-                wl,
-                cluster,
+            lambda p: search(
+                p,
                 max_steps=max_steps,
                 time_limit=time_limit,
                 seeds=seeds,
                 n_iterations=n_iterations,
                 tolerance=tolerance,
                 runnable=runnable,
-                max_tp=max_tp,
-                max_pp=max_pp,
             ),
-            workload,
+            problem,
             lambda result: result.evaluation.cost,  # the search's own objective: a plan that does not fit pays
         )
-    space = PlanSpace(
-        dataflow,
-        dataflow.model_specs(models),
-        workload,
-        cluster,
-        n_iterations,
-        runnable=runnable,
-        max_tp=max_tp,
-        max_pp=max_pp,
-    )
-    start = automap_start(space, models, max_tp, max_pp)
+    space = PlanSpace(problem, n_iterations, runnable=runnable)
     result = multi_chain(
-        space, seeds, max_steps=max_steps, time_limit=time_limit, tolerance=tolerance, first_start=start
+        space, seeds, max_steps=max_steps, time_limit=time_limit, tolerance=tolerance, first_start=automap_start(space)
     )
-    result.workload = workload
+    result.workload = problem.workload
     return result
 
 
-def automap_start(
-    space: PlanSpace, models: ModelSpec | str | dict, max_tp: int | None = None, max_pp: int | None = None
-) -> tuple[int, ...] | None:
-    """The auto-mapper's plan (HybridFlow Alg. 1, a fraction of a second) in `space`; None when
-    it finds none or its layouts are not options of `space`."""
+def automap_start(space: PlanSpace) -> tuple[int, ...] | None:
+    """The auto-mapper's plan for `space`'s problem (HybridFlow Alg. 1, a fraction of a second)
+    in `space`; None when it finds none or its layouts are not options of `space`."""
     try:
-        plan = automap(space.flow, models, space.wl, space.cluster, max_tp=max_tp, max_pp=max_pp)
+        plan = automap(space.problem)
     except PlannerError:
         return None
     return space.choice_of(plan.to_execution_plan())

@@ -24,6 +24,7 @@ from workbench.planner import (
     Plan,
     PlanEvaluator,
     PlanFormatError,
+    Problem,
     Workload,
     automap,
     search,
@@ -401,9 +402,8 @@ def run_plan(config: RunConfig, policy: Path, prompt_width: float | None = None)
         three_d = config.actor.backend == "3d" and ("critic" not in roles or config.critic.backend == "3d")
         placements = [p for p in set_partitions(flow.models) if _reference_with_actor(p)]
         try:
-            found = automap(
-                flow, specs, workload, cluster, max_tp=None if three_d else 1, max_pp=1, placements=placements
-            )
+            problem = Problem(flow, specs, workload, cluster, max_tp=None if three_d else 1, max_pp=1)
+            found = automap(problem, placements=placements)
         except Exception as error:
             raise ConfigError("placement.plan", given, f"the auto-mapper found no plan: {error}") from None
         values, source, file = plan_to_dict(found), AUTOMAP, None
@@ -453,7 +453,7 @@ def _call_plan(config, values, flow, specs, workload, cluster, source, where_pri
                 layout.short(),
                 f"tensor and pipeline parallelism run on the 3d backend only (this model's is {backend!r}): tp 1, pp 1",
             )
-    estimate = PlanEvaluator(flow, specs, workload, cluster).evaluate(plan)
+    estimate = PlanEvaluator(Problem(flow, specs, workload, cluster)).evaluate(plan)
     return CallRunPlan(plan, flow, estimate, source, where_priced, name)
 
 
@@ -472,16 +472,8 @@ def searched_plan(config: RunConfig, flow, specs, workload, cluster) -> dict[str
     `calls:` form."""
     three_d = config.actor.backend == "3d" and ("critic" not in flow.models or config.critic.backend == "3d")
     try:
-        found = search(
-            flow,
-            specs,
-            workload,
-            cluster,
-            max_steps=SEARCH_STEPS,
-            runnable=True,
-            max_tp=None if three_d else 1,
-            max_pp=1,
-        )
+        problem = Problem(flow, specs, workload, cluster, max_tp=None if three_d else 1, max_pp=1)
+        found = search(problem, max_steps=SEARCH_STEPS, runnable=True)
     except Exception as error:
         raise ConfigError("placement.plan", SEARCH, f"the search found no plan: {error}") from None
     return execution_plan_to_dict(found.plan, "search")
