@@ -26,6 +26,9 @@ $(STAMP): pyproject.toml Makefile
 	@# The browser tests drive Debian's chromium through Playwright (never `playwright install`).
 	@test -x /usr/bin/chromium || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium) \
 		|| echo "chromium missing: install it (apt-get install chromium) for the browser tests"
+	@# Tool sandboxes run in bubblewrap's namespaces (workbench/agents/jail.py): the jail tests need it.
+	@test -x /usr/bin/bwrap || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y bubblewrap) \
+		|| echo "bubblewrap missing: install it (apt-get install bubblewrap); untrusted tools are refused without it"
 	@touch $@
 
 env: $(STAMP)

@@ -43,6 +43,8 @@ def data_metrics(batch) -> dict[str, float]:
         stats("episode/length", length + observed)  # policy and observation tokens
         out["episode/tool_calls"] = float(batch["tool_calls"].sum())
         out["episode/tool_errors"] = float(batch["tool_errors"].sum())
+        if "tool_output_cuts" in batch:
+            out["episode/tool_output_cuts"] = float(batch["tool_output_cuts"].sum())
         out["episode/observation_tokens/mean"] = float(observed.mean())
     out["prompt_length/mean"] = float(prompt_length.float().mean())
     out["perf/total_tokens"] = float(batch["attention_mask"].sum())

@@ -1,6 +1,7 @@
-"""Tool sandboxes: real child processes under real limits. A tool that sleeps, loops, writes
+"""Tool sandboxes: real jailed processes under real limits. A tool that sleeps, loops, writes
 outside its directory, opens a socket, starts a process, allocates without bound or kills its
-own process is stopped and named, and the next call runs in a fresh (or the same) process."""
+own process is stopped and named, and the next call runs in a fresh (or the same) process.
+What a hostile tool tries against the jail itself is in test_jail.py."""
 
 import os
 import time
@@ -53,7 +54,10 @@ def test_a_misbehaving_tool_is_stopped_named_and_the_next_call_runs(sandbox, cod
 
 def test_a_tool_writes_and_reads_in_its_own_scratch_directory(sandbox):
     assert sandbox.call(python, ("open('notes.txt', 'w').write('kept')\nprint(open('notes.txt').read())",)) == "kept\n"
-    assert (sandbox.scratch / "notes.txt").read_text() == "kept"
+    assert (
+        sandbox.call(python, ("import os\nprint(os.getcwd(), open('notes.txt').read())",))
+        == f"{sandbox.scratch} kept\n"
+    )
 
 
 def test_the_calculator_computes_arithmetic_and_nothing_else(sandbox):
@@ -76,13 +80,16 @@ def test_limits_are_checked_where_they_are_set():
         SandboxLimits(seconds=0)
     with pytest.raises(ConfigError, match="SandboxLimits.memory_mib"):
         SandboxLimits(memory_mib=8)
+    with pytest.raises(ConfigError, match="SandboxLimits.output_chars"):
+        SandboxLimits(output_chars=0)
+    with pytest.raises(ConfigError, match="SandboxLimits.disk_mib"):
+        SandboxLimits(disk_mib=0)
 
 
-def test_closing_stops_the_process_and_removes_its_directory():
+def test_closing_stops_the_process():
     box = Sandbox(SandboxLimits(seconds=5))
     assert box.call(calculator, ("1 + 1",)) == "2"
-    pid, scratch = box.pid, box.scratch
+    pid = box.pid
     box.close()
-    assert not scratch.exists()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)

@@ -143,6 +143,10 @@ BAD_CODE = {
     "blocked-write": "open('/tmp/workbench-episode-escape.txt', 'w').write('x')",
     "blocked-socket": "import socket\nsocket.create_connection(('127.0.0.1', 9))",
     "memory": "x = []\nwhile True:\n    x.append(bytearray(10**7))",
+    # Against the rank itself, under the audit hook (ctypes): its pid is out of the jail's sight.
+    "kill-rank": "import ctypes\nif ctypes.CDLL(None).kill({rank}, 9) != 0:\n    raise ProcessLookupError('rank')",
+    # Its real stdout is not the protocol: a stray line there is read by nobody; then it hangs.
+    "stdout": "import sys, time\nsys.__stdout__.write('1234\\n')\nsys.__stdout__.flush()\ntime.sleep(60)",
 }
 NAMED = {
     "timeout": "took more than 1.0 s",
@@ -150,6 +154,8 @@ NAMED = {
     "blocked-write": "writes only inside the scratch directory",
     "blocked-socket": "no network in the sandbox",
     "memory": "ran out of memory",
+    "kill-rank": "ProcessLookupError",
+    "stdout": "took more than 1.0 s",
 }
 
 
@@ -173,7 +179,8 @@ class Misbehaving(Environment):
         try:
             if state["turn"] == 1:
                 return Observation(
-                    self.toolbox.call("python", {"code": BAD_CODE[state["bad"]]}), info={"tool": "python"}
+                    self.toolbox.call("python", {"code": BAD_CODE[state["bad"]].format(rank=os.getpid())}),
+                    info={"tool": "python"},
                 )
             if state["turn"] == 2:
                 return Observation(
@@ -187,7 +194,7 @@ class Misbehaving(Environment):
 def test_a_misbehaving_tool_is_stopped_and_named_while_the_next_iteration_runs(actor):
     group, _ = actor
     tokenizer = AutoTokenizer.from_pretrained(group.config.model_path)
-    pairs = ["timeout,loop", "blocked-write,memory", "blocked-socket,timeout", "memory,loop"]
+    pairs = ["timeout,loop", "blocked-write,memory", "blocked-socket,kill-rank", "stdout,kill-rank"]
     rows = [{"prompt": [{"role": "user", "content": f"Try {p}."}], "ground_truth": p} for p in pairs]
     prompts = tokenize_prompts(rows, tokenizer, max_prompt_length=48)  # x 2 samples: 8 episodes, each misbehaviour
     config = GRPOConfig(

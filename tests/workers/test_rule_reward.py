@@ -1,6 +1,7 @@
 """Rule rewards run in long-lived scoring processes, fed by Batches or by another group's future."""
 
 import math
+import os
 import signal
 import time
 from pathlib import Path
@@ -98,6 +99,40 @@ def test_a_function_that_kills_its_process_is_reported_and_replaced(shared_sessi
     with pytest.raises(WorkerCallError, match=r"ended its process \(exit code 3\) on row uid=u0"):
         reward.compute_reward(answers(["boom"], ["1"])).get()
     assert reward.compute_reward(answers(["fine"], ["1"])).get()["scores"].tolist() == [0.5]
+
+
+def test_a_jailed_reward_scores_and_is_stopped_like_a_tool(shared_session):
+    """RuleReward(sandbox=...): the function runs in the tool jail (workbench.agents), its
+    scores come back as data, and what it must not do is stopped and named."""
+    from workbench.agents import SandboxLimits
+
+    readme = str(CACHE.parents[1] / "README.md")
+    driver = os.getpid()
+
+    def hostile(text, truth):
+        import ctypes
+
+        if text == "read":
+            return float(len(open(readme).read()))
+        if text == "kill":
+            if ctypes.CDLL(None).kill(driver, 9) != 0:
+                raise ProcessLookupError(f"pid {driver}")
+        if text == "hang":
+            time.sleep(60)
+        return float(len(text) + (truth == "1"))
+
+    reward = RuleReward(hostile, sandbox=SandboxLimits(seconds=2), processes=1)
+    assert reward.compute_reward(answers(["ab", "abc"], ["1", "0"])).get()["scores"].tolist() == [3.0, 3.0]
+    for text, words in [
+        ("read", "raised on row uid=u1 .*FileNotFoundError"),
+        ("kill", "raised on row uid=u1 .*ProcessLookupError"),
+        ("hang", "took more than 2 s.* on a chunk of 2 rows .*jail"),
+    ]:
+        with pytest.raises(WorkerCallError, match=words):
+            reward.compute_reward(answers(["ok", text], ["1", "1"])).get()
+        assert reward.compute_reward(answers(["ok"], ["0"])).get()["scores"].tolist() == [2.0]
+    with pytest.raises(WorkerCallError, match=r"returned nan on row uid=u0"):
+        RuleReward(lambda t, g: math.nan, sandbox=SandboxLimits()).compute_reward(answers(["x"], ["1"])).get()
 
 
 def scorer_pid(text, truth):

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from workbench.agents.sandbox import Sandbox, SandboxLimits, ToolError
+from workbench.agents.sandbox import Sandbox, SandboxLimits, ToolError, check_jail
 from workbench.errors import ConfigError
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -42,7 +42,8 @@ class Observation:
     reward: float = 0.0
     done: bool = False
     info: dict = field(default_factory=dict)
-    """What happened, for metrics: {"tool": name}, {"tool_error": kind}, ..."""
+    """What happened, for metrics: {"tool": name}, {"tool_error": kind}, {"tool_output_cut":
+    characters}, ..."""
 
 
 class Environment:
@@ -93,6 +94,7 @@ class ToolBox:
         if not tools or bad:
             raise ConfigError("ToolBox.tools", tools, "give {name: function}, e.g. {'calculator': calculator}")
         self.tools, self.limits = dict(tools), limits or SandboxLimits()
+        check_jail(self.limits)  # here, on the driver, before any worker starts an episode
 
     def call(self, name: str, arguments: dict) -> str:
         """The tool's answer as text; ToolError when the call fails (unknown tool, bad
@@ -100,6 +102,12 @@ class ToolBox:
         if name not in self.tools:
             raise ToolError(name, "unknown", f"is not a tool here; the tools are {sorted(self.tools)}")
         return str(sandbox_for(self.limits).call(self.tools[name], kwargs=arguments, tool=name))
+
+    @property
+    def last_cut(self) -> int:
+        """Characters the last call's answer lost to SandboxLimits.output_chars."""
+        sandbox = _sandboxes.get(self.limits)
+        return sandbox.last_cut if sandbox is not None else 0
 
     def close(self) -> None:
         """Stop this process's sandbox for these limits (the next call starts a fresh one)."""
@@ -140,9 +148,11 @@ class ToolEnvironment(Environment):
         if isinstance(call, str):
             return Observation(f"error: {call}", info={"tool_error": "format"})
         try:
-            return Observation(self.toolbox.call(call.name, call.arguments), info={"tool": call.name})
+            text = self.toolbox.call(call.name, call.arguments)
         except ToolError as err:  # the policy reads what went wrong, and may try again
             return Observation(f"error: {err}", info={"tool": call.name, "tool_error": err.kind})
+        cut = self.toolbox.last_cut
+        return Observation(text, info={"tool": call.name, **({"tool_output_cut": cut} if cut else {})})
 
     def close(self) -> None:
         self.toolbox.close()

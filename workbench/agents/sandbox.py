@@ -1,27 +1,35 @@
-"""Tool sandboxes: long-lived child processes that run tool calls under limits.
+"""Tool sandboxes: long-lived jailed processes that run tool calls under limits.
 
     sandbox = Sandbox(SandboxLimits(seconds=2, memory_mib=256))
-    sandbox.call(calculator, ("123 * 45",))      # -> "5535", run in the child
+    sandbox.call(calculator, ("123 * 45",))      # -> "5535", run in the jail
     sandbox.call(python, ("while True: pass",))  # -> ToolError: ... took more than 2 s; killed
 
 A sandbox is started once and reused by every call (a process per call would cost its start
-each turn of every episode). Each call gets a deadline enforced from outside: the parent waits
-on the child's answer and SIGKILLs it when the deadline passes, so a tool that loops, sleeps or
-ignores signals is still stopped; the next call starts a fresh child. Inside, the child
-(workbench/agents/sandbox_child.py) has its own scratch directory as working directory, a
-memory cap, no network and no new processes, and may write only inside its scratch directory.
-Every failure is a ToolError naming the tool, what went wrong (`kind`) and how to fix it.
+each turn of every episode). It runs in a jail (workbench/agents/jail.py: an unprivileged user,
+namespaces of its own, only the interpreter visible, a private scratch directory), where its
+program (workbench/agents/sandbox_child.py) runs each call in a process of its own with limits.
+Each call has a deadline enforced from outside: the parent waits on the answer with the deadline
+on every read, a cap on its size, and SIGKILLs the jail when either is passed; the next call
+starts a fresh one. Answers are JSON: nothing a tool sends can run code here.
+Every failure is a ToolError naming the tool, what went wrong (`kind`) and the limit.
+
+Where no jail can be built (no bubblewrap, no namespaces), a sandbox refuses to start unless the
+tools are trusted (`SandboxLimits(trust_tools=True)`): then it runs unjailed, with the same
+protocol, limits and audit hook, in a scratch directory on the host.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,16 +37,23 @@ from typing import Any
 import cloudpickle
 
 from workbench import checks
-from workbench.agents.sandbox_child import read_message, write_message
+from workbench.agents import jail
+from workbench.agents.sandbox_child import CUT_NOTE, answer_cap, result, write_message
 from workbench.errors import WorkbenchError
 
 CHILD = Path(__file__).with_name("sandbox_child.py")
+CHILD_IN_JAIL = "/sandbox/sandbox_child.py"
 START_TIMEOUT = 30.0
 """Seconds a fresh child may take to start (imports), apart from the call's own limit."""
 
 
+class SandboxUnavailable(WorkbenchError):
+    """No jail can be built here and the tools are not declared trusted."""
+
+
 class ToolError(WorkbenchError):
-    """A tool call failed: `kind` is "timeout", "memory", "blocked", "raised" or "crashed"."""
+    """A tool call failed. `kind`: "timeout", "memory", "disk", "output", "result", "blocked",
+    "raised", "crashed" (or "unknown", a tool not in the ToolBox)."""
 
     def __init__(self, tool: str, kind: str, detail: str):
         self.tool, self.kind, self.detail = tool, kind, detail
@@ -50,60 +65,97 @@ class SandboxLimits:
     """What one tool call may use."""
 
     seconds: float = 5.0
-    """Wall-clock limit per call; the child is killed when it passes."""
+    """Wall-clock limit per call; the jail is killed when it passes (and RLIMIT_CPU stops a call's
+    process past seconds + 1 CPU seconds)."""
     memory_mib: int = 512
-    """Address-space cap of the child (RLIMIT_AS): an unbounded allocation fails there."""
+    """Address-space cap of a call's process (RLIMIT_AS): an unbounded allocation fails there."""
+    disk_mib: int = 64
+    """The scratch directory's size (a tmpfs in the jail), and the largest file (RLIMIT_FSIZE)."""
+    processes: int = 32
+    """Processes the jail's user may run at once (RLIMIT_NPROC): a fork bomb ends there."""
+    output_chars: int = 4000
+    """Characters of a tool's answer kept; the rest is cut before anything reads it (and counted)."""
     network: bool = False
-    """Allow sockets (off: no network namespace access, socket creation refused)."""
+    """Share the host's network (off: the jail has only a loopback of its own; sockets refused)."""
+    trust_tools: bool = False
+    """Run the tools unjailed where no jail can be built (they are yours). Off: refuse to start."""
 
     def __post_init__(self):
         checks.real("SandboxLimits", "seconds", self.seconds, 0, low_open=True, fix="give seconds per call > 0")
         checks.whole("SandboxLimits", "memory_mib", self.memory_mib, low=64, fix="give at least 64 MiB")
+        checks.whole("SandboxLimits", "disk_mib", self.disk_mib, low=1, fix="give at least 1 MiB")
+        checks.whole("SandboxLimits", "processes", self.processes, low=2, fix="give at least 2 processes")
+        checks.whole("SandboxLimits", "output_chars", self.output_chars, low=16, fix="give at least 16 characters")
+
+
+def check_jail(limits: SandboxLimits) -> bool:
+    """Whether tools run jailed here; SandboxUnavailable when they cannot and are not trusted."""
+    why = jail.unavailable()
+    if why is not None and not limits.trust_tools:
+        raise SandboxUnavailable(
+            f"tools cannot be jailed here: {why}. Install bubblewrap, or pass "
+            f"SandboxLimits(trust_tools=True) to run tools you trust without a jail"
+        )
+    return why is None
 
 
 class Sandbox:
-    """One child process that runs tool functions (picklable callables) one call at a time."""
+    """A jailed process that runs tool functions (picklable callables) one call at a time."""
 
     def __init__(self, limits: SandboxLimits = SandboxLimits(), name: str = "sandbox"):
         self.limits, self.name = limits, name
-        self.scratch = Path(tempfile.mkdtemp(prefix=f"workbench-{name}-"))
-        """The child's working directory: the one place a tool may write."""
+        self.jailed = check_jail(limits)
+        self.scratch = jail.SCRATCH if self.jailed else tempfile.mkdtemp(prefix=f"workbench-{name}-")
+        """The tools' working directory, as they see it: in the jail, a tmpfs of its own (gone
+        with the jail); unjailed, a folder on the host."""
+        self.uid = jail.new_uid() if self.jailed else None
+        """The jail's own uid (started as root), else None: the caller's uid."""
         self._child: subprocess.Popen | None = None
+        self._requests = self._answers = -1
         self.starts = 0
-        """Children started so far (a killed or crashed child is replaced on the next call)."""
+        """Jails started so far (a killed or crashed one is replaced on the next call)."""
+        self.last_cut = 0
+        """Characters the last call's answer lost to SandboxLimits.output_chars."""
+        self._cap = answer_cap(limits.output_chars)
 
     @property
     def pid(self) -> int | None:
         return self._child.pid if self._child is not None and self._child.poll() is None else None
 
     def call(self, fn, args: tuple = (), kwargs: dict | None = None, tool: str | None = None) -> Any:
-        """fn(*args, **kwargs) in the child, within the limits; ToolError when it fails.
+        """fn(*args, **kwargs) in the jail, within the limits; ToolError when it fails.
         `tool` names it in errors (default: the function's name)."""
         tool = tool or getattr(fn, "__name__", repr(fn))
-        child = self._running()
+        self._running()
         try:
-            write_message(child.stdin, (cloudpickle.dumps(fn), tuple(args), dict(kwargs or {})), cloudpickle.dumps)
-        except (BrokenPipeError, OSError):
+            write_message(self._requests, cloudpickle.dumps((cloudpickle.dumps(fn), tuple(args), dict(kwargs or {}))))
+        except OSError:
             self._kill()
             raise ToolError(
                 tool, "crashed", "found its sandbox process gone; a fresh one starts on the next call"
             ) from None
-        answer = self._answer(child, tool, self.limits.seconds)
-        if answer[0] == "ok":
-            return answer[1]
-        _, kind, text = answer
-        if kind == "memory":
-            raise ToolError(
-                tool, kind, f"ran out of memory (the limit is SandboxLimits.memory_mib={self.limits.memory_mib})"
-            )
-        if kind == "blocked":
-            raise ToolError(tool, kind, f"was refused by the sandbox: {text}")
-        raise ToolError(tool, kind, f"raised {text}")
+        answer = self._answer(tool, time.monotonic() + self.limits.seconds)
+        if "ok" in answer:
+            # Checked again here: the jail is not trusted (its own note on a cut answer may stay).
+            checked = result(answer["ok"], self.limits.output_chars + CUT_NOTE)
+            if "error" in checked:
+                raise ToolError(tool, checked["error"], checked["text"] + self._limit(checked["error"]))
+            self.last_cut = max(int(answer.get("cut", 0) or 0), checked["cut"])
+            return checked["ok"]
+        kind, text = answer["error"], str(answer.get("text", ""))
+        detail = {
+            "memory": "ran out of memory",
+            "disk": f"wrote past its disk limit: {text}",
+            "blocked": f"was refused by the sandbox: {text}",
+            "raised": f"raised {text}",
+        }.get(kind, text)
+        raise ToolError(tool, kind, detail + self._limit(kind))
 
     def close(self) -> None:
-        """Stop the child and remove the scratch directory."""
+        """Stop the jail (and remove an unjailed sandbox's scratch directory)."""
         self._kill()
-        shutil.rmtree(self.scratch, ignore_errors=True)
+        if not self.jailed:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
     def __enter__(self) -> Sandbox:
         return self
@@ -118,61 +170,118 @@ class Sandbox:
             pass
 
     # ---- the child -----------------------------------------------------------------------------
-    def _running(self) -> subprocess.Popen:
-        if self._child is None or self._child.poll() is not None:
-            self._kill()
+    def _limit(self, kind: str) -> str:
+        """The limit a failure ran into, named so it can be raised."""
+        limits = self.limits
+        return {
+            "timeout": f" (SandboxLimits.seconds={limits.seconds})",
+            "memory": f" (SandboxLimits.memory_mib={limits.memory_mib})",
+            "disk": f" (SandboxLimits.disk_mib={limits.disk_mib})",
+            "output": f" (SandboxLimits.output_chars={limits.output_chars})",
+        }.get(kind, "")
+
+    def _running(self) -> None:
+        if self._child is not None and self._child.poll() is None:
+            return
+        self._kill()
+        requests_read, self._requests = os.pipe()
+        self._answers, answers_write = os.pipe()
+        own_uid = self.uid is not None  # RLIMIT_NPROC counts per uid: only a uid of its own
+        settings = {
+            "scratch": self.scratch,
+            "jailed": self.jailed,
+            "seconds": self.limits.seconds,
+            "memory_bytes": self.limits.memory_mib * 2**20,
+            "file_bytes": self.limits.disk_mib * 2**20,
+            "processes": self.limits.processes if own_uid else 0,
+            "output_chars": self.limits.output_chars,
+            "network": self.limits.network,
+        }
+        program = CHILD_IN_JAIL if self.jailed else str(CHILD)
+        # -I: no user site, no PYTHON* variables, not the script's folder: nothing of ours.
+        command = [sys.executable, "-I", program, str(requests_read), str(answers_write), json.dumps(settings)]
+        if self.jailed:
+            command = jail.jail_command(
+                command,
+                self.limits.disk_mib,
+                network=self.limits.network,
+                files={CHILD_IN_JAIL: str(CHILD)},
+                uid=self.uid,
+            )
+        try:
             self._child = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-I",  # no user site, no PYTHON* variables, not the script's folder: nothing of ours
-                    str(CHILD),
-                    str(self.scratch),
-                    str(self.limits.memory_mib * 2**20),
-                    "1" if self.limits.network else "0",
-                ],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                cwd=self.scratch,
+                command,
+                pass_fds=(requests_read, answers_write),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,  # a tool printing to its real stdout reaches nobody
+                stderr=subprocess.DEVNULL,
+                cwd=None if self.jailed else self.scratch,
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"},  # none of the caller's
                 start_new_session=True,  # a notebook's interrupt goes to the kernel, not the tool
             )
-            self.starts += 1
-            # Its start (interpreter, cloudpickle) is not the tool's time: wait for it apart.
-            ready, _, _ = select.select([self._child.stdout], [], [], START_TIMEOUT)
-            if not ready or read_message(self._child.stdout) != ("ready",):
-                self._kill()
-                raise ToolError(self.name, "crashed", f"could not start its sandbox process within {START_TIMEOUT} s")
-        return self._child
-
-    def _answer(self, child: subprocess.Popen, tool: str, seconds: float):
-        """The child's answer, or kill it once `seconds` pass."""
-        ready, _, _ = select.select([child.stdout], [], [], seconds)
-        if not ready:
+        finally:
+            os.close(requests_read)
+            os.close(answers_write)
+        self.starts += 1
+        # Its start (jail, interpreter, cloudpickle) is not the tool's time: waited for apart.
+        try:
+            ready = self._answer(self.name, time.monotonic() + START_TIMEOUT)
+        except ToolError:
+            ready = {}
+        if ready != {"ready": True}:
             self._kill()
-            raise ToolError(
-                tool,
-                "timeout",
-                f"took more than {seconds} s; its sandbox process was killed (make the call cheaper, or raise "
-                f"SandboxLimits.seconds)",
-            )
-        answer = read_message(child.stdout)
-        if answer is None:  # the process ended mid-call: a crash, or the kernel's OOM killer
-            code = child.wait(5)
-            self._child = None
-            raise ToolError(
-                tool, "crashed", f"ended its sandbox process (exit code {code}); a fresh one starts next call"
-            )
+            raise ToolError(self.name, "crashed", f"could not start its sandbox process within {START_TIMEOUT} s")
+
+    def _answer(self, tool: str, deadline: float) -> dict:
+        """One answer from the child, read by `deadline` and within the size cap, or the child
+        is killed and the failure named."""
+        size = struct.unpack(">I", self._take(4, tool, deadline))[0]
+        if size > self._cap:
+            self._kill()
+            raise ToolError(tool, "output", f"sent an answer of {size} bytes, over the cap of {self._cap}; killed")
+        try:
+            answer = json.loads(self._take(size, tool, deadline))
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict) or not ("ok" in answer or "ready" in answer or "error" in answer):
+            self._kill()
+            raise ToolError(tool, "crashed", "sent an answer that is not the sandbox's; killed")
         return answer
 
-    def _kill(self) -> None:
+    def _take(self, size: int, tool: str, deadline: float) -> bytes:
+        data = b""
+        while len(data) < size:
+            left = deadline - time.monotonic()
+            ready = select.select([self._answers], [], [], max(left, 0))[0] if left > 0 else []
+            if not ready:
+                self._kill()
+                raise ToolError(
+                    tool,
+                    "timeout",
+                    f"took more than {self.limits.seconds} s; its sandbox process was killed (make "
+                    f"the call cheaper, or raise SandboxLimits.seconds)",
+                )
+            chunk = os.read(self._answers, size - len(data))
+            if not chunk:  # the jail ended mid-call (a tool that killed its own server)
+                code = self._kill()
+                raise ToolError(
+                    tool, "crashed", f"ended its sandbox process (exit code {code}); a fresh one starts next call"
+                )
+            data += chunk
+        return data
+
+    def _kill(self) -> int | None:
+        """Stop the jail: the process group of bwrap (the jail's processes die with it)."""
         child, self._child = self._child, None
+        for fd in (self._requests, self._answers):
+            if fd >= 0:
+                os.close(fd)
+        self._requests = self._answers = -1
         if child is None:
-            return
+            return None
         if child.poll() is None:
             try:
-                os.killpg(child.pid, signal.SIGKILL)  # the child and anything it left behind
+                os.killpg(child.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        child.wait()
-        for stream in (child.stdin, child.stdout):
-            if stream is not None:
-                stream.close()
+        return child.wait()

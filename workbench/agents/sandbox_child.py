@@ -1,48 +1,83 @@
-"""The program a tool sandbox runs (started by workbench.agents.sandbox as a script; the
-workbench imports only its two message functions): it loads nothing but the standard library
-and cloudpickle, so it starts in a fraction of a second, and a tool's memory limit is not eaten
-by torch.
+"""The program a tool sandbox runs, in its jail (started by workbench.agents.sandbox as a script;
+the workbench imports only its message functions): it loads nothing but the standard library and
+cloudpickle, so it starts in a fraction of a second, and a tool's memory limit is not eaten by
+torch.
 
-At start it takes its limits from the command line, moves into its scratch directory, caps its
-memory (RLIMIT_AS), cuts itself off the network where the kernel allows (a network namespace of
-its own, when run as root) and installs an audit hook that refuses, inside a tool, what a tool
-must not do: sockets, new processes, and writes or deletions outside the scratch directory. The
-hook is Python-level: it stops honest mistakes and the usual ways out, not native code bent on
-escaping (run untrusted code in a container).
+It serves calls one at a time through a call process it forks (again whenever one crashes, is
+killed, or retires after a budget of CPU seconds): the serving process never runs a tool, so a
+tool that crashes costs a fork, not a jail. The call process has the limits (address space, file
+size, processes, CPU seconds per call) and an audit hook that refuses, as a second layer behind
+the jail, what a tool must not do: sockets, new processes, signals to other processes, and writes
+outside the scratch directory. After each call every other process in the jail is killed.
 
-Protocol, over stdin/stdout: 4-byte big-endian length + a pickle. Each request is
-(function bytes, args, kwargs); each answer ("ok", value) | ("raised", kind, text).
+Protocol, over two pipes that are not the child's stdin/stdout/stderr (those are /dev/null, so a
+tool printing to its real stdout reaches nobody): 4-byte big-endian length + body. A request
+(parent to child) is a pickle of (function bytes, args, kwargs): the parent is trusted. An answer
+(child to parent) is JSON, never a pickle: {"ok": value, "cut": characters cut} or
+{"error": kind, "text": what happened}. The parent reads it with a deadline and a size cap.
 """
 
 import contextlib
 import ctypes
+import errno
 import io
+import json
 import os
 import pickle
 import resource
+import signal
 import struct
 import sys
 import traceback
 
 CLONE_NEWNET = 0x40000000
+PR_SET_DUMPABLE = 4
+ERROR_TEXT = 4000
+"""Characters of an error's text sent back (a traceback is cut from the front: its end says most)."""
+CUT_NOTE = 64
+"""Characters a cut answer may carry past output_chars: the note saying how much was cut."""
+CALL_PROCESS_CALLS = 32
+"""A call process's CPU budget, in calls of SandboxLimits.seconds: then a fresh one is forked."""
 
 
 class SandboxViolation(PermissionError):
     """A tool did what the sandbox refuses (the parent names it as a blocked call)."""
 
 
-def read_message(stream):
-    header = stream.read(4)
-    if len(header) < 4:
+class TooLarge(Exception):
+    """A message over its cap (its size in bytes)."""
+
+
+def read_message(fd: int, cap: int | None = None) -> bytes | None:
+    """One message's body; None at the end of the stream."""
+    header = read_exactly(fd, 4)
+    if header is None:
         return None
     (size,) = struct.unpack(">I", header)
-    return pickle.loads(stream.read(size))
+    if cap is not None and size > cap:
+        raise TooLarge(size)
+    return read_exactly(fd, size)
 
 
-def write_message(stream, message, dumps=pickle.dumps) -> None:
-    data = dumps(message)
-    stream.write(struct.pack(">I", len(data)) + data)
-    stream.flush()
+def read_exactly(fd: int, size: int) -> bytes | None:
+    chunks, left = [], size
+    while left:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def write_message(fd: int, data: bytes) -> None:
+    view = memoryview(struct.pack(">I", len(data)) + data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def answer_bytes(answer: dict) -> bytes:
+    return json.dumps(answer, ensure_ascii=False, allow_nan=False).encode()
 
 
 def cut_network() -> bool:
@@ -53,15 +88,16 @@ def cut_network() -> bool:
         return False
 
 
-def guard(scratch: str, network: bool):
-    """An audit hook refusing sockets, processes and writes outside `scratch`, armed only while
-    a tool runs (the sandbox's own pipe and imports stay free)."""
+def guard(scratch: str, network: bool) -> tuple[list[bool], list[str]]:
+    """An audit hook refusing sockets, processes, signals to other processes and writes outside
+    `scratch`, armed only while a tool runs (the call process's own pipes stay free)."""
     armed = [False]
     violations: list[str] = []  # what a tool tried, even where it caught the refusal itself
     root = os.path.realpath(scratch)
     refused_events = {"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty"}
     path_events = {"os.remove", "os.rename", "os.rmdir", "os.mkdir", "shutil.rmtree", "os.chmod", "os.truncate"}
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+    own = os.getpid()
 
     def outside(path) -> bool:
         if isinstance(path, int):  # an already-open descriptor
@@ -80,6 +116,8 @@ def guard(scratch: str, network: bool):
             refuse(f"no network in the sandbox ({event})")
         if event in refused_events:
             refuse(f"no new processes in the sandbox ({event})")
+        if event in ("os.kill", "os.killpg") and args[0] != own or event == "signal.pthread_kill":
+            refuse(f"no signals to other processes from the sandbox ({event} {args[0]})")
         if event == "open" and len(args) >= 3 and args[0] is not None:
             mode, flags = args[1], args[2] or 0
             writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool(flags & write_flags)
@@ -92,48 +130,189 @@ def guard(scratch: str, network: bool):
     return armed, violations
 
 
-def main() -> None:
-    scratch, memory_bytes, network = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
-    sys.dont_write_bytecode = True
-    os.chdir(scratch)
-    os.environ.update(TMPDIR=scratch, HOME=scratch)
-    if not network:
-        cut_network()
-    import cloudpickle  # noqa: F401  (loads the functions the parent sends)
+def result(value, output_chars: int) -> dict:
+    """The answer for a tool's return value: text (cut to `output_chars`) or other JSON data."""
+    if isinstance(value, str):
+        text = str.__str__(value)  # a subclass's own methods do not run past here
+        cut = max(len(text) - output_chars, 0)
+        if cut:
+            text = text[:output_chars] + f"\n... ({cut} more characters cut)"
+        return {"ok": text, "cut": cut}
+    try:
+        data = json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError, RecursionError):
+        return {"error": "result", "text": f"returned a {type(value).__name__}, not data: return text"}
+    if len(json.dumps(data)) > output_chars:
+        return {"error": "output", "text": f"returned data of more than {output_chars} characters"}
+    return {"ok": data, "cut": 0}
 
-    if memory_bytes > 0:
-        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-    armed, violations = guard(scratch, network)
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    sys.stdout = sys.stderr  # a tool's prints must not corrupt the protocol
-    write_message(stdout, ("ready",))
+
+def answer_cap(output_chars: int) -> int:
+    """The most bytes an answer may take: output_chars and the cut note (4 bytes a character at
+    most in UTF-8), or an error's text, and JSON's framing."""
+    return 4 * (output_chars + CUT_NOTE) + 4 * ERROR_TEXT + 1024
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_call(fn, args, kwargs, limits: dict, armed: list[bool], violations: list[str]) -> dict:
+    """One tool call, guarded; its answer."""
+    printed = io.StringIO()
+    violations.clear()
+    armed[0] = True
+    try:
+        try:
+            with contextlib.redirect_stdout(printed):
+                value = fn(*args, **kwargs)
+        finally:
+            armed[0] = False
+        return {"error": "blocked", "text": violations[0]} if violations else result(value, limits["output_chars"])
+    except SandboxViolation as err:
+        return {"error": "blocked", "text": str(err)}
+    except MemoryError:
+        return {"error": "memory", "text": ""}
+    except OSError as err:
+        if err.errno in (errno.EFBIG, errno.ENOSPC, errno.EDQUOT):
+            return {"error": "disk", "text": f"{err.strerror} ({err.filename or 'a write'})"}
+        return {"error": "raised", "text": f"{err!r}\n{traceback.format_exc(limit=-2)}"[-ERROR_TEXT:]}
+    except BaseException as err:  # the tool's own error: its message and where
+        return {"error": "raised", "text": f"{err!r}\n{traceback.format_exc(limit=-2)}"[-ERROR_TEXT:]}
+
+
+def call_loop(requests: int, answers: int, limits: dict) -> None:
+    """The call process: tool calls, one at a time, until it retires. RLIMIT_CPU is a process's
+    lifetime: each call's soft limit is what was used so far plus the call's seconds, under a
+    hard limit of CALL_PROCESS_CALLS calls' worth; near it, the process retires after answering
+    (and a fresh one is forked), so a call never inherits another's CPU time."""
+    per_call = int(limits["seconds"]) + 1
+    budget = per_call * CALL_PROCESS_CALLS
+    resource.setrlimit(resource.RLIMIT_CPU, (budget, budget))
+    armed, violations = guard(limits["scratch"], limits["network"])
     loaded: dict[bytes, object] = {}
     while True:
-        request = read_message(stdin)
+        request = read_message(requests)
         if request is None:
             return
-        fn_bytes, args, kwargs = request
+        used = cpu_seconds()
+        resource.setrlimit(resource.RLIMIT_CPU, (min(int(used) + per_call + 1, budget), budget))
         try:
+            fn_bytes, args, kwargs = pickle.loads(request)  # from the parent: trusted
             fn = loaded.get(fn_bytes) or loaded.setdefault(fn_bytes, pickle.loads(fn_bytes))
-            printed = io.StringIO()
-            violations.clear()
-            armed[0] = True
-            try:
-                with contextlib.redirect_stdout(printed):
-                    value = fn(*args, **kwargs)
-            finally:
-                armed[0] = False
-            answer = ("raised", "blocked", violations[0]) if violations else ("ok", value)
-        except SandboxViolation as err:
-            answer = ("raised", "blocked", str(err))
-        except MemoryError:
-            answer = ("raised", "memory", "")
-        except Exception as err:  # the tool's own error: its message and where
-            answer = ("raised", "raised", f"{err!r}\n{traceback.format_exc(limit=-2)}")
+        except Exception as err:
+            answer = {"error": "raised", "text": f"cannot load the tool: {err!r}"}
+        else:
+            answer = run_call(fn, args, kwargs, limits, armed, violations)
+        retire = cpu_seconds() > budget - 2 * per_call
+        write_message(answers, answer_bytes({**answer, "retire": retire}))
+        if retire:
+            return
+
+
+def call_process(limits: dict, keep_closed: tuple[int, ...]) -> tuple[int, int, int]:
+    """Fork the call process; (pid, its request pipe, its answer pipe)."""
+    request_read, request_write = os.pipe()
+    answer_read, answer_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
         try:
-            write_message(stdout, answer)
-        except (TypeError, pickle.PicklingError, AttributeError) as err:
-            write_message(stdout, ("raised", "raised", f"the tool's result cannot be sent back: {err!r}"))
+            for fd in (request_write, answer_read, *keep_closed):
+                os.close(fd)
+            call_loop(request_read, answer_write, limits)
+        except BaseException:
+            code = 70
+        finally:
+            os._exit(code)
+    os.close(request_read)
+    os.close(answer_write)
+    return pid, request_write, answer_read
+
+
+def ended(pid: int, seconds: float) -> dict:
+    """The answer for a call whose process ended without one: how it ended."""
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if sig == signal.SIGXCPU:
+            return {"error": "timeout", "text": f"used more than {int(seconds) + 1} CPU seconds"}
+        return {"error": "crashed", "text": f"was killed by {signal.Signals(sig).name}"}
+    return {"error": "crashed", "text": f"ended its process (exit code {os.WEXITSTATUS(status)})"}
+
+
+def sweep(keep: set[int]) -> None:
+    """Kill every process of the jail but `keep` (and its init): what a tool left running."""
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) not in keep and name != "1":
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(name), signal.SIGKILL)
+
+
+def exchange(process: tuple[int, int, int], request: bytes, cap: int) -> dict | None:
+    """The call process's answer to `request`; None when it ended without one."""
+    _, requests, answers = process
+    try:
+        write_message(requests, request)
+        data = read_message(answers, cap)
+    except TooLarge as err:
+        return {"error": "output", "text": f"sent an answer of {err.args[0]} bytes, over the cap of {cap}"}
+    except OSError:
+        return None
+    if data is None:
+        return None
+    try:
+        answer = json.loads(data)
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict) or not ("ok" in answer or isinstance(answer.get("error"), str)):
+        return {"error": "crashed", "text": "sent an answer that is not the sandbox's"}
+    return answer
+
+
+def serve(request_fd: int, answer_fd: int, limits: dict) -> None:
+    cap = answer_cap(limits["output_chars"])
+    process = call_process(limits, (request_fd, answer_fd))
+    write_message(answer_fd, answer_bytes({"ready": True}))
+    while True:
+        request = read_message(request_fd)
+        if request is None:
+            return
+        pid = process[0]
+        answer = exchange(process, request, cap)
+        if limits["jailed"]:
+            sweep({os.getpid(), pid})
+        if answer is None or answer.pop("retire", True):  # ended, retired, or not to be trusted further
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            status = ended(pid, limits["seconds"])
+            answer = answer or status
+            os.close(process[1])
+            os.close(process[2])
+            process = call_process(limits, (request_fd, answer_fd))
+        write_message(answer_fd, answer_bytes(answer))
+
+
+def main() -> None:
+    request_fd, answer_fd, limits = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
+    sys.dont_write_bytecode = True
+    os.chdir(limits["scratch"])
+    os.environ.update(TMPDIR=limits["scratch"], HOME=limits["scratch"])
+    if not limits["network"] and not limits["jailed"]:
+        cut_network()  # a jail has its own network namespace already
+    import cloudpickle  # noqa: F401  (loads the functions the parent sends)
+
+    with contextlib.suppress(OSError, AttributeError):  # no tool may open this process's fds via /proc
+        ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    for which, value in (
+        (resource.RLIMIT_AS, limits["memory_bytes"]),
+        (resource.RLIMIT_FSIZE, limits["file_bytes"]),
+        (resource.RLIMIT_NPROC, limits["processes"]),
+    ):
+        if value > 0:
+            resource.setrlimit(which, (value, value))
+    serve(request_fd, answer_fd, limits)
 
 
 if __name__ == "__main__":

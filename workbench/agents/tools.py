@@ -76,5 +76,25 @@ def python(code: str) -> str:
     return text if len(text) <= MAX_OUTPUT else text[:MAX_OUTPUT] + f"\n... ({len(text) - MAX_OUTPUT} more characters)"
 
 
+def score_rows(fn_bytes: bytes, texts: list[str], truths: list[str]) -> dict:
+    """A reward function run as a tool (RuleReward(sandbox=...)): {"scores": [...]}, or the first
+    row that failed: {"row": i, "raised": text} or {"row": i, "returned": a non-finite value}."""
+    import math
+    import pickle
+    import traceback
+
+    fn = pickle.loads(fn_bytes)
+    scores = []
+    for row, (text, truth) in enumerate(zip(texts, truths)):
+        try:
+            value = float(fn(text, truth))
+        except Exception as err:
+            return {"row": row, "raised": f"{err!r}\n{traceback.format_exc(limit=-3)}"[-2000:]}
+        if not math.isfinite(value):
+            return {"row": row, "returned": repr(value)}
+        scores.append(value)
+    return {"scores": scores}
+
+
 # Sent by value: the sandbox imports only the standard library and cloudpickle.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -19,7 +19,8 @@ right-padded response of R = EpisodeConfig.max_tokens columns) with `response_ma
 policy's tokens only (0 on observations and template tokens), `attention_mask` 1 on every real
 token, the rollout's log-probs on the policy's tokens, `turn_ends` (each policy turn's last
 position in the response, -1 padded to max_turns), and per-episode `episode_reward`, `turns`,
-`tool_calls`, `tool_errors`, `observation_tokens`.
+`tool_calls`, `tool_errors`, `tool_output_cuts` (tool answers cut to SandboxLimits.output_chars),
+`observation_tokens`.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ from workbench.agents.env import TOOL_CALL_END, Environment, Observation
 from workbench.data.batch import Batch
 from workbench.data.prompts import left_padded, prompt_ids
 from workbench.engines.rollout import SamplingConfig, stream_seed
+
+MAX_TOKEN_CHARS = 64
+"""Characters of an observation kept per token the response has room for (a bound on any token's
+length): a 50 MB tool answer is cut before the tokenizer sees it, not after."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +158,7 @@ class _Episode:
     done: bool = False
     tool_calls: int = 0
     tool_errors: int = 0
+    tool_output_cuts: int = 0
     observation_tokens: int = 0
 
 
@@ -286,13 +292,17 @@ class Episodes:
             e.reward += float(observation.reward)
             e.tool_calls += "tool" in observation.info
             e.tool_errors += "tool_error" in observation.info
+            e.tool_output_cuts += "tool_output_cut" in observation.info
             last = turn == config.max_turns - 1 or len(e.response) >= config.max_tokens
             shown: list[int] = []
             if observation.done or last or observation.text is None:
                 e.done = True
             else:
                 closed = bool(ids) and ids[-1] in self._end_ids
-                shown = observation_ids(self.tokenizer, observation.text, not closed, config.tool_role)
+                # Cut before it is tokenized: no token is longer than MAX_TOKEN_CHARS characters, so
+                # the cut text still fills what the response has room for.
+                text = observation.text[: (config.max_tokens - len(e.response)) * MAX_TOKEN_CHARS]
+                shown = observation_ids(self.tokenizer, text, not closed, config.tool_role)
                 shown = shown[: config.max_tokens - len(e.response)]
                 e.response += shown
                 e.policy += [False] * len(shown)
@@ -367,6 +377,7 @@ def _batch(rows: Batch, episodes: list[_Episode], pad: int, config: EpisodeConfi
         "turns": [len(e.turn_ends) for e in episodes],
         "tool_calls": [e.tool_calls for e in episodes],
         "tool_errors": [e.tool_errors for e in episodes],
+        "tool_output_cuts": [e.tool_output_cuts for e in episodes],
         "observation_tokens": [e.observation_tokens for e in episodes],
     }
     return Batch(

@@ -22,6 +22,8 @@ the span covers receiving the rows and scoring them in the child.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import multiprocessing
 import os
@@ -31,11 +33,14 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import cloudpickle
 import ray
 import torch
-from ray import cloudpickle
 
 from workbench import checks
+from workbench.agents.env import sandbox_for
+from workbench.agents.sandbox import SandboxLimits, ToolError, check_jail
+from workbench.agents.tools import score_rows
 from workbench.controller.future import CallInfo, DataFuture, describe_output
 from workbench.controller.protocols import concat
 from workbench.controller.worker import MAX_RECORDS, TRACE_GROUP, resolve_input
@@ -48,6 +53,8 @@ SCORER_NAMESPACE = "workbench"
 SCORER_PREFIX = "workbench:reward_scorer:"
 LOAD_TIMEOUT = 120.0
 """Seconds a scoring process may take to load a reward function (its imports), apart from the time limit."""
+MAX_MESSAGE = 64 * 1024
+"""Bytes a scoring child's message may take (a score, or an error's text)."""
 SCORER_POOL = "rule_reward"
 """The pool (and role) name of scoring spans in the trace."""
 
@@ -66,17 +73,27 @@ class RuleReward:
         text_key: str = "response_text",
         truth_key: str = "ground_truth",
         processes: int = 2,
+        sandbox: SandboxLimits | None = None,
     ):
         """fn(text, truth) -> float, applied to batch[text_key] and batch[truth_key] per row;
         timeout: seconds allowed for one chunk of chunk_size rows (the process running the
         function is killed when it passes); processes: long-lived scoring processes shared by
-        every RuleReward of the session (chunks are spread over them)."""
+        every RuleReward of the session (chunks are spread over them); sandbox: run fn in a
+        jailed tool sandbox with these limits (reward code you did not write: a reward function
+        is a tool without a policy), its `seconds` per chunk in place of `timeout`. A jailed
+        function may use the standard library and installed packages; one defined in a notebook
+        or a file of your own is sent by value."""
         checks.real("RuleReward", "timeout", timeout, 0, low_open=True, fix="give the seconds allowed per chunk, > 0")
         checks.whole("RuleReward", "chunk_size", chunk_size, fix="use a whole number of rows >= 1 per chunk")
         checks.whole("RuleReward", "processes", processes, fix="use a whole number of scoring processes >= 1")
         self.fn, self.chunk_size, self.timeout, self.processes = fn, chunk_size, timeout, processes
         self.output_key, self.text_key, self.truth_key = output_key, text_key, truth_key
         self.name = getattr(fn, "__qualname__", repr(fn))
+        self.sandbox = None
+        if sandbox is not None:
+            check_jail(sandbox)  # here, on the driver, before a scorer starts one
+            # Room for a chunk's scores in the answer (a JSON number is at most ~24 characters).
+            self.sandbox = dataclasses.replace(sandbox, output_chars=max(sandbox.output_chars, 32 * chunk_size))
         if ray.is_initialized():
             scorer_pool(processes)  # start (or find) the scoring processes while groups start
 
@@ -93,6 +110,7 @@ class RuleReward:
             count = len(batch.collect_ranks)
             pieces = [batch.slice(i, count) for i in range(count)]
         spec = (
+            # The standalone cloudpickle: ray's would have the jail import ray to load it.
             cloudpickle.dumps(self.fn),
             self.name,
             self.timeout,
@@ -100,6 +118,7 @@ class RuleReward:
             self.text_key,
             self.truth_key,
             self.chunk_size,
+            self.sandbox,
         )
         scorers = scorer_pool(self.processes)
         number = new_call_number()
@@ -233,7 +252,7 @@ class RewardScorer:
 
     @ray.method(num_returns=2)
     def score(self, spec: tuple, rows, tags: dict | None = None):
-        fn_bytes, name, timeout, output_key, text_key, truth_key, chunk_size = spec
+        fn_bytes, name, timeout, output_key, text_key, truth_key, chunk_size, sandbox = spec
         start = time.time()
         rows = resolve_input(rows)
         fetched, out = time.time(), None
@@ -243,9 +262,11 @@ class RewardScorer:
             scores: list[float] = []
             for first in range(0, len(rows), chunk_size):  # one deadline per chunk of chunk_size rows
                 end = min(first + chunk_size, len(rows))
-                scores += self._score_chunk(
-                    fn_bytes, name, timeout, texts[first:end], truths[first:end], uids[first:end]
-                )
+                chunk = (fn_bytes, name, texts[first:end], truths[first:end], uids[first:end])
+                if sandbox is not None:
+                    scores += self._score_jailed(sandbox, *chunk)
+                else:
+                    scores += self._score_chunk(timeout, *chunk)
             out = Batch({output_key: torch.tensor(scores, dtype=torch.float32)})
             if PAD_KEY in rows.tensors.keys():
                 out.tensors[PAD_KEY] = rows.tensors[PAD_KEY]
@@ -274,7 +295,24 @@ class RewardScorer:
             )
         )
 
-    def _score_chunk(self, fn_bytes, name, timeout, texts, truths, uids) -> list[float]:
+    def _score_jailed(self, sandbox: SandboxLimits, fn_bytes, name, texts, truths, uids) -> list[float]:
+        """A chunk scored in this process's jailed sandbox for `sandbox` (workbench.agents)."""
+        try:
+            answer = sandbox_for(sandbox).call(score_rows, (fn_bytes, texts, truths), tool=name)
+        except ToolError as err:
+            raise RuleRewardError(
+                f"rule reward {name} {err.detail} on a chunk of {len(texts)} rows (uid={uids[0]}..{uids[-1]}); "
+                f"it runs in a jail (RuleReward(sandbox=...))"
+            ) from None
+        if "scores" in answer:
+            return [float(score) for score in answer["scores"]]
+        row = int(answer["row"])
+        where = f"on row uid={uids[row]} (response {texts[row]!r:.80})"
+        if "returned" in answer:
+            raise RuleRewardError(f"rule reward {name} returned {answer['returned']} {where}")
+        raise RuleRewardError(f"rule reward {name} raised {where}: {answer['raised']}")
+
+    def _score_chunk(self, timeout, fn_bytes, name, texts, truths, uids) -> list[float]:
         if self.child is None or not self.child.is_alive():
             self._start_child()
         self.conn.send((fn_bytes, texts, truths))
@@ -307,8 +345,8 @@ class RewardScorer:
                 f"Make the function faster, or raise RuleReward(timeout=...)"
             )
         try:
-            return self.conn.recv()
-        except (EOFError, OSError):
+            return json.loads(self.conn.recv_bytes(MAX_MESSAGE))  # data, never a pickle: the child runs user code
+        except (EOFError, OSError, ValueError):
             self.child.join(5)
             code = self.child.exitcode
             self._kill_child()
@@ -320,7 +358,11 @@ class RewardScorer:
             if not self.conn.poll(max(0.0, deadline - time.monotonic())):
                 self._kill_child()
                 return
-            if self.conn.recv()[0] == "raised":
+            try:
+                if json.loads(self.conn.recv_bytes(MAX_MESSAGE))[0] == "raised":
+                    return
+            except (EOFError, OSError, ValueError):
+                self._kill_child()
                 return
 
 
@@ -338,11 +380,11 @@ def _child_loop(conn) -> None:
             return
         if fn_bytes != loaded:
             fn, loaded = cloudpickle.loads(fn_bytes), fn_bytes
-        conn.send(("loaded", None))
+        conn.send_bytes(b'["loaded", null]')
         for text, truth in zip(texts, truths):
             try:
                 value = float(fn(text, truth))
             except Exception as err:
-                conn.send(("raised", f"{err!r}\n{traceback.format_exc(limit=-3)}"))
+                conn.send_bytes(json.dumps(["raised", f"{err!r}\n{traceback.format_exc(limit=-3)}"[-8000:]]).encode())
                 break
-            conn.send(("ok", value))
+            conn.send_bytes(json.dumps(["ok", value]).encode())
