@@ -14,6 +14,7 @@ what the multi-turn rollout costs against single-turn generation.
   of the same number of policy tokens (the same prompts, max_new_tokens = the episodes' policy
   tokens per row) on the same engine (the actor's rollout: `--engine hf` or `vllm`), `--rounds`
   alternating rounds, medians. Goal: >= 0.8x.
+- tool_call_ms: a calculator call's round trip through the tool sandbox (its jail), median.
 
 `--model DIR` starts from another chat model directory instead (e.g. SmolLM2-135M-Instruct from
 `python -m workbench import-model smollm2`): no SFT, its own chat template.
@@ -87,6 +88,19 @@ class Clock:
         wall, cpu = time.perf_counter(), self.cpu()
         out = call(*args).get()
         return out, (time.perf_counter() - wall, self.cpu() - cpu)
+
+
+def tool_call_ms(env, rounds: int = 5, calls: int = 50) -> float:
+    """A calculator call's round trip through the environment's tool sandbox (its jail), in
+    milliseconds: the median of `rounds` rounds of `calls` calls, after one to start it."""
+    env.toolbox.call("calculator", {"expression": "1 + 1"})
+    medians = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            env.toolbox.call("calculator", {"expression": "123 * 45"})
+        medians.append((time.perf_counter() - start) / calls * 1000)
+    return statistics.median(medians)
 
 
 def throughput(actor, clock: Clock, tokenizer, heldout, env, rounds: int, seed: int) -> dict:
@@ -208,6 +222,8 @@ def main() -> None:
         pid = next(r.pid for r in session.trace() if r.role == "actor" and r.method == "generate_episodes")
         speed = throughput(actor, Clock(pid), tokenizer, heldout, env, args.rounds, args.seed + 1000)
         print("throughput:", json.dumps(speed))
+        call_ms = tool_call_ms(env)
+        print(f"a calculator call through the sandbox: {call_ms:.3f} ms")
     finally:
         session.shutdown()
 
@@ -224,6 +240,7 @@ def main() -> None:
         "score_per_iteration": [m["critic/score/mean"] for m in history],
         "tool_calls_per_iteration": [m["episode/tool_calls"] / rows_per_iteration for m in history],
         "throughput": speed,
+        "tool_call_ms": call_ms,
         "goal_throughput_ratio": 0.8,
         "throughput_goal_met": min(speed["ratio"], speed["ratio_cpu"]) >= 0.8,
     }

@@ -16,3 +16,19 @@ class Replies(Environment):
         if state["left"] == 0:
             return Observation(None, reward=float(state["taken"]), done=True)
         return Observation(f"result {state['taken']}: ok", info={"tool": "probe"})
+
+
+class Floods(Environment):
+    """One observation of `words` words (its tool cut it: counted), then the end."""
+
+    def __init__(self, words: int):
+        self.words = words
+
+    def start(self, row):
+        return {"turn": 0}
+
+    def step(self, state, text):
+        state["turn"] += 1
+        if state["turn"] == 1:
+            return Observation("word " * self.words, info={"tool": "flood", "tool_output_cut": 1})
+        return Observation(None, reward=1.0, done=True)

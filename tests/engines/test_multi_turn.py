@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from algorithms.core import ppo_clip
 from tests.chat_kit import END_OF_TURN, make_tiny_chat
-from tests.engines.envs import Replies
+from tests.engines.envs import Floods, Replies
 from workbench.data.prompts import tokenize_prompts
 from workbench.engines.forward import pad_responses, response_log_probs, response_logits, token_log_probs, trim_padding
 from workbench.engines.hf_rollout import HFRollout
@@ -108,6 +108,18 @@ def test_a_budget_ends_an_episode(kit):
     assert batch["responses"].shape[1] <= 10 and int(batch["attention_mask"][:, -10:].sum(1).max()) <= 10
     with pytest.raises(Exception, match="EpisodeConfig.max_turns"):
         EpisodeConfig(max_turns=0)
+
+
+def test_a_huge_observation_is_cut_before_it_is_tokenized_to_the_same_tokens(kit):
+    """A million words (5 MB) shown to the policy: cut to what the response has room for before
+    the tokenizer sees it, into the very tokens a just-long-enough observation gives."""
+    tokenizer, _, rollout, prompts = kit
+    config = EpisodeConfig(max_turns=2, turn_tokens=6, max_tokens=64)
+    sampling = SamplingConfig(max_new_tokens=6, seed=0)
+    huge = run_episodes(rollout, tokenizer, prompts, Floods(1_000_000), sampling, config)
+    enough = run_episodes(rollout, tokenizer, prompts, Floods(200), sampling, config)
+    assert torch.equal(huge["responses"], enough["responses"]) and int(huge["observation_tokens"].min()) > 40
+    assert huge["tool_output_cuts"].tolist() == [1, 1, 1]
 
 
 def test_stepping_turn_by_turn_is_the_same_loop(kit):

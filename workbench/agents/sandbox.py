@@ -51,9 +51,12 @@ class SandboxUnavailable(WorkbenchError):
     """No jail can be built here and the tools are not declared trusted."""
 
 
+KINDS = ("timeout", "memory", "disk", "output", "result", "blocked", "raised", "crashed")
+"""What can go wrong in a sandbox (ToolError.kind)."""
+
+
 class ToolError(WorkbenchError):
-    """A tool call failed. `kind`: "timeout", "memory", "disk", "output", "result", "blocked",
-    "raised", "crashed" (or "unknown", a tool not in the ToolBox)."""
+    """A tool call failed. `kind`: one of KINDS, or "unknown" (a tool not in the ToolBox)."""
 
     def __init__(self, tool: str, kind: str, detail: str):
         self.tool, self.kind, self.detail = tool, kind, detail
@@ -126,6 +129,7 @@ class Sandbox:
         """fn(*args, **kwargs) in the jail, within the limits; ToolError when it fails.
         `tool` names it in errors (default: the function's name)."""
         tool = tool or getattr(fn, "__name__", repr(fn))
+        self.last_cut = 0
         self._running()
         try:
             write_message(self._requests, cloudpickle.dumps((cloudpickle.dumps(fn), tuple(args), dict(kwargs or {}))))
@@ -140,9 +144,12 @@ class Sandbox:
             checked = result(answer["ok"], self.limits.output_chars + CUT_NOTE)
             if "error" in checked:
                 raise ToolError(tool, checked["error"], checked["text"] + self._limit(checked["error"]))
-            self.last_cut = max(int(answer.get("cut", 0) or 0), checked["cut"])
+            cut = answer.get("cut")
+            self.last_cut = max(cut if isinstance(cut, int) and cut > 0 else 0, checked["cut"])
             return checked["ok"]
         kind, text = answer["error"], str(answer.get("text", ""))
+        if kind not in KINDS:  # not one the sandbox sends
+            kind, text = "crashed", f"answered with an unknown kind of error {kind!r:.40}"
         detail = {
             "memory": "ran out of memory",
             "disk": f"wrote past its disk limit: {text}",

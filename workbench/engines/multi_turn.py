@@ -301,8 +301,8 @@ class Episodes:
                 closed = bool(ids) and ids[-1] in self._end_ids
                 # Cut before it is tokenized: no token is longer than MAX_TOKEN_CHARS characters, so
                 # the cut text still fills what the response has room for.
-                text = observation.text[: (config.max_tokens - len(e.response)) * MAX_TOKEN_CHARS]
-                shown = observation_ids(self.tokenizer, text, not closed, config.tool_role)
+                cut = observation.text[: (config.max_tokens - len(e.response)) * MAX_TOKEN_CHARS]
+                shown = observation_ids(self.tokenizer, cut, not closed, config.tool_role)
                 shown = shown[: config.max_tokens - len(e.response)]
                 e.response += shown
                 e.policy += [False] * len(shown)
