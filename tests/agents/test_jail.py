@@ -60,39 +60,61 @@ def answers_next(box: Sandbox) -> None:
     assert box.call(calculator, ("6 * 7",)) == "42"
 
 
-@pytest.mark.parametrize(
-    "code, kind, words",
-    [
-        # Signals: only its own jail's processes exist for it, and it is not their uid.
-        (failed(f"libc.kill({DRIVER}, 15)"), "raised", "ProcessLookupError"),
-        (failed(f"libc.killpg({os.getpgrp()}, 15)"), "raised", "ProcessLookupError"),
-        (failed("libc.kill(1, 9)"), "raised", "PermissionError"),
-        ("import os, signal\nos.kill(os.getppid(), signal.SIGTERM)", "blocked", "no signals to other processes"),
-        ("import os, signal\nos.killpg(os.getpgid(os.getppid()), signal.SIGKILL)", "blocked", "no signals"),
-        ("import signal, threading\nsignal.pthread_kill(threading.main_thread().ident, 9)", "blocked", "no signals"),
-        # Files: nothing of the host's but the interpreter is there to read.
-        (f"open('/proc/{DRIVER}/environ', 'rb').read()", "raised", "FileNotFoundError"),
-        (f"open('/proc/{DRIVER}/mem', 'rb').read(1)", "raised", "FileNotFoundError"),
-        ("print(open('/etc/passwd').read())", "raised", "FileNotFoundError"),
-        (f"print(open({str(README)!r}).read())", "raised", "FileNotFoundError"),
-        ("import os\nos.symlink('/etc/shadow', 'out')\nprint(open('out').read())", "raised", "FileNotFoundError"),
-        (f"import os\nos.symlink({str(README)!r}, 'readme')\nprint(open('readme').read())", "raised", "FileNotFound"),
-        # Disk: one file past the size limit, or many filling the scratch directory.
-        ("open('big', 'wb').write(b'x' * 9 * 2**20)", "disk", "File too large"),
-        ("for i in range(12):\n    open(f'part{i}', 'wb').write(b'x' * 2**20)", "disk", "No space left on device"),
-        # Processes, memory, time.
-        (f"{LIBC}while True:\n    libc.fork()", "timeout", "took more than 2 s"),
-        ("x = bytearray(4 * 2**30)", "memory", "SandboxLimits.memory_mib=256"),
-        ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True: pass", "timeout", "2 s"),
-        # Sockets: refused by the hook; under it (test_sockets_reach_nothing_outside), nothing outside.
-        ("import socket\nsocket.socket(socket.AF_INET, socket.SOCK_DGRAM)", "blocked", "no network"),
-        ("import socket\nsocket.socket(socket.AF_UNIX, socket.SOCK_STREAM)", "blocked", "no network"),
-    ],
-)
+# (case, tool source, error kind, words in the error); {driver} and {pgid} are filled in at run
+# time (the ids stay the same on every xdist worker).
+HOSTILE = [
+    # Signals: only its own jail's processes exist for it, and it is not their uid.
+    ("kill-driver", failed("libc.kill({driver}, 15)"), "raised", "ProcessLookupError"),
+    ("killpg-driver", failed("libc.killpg({pgid}, 15)"), "raised", "ProcessLookupError"),
+    ("kill-pid-1", failed("libc.kill(1, 9)"), "raised", "PermissionError"),
+    ("os-kill-parent", "import os, signal\nos.kill(os.getppid(), signal.SIGTERM)", "blocked", "no signals to other"),
+    ("os-killpg", "import os, signal\nos.killpg(os.getpgid(os.getppid()), signal.SIGKILL)", "blocked", "no signals"),
+    (
+        "pthread-kill",
+        "import signal, threading\nsignal.pthread_kill(threading.main_thread().ident, 9)",
+        "blocked",
+        "signals",
+    ),
+    # Files: nothing of the host's but the interpreter is there to read.
+    ("driver-environ", "open('/proc/{driver}/environ', 'rb').read()", "raised", "FileNotFoundError"),
+    ("driver-mem", "open('/proc/{driver}/mem', 'rb').read(1)", "raised", "FileNotFoundError"),
+    ("etc-passwd", "print(open('/etc/passwd').read())", "raised", "FileNotFoundError"),
+    ("project-readme", f"print(open({str(README)!r}).read())", "raised", "FileNotFoundError"),
+    (
+        "symlink-shadow",
+        "import os\nos.symlink('/etc/shadow', 'out')\nprint(open('out').read())",
+        "raised",
+        "FileNotFound",
+    ),
+    (
+        "symlink-readme",
+        f"import os\nos.symlink({str(README)!r}, 'rd')\nprint(open('rd').read())",
+        "raised",
+        "FileNotFound",
+    ),
+    # Disk: one file past the size limit, or many filling the scratch directory.
+    ("file-size", "open('big', 'wb').write(b'x' * 9 * 2**20)", "disk", "File too large"),
+    ("disk-full", "for i in range(12):\n    open(f'part{{i}}', 'wb').write(b'x' * 2**20)", "disk", "No space left"),
+    # Processes, memory, time.
+    ("fork-bomb", f"{LIBC}while True:\n    libc.fork()", "timeout", "took more than 2 s"),
+    ("4-gib", "x = bytearray(4 * 2**30)", "memory", "SandboxLimits.memory_mib=256"),
+    (
+        "ignores-sigterm",
+        "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True: pass",
+        "timeout",
+        "2 s",
+    ),
+    # Sockets: refused by the hook; under it (test_sockets_reach_nothing_outside), nothing outside.
+    ("udp-socket", "import socket\nsocket.socket(socket.AF_INET, socket.SOCK_DGRAM)", "blocked", "no network"),
+    ("unix-socket", "import socket\nsocket.socket(socket.AF_UNIX, socket.SOCK_STREAM)", "blocked", "no network"),
+]
+
+
+@pytest.mark.parametrize("code, kind, words", [pytest.param(*case[1:], id=case[0]) for case in HOSTILE])
 def test_a_hostile_tool_is_stopped_and_named_and_the_next_call_answers(box, code, kind, words):
     started = time.monotonic()
     with pytest.raises(ToolError) as err:
-        box.call(python, (code,))
+        box.call(python, (code.format(driver=DRIVER, pgid=os.getpgrp()),))
     assert (err.value.kind, err.value.tool) == (kind, "python") and words in str(err.value), str(err.value)
     assert time.monotonic() - started < 15
     answers_next(box)
