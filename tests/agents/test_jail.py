@@ -48,7 +48,8 @@ def jail_processes(uid: int) -> list[int]:
 @pytest.fixture(scope="module")
 def box():
     os.environ[SECRET] = SECRET  # the driver's environment: must not reach the jail
-    limits = SandboxLimits(seconds=2, memory_mib=256, disk_mib=8, processes=16, output_chars=1000)
+    # 5 s a call: room for a loaded machine 3x slower than this one (only the timeouts wait it out).
+    limits = SandboxLimits(seconds=5, memory_mib=256, disk_mib=8, processes=16, output_chars=1000)
     with Sandbox(limits) as sandbox:
         assert sandbox.jailed, jail.unavailable()
         yield sandbox
@@ -96,13 +97,13 @@ HOSTILE = [
     ("file-size", "open('big', 'wb').write(b'x' * 9 * 2**20)", "disk", "File too large"),
     ("disk-full", "for i in range(12):\n    open(f'part{{i}}', 'wb').write(b'x' * 2**20)", "disk", "No space left"),
     # Processes, memory, time.
-    ("fork-bomb", f"{LIBC}while True:\n    libc.fork()", "timeout", "took more than 2 s"),
+    ("fork-bomb", f"{LIBC}while True:\n    libc.fork()", "timeout", "took more than 5 s"),
     ("4-gib", "x = bytearray(4 * 2**30)", "memory", "SandboxLimits.memory_mib=256"),
     (
         "ignores-sigterm",
         "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True: pass",
         "timeout",
-        "2 s",
+        "took more than 5 s",
     ),
     # Sockets: refused by the hook; under it (test_sockets_reach_nothing_outside), nothing outside.
     ("udp-socket", "import socket\nsocket.socket(socket.AF_INET, socket.SOCK_DGRAM)", "blocked", "no network"),
@@ -128,7 +129,7 @@ def test_killing_every_process_it_can_ends_only_its_own_jail(box):
 
 
 def test_a_fork_bomb_leaves_no_process_behind(box):
-    with pytest.raises(ToolError, match="took more than 2 s"):
+    with pytest.raises(ToolError, match="took more than 5 s"):
         box.call(python, (f"{LIBC}while True:\n    libc.fork()",))
     deadline = time.monotonic() + 10
     while jail_processes(box.uid) and time.monotonic() < deadline:
@@ -249,6 +250,46 @@ def forges_an_answer(size: int, body: bytes):
     return "forged"
 
 
+def forges_then_returns(sleep: float):
+    """Writes a well-formed answer of its own on every descriptor, then returns its real one
+    `sleep` seconds later (so that, with a reused process, it would arrive during the next call)."""
+    import json
+    import struct
+    import time
+
+    frame = json.dumps({"ok": "forged", "cut": 0}).encode()
+    for fd in map(int, os.listdir("/proc/self/fd")):
+        if fd > 2:
+            try:
+                os.write(fd, struct.pack(">I", len(frame)) + frame)
+            except OSError:
+                pass
+    time.sleep(sleep)
+    return "real"
+
+
+def leaves_a_thread():
+    import threading
+    import time
+
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+    return "left one"
+
+
+def threads() -> int:
+    import threading
+
+    return threading.active_count()
+
+
+def marks_builtins(mark: bool):
+    import builtins
+
+    if mark:
+        builtins.workbench_mark = True
+    return hasattr(builtins, "workbench_mark")
+
+
 def floods(characters: int):
     return "x" * characters
 
@@ -291,17 +332,39 @@ def test_a_forged_answer_is_refused(box):
     answers_next(box)
 
 
+def test_a_thread_left_running_ends_with_its_process(box):
+    assert box.call(leaves_a_thread) == "left one"
+    assert box.call(threads) == 1
+    answers_next(box)
+
+
+def test_a_fresh_process_per_call_keeps_calls_independent():
+    """calls_per_process=1: nothing one call leaves (a patched module, an answer written late)
+    reaches the next."""
+    with Sandbox(SandboxLimits(seconds=10, calls_per_process=1)) as fresh:
+        assert fresh.call(marks_builtins, (True,)) and not fresh.call(marks_builtins, (False,))
+        for late in (0.0, 0.5):  # its own answer is its own to give; it never becomes the next call's
+            try:
+                assert fresh.call(forges_then_returns, (late,)) == "forged"
+            except ToolError as err:  # the real answer came before the check: named
+                assert err.kind == "crashed" and "wrote past its answer" in str(err)
+            answers_next(fresh)
+    # The default: calls share a process, and what a call leaves in it (docs/sandbox.md).
+    with Sandbox(SandboxLimits(seconds=10)) as reused:
+        assert reused.call(marks_builtins, (True,)) and reused.call(marks_builtins, (False,))
+
+
 def test_printing_to_the_real_stdout_reaches_nobody(box):
     started = time.monotonic()
     assert box.call(prints_to_its_real_stdout) == "fine"
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 10  # (before the jail: no answer after 43 s)
     answers_next(box)
 
 
 def test_a_flood_of_output_is_cut_before_anything_reads_it(box):
     started = time.monotonic()
     text = box.call(floods, (50_000_000,))
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 30  # (before: handed whole to the tokenizer, 154 s)
     assert text.startswith("x" * 1000) and text.endswith("(49999000 more characters cut)")
     assert box.last_cut == 49_999_000
     answers_next(box)
@@ -309,7 +372,7 @@ def test_a_flood_of_output_is_cut_before_anything_reads_it(box):
 
 
 def test_a_cut_answer_is_counted_in_the_observation():
-    env = ToolEnvironment({"floods": floods}, arithmetic_chat.score, SandboxLimits(seconds=2, output_chars=100))
+    env = ToolEnvironment({"floods": floods}, arithmetic_chat.score, SandboxLimits(seconds=10, output_chars=100))
     try:
         cut = env.step({}, '<tool_call>{"name": "floods", "arguments": {"characters": 5000}}</tool_call>')
         whole = env.step({}, '<tool_call>{"name": "floods", "arguments": {"characters": 50}}</tool_call>')
@@ -347,7 +410,7 @@ def test_without_a_jail_untrusted_tools_are_refused_and_trusted_ones_run():
 
 
 def test_closing_leaves_no_jail_behind():
-    box = Sandbox(SandboxLimits(seconds=2))
+    box = Sandbox(SandboxLimits(seconds=10))
     assert box.call(calculator, ("1 + 1",)) == "2"
     assert len(jail_processes(box.uid)) == 2
     box.close()

@@ -19,8 +19,8 @@ Limits per process (file size, processes, memory, CPU seconds) are set by the ch
 from __future__ import annotations
 
 import functools
-import itertools
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -28,11 +28,10 @@ from pathlib import PurePosixPath
 
 SCRATCH = "/scratch"
 """The tool's working directory inside the jail."""
-UIDS = range(3_000_000, 3_100_000)
+UIDS = range(3_000_000, 4_000_000)
 """Unprivileged uids for jails started by root: no account uses them, so a jailed process owns no
-file of the host's and can signal no process but its jail's. One per sandbox, so the process cap
-(RLIMIT_NPROC counts per uid) is each sandbox's own."""
-_serial = itertools.count()
+file of the host's and can signal no process but its jail's. A fresh one, unused by any process,
+for each jail started, so the process cap (RLIMIT_NPROC counts per uid) is each jail's own."""
 
 
 def unavailable() -> str | None:
@@ -64,8 +63,27 @@ def readable_roots() -> list[str]:
 
 
 def new_uid() -> int | None:
-    """A jail's own uid when the workbench runs as root (None otherwise: the caller's uid)."""
-    return UIDS[(os.getpid() * 64 + next(_serial)) % len(UIDS)] if os.geteuid() == 0 else None
+    """A jail's own uid when the workbench runs as root (None otherwise: the caller's uid): drawn
+    at random from UIDS until no process runs as it (not even a killed jail's last ones)."""
+    if os.geteuid() != 0:
+        return None
+    for _ in range(100):
+        uid = UIDS[secrets.randbelow(len(UIDS))]
+        if uid not in _running_uids():
+            return uid
+    raise RuntimeError(f"no free uid for a tool jail in {UIDS}")
+
+
+def _running_uids() -> set[int]:
+    """The real uids of this machine's processes (from status: a jail's /proc entries are root's)."""
+    uids = set()
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/status") as status:
+                uids.update(int(line.split()[1]) for line in status if line.startswith("Uid:"))
+        except (OSError, ValueError, IndexError):
+            pass
+    return uids
 
 
 def jail_command(
@@ -108,10 +126,13 @@ def jail_command(
     argv += ["--size", str(disk_mib * 2**20), "--perms", "1777", "--tmpfs", SCRATCH, "--chdir", SCRATCH]
     argv += ["--setenv", "HOME", SCRATCH, "--setenv", "TMPDIR", SCRATCH, "--setenv", "PATH", "/usr/bin:/bin"]
     argv += ["--setenv", "LANG", "C.UTF-8"]
+    # Nothing writable but the scratch directory (unprivileged, / and /dev would be the caller's).
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
     if os.geteuid() == 0:
         # Built as root (no user namespace, so uid 0 inside would be root outside): drop to a uid
         # of its own with no capabilities, and no way back (no_new_privs).
         uid = uid if uid is not None else new_uid()
+        assert uid is not None
         argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--"]
         argv += ["/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
         argv += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]

@@ -38,7 +38,7 @@ import cloudpickle
 
 from workbench import checks
 from workbench.agents import jail
-from workbench.agents.sandbox_child import CUT_NOTE, answer_cap, result, write_message
+from workbench.agents.sandbox_child import CUT_NOTE, answer_cap, result
 from workbench.errors import WorkbenchError
 
 CHILD = Path(__file__).with_name("sandbox_child.py")
@@ -78,6 +78,10 @@ class SandboxLimits:
     """Processes the jail's user may run at once (RLIMIT_NPROC): a fork bomb ends there."""
     output_chars: int = 4000
     """Characters of a tool's answer kept; the rest is cut before anything reads it (and counted)."""
+    calls_per_process: int = 32
+    """Calls one process in the jail serves before a fresh one is forked (sooner after a failure,
+    a thread left running or a forged answer). 1: every call in a fresh process, so no call can
+    leave state (a patched module, a thread) for the next; a fork costs ~1-3 ms a call."""
     network: bool = False
     """Share the host's network (off: the jail has only a loopback of its own; sockets refused)."""
     trust_tools: bool = False
@@ -89,6 +93,7 @@ class SandboxLimits:
         checks.whole("SandboxLimits", "disk_mib", self.disk_mib, low=1, fix="give at least 1 MiB")
         checks.whole("SandboxLimits", "processes", self.processes, low=2, fix="give at least 2 processes")
         checks.whole("SandboxLimits", "output_chars", self.output_chars, low=16, fix="give at least 16 characters")
+        checks.whole("SandboxLimits", "calls_per_process", self.calls_per_process, fix="give 1 or more calls")
 
 
 def check_jail(limits: SandboxLimits) -> bool:
@@ -111,8 +116,8 @@ class Sandbox:
         self.scratch = jail.SCRATCH if self.jailed else tempfile.mkdtemp(prefix=f"workbench-{name}-")
         """The tools' working directory, as they see it: in the jail, a tmpfs of its own (gone
         with the jail); unjailed, a folder on the host."""
-        self.uid = jail.new_uid() if self.jailed else None
-        """The jail's own uid (started as root), else None: the caller's uid."""
+        self.uid: int | None = None
+        """The running jail's own uid (started as root; a fresh one each start), else None."""
         self._child: subprocess.Popen | None = None
         self._requests = self._answers = -1
         self.starts = 0
@@ -131,21 +136,18 @@ class Sandbox:
         tool = tool or getattr(fn, "__name__", repr(fn))
         self.last_cut = 0
         self._running()
-        try:
-            write_message(self._requests, cloudpickle.dumps((cloudpickle.dumps(fn), tuple(args), dict(kwargs or {}))))
-        except OSError:
-            self._kill()
-            raise ToolError(
-                tool, "crashed", "found its sandbox process gone; a fresh one starts on the next call"
-            ) from None
-        answer = self._answer(tool, time.monotonic() + self.limits.seconds)
+        deadline = time.monotonic() + self.limits.seconds
+        request = cloudpickle.dumps((cloudpickle.dumps(fn), tuple(args), dict(kwargs or {})))
+        self._give(struct.pack(">I", len(request)) + request, tool, deadline)
+        answer = self._answer(tool, deadline)
         if "ok" in answer:
             # Checked again here: the jail is not trusted (its own note on a cut answer may stay).
             checked = result(answer["ok"], self.limits.output_chars + CUT_NOTE)
             if "error" in checked:
                 raise ToolError(tool, checked["error"], checked["text"] + self._limit(checked["error"]))
             cut = answer.get("cut")
-            self.last_cut = max(cut if isinstance(cut, int) and cut > 0 else 0, checked["cut"])
+            cut = cut if type(cut) is int and 0 < cut < 2**53 else 0
+            self.last_cut = max(cut, checked["cut"])
             return checked["ok"]
         kind, text = answer["error"], str(answer.get("text", ""))
         if kind not in KINDS:  # not one the sandbox sends
@@ -191,17 +193,20 @@ class Sandbox:
         if self._child is not None and self._child.poll() is None:
             return
         self._kill()
+        self.uid = jail.new_uid() if self.jailed else None
         requests_read, self._requests = os.pipe()
         self._answers, answers_write = os.pipe()
-        own_uid = self.uid is not None  # RLIMIT_NPROC counts per uid: only a uid of its own
         settings = {
             "scratch": self.scratch,
             "jailed": self.jailed,
             "seconds": self.limits.seconds,
             "memory_bytes": self.limits.memory_mib * 2**20,
             "file_bytes": self.limits.disk_mib * 2**20,
-            "processes": self.limits.processes if own_uid else 0,
+            # RLIMIT_NPROC counts a uid's processes: jailed, the jail's own uid (as root) or its
+            # user namespace's; unjailed it would count all of the caller's.
+            "processes": self.limits.processes if self.jailed else 0,
             "output_chars": self.limits.output_chars,
+            "calls_per_process": self.limits.calls_per_process,
             "network": self.limits.network,
         }
         program = CHILD_IN_JAIL if self.jailed else str(CHILD)
@@ -233,11 +238,16 @@ class Sandbox:
         # Its start (jail, interpreter, cloudpickle) is not the tool's time: waited for apart.
         try:
             ready = self._answer(self.name, time.monotonic() + START_TIMEOUT)
-        except ToolError:
-            ready = {}
+        except ToolError as err:
+            ready = {"failed": f"no answer within {START_TIMEOUT} s" if err.kind == "timeout" else err.detail}
         if ready != {"ready": True}:
             self._kill()
-            raise ToolError(self.name, "crashed", f"could not start its sandbox process within {START_TIMEOUT} s")
+            raise ToolError(
+                self.name,
+                "crashed",
+                f"could not start its sandbox process ({ready.get('failed', 'a wrong first answer')}); "
+                f"run `{' '.join(command[:3])} ...` by hand to see why",
+            )
 
     def _answer(self, tool: str, deadline: float) -> dict:
         """One answer from the child, read by `deadline` and within the size cap, or the child
@@ -248,26 +258,47 @@ class Sandbox:
             raise ToolError(tool, "output", f"sent an answer of {size} bytes, over the cap of {self._cap}; killed")
         try:
             answer = json.loads(self._take(size, tool, deadline))
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
             answer = None
         if not isinstance(answer, dict) or not ("ok" in answer or "ready" in answer or "error" in answer):
             self._kill()
             raise ToolError(tool, "crashed", "sent an answer that is not the sandbox's; killed")
         return answer
 
+    def _wait(self, fd: int, event: int, tool: str, deadline: float) -> None:
+        """Until `fd` is ready for `event` (poll: any fd number), or kill the jail at `deadline`."""
+        poller = select.poll()
+        poller.register(fd, event | select.POLLHUP | select.POLLERR)
+        left = deadline - time.monotonic()
+        if left <= 0 or not poller.poll(left * 1000):
+            self._kill()
+            raise ToolError(
+                tool,
+                "timeout",
+                f"took more than {self.limits.seconds} s; its sandbox process was killed (make "
+                f"the call cheaper, or raise SandboxLimits.seconds)",
+            )
+
+    def _give(self, data: bytes, tool: str, deadline: float) -> None:
+        """Write a request by `deadline` (a jail that stops reading cannot hold the caller)."""
+        view = memoryview(data)
+        os.set_blocking(self._requests, False)
+        while view:
+            self._wait(self._requests, select.POLLOUT, tool, deadline)
+            try:
+                view = view[os.write(self._requests, view) :]
+            except BlockingIOError:
+                continue
+            except OSError:
+                self._kill()
+                raise ToolError(
+                    tool, "crashed", "found its sandbox process gone; a fresh one starts on the next call"
+                ) from None
+
     def _take(self, size: int, tool: str, deadline: float) -> bytes:
         data = b""
         while len(data) < size:
-            left = deadline - time.monotonic()
-            ready = select.select([self._answers], [], [], max(left, 0))[0] if left > 0 else []
-            if not ready:
-                self._kill()
-                raise ToolError(
-                    tool,
-                    "timeout",
-                    f"took more than {self.limits.seconds} s; its sandbox process was killed (make "
-                    f"the call cheaper, or raise SandboxLimits.seconds)",
-                )
+            self._wait(self._answers, select.POLLIN, tool, deadline)
             chunk = os.read(self._answers, size - len(data))
             if not chunk:  # the jail ended mid-call (a tool that killed its own server)
                 code = self._kill()

@@ -3,12 +3,14 @@ the workbench imports only its message functions): it loads nothing but the stan
 cloudpickle, so it starts in a fraction of a second, and a tool's memory limit is not eaten by
 torch.
 
-It serves calls one at a time through a call process it forks (again whenever one crashes, is
-killed, or retires after a budget of CPU seconds): the serving process never runs a tool, so a
-tool that crashes costs a fork, not a jail. The call process has the limits (address space, file
-size, processes, CPU seconds per call) and an audit hook that refuses, as a second layer behind
-the jail, what a tool must not do: sockets, new processes, signals to other processes, and writes
-outside the scratch directory. After each call every other process in the jail is killed.
+It serves calls one at a time through a call process it forks: the serving process never runs a
+tool, so a tool that crashes costs a fork, not a jail. A call process serves up to
+calls_per_process calls (1: a fresh process per call, so no call sees what another left) and is
+replaced after any failure, a thread left running, or bytes written past its answer. It has the
+limits (address space, file size, processes, CPU seconds per call) and an audit hook that
+refuses, as a second layer behind the jail, what a tool must not do: sockets, new processes,
+signals to other processes, and writes outside the scratch directory. After each call every
+other process in the jail is killed.
 
 Protocol, over two pipes that are not the child's stdin/stdout/stderr (those are /dev/null, so a
 tool printing to its real stdout reaches nobody): 4-byte big-endian length + body. A request
@@ -25,6 +27,7 @@ import json
 import os
 import pickle
 import resource
+import select
 import signal
 import struct
 import sys
@@ -36,8 +39,6 @@ ERROR_TEXT = 4000
 """Characters of an error's text sent back (a traceback is cut from the front: its end says most)."""
 CUT_NOTE = 64
 """Characters a cut answer may carry past output_chars: the note saying how much was cut."""
-CALL_PROCESS_CALLS = 32
-"""A call process's CPU budget, in calls of SandboxLimits.seconds: then a fresh one is forked."""
 
 
 class SandboxViolation(PermissionError):
@@ -183,12 +184,12 @@ def run_call(fn, args, kwargs, limits: dict, armed: list[bool], violations: list
 
 
 def call_loop(requests: int, answers: int, limits: dict) -> None:
-    """The call process: tool calls, one at a time, until it retires. RLIMIT_CPU is a process's
-    lifetime: each call's soft limit is what was used so far plus the call's seconds, under a
-    hard limit of CALL_PROCESS_CALLS calls' worth; near it, the process retires after answering
-    (and a fresh one is forked), so a call never inherits another's CPU time."""
+    """The call process: tool calls, one at a time, until the server retires it. RLIMIT_CPU is
+    a process's lifetime: each call's soft limit is what was used so far plus the call's
+    seconds, under a hard limit of calls_per_process calls' worth (the server retires the process
+    before a call could reach it)."""
     per_call = int(limits["seconds"]) + 1
-    budget = per_call * CALL_PROCESS_CALLS
+    budget = per_call * (limits["calls_per_process"] + 1)
     resource.setrlimit(resource.RLIMIT_CPU, (budget, budget))
     armed, violations = guard(limits["scratch"], limits["network"])
     loaded: dict[bytes, object] = {}
@@ -196,8 +197,7 @@ def call_loop(requests: int, answers: int, limits: dict) -> None:
         request = read_message(requests)
         if request is None:
             return
-        used = cpu_seconds()
-        resource.setrlimit(resource.RLIMIT_CPU, (min(int(used) + per_call + 1, budget), budget))
+        resource.setrlimit(resource.RLIMIT_CPU, (min(int(cpu_seconds()) + per_call, budget), budget))
         try:
             fn_bytes, args, kwargs = pickle.loads(request)  # from the parent: trusted
             fn = loaded.get(fn_bytes) or loaded.setdefault(fn_bytes, pickle.loads(fn_bytes))
@@ -205,10 +205,7 @@ def call_loop(requests: int, answers: int, limits: dict) -> None:
             answer = {"error": "raised", "text": f"cannot load the tool: {err!r}"}
         else:
             answer = run_call(fn, args, kwargs, limits, armed, violations)
-        retire = cpu_seconds() > budget - 2 * per_call
-        write_message(answers, answer_bytes({**answer, "retire": retire}))
-        if retire:
-            return
+        write_message(answers, answer_bytes(answer))
 
 
 def call_process(limits: dict, keep_closed: tuple[int, ...]) -> tuple[int, int, int]:
@@ -231,8 +228,21 @@ def call_process(limits: dict, keep_closed: tuple[int, ...]) -> tuple[int, int, 
     return pid, request_write, answer_read
 
 
-def ended(pid: int, seconds: float) -> dict:
-    """The answer for a call whose process ended without one: how it ended."""
+def replace(process: tuple[int, int, int], limits: dict, keep_closed: tuple, ended_already: bool = False):
+    """A fresh call process in place of `process` (killed and reaped)."""
+    if not ended_already:
+        ended(process[0], limits["seconds"], kill=True)
+    os.close(process[1])
+    os.close(process[2])
+    return call_process(limits, keep_closed)
+
+
+def ended(pid: int, seconds: float, kill: bool = False) -> dict:
+    """The answer for a call whose process ended without one: how it ended (killed first when
+    `kill`: a process that closed its pipe and went on is ended here)."""
+    if kill:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
@@ -242,12 +252,25 @@ def ended(pid: int, seconds: float) -> dict:
     return {"error": "crashed", "text": f"ended its process (exit code {os.WEXITSTATUS(status)})"}
 
 
+def zombie(pid: int) -> bool:
+    """Ended, waiting to be reaped (or gone)."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0] in "ZX"
+    except (OSError, IndexError):
+        return True
+
+
 def sweep(keep: set[int]) -> None:
-    """Kill every process of the jail but `keep` (and its init): what a tool left running."""
-    for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) not in keep and name != "1":
+    """Kill every process of the jail but `keep` (and its init): what a tool left running. Again
+    until none is found, so a process forking as it goes is caught too."""
+    for _ in range(100):
+        found = [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) not in keep | {1}]
+        found = [pid for pid in found if not zombie(pid)]
+        if not found:
+            return
+        for pid in found:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(int(name), signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
 
 
 def exchange(process: tuple[int, int, int], request: bytes, cap: int) -> dict | None:
@@ -264,33 +287,56 @@ def exchange(process: tuple[int, int, int], request: bytes, cap: int) -> dict | 
         return None
     try:
         answer = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         answer = None
     if not isinstance(answer, dict) or not ("ok" in answer or isinstance(answer.get("error"), str)):
         return {"error": "crashed", "text": "sent an answer that is not the sandbox's"}
-    return answer
+    return {key: answer[key] for key in ("ok", "cut", "error", "text") if key in answer}
+
+
+def tainted(pid: int, answers: int) -> str | None:
+    """Why the call process cannot serve another call (None: it can): a thread left running
+    after its answer, or bytes past its answer (a second, forged frame)."""
+    try:
+        status = open(f"/proc/{pid}/status").read()
+    except OSError:
+        return "ended"
+    threads = next((line.split()[1] for line in status.splitlines() if line.startswith("Threads:")), "1")
+    if threads != "1":
+        return f"left {int(threads) - 1} thread(s) running"
+    if select.select([answers], [], [], 0)[0]:
+        return "wrote past its answer"
+    return None
 
 
 def serve(request_fd: int, answer_fd: int, limits: dict) -> None:
+    """Each request through the call process, and its answer back. The call process serves
+    calls_per_process calls at most (1: every call in a fresh process, none sees another's
+    state), and is replaced sooner when it ended, failed, left a thread running or wrote past
+    its answer; what it started outside itself is killed after each call."""
     cap = answer_cap(limits["output_chars"])
     process = call_process(limits, (request_fd, answer_fd))
+    served = 0
     write_message(answer_fd, answer_bytes({"ready": True}))
     while True:
         request = read_message(request_fd)
         if request is None:
             return
-        pid = process[0]
+        if select.select([process[2]], [], [], 0)[0]:  # it wrote after its last answer: not to be trusted
+            process, served = replace(process, limits, (request_fd, answer_fd)), 0
+        pid, _, answers = process
         answer = exchange(process, request, cap)
+        served += 1
         if limits["jailed"]:
             sweep({os.getpid(), pid})
-        if answer is None or answer.pop("retire", True):  # ended, retired, or not to be trusted further
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            status = ended(pid, limits["seconds"])
+        why = "ended" if answer is None else tainted(pid, answers)
+        if why == "wrote past its answer" and answer is not None:
+            answer = {"error": "crashed", "text": "wrote past its answer (a second answer is not the sandbox's)"}
+        failed = answer is None or answer.get("error") not in (None, "raised", "result")  # not the tool's own
+        if why is not None or failed or served >= limits["calls_per_process"]:
+            status = ended(process[0], limits["seconds"], kill=True)
             answer = answer or status
-            os.close(process[1])
-            os.close(process[2])
-            process = call_process(limits, (request_fd, answer_fd))
+            process, served = replace(process, limits, (request_fd, answer_fd), ended_already=True), 0
         write_message(answer_fd, answer_bytes(answer))
 
 

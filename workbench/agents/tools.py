@@ -65,7 +65,8 @@ def calculator(expression: str) -> str:
 
 def python(code: str) -> str:
     """Run Python source; what it prints is the answer (the sandbox's limits apply: no network,
-    no processes, writes only in its scratch directory)."""
+    no processes, writes only in its scratch directory). Given the policy's code in RL, use
+    SandboxLimits(calls_per_process=1): calls sharing a process are not independent."""
     import contextlib
     import io
 

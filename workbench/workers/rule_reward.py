@@ -92,8 +92,11 @@ class RuleReward:
         self.sandbox = None
         if sandbox is not None:
             check_jail(sandbox)  # here, on the driver, before a scorer starts one
-            # Room for a chunk's scores in the answer (a JSON number is at most ~24 characters).
-            self.sandbox = dataclasses.replace(sandbox, output_chars=max(sandbox.output_chars, 32 * chunk_size))
+            # Room for a chunk's scores in the answer (a JSON number is at most ~24 characters), and
+            # each chunk in a fresh process: a sample's code cannot reach a later chunk's scores.
+            self.sandbox = dataclasses.replace(
+                sandbox, output_chars=max(sandbox.output_chars, 32 * chunk_size), calls_per_process=1
+            )
         if ray.is_initialized():
             scorer_pool(processes)  # start (or find) the scoring processes while groups start
 
@@ -304,13 +307,15 @@ class RewardScorer:
                 f"rule reward {name} {err.detail} on a chunk of {len(texts)} rows (uid={uids[0]}..{uids[-1]}); "
                 f"it runs in a jail (RuleReward(sandbox=...))"
             ) from None
-        if "scores" in answer:
-            return [float(score) for score in answer["scores"]]
-        row = int(answer["row"])
+        scores, row = answer.get("scores"), answer.get("row") if isinstance(answer, dict) else None
+        if isinstance(scores, list) and len(scores) == len(texts) and all(type(x) in (int, float) for x in scores):
+            return [float(score) for score in scores]
+        if type(row) is not int or not 0 <= row < len(texts) or not isinstance(answer.get("returned", ""), str):
+            raise RuleRewardError(f"rule reward {name} answered out of shape from its jail: {str(answer):.200}")
         where = f"on row uid={uids[row]} (response {texts[row]!r:.80})"
         if "returned" in answer:
             raise RuleRewardError(f"rule reward {name} returned {answer['returned']} {where}")
-        raise RuleRewardError(f"rule reward {name} raised {where}: {answer['raised']}")
+        raise RuleRewardError(f"rule reward {name} raised {where}: {str(answer.get('raised')):.4000}")
 
     def _score_chunk(self, timeout, fn_bytes, name, texts, truths, uids) -> list[float]:
         if self.child is None or not self.child.is_alive():
@@ -345,12 +350,18 @@ class RewardScorer:
                 f"Make the function faster, or raise RuleReward(timeout=...)"
             )
         try:
-            return json.loads(self.conn.recv_bytes(MAX_MESSAGE))  # data, never a pickle: the child runs user code
-        except (EOFError, OSError, ValueError):
+            message = json.loads(self.conn.recv_bytes(MAX_MESSAGE))  # data, never a pickle: the child runs user code
+        except (EOFError, OSError, ValueError, RecursionError):
             self.child.join(5)
             code = self.child.exitcode
             self._kill_child()
             raise RuleRewardError(f"rule reward {name} ended its process (exit code {code}) {where}") from None
+        if not (isinstance(message, list) and len(message) == 2 and message[0] in ("loaded", "ok", "raised")):
+            self._kill_child()
+            raise RuleRewardError(f"rule reward {name}'s process sent a message out of shape {where}")
+        if message[0] == "ok" and type(message[1]) not in (int, float):
+            message = ["raised", f"returned {message[1]!r:.80}, not a number"]
+        return message
 
     def _drain(self, remaining: int, deadline: float) -> None:
         """Read the rest of an abandoned chunk so the next one starts clean (or kill the child)."""
