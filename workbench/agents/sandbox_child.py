@@ -330,7 +330,7 @@ def serve(request_fd: int, answer_fd: int, limits: dict) -> None:
         if limits["jailed"]:
             sweep({os.getpid(), pid})
         why = "ended" if answer is None else tainted(pid, answers)
-        if why == "wrote past its answer" and answer is not None:
+        if why == "wrote past its answer" and answer is not None and "ok" in answer:  # (errors keep their kind)
             answer = {"error": "crashed", "text": "wrote past its answer (a second answer is not the sandbox's)"}
         failed = answer is None or answer.get("error") not in (None, "raised", "result")  # not the tool's own
         if why is not None or failed or served >= limits["calls_per_process"]:
