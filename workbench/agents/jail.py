@@ -34,13 +34,9 @@ file of the host's and can signal no process but its jail's. A fresh one, unused
 for each jail started, so the process cap (RLIMIT_NPROC counts per uid) is each jail's own."""
 
 
+@functools.cache
 def unavailable() -> str | None:
     """Why no jail can be built on this machine (None: it can). Probed once per process."""
-    return _probe()
-
-
-@functools.cache
-def _probe() -> str | None:
     if sys.platform != "linux":
         return f"tool jails need Linux namespaces; this is {sys.platform}"
     if shutil.which("bwrap") is None:

@@ -38,7 +38,7 @@ import cloudpickle
 
 from workbench import checks
 from workbench.agents import jail
-from workbench.agents.sandbox_child import CUT_NOTE, answer_cap, result
+from workbench.agents.sandbox_child import CUT_NOTE, answer_cap, frame, result
 from workbench.errors import WorkbenchError
 
 CHILD = Path(__file__).with_name("sandbox_child.py")
@@ -138,7 +138,7 @@ class Sandbox:
         self._running()
         deadline = time.monotonic() + self.limits.seconds
         request = cloudpickle.dumps((cloudpickle.dumps(fn), tuple(args), dict(kwargs or {})))
-        self._give(struct.pack(">I", len(request)) + request, tool, deadline)
+        self._give(frame(request), tool, deadline)
         answer = self._answer(tool, deadline)
         if "ok" in answer:
             # Checked again here: the jail is not trusted (its own note on a cut answer may stay).

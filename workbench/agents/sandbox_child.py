@@ -71,8 +71,13 @@ def read_exactly(fd: int, size: int) -> bytes | None:
     return b"".join(chunks)
 
 
+def frame(data: bytes) -> bytes:
+    """A message as it goes on a pipe: its length (4 bytes, big-endian), then its bytes."""
+    return struct.pack(">I", len(data)) + data
+
+
 def write_message(fd: int, data: bytes) -> None:
-    view = memoryview(struct.pack(">I", len(data)) + data)
+    view = memoryview(frame(data))
     while view:
         view = view[os.write(fd, view) :]
 
@@ -175,11 +180,9 @@ def run_call(fn, args, kwargs, limits: dict, armed: list[bool], violations: list
         return {"error": "blocked", "text": str(err)}
     except MemoryError:
         return {"error": "memory", "text": ""}
-    except OSError as err:
-        if err.errno in (errno.EFBIG, errno.ENOSPC, errno.EDQUOT):
+    except BaseException as err:  # a limit on disk, or the tool's own error: its message and where
+        if isinstance(err, OSError) and err.errno in (errno.EFBIG, errno.ENOSPC, errno.EDQUOT):
             return {"error": "disk", "text": f"{err.strerror} ({err.filename or 'a write'})"}
-        return {"error": "raised", "text": f"{err!r}\n{traceback.format_exc(limit=-2)}"[-ERROR_TEXT:]}
-    except BaseException as err:  # the tool's own error: its message and where
         return {"error": "raised", "text": f"{err!r}\n{traceback.format_exc(limit=-2)}"[-ERROR_TEXT:]}
 
 
@@ -228,13 +231,12 @@ def call_process(limits: dict, keep_closed: tuple[int, ...]) -> tuple[int, int, 
     return pid, request_write, answer_read
 
 
-def replace(process: tuple[int, int, int], limits: dict, keep_closed: tuple, ended_already: bool = False):
-    """A fresh call process in place of `process` (killed and reaped)."""
-    if not ended_already:
-        ended(process[0], limits["seconds"], kill=True)
+def replace(process: tuple[int, int, int], limits: dict, keep_closed: tuple) -> tuple[dict, tuple[int, int, int]]:
+    """Kill and reap `process`; how it ended, and a fresh call process in its place."""
+    status = ended(process[0], limits["seconds"], kill=True)
     os.close(process[1])
     os.close(process[2])
-    return call_process(limits, keep_closed)
+    return status, call_process(limits, keep_closed)
 
 
 def ended(pid: int, seconds: float, kill: bool = False) -> dict:
@@ -323,7 +325,7 @@ def serve(request_fd: int, answer_fd: int, limits: dict) -> None:
         if request is None:
             return
         if select.select([process[2]], [], [], 0)[0]:  # it wrote after its last answer: not to be trusted
-            process, served = replace(process, limits, (request_fd, answer_fd)), 0
+            (_, process), served = replace(process, limits, (request_fd, answer_fd)), 0
         pid, _, answers = process
         answer = exchange(process, request, cap)
         served += 1
@@ -334,9 +336,8 @@ def serve(request_fd: int, answer_fd: int, limits: dict) -> None:
             answer = {"error": "crashed", "text": "wrote past its answer (a second answer is not the sandbox's)"}
         failed = answer is None or answer.get("error") not in (None, "raised", "result")  # not the tool's own
         if why is not None or failed or served >= limits["calls_per_process"]:
-            status = ended(process[0], limits["seconds"], kill=True)
+            (status, process), served = replace(process, limits, (request_fd, answer_fd)), 0
             answer = answer or status
-            process, served = replace(process, limits, (request_fd, answer_fd), ended_already=True), 0
         write_message(answer_fd, answer_bytes(answer))
 
 
