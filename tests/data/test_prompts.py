@@ -60,9 +60,9 @@ def test_bad_files(tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(PromptDataError, match="no rows"):
         load_prompts(tmp_path / "empty.jsonl")
-    (tmp_path / "data.csv").write_text("prompt,ground_truth\n")
-    with pytest.raises(PromptDataError, match="jsonl or .parquet"):
-        load_prompts(tmp_path / "data.csv")
+    (tmp_path / "data.docx").write_text("prompt,ground_truth\n")
+    with pytest.raises(PromptDataError, match="unknown format '.docx'; use .jsonl or .parquet"):
+        load_prompts(tmp_path / "data.docx")
 
 
 def test_parquet(tmp_path):

@@ -8,6 +8,7 @@ from workbench.data.prompts import (
     load_prompts,
     prompt_ids,
     render_prompt,
+    split_held_out,
     tokenize_prompts,
     write_arithmetic,
     write_jsonl,

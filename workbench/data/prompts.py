@@ -1,15 +1,17 @@
-"""Prompt datasets: rows of `prompt` / `ground_truth` from JSONL or Parquet, and the loader
-that turns them into Batches of left-padded token ids for generation.
+"""Prompt datasets: rows of `prompt` / `ground_truth` from a file or a Hugging Face dataset
+(`workbench.data.sources`), and the loader that turns them into Batches of left-padded token ids.
 
 A prompt is text, or a chat: a list of messages `{"role": "system"|"user"|..., "content": str}`,
 rendered with the tokenizer's chat template and the opening of the assistant's reply
 (`add_generation_prompt=True`), so the model answers in its own turn (`render_prompt` shows the
 text it sees). Plain text goes through the tokenizer as it is (the tiny kit's `Q: 1+8=? A:`).
 
-A row may carry more columns (e.g. `data_source`, `uid`); they are kept. The Batch a loader
-yields has tensors `input_ids`, `attention_mask`, `position_ids` (B x T, left-padded, so
-every prompt ends at the last column where generation continues) and the columns `prompt`,
-`ground_truth`, `uid`.
+A row's other columns (verl's `data_source`, `extra_info`, `reward_model`; reasoning-gym's
+`metadata`; a `uid`) are kept as they are, nested values included. They become columns of the
+Batch a loader yields, beside its tensors `input_ids`, `attention_mask`, `position_ids`
+(B x T, left-padded, so every prompt ends at the last column where generation continues) and
+the columns `prompt`, `ground_truth`, `uid`; they follow every row through the iteration, so
+reward functions can read them, and `rollouts.jsonl` writes them with each response.
 
 Prompts longer than `max_prompt_length` tokens are refused (default) or truncated on the
 left (keeping the end of the prompt, where the question is), never cut silently:
@@ -22,85 +24,85 @@ import itertools
 import json
 import os
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from workbench import checks
+from workbench import checks, steps
 from workbench.data.arithmetic import ArithmeticConfig, generate
-from workbench.data.batch import Batch
-from workbench.errors import WorkbenchError
-
-REQUIRED = ("prompt", "ground_truth")
-PARQUET_HINT = "reading Parquet needs pyarrow (pip install pyarrow==26.0.1), or convert the file to JSONL"
-
-
-class PromptDataError(WorkbenchError, ValueError):
-    """A prompt file or row cannot be used; the message names the file, row and remedy."""
+from workbench.data.batch import PAD_KEY, Batch
+from workbench.data.sources import PromptDataError, map_columns, read_rows, same_keys
 
 
 # ---- reading and writing ---------------------------------------------------------------------
 def load_prompts(
-    path: str | os.PathLike, prompt_key: str = "prompt", ground_truth_key: str = "ground_truth"
+    path: str | os.PathLike,
+    columns: Mapping[str, str] | None = None,
+    *,
+    split: str | None = None,
+    prompt_key: str | None = None,
+    ground_truth_key: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Rows of a `.jsonl` or `.parquet` file as dicts with `prompt` and `ground_truth`.
+    """Rows of a prompt source (see `workbench.data.sources`) as dicts with `prompt`,
+    `ground_truth` (text) and the source's other columns, the same keys in every row.
 
-    `prompt_key` / `ground_truth_key` name the file's own columns (e.g. "question", "answer"
-    for a GSM8K-style file); they are renamed to `prompt` / `ground_truth`.
+    `columns` maps `prompt` / `ground_truth` to the source's own columns, dotted into nested
+    ones: `{"prompt": "question", "ground_truth": "answer"}` for a GSM8K-style file. With none,
+    a row without `ground_truth` takes verl's `reward_model.ground_truth`. `prompt_key` /
+    `ground_truth_key` are shorthands for the two entries. `split` picks a dataset's split
+    (default "train").
     """
-    path = Path(path)
-    if not path.exists():
-        raise PromptDataError(f"prompt file {str(path)!r} does not exist")
-    suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".json"):
-        rows = _read_jsonl(path)
-    elif suffix == ".parquet":
-        rows = _read_parquet(path)
-    else:
-        raise PromptDataError(f"prompt file {str(path)!r}: unknown format {suffix!r}; use .jsonl or .parquet")
-    if not rows:
-        raise PromptDataError(f"prompt file {str(path)!r} has no rows")
-    renamed = []
-    for i, row in enumerate(rows):
-        for key in (prompt_key, ground_truth_key):
-            if key not in row:
+    mapping = dict(columns or {})
+    for name, key in (("prompt", prompt_key), ("ground_truth", ground_truth_key)):
+        if key is not None:
+            if mapping.get(name, key) != key:
                 raise PromptDataError(
-                    f"{str(path)!r} row {i}: missing column {key!r}; columns found: {sorted(row)}. "
-                    f"Name the file's columns with load_prompts(path, prompt_key=..., ground_truth_key=...)"
+                    f"load_prompts: {name} is mapped twice, to {mapping[name]!r} (columns) and {key!r} "
+                    f"({name}_key); give one"
                 )
-        check_prompt(row[prompt_key], f"{str(path)!r} row {i}: {prompt_key!r}")
-        out = {k: v for k, v in row.items() if k not in (prompt_key, ground_truth_key)}
-        out["prompt"], out["ground_truth"] = row[prompt_key], str(row[ground_truth_key])
-        renamed.append(out)
-    return renamed
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    rows = []
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise PromptDataError(f"{str(path)!r} line {line_no}: not valid JSON ({error})") from error
-            if not isinstance(row, dict):
-                kind = type(row).__name__
-                raise PromptDataError(f"{str(path)!r} line {line_no}: expected a JSON object, got {kind}")
-            rows.append(row)
+            mapping[name] = key
+    path = Path(path)
+    where = repr(str(path))
+    rows = read_rows(path, split)
+    if not rows:
+        raise PromptDataError(f"prompt file {where} has no rows")
+    rows = map_columns(rows, mapping, where)
+    for i, row in enumerate(rows):
+        check_prompt(row["prompt"], f"{where} row {i}: {mapping.get('prompt', 'prompt')!r}")
     return rows
 
 
-def _read_parquet(path: Path) -> list[dict]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError as error:
-        raise PromptDataError(f"{str(path)!r}: {PARQUET_HINT}") from error
-    return pq.read_table(path).to_pylist()
+def split_held_out(rows: list[dict[str, Any]], fraction: float, seed: int = 0) -> tuple[list, list]:
+    """(training rows, held-out rows): a seeded `fraction` of the rows held out, each side in
+    the rows' own order. Training rows asking a held-out prompt are dropped, so the evaluation
+    never scores a prompt the policy trained on."""
+    if not 0 < fraction < 1:
+        raise PromptDataError(
+            f"data.eval_fraction={fraction} must lie strictly between 0 and 1 (e.g. 0.1 holds out a "
+            "tenth of the prompts)"
+        )
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    chosen = set(order[: round(fraction * len(rows))])
+    held_out = [row for i, row in enumerate(rows) if i in chosen]
+    asked = {prompt_identity(row["prompt"]) for row in held_out}
+    train = [row for i, row in enumerate(rows) if i not in chosen and prompt_identity(row["prompt"]) not in asked]
+    if not held_out or not train:
+        empty = "held-out" if not held_out else "training"
+        raise PromptDataError(
+            f"data.eval_fraction={fraction} of {len(rows)} rows leaves the {empty} side empty "
+            f"({len(train)} training, {len(held_out)} held out, after dropping training rows that repeat a "
+            "held-out prompt). Choose a fraction nearer 0.5, give more rows, or give data.eval_file"
+        )
+    return train, held_out
+
+
+def prompt_identity(prompt: Any) -> str:
+    """A hashable stand-in for a prompt (a chat is a list of dicts): equal prompts, equal strings."""
+    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
 
 
 def write_jsonl(rows: Iterable[dict[str, Any]], path: str | os.PathLike) -> Path:
@@ -188,6 +190,10 @@ def _check_template(tokenizer) -> None:
 
 
 # ---- tokenizing into Batches -------------------------------------------------------------------
+TENSORS = ("input_ids", "attention_mask", "position_ids")
+"""The tensors of a prompt Batch."""
+
+
 @dataclass
 class PromptLoaderConfig:
     """How prompts become Batches."""
@@ -249,13 +255,28 @@ def tokenize_prompts(
     columns = {
         "prompt": [r["prompt"] for r in rows],
         "ground_truth": [r["ground_truth"] for r in rows],
-        "uid": [str(r.get("uid", i)) for i, r in zip(indices, rows)],
+        "uid": [str(i if r.get("uid") is None else r["uid"]) for i, r in zip(indices, rows)],
     }
+    for key in dict.fromkeys(k for r in rows for k in r):  # the rows' other columns, first-seen order
+        if key not in columns:
+            _check_column_name(key)
+            columns[key] = [r.get(key) for r in rows]
     return Batch(
-        {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids},
+        dict(zip(TENSORS, (input_ids, attention_mask, position_ids))),
         columns,
         {"max_prompt_length": max_prompt_length, "num_truncated": truncated},
     )
+
+
+def _check_column_name(key: str) -> None:
+    """Refuse a row column named like a field the Batch or a step of the iteration makes: the
+    column would shadow it (a Batch reads columns first)."""
+    made_by = "tokenize_prompts" if key in (*TENSORS, PAD_KEY) else steps.producer_of(key)
+    if made_by:
+        raise PromptDataError(
+            f"prompt column {key!r} has the name of a field {made_by!r} adds to the batch; rename the column "
+            "in the source (or drop it from the rows)"
+        )
 
 
 def left_padded(
@@ -286,7 +307,7 @@ class PromptLoader:
         checks.whole(
             "PromptLoaderConfig", "batch_size", cfg.batch_size, fix="use a whole number of prompts >= 1 per Batch"
         )
-        self.rows, self.tokenizer, self.cfg = rows, tokenizer, cfg
+        self.rows, self.tokenizer, self.cfg = same_keys(rows), tokenizer, cfg
         self.epoch = 0
         if cfg.overlong == "refuse":
             self.check_lengths()
