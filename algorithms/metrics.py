@@ -20,6 +20,10 @@ def data_metrics(batch) -> dict[str, float]:
         out[f"{name}/min"] = float(values.min())
 
     stats("critic/score", batch["token_level_scores"].sum(-1))
+    for key in batch.keys():  # several reward (cost) functions: each one's mean, and rows that fell back
+        if key.startswith(("reward/", "cost/")):
+            fallbacks = key.endswith("/fallbacks")
+            out[key if fallbacks else f"{key}/mean"] = float(batch[key].sum() if fallbacks else batch[key].mean())
     if "token_level_rewards" in batch:
         stats("critic/rewards", batch["token_level_rewards"].sum(-1))
     for key in ("advantages", "returns", "values"):

@@ -167,6 +167,8 @@ class MetricsDashboard(View):
         """{chart: metrics present in the history}, in CHARTS' order, then the step times."""
         seen = self._seen
         out = {chart: [k for k in keys if k in seen] for chart, keys in CHARTS.items()}
+        # several reward functions: each one's mean beside the score they add up to
+        out["score"] += sorted(k for k in seen if k.startswith("reward/") and k.endswith("/mean"))
         out[STEP_TIMES] = sorted(k for k in seen if k.startswith("timing_s/"))
         return out
 

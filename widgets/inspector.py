@@ -122,6 +122,9 @@ class BatchInspector(View):
             return "rollout_log_probs"
         return key
 
+    def _reward_keys(self) -> list[str]:
+        return [k for k in self.batch.keys() if k.startswith("reward/") and k != "reward/fallbacks"]
+
     def rows(self) -> list[dict]:
         """Rows after filtering and sorting: index, prompt, response, score, cost, mean advantage."""
         b, scores = self.batch, self._scores()
@@ -146,6 +149,8 @@ class BatchInspector(View):
                     "response": response,
                     "score": scores[i],
                     "cost": float(b["costs"][i]) if "costs" in b.keys() else None,
+                    # several reward functions: each one's value (reward/<name> columns)
+                    "rewards": {k.removeprefix("reward/"): float(b[k][i]) for k in self._reward_keys()},
                     "advantage": advantage[i],
                 }
             )
@@ -220,6 +225,7 @@ class BatchInspector(View):
                 for t in r["tokens"]
             )
             cost = f" cost {r['cost']:.3g}" if r["cost"] is not None else ""
+            cost += "".join(f"<br>{escape(name)} {value:.3g}" for name, value in r["rewards"].items())
             if r["messages"]:  # a chat: its turns, the response coloured as the assistant's
                 prompt = "<br>".join(f"<b>{escape(m['role'])}:</b> {escape(m['content'])}" for m in r["messages"][:-1])
                 tokens = f"<b>assistant:</b> {tokens}"

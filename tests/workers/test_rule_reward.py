@@ -46,7 +46,7 @@ def test_errors_name_the_function_and_row(shared_session):
 
     with pytest.raises(WorkerCallError, match=r"explodes raised on row uid=u1 .*cannot parse"):
         RuleReward(explodes).compute_reward(answers(["ok", "bad"], ["1", "1"])).get()
-    with pytest.raises(WorkerCallError, match=r"returned nan on row uid=u0"):
+    with pytest.raises(WorkerCallError, match=r"on row uid=u0 .*returned nan, not a finite number"):
         RuleReward(lambda t, g: math.nan).compute_reward(answers(["x"], ["1"])).get()
     with pytest.raises(DispatchError, match=r"no column\(s\) \['response_text'\]"):
         RuleReward(arithmetic.score).compute_reward(Batch({"x": torch.zeros(2)}, {"ground_truth": ["1", "2"]}))
@@ -131,7 +131,7 @@ def test_a_jailed_reward_scores_and_is_stopped_like_a_tool(shared_session):
         with pytest.raises(WorkerCallError, match=words):
             reward.compute_reward(answers(["ok", text], ["1", "1"])).get()
         assert reward.compute_reward(answers(["ok"], ["0"])).get()["scores"].tolist() == [2.0]
-    with pytest.raises(WorkerCallError, match=r"returned nan on row uid=u0"):
+    with pytest.raises(WorkerCallError, match=r"on row uid=u0 .*returned nan, not a finite number"):
         RuleReward(lambda t, g: math.nan, sandbox=SandboxLimits()).compute_reward(answers(["x"], ["1"])).get()
 
 

@@ -77,24 +77,23 @@ def python(code: str) -> str:
     return text if len(text) <= MAX_OUTPUT else text[:MAX_OUTPUT] + f"\n... ({len(text) - MAX_OUTPUT} more characters)"
 
 
-def score_rows(fn_bytes: bytes, texts: list[str], truths: list[str]) -> dict:
-    """A reward function run as a tool (RuleReward(sandbox=...)): {"scores": [...]}, or the first
-    row that failed: {"row": i, "raised": text} or {"row": i, "returned": a non-finite value}."""
-    import math
+def score_rows(fn_bytes: bytes, texts: list[str], truths: list[str], rows: list[dict]) -> dict:
+    """Reward functions run as a tool (RuleReward(sandbox=...)): fn_bytes is a pickled
+    workbench.data.rewards.RewardSet. {"values": [[...] per row], "failed": [[...] per row]},
+    or the first row that failed: {"row": i, "raised": text}."""
     import pickle
     import traceback
 
-    fn = pickle.loads(fn_bytes)
-    scores = []
-    for row, (text, truth) in enumerate(zip(texts, truths)):
+    rewards = pickle.loads(fn_bytes)
+    values, failed = [], []
+    for row, (text, truth, columns) in enumerate(zip(texts, truths, rows)):
         try:
-            value = float(fn(text, truth))
+            scored, fell_back = rewards(text, truth, columns)
         except Exception as err:
-            return {"row": row, "raised": f"{err!r}\n{traceback.format_exc(limit=-3)}"[-2000:]}
-        if not math.isfinite(value):
-            return {"row": row, "returned": repr(value)}
-        scores.append(value)
-    return {"scores": scores}
+            return {"row": row, "raised": f"{err}\n{traceback.format_exc(limit=-3)}"[-2000:]}
+        values.append(scored)
+        failed.append(fell_back)
+    return {"values": values, "failed": failed}
 
 
 # Sent by value: the sandbox imports only the standard library and cloudpickle.

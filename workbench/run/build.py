@@ -4,7 +4,6 @@ their pools, and the algorithm that drives them."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,15 @@ import yaml
 
 from algorithms import ALGORITHMS, Algorithm, Groups
 from workbench.data import arithmetic
-from workbench.data.prompts import PromptLoader, load_prompts, tokenize_prompts
+from workbench.data.prompts import (
+    PromptDataError,
+    PromptLoader,
+    load_prompts,
+    prompt_identity,
+    split_held_out,
+    tokenize_prompts,
+)
+from workbench.data.rewards import RewardDefinitionError, RewardSet
 from workbench.data.tasks import Task, get_task
 from workbench.deploy import deploy_calls, deploy_plan
 from workbench.errors import ConfigError
@@ -58,22 +65,32 @@ def model_dir(config: RunConfig) -> Path:
 
 
 def prompt_rows(config: RunConfig) -> tuple[list[dict], list[dict]]:
-    """Training and held-out rows (prompt, ground_truth): from files, or generated arithmetic
-    problems, put to the model the task's way (text or chat), where no training problem shares
-    a prompt with a held-out one (data.held_out="harder" draws those one digit longer)."""
-    data, put = config.data, task_of(config).prompt
-    held_out = load_prompts(data.eval_file) if data.eval_file else None
+    """Training and held-out rows (prompt, ground_truth and the source's other columns): from
+    files or datasets, from reasoning-gym, or generated arithmetic problems put to the model the
+    task's way (text or chat). No training row shares a prompt with a held-out one (generated
+    held-out problems may be drawn one digit longer: data.held_out="harder")."""
+    data = config.data
+    if data.source == "reasoning_gym":
+        return reasoning_gym_rows(config)
+    if data.train_file:
+        train = _read(data.train_file, data, data.train_split, "data.train_file")
+        if data.eval_file:
+            return train, _read(data.eval_file, data, data.eval_split, "data.eval_file")
+        try:
+            return split_held_out(train, data.eval_fraction, seed=data.seed)
+        except PromptDataError as error:
+            raise ConfigError("data.eval_fraction", data.eval_fraction, str(error)) from None
+    put = task_of(config).prompt
+    held_out = _read(data.eval_file, data, data.eval_split, "data.eval_file") if data.eval_file else None
     if held_out is None:
         difficulty = arithmetic.harder(data.arithmetic) if data.held_out == "harder" else data.arithmetic
         problems = arithmetic.generate(difficulty, data.eval_size, seed=data.seed + 1)
         held_out = [{"prompt": put(p), "ground_truth": p.ground_truth} for p in problems]
-    if data.train_file:
-        return load_prompts(data.train_file), held_out
-    seen = {_key(row["prompt"]) for row in held_out}
+    seen = {prompt_identity(row["prompt"]) for row in held_out}
     train = [
         {"prompt": put(p), "ground_truth": p.ground_truth}
         for p in arithmetic.generate(data.arithmetic, data.train_size, seed=data.seed)
-        if _key(put(p)) not in seen
+        if prompt_identity(put(p)) not in seen
     ]
     if not train:
         raise ConfigError(
@@ -85,9 +102,11 @@ def prompt_rows(config: RunConfig) -> tuple[list[dict], list[dict]]:
     return train, held_out
 
 
-def _key(prompt) -> str:
-    """A hashable stand-in for a prompt (chat prompts are lists of dicts)."""
-    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
+def _read(path: str, data, split: str, where: str) -> list[dict]:
+    try:
+        return load_prompts(path, data.columns or None, split=split)
+    except PromptDataError as error:
+        raise ConfigError(where, path, str(error)) from None
 
 
 def task_of(config: RunConfig) -> Task:
@@ -95,6 +114,40 @@ def task_of(config: RunConfig) -> Task:
         return get_task(config.data.task)
     except KeyError as error:
         raise ConfigError("data.task", config.data.task, str(error.args[0])) from None
+
+
+def reasoning_gym_rows(config: RunConfig) -> tuple[list[dict], list[dict]]:
+    """data.source=reasoning_gym: `train_size` and `eval_size` questions of the dataset `name`
+    (seeds seed and seed + 1; training questions that are also held out are dropped), as chat
+    prompts, each row keeping `question` and `metadata` for the dataset's own scorer."""
+    import reasoning_gym
+
+    data = config.data
+
+    def draw(size: int, seed: int) -> list[dict]:
+        try:
+            entries = reasoning_gym.create_dataset(data.name, size=size, seed=seed, **data.options)
+        except Exception as error:  # an unknown name or setting: reasoning-gym's own words
+            where = "data.name" if "not registered" in str(error) else "data.options"
+            raise ConfigError(where, data.name, str(error)) from None
+        system = [{"role": "system", "content": data.system_prompt}] if data.system_prompt else []
+        return [
+            {
+                "prompt": [*system, {"role": "user", "content": e["question"]}],
+                "ground_truth": str(e["answer"]),
+                "question": e["question"],
+                "metadata": e["metadata"],
+                "data_source": f"reasoning_gym/{data.name}",
+            }
+            for e in entries
+        ]
+
+    held_out = draw(data.eval_size, data.seed + 1)
+    seen = {row["question"] for row in held_out}
+    train = [row for row in draw(data.train_size, data.seed) if row["question"] not in seen]
+    if not train:
+        raise ConfigError("data.train_size", data.train_size, "every training question is also held out: draw more")
+    return train, held_out
 
 
 def prompt_data(config: RunConfig, tokenizer) -> tuple[PromptLoader, Any]:
@@ -107,16 +160,48 @@ def prompt_data(config: RunConfig, tokenizer) -> tuple[PromptLoader, Any]:
 
 
 class TaskCost:
-    """fn(text, truth) -> cost for RuleReward: the task's cost with the run's CostConfig bound
-    (a plain picklable object: it travels to the scoring processes)."""
+    """fn(text, truth) -> cost for RuleReward: a task's cost function, with the run's CostConfig
+    bound where it takes one (the arithmetic task's). It holds the function itself, not the
+    task's name: a scoring process knows only the built-in tasks."""
 
-    def __init__(self, task: str, cost_config):
-        self.task, self.cost_config = task, cost_config
-        self.__qualname__ = f"{task}.cost"
+    def __init__(self, cost, cost_config=None):
+        self.cost, self.cost_config = cost, cost_config
+        self.__name__ = f"{getattr(cost, '__name__', 'cost')}"
 
     def __call__(self, response: str, truth: str) -> float:
-        cost = get_task(self.task).cost
-        return cost(response, self.cost_config) if self.task == "arithmetic" else cost(response)
+        return self.cost(response) if self.cost_config is None else self.cost(response, self.cost_config)
+
+
+def rewards(config: RunConfig) -> RewardSet:
+    """The run's reward functions (data.rewards, else the task's or reasoning-gym's), loaded and
+    checked on the driver: a file, module or signature that does not work is a ConfigError here."""
+    data = config.data
+    given = [r if isinstance(r, str) else dataclasses.asdict(r) for r in data.rewards]
+    if not given:
+        given = ["reasoning_gym"] if data.source == "reasoning_gym" else [{"function": task_of(config).score}]
+    try:
+        return RewardSet.of(given, where="data.rewards")
+    except RewardDefinitionError as error:
+        raise ConfigError("data.rewards", [str(r) for r in data.rewards], str(error)) from None
+
+
+def cost(config: RunConfig) -> RewardSet:
+    """The run's Safe-RLHF cost: data.cost_function, else the task's."""
+    data = config.data
+    try:
+        if data.cost_function:
+            return RewardSet.of({"function": data.cost_function, "name": "cost"}, where="data.cost_function")
+    except RewardDefinitionError as error:
+        raise ConfigError("data.cost_function", data.cost_function, str(error)) from None
+    task = task_of(config)
+    if task.cost is None:
+        raise ConfigError(
+            "data.cost_function",
+            "",
+            f"{config.algorithm_name} needs a cost and the task {task.name!r} has none: give data.cost_function",
+        )
+    bound = TaskCost(task.cost, data.cost if task.name == "arithmetic" else None)
+    return RewardSet.of({"function": bound, "name": "cost"})
 
 
 def required_roles(config: RunConfig) -> tuple[str, ...]:
@@ -176,15 +261,10 @@ def algorithm(
     """Pools and groups per the placement (or per `plan`, from `run_plan`), the rule reward
     (and cost), and the algorithm."""
     roles, place = required_roles(config), config.placement
-    task = task_of(config)
     timeout = config.data.reward_timeout
-    groups = Groups(reward=RuleReward(task.score, timeout=timeout))
+    groups = Groups(reward=RuleReward(rewards(config), timeout=timeout))
     if "cost" in roles:
-        if task.cost is None:
-            raise ConfigError(
-                "data.task", config.data.task, f"{config.algorithm_name} needs a cost; this task has none"
-            )
-        groups.cost = RuleReward(TaskCost(task.name, config.data.cost), timeout=timeout, output_key="costs")
+        groups.cost = RuleReward(cost(config), timeout=timeout, output_key="costs")
 
     algo_config = algorithm_config(config)
     actor_config = replace(

@@ -32,6 +32,7 @@ from workbench.workers.actor import ActorConfig
 from workbench.workers.critic import CriticConfig
 
 HELD_OUT = ("same", "harder")
+SOURCES = ("", "reasoning_gym")
 CRITIC_BESIDE = ("actor", "rollout")
 FROM_MODEL = "<model>"
 """actor.model_path / critic.model_path placeholder: take the directory from the model section."""
@@ -56,18 +57,63 @@ class ModelSection:
 
 
 @dataclass
+class RewardSection:
+    """One reward function of `data.rewards` (a plain string is `function` alone)."""
+
+    function: str = ""
+    """`path/to/file.py:function`, `package.module:function`, or a built-in: math_verify,
+    reasoning_gym, or a registered task's name (workbench.data.rewards)."""
+    name: str = ""
+    """Its name in the metrics (`reward/<name>/mean`); empty: the function's name."""
+    weight: float = 1.0
+    """Its weight in the score (the weighted sum of every reward's value)."""
+    fallback: float | None = None
+    """What a row scores when the function raises, returns no number or runs out of time (counted
+    in `reward/fallbacks`); null: the failure stops the iteration (see faults.reward_retries)."""
+
+
+@dataclass
 class DataSection:
-    """The task: prompts, held-out prompts, and the rule reward (and cost) that judge responses."""
+    """The task: prompts, held-out prompts, and the rewards (and cost) that judge responses."""
 
     task: str = "arithmetic"
-    """A task registered in workbench.data.tasks: its `score` is the reward, its `cost` the
-    Safe-RLHF cost, its `prompt` how generated problems are put (`arithmetic_chat`: as chat
-    messages, for models with a chat template)."""
+    """A task registered in workbench.data.tasks: its `score` is the reward (unless `rewards` are
+    given), its `cost` the Safe-RLHF cost (unless `cost_function` is), its `prompt` how generated
+    problems are put (`arithmetic_chat`: as chat messages, for models with a chat template)."""
+    source: str = ""
+    """Where the prompts come from: "" (`train_file`, or else the task's generated problems) or
+    "reasoning_gym" (the reasoning-gym dataset `name`, scored by its own scorer unless `rewards`
+    are given)."""
+    name: str = ""
+    """The reasoning-gym dataset (source: reasoning_gym), e.g. "basic_arithmetic", "chain_sum"."""
+    options: dict = field(default_factory=dict)
+    """The reasoning-gym dataset's settings (its config's fields, e.g. {min_terms: 2, max_terms: 2})."""
+    system_prompt: str = ""
+    """A system message put before each reasoning-gym question (empty: the question alone)."""
     train_file: str = ""
-    """Training prompts, JSONL or Parquet (columns prompt, ground_truth); empty: `train_size`
-    arithmetic problems drawn with `arithmetic` (none shares an expression with the held-out set)."""
+    """Training prompts: a JSONL or Parquet file (verl's format as it is), or a Hugging Face
+    dataset (a `save_to_disk` directory, or files `datasets.load_dataset` reads); empty:
+    `train_size` arithmetic problems drawn with `arithmetic` (none shares an expression with the
+    held-out set)."""
     eval_file: str = ""
-    """Held-out prompts, same format; empty: `eval_size` arithmetic problems."""
+    """Held-out prompts, same forms (the same dataset directory with another `eval_split` too);
+    with a train_file, give this or `eval_fraction`."""
+    eval_fraction: float = 0.0
+    """Hold out this fraction of the train_file's rows instead of an eval_file (seeded by `seed`)."""
+    train_split: str = "train"
+    """The split of a Hugging Face dataset with several (train_file)."""
+    eval_split: str = "test"
+    """The split of a Hugging Face dataset with several (eval_file)."""
+    columns: dict[str, str] = field(default_factory=dict)
+    """Where the prompt and the ground truth are in the files' rows, dotted for nested columns:
+    {prompt: question, ground_truth: reward_model.ground_truth}. Empty: `prompt` and
+    `ground_truth` (else verl's `reward_model.ground_truth`). Every other column reaches the
+    reward functions and rollouts.jsonl."""
+    rewards: list[RewardSection | str] = field(default_factory=list)
+    """Reward functions by reference, weighted into the score, each logged as `reward/<name>/mean`
+    (a string, or {function, name, weight, fallback}); empty: the task's (or reasoning-gym's)."""
+    cost_function: str = ""
+    """The Safe-RLHF cost by reference (called as a reward is; > 0 is unsafe); empty: the task's."""
     train_size: int = 256
     """Generated training problems (when `train_file` is empty)."""
     eval_size: int = 32
@@ -278,9 +324,36 @@ class RunConfig:
                 ) from None
         self.check_plan()
         checks.one_of("data", "held_out", self.data.held_out, HELD_OUT)
+        self.check_data()
         checks.real(
             "data", "reward_timeout", self.data.reward_timeout, 0, low_open=True, fix="give the seconds allowed, > 0"
         )
+
+    def check_data(self) -> None:
+        """Where the prompts come from, and held-out prompts for a training file."""
+        data = self.data
+        checks.one_of("data", "source", data.source, SOURCES)
+        if data.source == "reasoning_gym" and not data.name:
+            raise ConfigError("data.name", "", "name the reasoning-gym dataset, e.g. data.name=basic_arithmetic")
+        if data.source and data.train_file:
+            raise ConfigError(
+                "data.train_file", data.train_file, f"data.source={data.source} makes its own prompts: drop one"
+            )
+        checks.real("data", "eval_fraction", data.eval_fraction, 0, 1, high_open=True, fix="give a fraction in [0, 1)")
+        if data.train_file and not data.eval_file and not data.eval_fraction:
+            raise ConfigError(
+                "data.eval_file",
+                "",
+                "a train_file needs held-out prompts of the same task: give data.eval_file, or hold out "
+                "part of the training rows with data.eval_fraction=0.1",
+            )
+        for key in data.columns:
+            if key not in ("prompt", "ground_truth"):
+                raise ConfigError(
+                    f"data.columns.{key}",
+                    data.columns[key],
+                    "map prompt and ground_truth (the other columns come as they are)",
+                )
 
     def check_critic_beside(self) -> None:
         place = self.placement

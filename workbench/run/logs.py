@@ -6,7 +6,9 @@ rollouts.jsonl  every k iterations, one object per response row: prompt, respons
                 truth, score (cost), the response's tokens with their advantages (and returns).
                 A chat prompt's row also has `messages`, the conversation with the response as
                 the assistant's turn, and its `prompt` is the text the model saw (the template's
-                markers kept); `response` is the assistant's text, as the reward read it.
+                markers kept); `response` is the assistant's text, as the reward read it. With
+                several reward functions, each one's value (`reward/<name>`); and the prompt
+                rows' own columns (`data_source`, `extra_info`, ...).
 """
 
 from __future__ import annotations
@@ -82,7 +84,13 @@ def last_logged_iteration(path: Path) -> int:
 
 def rollout_rows(batch: Batch, tokenizer, iteration: int, limit: int = 0) -> list[dict[str, Any]]:
     """The rows of a finished iteration's batch as plain dicts: what was asked, answered, scored,
-    and how each response token was credited (its advantage)."""
+    and how each response token was credited (its advantage). The prompt rows' other columns
+    (`data_source`, `extra_info`, ...) follow under their own names, JSON-safe (a value json
+    cannot write becomes text); a column named like a key written here is left out."""
+    written = ("iteration", "row", "uid", "prompt", "messages", "response", "ground_truth", "score", "cost")
+    written += ("tokens", "advantages", "returns", "cost_advantages", "token_level_rewards")
+    written += ("response_text",)  # the actor's decoding of the response: `response` already
+    extra = [key for key in batch.columns if key not in written]
     rows = []
     count = len(batch) if not limit else min(limit, len(batch))
     mask = batch["response_mask"].bool()
@@ -108,6 +116,9 @@ def rollout_rows(batch: Batch, tokenizer, iteration: int, limit: int = 0) -> lis
         for key in ("scores", "costs"):
             if key in batch:
                 row[key[:-1]] = _round(batch[key][i])
+        # several reward functions: each one's value (reward/<name>), and how many fell back
+        row.update((k, _round(batch[k][i])) for k in batch.tensors.keys() if k.startswith(("reward/", "cost/")))
+        row.update((key, json.loads(json.dumps(batch.columns[key][i], default=str))) for key in extra)
         row["tokens"] = [tokenizer.decode([token]) for token in ids]  # readable pieces, one per advantage
         for key in ("advantages", "returns", "cost_advantages", "token_level_rewards"):
             if key in batch:

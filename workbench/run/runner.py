@@ -91,6 +91,7 @@ class Runner:
     def __init__(self, config: RunConfig, session: Session | None = None, callbacks: Iterable[Callable] = ()):
         config.validate()
         build.algorithm_config(config)  # sampling against the algorithm (GRPO's n >= 2, ...), before any work
+        build.rewards(config)  # the reward files and functions found and their signatures checked, too
         self.config, self.given_session, self.callbacks = config, session, list(callbacks)
         self.session: Session | None = None
         self.algorithm = None
@@ -310,7 +311,9 @@ class Runner:
             gen = algo.groups.actor.generate_sequences(self.eval_batch, sampling)
             reward = algo.groups.reward.compute_reward(gen)
             cost = algo.groups.cost.compute_cost(gen) if algo.groups.cost is not None else None
-            out = {"eval/score": float(reward.get()["scores"].mean())}
+            scored = reward.get()
+            out = {"eval/score": float(scored["scores"].mean())}
+            out |= {f"eval/{key}": float(scored[key].mean()) for key in scored.keys() if key.startswith("reward/")}
             if cost is not None:
                 out["eval/cost"] = float(cost.get()["costs"].mean())
         out["timing_s/eval"] = time.monotonic() - start

@@ -1,8 +1,13 @@
-"""Rule-based rewards: a plain Python function (exact match, a unit-test sandbox, a verifier)
+"""Rule-based rewards: plain Python functions (exact match, a unit-test sandbox, a verifier)
 scored off the driver and called like a worker group (HybridFlow §5: non-neural reward modules).
 
     reward = RuleReward(arithmetic.score)            # fn(response_text, ground_truth) -> float
     scores = reward.compute_reward(generated)        # a DataFuture, like any group's call
+    RuleReward(["rewards.py:correct", {"function": "rewards.py:form", "weight": 0.2}])
+
+A function may also take the row's other columns (`fn(response, ground_truth, **row)`) or be
+verl's `compute_score(data_source, solution_str, ground_truth, extra_info)`; several are
+weighted into `scores`, each kept as its own column `reward/<name>` (workbench.data.rewards).
 
 Scoring runs in long-lived processes, started once per session and reused by every call: a
 small pool of Ray actors (`RewardScorer`), each owning one child process that runs the
@@ -45,6 +50,7 @@ from workbench.controller.future import CallInfo, DataFuture, describe_output
 from workbench.controller.protocols import concat
 from workbench.controller.worker import MAX_RECORDS, TRACE_GROUP, resolve_input
 from workbench.data.batch import PAD_KEY, Batch
+from workbench.data.rewards import RewardFunction, RewardSet
 from workbench.errors import DispatchError, WorkbenchError
 from workbench.mesh import Mesh
 from workbench.tracing import CallRecord, CallTags, add_span_source, current_tags, new_call_number, take_answers
@@ -57,6 +63,8 @@ MAX_MESSAGE = 64 * 1024
 """Bytes a scoring child's message may take (a score, or an error's text)."""
 SCORER_POOL = "rule_reward"
 """The pool (and role) name of scoring spans in the trace."""
+Scored = tuple[list[list[float]], list[list[int]]]
+"""Rows scored: each function's value per row, and which functions fell back on each row."""
 
 
 class RuleRewardError(WorkbenchError):
@@ -66,7 +74,7 @@ class RuleRewardError(WorkbenchError):
 class RuleReward:
     def __init__(
         self,
-        fn: Callable[[str, str], float],
+        fn: Callable[..., float] | str | RewardFunction | RewardSet | list,
         chunk_size: int = 64,
         timeout: float = 30.0,
         output_key: str = "scores",
@@ -75,7 +83,8 @@ class RuleReward:
         processes: int = 2,
         sandbox: SandboxLimits | None = None,
     ):
-        """fn(text, truth) -> float, applied to batch[text_key] and batch[truth_key] per row;
+        """fn(text, truth) -> float, applied to batch[text_key] and batch[truth_key] per row (or
+        any reward function, reference or list of them: workbench.data.rewards.RewardSet.of);
         timeout: seconds allowed for one chunk of chunk_size rows (the process running the
         function is killed when it passes); processes: long-lived scoring processes shared by
         every RuleReward of the session (chunks are spread over them); sandbox: run fn in a
@@ -86,16 +95,19 @@ class RuleReward:
         checks.real("RuleReward", "timeout", timeout, 0, low_open=True, fix="give the seconds allowed per chunk, > 0")
         checks.whole("RuleReward", "chunk_size", chunk_size, fix="use a whole number of rows >= 1 per chunk")
         checks.whole("RuleReward", "processes", processes, fix="use a whole number of scoring processes >= 1")
-        self.fn, self.chunk_size, self.timeout, self.processes = fn, chunk_size, timeout, processes
+        self.rewards = RewardSet.of(fn)
+        self.chunk_size, self.timeout, self.processes = chunk_size, timeout, processes
         self.output_key, self.text_key, self.truth_key = output_key, text_key, truth_key
-        self.name = getattr(fn, "__qualname__", repr(fn))
+        self.name = "+".join(self.rewards.names)
         self.sandbox = None
         if sandbox is not None:
             check_jail(sandbox)  # here, on the driver, before a scorer starts one
             # Room for a chunk's scores in the answer (a JSON number is at most ~24 characters), and
             # each chunk in a fresh process: a sample's code cannot reach a later chunk's scores.
             self.sandbox = dataclasses.replace(
-                sandbox, output_chars=max(sandbox.output_chars, 32 * chunk_size), calls_per_process=1
+                sandbox,
+                output_chars=max(sandbox.output_chars, 40 * chunk_size * len(self.rewards.functions)),
+                calls_per_process=1,
             )
         if ray.is_initialized():
             scorer_pool(processes)  # start (or find) the scoring processes while groups start
@@ -114,8 +126,9 @@ class RuleReward:
             pieces = [batch.slice(i, count) for i in range(count)]
         spec = (
             # The standalone cloudpickle: ray's would have the jail import ray to load it.
-            cloudpickle.dumps(self.fn),
+            cloudpickle.dumps(self.rewards),
             self.name,
+            [(f.name, f.weight, f.fallback) for f in self.rewards.functions],
             self.timeout,
             self.output_key,
             self.text_key,
@@ -255,22 +268,33 @@ class RewardScorer:
 
     @ray.method(num_returns=2)
     def score(self, spec: tuple, rows, tags: dict | None = None):
-        fn_bytes, name, timeout, output_key, text_key, truth_key, chunk_size, sandbox = spec
+        fn_bytes, name, parts, timeout, output_key, text_key, truth_key, chunk_size, sandbox = spec
         start = time.time()
         rows = resolve_input(rows)
         fetched, out = time.time(), None
         try:
             texts, truths = list(rows[text_key]), list(rows[truth_key])
             uids = list(rows["uid"]) if "uid" in rows else list(range(len(rows)))
-            scores: list[float] = []
+            # The row's other columns (data_source, extra_info, ...), for functions that take them.
+            others = [k for k in rows.columns if k not in (text_key, truth_key)]
+            columns = [{k: rows.columns[k][i] for k in others} for i in range(len(rows))]
+            values: list[list[float]] = []
+            failed: list[list[int]] = []
             for first in range(0, len(rows), chunk_size):  # one deadline per chunk of chunk_size rows
                 end = min(first + chunk_size, len(rows))
-                chunk = (fn_bytes, name, texts[first:end], truths[first:end], uids[first:end])
-                if sandbox is not None:
-                    scores += self._score_jailed(sandbox, *chunk)
-                else:
-                    scores += self._score_chunk(timeout, *chunk)
-            out = Batch({output_key: torch.tensor(scores, dtype=torch.float32)})
+                chunk = (
+                    fn_bytes,
+                    name,
+                    parts,
+                    texts[first:end],
+                    truths[first:end],
+                    columns[first:end],
+                    uids[first:end],
+                )
+                got = self._score_jailed(sandbox, *chunk) if sandbox is not None else self._score_chunk(timeout, *chunk)
+                values += got[0]
+                failed += got[1]
+            out = scored_batch(parts, values, failed, output_key)
             if PAD_KEY in rows.tensors.keys():
                 out.tensors[PAD_KEY] = rows.tensors[PAD_KEY]
             return describe_output(out), out
@@ -298,56 +322,68 @@ class RewardScorer:
             )
         )
 
-    def _score_jailed(self, sandbox: SandboxLimits, fn_bytes, name, texts, truths, uids) -> list[float]:
+    def _score_jailed(self, sandbox: SandboxLimits, fn_bytes, name, parts, texts, truths, columns, uids) -> Scored:
         """A chunk scored in this process's jailed sandbox for `sandbox` (workbench.agents)."""
         try:
-            answer = sandbox_for(sandbox).call(score_rows, (fn_bytes, texts, truths), tool=name)
+            answer = sandbox_for(sandbox).call(score_rows, (fn_bytes, texts, truths, columns), tool=name)
         except ToolError as err:
+            if all(fallback is not None for _, _, fallback in parts):
+                return _fell_back(parts, len(texts))
             raise RuleRewardError(
                 f"rule reward {name} {err.detail} on a chunk of {len(texts)} rows (uid={uids[0]}..{uids[-1]}); "
                 f"it runs in a jail (RuleReward(sandbox=...))"
             ) from None
-        scores, row = answer.get("scores"), answer.get("row") if isinstance(answer, dict) else None
-        if isinstance(scores, list) and len(scores) == len(texts) and all(type(x) in (int, float) for x in scores):
-            return [float(score) for score in scores]
-        if type(row) is not int or not 0 <= row < len(texts) or not isinstance(answer.get("returned", ""), str):
+        if isinstance(answer, dict) and "values" in answer:
+            rows = list(zip(answer["values"], answer.get("failed", ()), strict=False))
+            if len(rows) == len(texts) and all(_in_shape(v, f, len(parts)) for v, f in rows):
+                return [v for v, _ in rows], [f for _, f in rows]
+        row = answer.get("row") if isinstance(answer, dict) else None
+        if type(row) is not int or not 0 <= row < len(texts) or not isinstance(answer.get("raised"), str):
             raise RuleRewardError(f"rule reward {name} answered out of shape from its jail: {str(answer):.200}")
-        where = f"on row uid={uids[row]} (response {texts[row]!r:.80})"
-        if "returned" in answer:
-            raise RuleRewardError(f"rule reward {name} returned {answer['returned']} {where}")
-        raise RuleRewardError(f"rule reward {name} raised {where}: {str(answer.get('raised')):.4000}")
+        raise RuleRewardError(
+            f"rule reward {name} raised on row uid={uids[row]} (response {texts[row]!r:.80}): {answer['raised']:.4000}"
+        )
 
-    def _score_chunk(self, timeout, fn_bytes, name, texts, truths, uids) -> list[float]:
+    def _score_chunk(self, timeout, fn_bytes, name, parts, texts, truths, columns, uids) -> Scored:
         if self.child is None or not self.child.is_alive():
             self._start_child()
-        self.conn.send((fn_bytes, texts, truths))
+        self.conn.send((fn_bytes, texts, truths, columns))
         # Loading the function (importing its modules, in a fresh child) is not scoring: it
         # gets its own, generous limit; the chunk's deadline starts once the function is loaded.
         self._receive(
             max(LOAD_TIMEOUT, timeout), name, f"while loading the function (limit {max(LOAD_TIMEOUT, timeout)} s)"
         )
         deadline = time.monotonic() + timeout
-        scores: list[float] = []
-        while len(scores) < len(texts):
-            row = len(scores)
+        values: list[list[float]] = []
+        failed: list[list[int]] = []
+        while len(values) < len(texts):
+            row = len(values)
             where = f"on row uid={uids[row]} (response {texts[row]!r:.80})"
-            kind, value = self._receive(deadline - time.monotonic(), name, where, timeout, len(texts))
-            if kind == "raised":
-                raise RuleRewardError(f"rule reward {name} raised {where}: {value}")
-            if not math.isfinite(value):
-                self._drain(len(texts) - row - 1, deadline)
-                raise RuleRewardError(f"rule reward {name} returned {value} {where}")
-            scores.append(value)
-        return scores
+            try:
+                message = self._receive(deadline - time.monotonic(), name, where, timeout, len(texts), len(parts))
+            except RuleRewardError:
+                if not all(fallback is not None for _, _, fallback in parts):
+                    raise
+                # Out of time or crashed, with a fallback for every function: the rest of the chunk scores that.
+                rest = _fell_back(parts, len(texts) - row)
+                return values + rest[0], failed + rest[1]
+            if message[0] == "raised":
+                raise RuleRewardError(f"rule reward {name} raised {where}: {message[1]}")
+            values.append(message[1])
+            failed.append(message[2])
+        return values, failed
 
-    def _receive(self, seconds: float, name: str, where: str, timeout: float | None = None, rows: int = 0):
+    def _receive(
+        self, seconds: float, name: str, where: str, timeout: float | None = None, rows: int = 0, parts: int = 0
+    ):
         """The child's next message, or kill the child and raise once `seconds` pass."""
         if not self.conn.poll(max(0.0, seconds)):
             self._kill_child()
             limit = f"more than {timeout} s on a chunk of {rows} rows" if timeout else "too long"
             raise RuleRewardError(
                 f"rule reward {name} took {limit}; its process was killed {where}. "
-                f"Make the function faster, or raise RuleReward(timeout=...)"
+                f"Make the function faster, or raise RuleReward(timeout=...) (data.reward_timeout), or give "
+                f"the functions a fallback score"
             )
         try:
             message = json.loads(self.conn.recv_bytes(MAX_MESSAGE))  # data, never a pickle: the child runs user code
@@ -356,46 +392,70 @@ class RewardScorer:
             code = self.child.exitcode
             self._kill_child()
             raise RuleRewardError(f"rule reward {name} ended its process (exit code {code}) {where}") from None
-        if not (isinstance(message, list) and len(message) == 2 and message[0] in ("loaded", "ok", "raised")):
+        shaped = (
+            isinstance(message, list)
+            and message
+            and (
+                (message[0] == "loaded" and len(message) == 2)
+                or (message[0] == "raised" and len(message) == 2 and isinstance(message[1], str))
+                or (message[0] == "ok" and len(message) == 3 and _in_shape(message[1], message[2], parts))
+            )
+        )
+        if not shaped:
             self._kill_child()
             raise RuleRewardError(f"rule reward {name}'s process sent a message out of shape {where}")
-        if message[0] == "ok" and type(message[1]) not in (int, float):
-            message = ["raised", f"returned {message[1]!r:.80}, not a number"]
         return message
 
-    def _drain(self, remaining: int, deadline: float) -> None:
-        """Read the rest of an abandoned chunk so the next one starts clean (or kill the child)."""
-        for _ in range(remaining):
-            if not self.conn.poll(max(0.0, deadline - time.monotonic())):
-                self._kill_child()
-                return
-            try:
-                if json.loads(self.conn.recv_bytes(MAX_MESSAGE))[0] == "raised":
-                    return
-            except (EOFError, OSError, ValueError):
-                self._kill_child()
-                return
+
+def _in_shape(values, failed, parts: int) -> bool:
+    """One row's answer: a finite number per function, and the indices of those that fell back."""
+    return (
+        isinstance(values, list)
+        and len(values) == parts
+        and all(type(v) in (int, float) and math.isfinite(v) for v in values)
+        and isinstance(failed, list)
+        and all(type(i) is int and 0 <= i < parts for i in failed)
+    )
+
+
+def _fell_back(parts, rows: int) -> Scored:
+    """`rows` rows scored by every function's fallback."""
+    return [[float(fallback) for _, _, fallback in parts] for _ in range(rows)], [list(range(len(parts)))] * rows
+
+
+def scored_batch(parts, values: list[list[float]], failed: list[list[int]], output_key: str) -> Batch:
+    """The scores (each row's weighted sum), and with several functions each one's column
+    (`reward/<name>`, `cost/<name>` for costs); with fallbacks, how many fell back per row."""
+    prefix = {"scores": "reward", "costs": "cost"}.get(output_key, output_key)
+    total = [sum(weight * v for (_, weight, _), v in zip(parts, row)) for row in values]
+    tensors = {output_key: torch.tensor(total, dtype=torch.float32)}
+    if len(parts) > 1:
+        for i, (name, _, _) in enumerate(parts):
+            tensors[f"{prefix}/{name}"] = torch.tensor([row[i] for row in values], dtype=torch.float32)
+    if any(fallback is not None for _, _, fallback in parts):
+        tensors[f"{prefix}/fallbacks"] = torch.tensor([float(len(f)) for f in failed], dtype=torch.float32)
+    return Batch(tensors)
 
 
 def _child_loop(conn) -> None:
-    """The child: score chunks forever. It acknowledges each chunk once the function is loaded,
+    """The child: score chunks forever. It acknowledges each chunk once the functions are loaded,
     then sends one message per row (so the parent knows which row a hang or crash was on). A
-    function that raises ends its chunk."""
+    function that raises with no fallback ends its chunk."""
     torch.set_num_threads(1)
     loaded: bytes | None = None
-    fn: Any = None  # the reward function, unpickled from the first chunk (set before any row is scored)
+    rewards: Any = None  # a RewardSet, unpickled from the first chunk (set before any row is scored)
     while True:
         try:
-            fn_bytes, texts, truths = conn.recv()
+            fn_bytes, texts, truths, columns = conn.recv()
         except EOFError:
             return
         if fn_bytes != loaded:
-            fn, loaded = cloudpickle.loads(fn_bytes), fn_bytes
+            rewards, loaded = cloudpickle.loads(fn_bytes), fn_bytes
         conn.send_bytes(b'["loaded", null]')
-        for text, truth in zip(texts, truths):
+        for text, truth, row in zip(texts, truths, columns):
             try:
-                value = float(fn(text, truth))
+                values, failed = rewards(text, truth, row)
             except Exception as err:
-                conn.send_bytes(json.dumps(["raised", f"{err!r}\n{traceback.format_exc(limit=-3)}"[-8000:]]).encode())
+                conn.send_bytes(json.dumps(["raised", f"{err}\n{traceback.format_exc(limit=-3)}"[-8000:]]).encode())
                 break
-            conn.send_bytes(json.dumps(["ok", value]).encode())
+            conn.send_bytes(json.dumps(["ok", values, failed]).encode())
