@@ -270,3 +270,54 @@ def test_a_task_that_cannot_run_is_refused_before_any_work(overrides, where, wor
     with pytest.raises(ConfigError) as error:
         Runner(load_config(None, overrides))
     assert error.value.where == where and re.search(words, str(error.value))
+
+
+def test_an_llm_judge_scores_beside_a_rule(task, tmp_path, shared_session):
+    """data.judge: a chat model in the actor's processes reads each response through a rubric;
+    its verdict is the score, the rule beside it (weight 0) is measured but not rewarded."""
+    root, _ = task
+    data = {
+        **SETTINGS["data"],
+        "train_file": str(root / "train.parquet"),
+        "eval_file": str(root / "test.parquet"),
+        "judge": {
+            "template": "Q: {prompt}\nA: {response}\nCorrect? yes or no.",
+            "fallback": 0.5,
+            "max_prompt_length": 256,
+            "max_new_tokens": 4,
+        },
+        "rewards": [{"function": f"{root / 'rewards.py'}:compute_score", "name": "correct", "weight": 0.0}],
+    }
+    out = tmp_path / "run"
+    result = in_process(task, out, shared_session, data=data, algorithm={"name": "grpo"}).run()
+    trained = next(m for m in result.history if "critic/score/mean" in m)
+    assert trained["critic/score/mean"] == pytest.approx(trained["reward/judge/mean"])
+    assert 0 <= trained["reward/correct/mean"] <= 1 and "eval/reward/judge" in result.evaluations[-1]
+    rows = read_jsonl(out / "rollouts.jsonl")
+    for row in rows:  # every verdict is yes, no or the fallback, and the log says which
+        verdict = row["judge_verdict"].lower()
+        expected = 1.0 if re.search(r"\byes\b", verdict) else 0.0 if re.search(r"\bno\b", verdict) else 0.5
+        if re.search(r"\byes\b", verdict) and re.search(r"\bno\b", verdict):
+            continue  # the first of the two decides
+        assert row["score"] == pytest.approx(expected)
+    assert trained["reward/fallbacks"] == sum(1.0 for row in rows if row["score"] == 0.5)
+
+
+def test_an_ecosystem_environment_runs_episodes_headless(task, tmp_path, shared_session):
+    """data.environment: skyrl-gym's gsm8k_multi_turn, unchanged, turn by turn in the tool jail,
+    on verl's Parquet rows; the episodes train and are evaluated as episodes."""
+    root, _ = task
+    data = {
+        **SETTINGS["data"],
+        "train_file": str(root / "train.parquet"),
+        "eval_file": str(root / "test.parquet"),
+        "environment": "skyrl:gsm8k_multi_turn",
+        "environment_options": {"max_turns": 2},
+    }
+    algorithm = {"name": "grpo", "episode": {"max_turns": 2, "turn_tokens": 4}}
+    out = tmp_path / "run"
+    result = in_process(task, out, shared_session, data=data, algorithm=algorithm).run()
+    trained = next(m for m in result.history if "critic/score/mean" in m)
+    assert 1 <= trained["episode/turns/min"] <= trained["episode/turns/max"] <= 2
+    assert trained["episode/tool_calls"] >= 1  # each environment step counts as one
+    assert "eval/score" in result.evaluations[-1]

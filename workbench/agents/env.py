@@ -9,10 +9,11 @@
 
 An environment starts an episode from a prompt row (`start`), and answers each of the policy's
 turns (`step`, given the turn's text) with an Observation: text to show the policy next (in the
-chat template's tool role), a reward, and whether the episode ended. A researcher's own
-environment is a subclass in a notebook cell. Tools run in a ToolBox's sandbox process, never in
+chat template's tool role, or the observation's own), a reward, and whether the episode ended. A
+researcher's own environment is a subclass in a notebook cell. Tools run in a ToolBox's sandbox process, never in
 the caller's: a tool that hangs, crashes or misbehaves becomes an error observation the policy
-sees (and a count in the metrics), and the episode goes on.
+sees (and a count in the metrics), and the episode goes on. SkyRL's environments run unchanged
+in one (workbench.agents.skyrl).
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ class Observation:
     info: dict = field(default_factory=dict)
     """What happened, for metrics: {"tool": name}, {"tool_error": kind}, {"tool_output_cut":
     characters}, ..."""
+    role: str | None = None
+    """The chat role it is shown in; None: EpisodeConfig.tool_role. An environment whose
+    observations have a role of their own (skyrl's are "user" messages) names it."""
 
 
 class Environment:
@@ -111,9 +115,7 @@ class ToolBox:
 
     def close(self) -> None:
         """Stop this process's sandbox for these limits (the next call starts a fresh one)."""
-        sandbox = _sandboxes.pop(self.limits, None)
-        if sandbox is not None:
-            sandbox.close()
+        close_sandbox(self.limits)
 
 
 _sandboxes: dict[SandboxLimits, Sandbox] = {}
@@ -124,6 +126,13 @@ def sandbox_for(limits: SandboxLimits) -> Sandbox:
     if limits not in _sandboxes:
         _sandboxes[limits] = Sandbox(limits, name="tools")
     return _sandboxes[limits]
+
+
+def close_sandbox(limits: SandboxLimits) -> None:
+    """Stop this process's sandbox for `limits`, if one runs (the next call starts a fresh one)."""
+    sandbox = _sandboxes.pop(limits, None)
+    if sandbox is not None:
+        sandbox.close()
 
 
 class ToolEnvironment(Environment):

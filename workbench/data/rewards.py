@@ -23,20 +23,14 @@ This module imports only the standard library at the top: a jailed scorer receiv
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import importlib.util
 import inspect
 import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 VERL_PARAMS = ("data_source", "solution_str", "ground_truth", "extra_info")
-OWN_PACKAGES = ("workbench", "algorithms", "widgets")
-"""Packages every scoring process imports itself: their functions travel by name."""
 
 
 class RewardDefinitionError(ValueError):
@@ -79,66 +73,28 @@ BUILT_IN: dict[str, Callable[..., float]] = {"math_verify": math_verify, "reason
 
 # ---- finding a function by reference ---------------------------------------------------------
 def load_function(reference: str, where: str = "reward") -> Callable[..., Any]:
-    """The function a reference names (see the module docstring). Functions from a file or from
-    a module outside the installed packages are pickled by value, so a scoring process (or a
-    jail) that cannot import them still runs them."""
+    """The function a reference names: a built-in, a registered task's name, or a file's or
+    module's function (workbench.references: sent to the scoring processes by value when they
+    cannot import it)."""
+    from workbench.data.tasks import TASKS  # imported here: a jail receives this module by value
+    from workbench.references import NotFound, find
+
     if reference in BUILT_IN:
         return BUILT_IN[reference]
-    target, colon, name = reference.rpartition(":")
-    if not colon or not target or not name:
-        from workbench.data.tasks import TASKS  # the registered tasks' names are references too
-
-        if reference in TASKS:
-            return TASKS[reference].score
+    if reference in TASKS:
+        return TASKS[reference].score
+    if ":" not in reference:
         raise RewardDefinitionError(
             f"{where}: {reference!r} names no function; write `path/to/file.py:function` or "
             f"`package.module:function`, or a built-in: {sorted([*BUILT_IN, *TASKS])}"
         )
-    module = _file_module(target, where) if target.endswith(".py") else _import(target, where)
-    fn = getattr(module, name, None)
+    try:
+        fn = find(reference)
+    except NotFound as error:
+        raise RewardDefinitionError(f"{where}: {error}") from None
     if not callable(fn):
-        found = sorted(n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_"))
-        raise RewardDefinitionError(f"{where}: {target} has no function {name!r}; its functions: {found}")
+        raise RewardDefinitionError(f"{where}: {reference!r} is a {type(fn).__name__}, not a function")
     return fn
-
-
-def _file_module(path: str, where: str):
-    file = Path(path).expanduser().resolve()
-    if not file.is_file():
-        raise RewardDefinitionError(f"{where}: no such file {path!r} (relative paths start at {Path.cwd()})")
-    # A private name per file, so two files called rewards.py do not replace each other.
-    name = f"workbench_user_rewards.{file.stem}_{hashlib.blake2b(str(file).encode(), digest_size=4).hexdigest()}"
-    spec = importlib.util.spec_from_file_location(name, file)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as error:
-        del sys.modules[name]
-        raise RewardDefinitionError(f"{where}: importing {path!r} raised {error!r}") from error
-    _by_value(module)
-    return module
-
-
-def _import(name: str, where: str):
-    try:
-        module = importlib.import_module(name)
-    except ImportError as error:
-        raise RewardDefinitionError(
-            f"{where}: cannot import {name!r} ({error}); give the file instead (`path/to/{name.replace('.', '/')}.py:"
-            f"function`), or install the package"
-        ) from error
-    installed = any(str(module.__file__ or "").startswith(p) for p in {sys.prefix, sys.base_prefix})
-    if not installed and name.partition(".")[0] not in OWN_PACKAGES:
-        _by_value(module)
-    return module
-
-
-def _by_value(module) -> None:
-    import cloudpickle
-
-    cloudpickle.register_pickle_by_value(module)
 
 
 # ---- calling a function as a reward ----------------------------------------------------------

@@ -6,10 +6,11 @@
 Each episode starts from its prompt row (`env.start`); the policy generates a turn (until a stop
 string such as `</tool_call>`, its end of turn or EOS, or the turn's token budget), the
 environment answers it (`env.step` on the turn's text), and the answer is appended in the chat
-template's tool role, closing the policy's turn first when the stop string left it open. Turns
-are batched over the episodes still running; an episode that ends leaves the batch. `Episodes`
-is the loop itself, one turn per `next()` (a notebook steps an episode with it; the actor records
-each turn's generation and tool calls as trace spans); `run_episodes` runs it to the end.
+template's tool role (or the observation's own, `Observation.role`), closing the policy's turn
+first when the stop string left it open. Turns are batched over the episodes still running; an
+episode that ends leaves the batch. `Episodes` is the loop itself, one turn per `next()` (a
+notebook steps an episode with it; the actor records each turn's generation and tool calls as
+trace spans); `run_episodes` runs it to the end.
 
 Trajectories stay token ids from end to end: a turn's sampled ids are appended as sampled and an
 observation's ids as its template renders them; nothing is decoded and re-encoded (text is
@@ -209,7 +210,8 @@ class Turn:
             lines.append(f"  [{s.episode}] model: {s.text}")
             if s.observation.text is not None and not s.ended:
                 lines.append(
-                    f"      {'tool error' if 'tool_error' in s.observation.info else 'tool'}: {s.observation.text}"
+                    f"      {'tool error' if 'tool_error' in s.observation.info else s.observation.role or 'tool'}: "
+                    f"{s.observation.text}"
                 )
             if s.ended:
                 lines.append(f"      episode ends, reward {s.observation.reward:g}")
@@ -302,7 +304,8 @@ class Episodes:
                 # Cut before it is tokenized: no token is longer than MAX_TOKEN_CHARS characters, so
                 # the cut text still fills what the response has room for.
                 cut = observation.text[: (config.max_tokens - len(e.response)) * MAX_TOKEN_CHARS]
-                shown = observation_ids(self.tokenizer, cut, not closed, config.tool_role)
+                role = observation.role or config.tool_role
+                shown = observation_ids(self.tokenizer, cut, not closed, role)
                 shown = shown[: config.max_tokens - len(e.response)]
                 e.response += shown
                 e.policy += [False] * len(shown)

@@ -23,6 +23,7 @@ from workbench.data.prompts import (
 from workbench.data.rewards import RewardDefinitionError, RewardSet
 from workbench.data.tasks import Task, get_task
 from workbench.deploy import deploy_calls, deploy_plan
+from workbench.engines.rollout import SamplingConfig
 from workbench.errors import ConfigError
 from workbench.planner import (
     Dataflow,
@@ -47,6 +48,9 @@ from workbench.run.config import FROM_MODEL, RunConfig
 from workbench.session import Session
 from workbench.workers.actor import ActorRolloutRefWorker
 from workbench.workers.critic import CriticWorker
+from workbench.workers.episode_reward import EpisodeReward
+from workbench.workers.joint_reward import JointReward
+from workbench.workers.judge import DEFAULT_TEMPLATE, JudgeConfig, JudgeWorker
 from workbench.workers.rule_reward import RuleReward
 
 
@@ -226,7 +230,8 @@ def devices_needed(config: RunConfig, plan: RunPlan | CallRunPlan | None = None)
         return plan.n_devices
     critic = "critic" in required_roles(config) and config.placement.critic_devices
     place = config.placement
-    return place.actor_devices + (place.critic_devices if critic else 0) + place.rollout_devices
+    judge = config.data.judge.devices if config.data.judge is not None else 0
+    return place.actor_devices + (place.critic_devices if critic else 0) + place.rollout_devices + judge
 
 
 def critic_path(config: RunConfig, policy: Path) -> str:
@@ -262,11 +267,13 @@ def algorithm(
     (and cost), and the algorithm."""
     roles, place = required_roles(config), config.placement
     timeout = config.data.reward_timeout
-    groups = Groups(reward=RuleReward(rewards(config), timeout=timeout))
+    groups = Groups(reward=EpisodeReward() if config.data.environment else RuleReward(rewards(config), timeout=timeout))
     if "cost" in roles:
         groups.cost = RuleReward(cost(config), timeout=timeout, output_key="costs")
 
     algo_config = algorithm_config(config)
+    if config.data.environment:
+        algo_config = replace(algo_config, env=environment_of(config))
     actor_config = replace(
         config.actor,
         model_path=str(policy) if config.actor.model_path == FROM_MODEL else config.actor.model_path,
@@ -315,7 +322,45 @@ def algorithm(
         pool = session.pool("critic_pool", place.critic_devices) if place.critic_devices else actor_pool
         for role, group in session.fused(pool, **critics).items():
             setattr(groups, role, group)
+    judge = config.data.judge
+    if judge is not None:
+        pool = session.pool("judge_pool", judge.devices) if judge.devices else actor_pool
+        group = session.fused(pool, reward=(JudgeWorker, judge_config(config, policy)))["reward"]
+        scorers = [("judge", judge.weight, group)]
+        if config.data.rewards:  # rule rewards beside the judge, each with its own weight
+            scorers.append((groups.reward.name, 1.0, groups.reward))  # one function: reward/<its name>
+        groups.reward = JointReward(scorers)
     return ALGORITHMS[config.algorithm_name](groups, algo_config)
+
+
+def judge_config(config: RunConfig, policy: Path) -> JudgeConfig:
+    """data.judge as the judge group's config (greedy verdicts; the policy's model by default)."""
+    judge = config.data.judge
+    assert judge is not None
+    try:
+        return JudgeConfig(
+            model_path=judge.model_path or str(policy),
+            template=judge.template or DEFAULT_TEMPLATE,
+            verdict=judge.verdict,
+            fallback=judge.fallback,
+            system=judge.system,
+            max_prompt_length=judge.max_prompt_length,
+            sampling=SamplingConfig(max_new_tokens=judge.max_new_tokens, greedy=True),
+        )
+    except ConfigError as error:  # named by its run-config field
+        raise ConfigError(f"data.judge.{error.where.rpartition('.')[2]}", error.value, error.fix) from None
+
+
+def environment_of(config: RunConfig):
+    """data.environment, made with its options (on the driver: a bad reference is refused here)."""
+    from workbench.agents.skyrl import environment
+
+    try:
+        return environment(config.data.environment, **config.data.environment_options)
+    except ConfigError as error:
+        raise ConfigError("data.environment", config.data.environment, error.fix) from None
+    except TypeError as error:  # options the environment does not take
+        raise ConfigError("data.environment_options", config.data.environment_options, str(error)) from None
 
 
 # ---- placement by a planner plan ---------------------------------------------------------------

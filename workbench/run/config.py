@@ -17,6 +17,7 @@ keys are fields of that algorithm's config (`PPOConfig`, `GRPOConfig`, ...), apa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,9 +61,9 @@ class ModelSection:
 class RewardSection:
     """One reward function of `data.rewards` (a plain string is `function` alone)."""
 
-    function: str = ""
+    function: str | Callable = ""
     """`path/to/file.py:function`, `package.module:function`, or a built-in: math_verify,
-    reasoning_gym, or a registered task's name (workbench.data.rewards)."""
+    reasoning_gym, or a registered task's name (workbench.data.rewards); in Python, the function."""
     name: str = ""
     """Its name in the metrics (`reward/<name>/mean`); empty: the function's name."""
     weight: float = 1.0
@@ -70,6 +71,32 @@ class RewardSection:
     fallback: float | None = None
     """What a row scores when the function raises, returns no number or runs out of time (counted
     in `reward/fallbacks`); null: the failure stops the iteration (see faults.reward_retries)."""
+
+
+@dataclass
+class JudgeSection:
+    """An LLM judge as a reward (data.judge): a local chat model reads each response through a
+    rubric and its verdict is the score (workbench.workers.judge)."""
+
+    model_path: str = ""
+    """The judge's chat model directory; empty: the policy's starting model (frozen)."""
+    template: str = ""
+    """The rubric, with {prompt}, {response} and {ground_truth} places; empty: the default (does
+    the answer agree with the reference answer? yes or no)."""
+    verdict: str = "yes_no"
+    """How a verdict becomes a score: "yes_no" (1 or 0) or "score" (the first number, on 0-10)."""
+    fallback: float | None = None
+    """What an unreadable verdict scores (counted in reward/fallbacks); null: it is an error."""
+    system: str = ""
+    """A system message before the rubric."""
+    max_new_tokens: int = 16
+    """Tokens of a verdict (greedy)."""
+    max_prompt_length: int = 512
+    """Tokens of a rubric filled in; a longer one loses its beginning."""
+    weight: float = 1.0
+    """The judge's weight in the score, beside data.rewards (each with its own)."""
+    devices: int = 0
+    """Devices of the judge's own pool; 0: in the actor's processes (colocated, time-shared)."""
 
 
 @dataclass
@@ -114,6 +141,15 @@ class DataSection:
     (a string, or {function, name, weight, fallback}); empty: the task's (or reasoning-gym's)."""
     cost_function: str = ""
     """The Safe-RLHF cost by reference (called as a reward is; > 0 is unsafe); empty: the task's."""
+    judge: JudgeSection | None = None
+    """An LLM judge as a reward (alone, or beside `rewards`); null: none."""
+    environment: str = ""
+    """Multi-turn episodes in this environment, which scores them: `skyrl:<env id>` (skyrl-gym's
+    text environments, run in the tool jail) or `path/to/file.py:make_env` / `module:make_env`
+    (a factory returning a workbench.agents.Environment); turn limits in algorithm.episode.
+    Empty: one response per prompt, scored by the rewards."""
+    environment_options: dict = field(default_factory=dict)
+    """Keyword arguments of the environment (skyrl: env_config, max_turns)."""
     train_size: int = 256
     """Generated training problems (when `train_file` is empty)."""
     eval_size: int = 32
@@ -257,6 +293,9 @@ class RunConfig:
     """Names the run (and its default output directory runs/<name>)."""
     iterations: int = 10
     """Algorithm steps to run (one prompt batch each)."""
+    time_limit_s: float = 0.0
+    """Stop after the first iteration that ends this many seconds into the run (training and
+    evaluation, `run/elapsed_s` in the metrics), evaluated and saved as the last; 0: no limit."""
     seed: int = 0
     """Seeds the driver's random generators (the other seeds are in their sections)."""
     model: ModelSection = field(default_factory=ModelSection)
@@ -325,6 +364,7 @@ class RunConfig:
         self.check_plan()
         checks.one_of("data", "held_out", self.data.held_out, HELD_OUT)
         self.check_data()
+        checks.real("", "time_limit_s", self.time_limit_s, 0, fix="give seconds >= 0 (0: no limit)")
         checks.real(
             "data", "reward_timeout", self.data.reward_timeout, 0, low_open=True, fix="give the seconds allowed, > 0"
         )
@@ -347,6 +387,13 @@ class RunConfig:
                 "a train_file needs held-out prompts of the same task: give data.eval_file, or hold out "
                 "part of the training rows with data.eval_fraction=0.1",
             )
+        if data.judge is not None and self.placement.plan is not None:
+            raise ConfigError("data.judge", "...", "a judge runs with hand-written pools: set placement.plan=null")
+        if data.judge is not None and data.environment:
+            raise ConfigError("data.judge", "...", "an environment scores its own episodes: drop one of the two")
+        if data.judge is not None:
+            checks.whole("data.judge", "devices", data.judge.devices, 0)
+            checks.real("data.judge", "weight", data.judge.weight, fix="give a finite weight")
         for key in data.columns:
             if key not in ("prompt", "ground_truth"):
                 raise ConfigError(

@@ -92,6 +92,8 @@ class Runner:
         config.validate()
         build.algorithm_config(config)  # sampling against the algorithm (GRPO's n >= 2, ...), before any work
         build.rewards(config)  # the reward files and functions found and their signatures checked, too
+        if config.data.environment:
+            build.environment_of(config).close()  # the environment's reference and options, too
         self.config, self.given_session, self.callbacks = config, session, list(callbacks)
         self.session: Session | None = None
         self.algorithm = None
@@ -101,6 +103,7 @@ class Runner:
         self.recoveries = self.reward_retries = 0
         self.redo_until = 0  # iterations up to here were started before (then lost to a fault): a redo
         self.history: list[dict] = []
+        self.loop_started = 0.0  # when the loop began: time_limit_s and run/elapsed_s count from here
         self.evaluations: list[dict] = []
         self.exported: dict[str, Path] = {}
         self.plan: build.RunPlan | build.CallRunPlan | None = None
@@ -167,10 +170,11 @@ class Runner:
             file=sys.stderr,
             dynamic_ncols=True,
         )
+        self.loop_started = time.time()
         try:
             if cfg.evaluation.every and cfg.evaluation.at_start and algo.iteration == 0:
                 try:
-                    log.write(0, self._guarded(self.evaluate))
+                    log.write(0, {**self._guarded(self.evaluate), "run/elapsed_s": 0.0})
                 except _Rewound:  # a worker died during it; recovered to the start: train on
                     pass
             batches = loader.batches(self._drawn())  # the loader's position: batches drawn so far
@@ -198,6 +202,9 @@ class Runner:
         started = time.time()
         batch, metrics = self._guarded(self._step, batches)
         it = algo.iteration
+        # Out of time (time_limit_s): this is the last iteration, evaluated and saved as one.
+        timed_out = bool(cfg.time_limit_s) and time.time() - self.loop_started >= cfg.time_limit_s
+        last = cfg.iterations if not timed_out else it
         metrics = {
             **metrics,
             **self.memory(since=started),
@@ -207,20 +214,21 @@ class Runner:
         }
         if self.plan is not None:  # the planner's estimate beside the measured timing_s/step
             metrics["planner/estimated_iteration_s"] = self.plan.estimated_iteration_s
-        if _due(it, cfg.logging.rollouts_every, cfg.iterations):
+        if _due(it, cfg.logging.rollouts_every, last):
             write_rows(
                 cfg.output_dir / "rollouts.jsonl", rollout_rows(batch, self.tokenizer, it, cfg.logging.rollout_rows)
             )
-        if _due(it, cfg.evaluation.every, cfg.iterations):
+        if _due(it, cfg.evaluation.every, last):
             metrics |= self._guarded(self.evaluate)
+        metrics["run/elapsed_s"] = time.time() - self.loop_started  # training and evaluation, since the first
         log.write(it, metrics)
         self.history.append({"iteration": it, **metrics})
         if cfg.logging.print_every and it % cfg.logging.print_every == 0:
             tqdm.write(format_line(it, metrics, algo.log_keys))
-        saved = _due(it, cfg.checkpoint.every, cfg.iterations)
+        saved = _due(it, cfg.checkpoint.every, last)
         if saved:
             self._guarded(self.save)
-        stop = [callback(algo, batch, metrics) for callback in self.callbacks].count(False) > 0
+        stop = [callback(algo, batch, metrics) for callback in self.callbacks].count(False) > 0 or timed_out
         if stop and cfg.checkpoint.every and not saved:  # a run stopped early can be resumed too
             self._guarded(self.save)
         bar.update(it - bar.n)
@@ -308,7 +316,12 @@ class Runner:
         )
         start = time.monotonic()
         with tags(step="eval", iteration=algo.iteration):
-            gen = algo.groups.actor.generate_sequences(self.eval_batch, sampling)
+            env = getattr(algo.config, "env", None)  # multi-turn: episodes, scored by their environment
+            gen = (
+                algo.groups.actor.generate_episodes(self.eval_batch, env, sampling, algo.config.episode)
+                if env is not None
+                else algo.groups.actor.generate_sequences(self.eval_batch, sampling)
+            )
             reward = algo.groups.reward.compute_reward(gen)
             cost = algo.groups.cost.compute_cost(gen) if algo.groups.cost is not None else None
             scored = reward.get()
