@@ -286,14 +286,17 @@ def test_an_llm_judge_scores_beside_a_rule(task, tmp_path, shared_session):
             "max_prompt_length": 256,
             "max_new_tokens": 4,
         },
-        "rewards": [{"function": f"{root / 'rewards.py'}:compute_score", "name": "correct", "weight": 0.0}],
+        "rewards": [{"function": f"{root / 'rewards.py'}:form", "weight": 0.0}],
     }
     out = tmp_path / "run"
     result = in_process(task, out, shared_session, data=data, algorithm={"name": "grpo"}).run()
     trained = next(m for m in result.history if "critic/score/mean" in m)
     assert trained["critic/score/mean"] == pytest.approx(trained["reward/judge/mean"])
-    assert 0 <= trained["reward/correct/mean"] <= 1 and "eval/reward/judge" in result.evaluations[-1]
+    assert "eval/reward/judge" in result.evaluations[-1] and "eval/reward/form" in result.evaluations[-1]
     rows = read_jsonl(out / "rollouts.jsonl")
+    for row in rows:  # the rule beside the judge is measured, unweighted
+        assert row["reward/form"] == (len(row["response"]) % 3) / 2
+    assert trained["reward/form/mean"] == pytest.approx(sum(row["reward/form"] for row in rows) / len(rows))
     for row in rows:  # every verdict is yes, no or the fallback, and the log says which
         verdict = row["judge_verdict"].lower()
         expected = 1.0 if re.search(r"\byes\b", verdict) else 0.0 if re.search(r"\bno\b", verdict) else 0.5

@@ -424,12 +424,13 @@ def _fell_back(parts, rows: int) -> Scored:
 
 
 def scored_batch(parts, values: list[list[float]], failed: list[list[int]], output_key: str) -> Batch:
-    """The scores (each row's weighted sum), and with several functions each one's column
-    (`reward/<name>`, `cost/<name>` for costs); with fallbacks, how many fell back per row."""
+    """The scores (each row's weighted sum), and with several functions (or one weighted) each
+    one's own value (`reward/<name>`, `cost/<name>` for costs); with fallbacks, how many fell
+    back per row."""
     prefix = {"scores": "reward", "costs": "cost"}.get(output_key, output_key)
     total = [sum(weight * v for (_, weight, _), v in zip(parts, row)) for row in values]
     tensors = {output_key: torch.tensor(total, dtype=torch.float32)}
-    if len(parts) > 1:
+    if len(parts) > 1 or parts[0][1] != 1.0:  # each function's own value, unweighted
         for i, (name, _, _) in enumerate(parts):
             tensors[f"{prefix}/{name}"] = torch.tensor([row[i] for row in values], dtype=torch.float32)
     if any(fallback is not None for _, _, fallback in parts):
