@@ -112,3 +112,25 @@ def test_reasoning_gym_rows_are_scored_by_their_own_dataset():
         right = f"<answer>{entry['answer']}</answer>"
         assert score(right, str(entry["answer"]), row)[0] == [1.0]
         assert score("<answer>banana</answer>", str(entry["answer"]), row)[0] == [0.0]
+
+
+def test_verl_scorers_get_only_the_arguments_they_take_and_any_number_counts():
+    import numpy as np
+
+    def gsm8k_like(solution_str, ground_truth, method="strict"):  # verl's gsm8k.compute_score
+        return np.float32(solution_str == ground_truth)
+
+    def with_kwargs(response, ground_truth, **row):  # never given response/ground_truth again
+        return torch_like_zero_d(len(row))
+
+    def torch_like_zero_d(n):
+        import torch
+
+        return torch.tensor(float(n))
+
+    rewards = RewardSet.of([gsm8k_like, with_kwargs])
+    assert rewards("7", "7", {**ROW, "response": "x", "ground_truth": "y"})[0] == [1.0, float(len(ROW))]
+    with pytest.raises(RuntimeError, match="returned '1', not a finite number"):
+        RewardSet.of(lambda response, truth: "1")("7", "7", ROW)
+    with pytest.raises(RewardDefinitionError, match=r"\['fallbacks'\] name the workbench's own columns"):
+        RewardSet.of({"function": arithmetic.score, "name": "fallbacks"})

@@ -164,8 +164,8 @@ def in_process(task, out: Path, shared_session, **sections):
 
 def test_a_failing_reward_falls_back_and_the_run_goes_on(task, tmp_path, shared_session):
     """A function that raises or returns a word scores its fallback on those rows, counted in
-    reward/fallbacks; one that hangs past the time limit (on the first held-out row) has the
-    rest of its chunk score the fallbacks. The run goes on."""
+    reward/fallbacks; one that hangs past the time limit (on the first held-out row) has that
+    row score the fallbacks, and the rest of its chunk is scored. The run goes on."""
     root, _ = task
     data = {
         **SETTINGS["data"],
@@ -187,8 +187,9 @@ def test_a_failing_reward_falls_back_and_the_run_goes_on(task, tmp_path, shared_
         assert row["score"] == pytest.approx(correct + (-1.0 if fails else 1.0))
     trained = next(m for m in result.history if "critic/score/mean" in m)
     assert trained["reward/fallbacks"] == sum(failing)
-    assert result.evaluations[-1]["eval/reward/fallbacks"] == 2.0  # every held-out row, both functions
-    assert result.evaluations[-1]["eval/score"] == -1.0
+    # The first held-out row hangs: both functions fall back on it, and the rows after it are scored
+    # in a fresh process (test.parquet's rows 0..3: flaky fails on index 1 too).
+    assert result.evaluations[-1]["eval/reward/fallbacks"] == 3.0
 
 
 def test_a_reward_that_returns_no_number_stops_naming_the_row(task, tmp_path, shared_session):
@@ -262,6 +263,10 @@ def test_reasoning_gym_prompts_come_with_their_scorer():
         (["data.source=reasoning_gym"], "data.name", "name the reasoning-gym dataset"),
         (["data.rewards=[nowhere.py:f]"], "data.rewards", "no such file 'nowhere.py'"),
         (["data.rewards=[{function: arithmetic, weight: .nan}]"], "data.rewards", "not a finite number"),
+        (["data.environment=skyrl:gsm8k", "data.rewards=[arithmetic]"], "data.environment", "scores its own"),
+        (["data.source=reasoning_gym", "data.name=chain_sum", "data.eval_fraction=0.1"], "data.source", "drop"),
+        (["data.cost_function=arithmetic", "algorithm.name=grpo"], "data.cost_function", "grpo has no cost"),
+        (["data.judge.template=no placeholder"], "data.judge.template", "never see the response"),
     ],
 )
 def test_a_task_that_cannot_run_is_refused_before_any_work(overrides, where, words):

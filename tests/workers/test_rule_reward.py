@@ -133,6 +133,10 @@ def test_a_jailed_reward_scores_and_is_stopped_like_a_tool(shared_session):
         assert reward.compute_reward(answers(["ok"], ["0"])).get()["scores"].tolist() == [2.0]
     with pytest.raises(WorkerCallError, match=r"on row uid=u0 .*returned nan, not a finite number"):
         RuleReward(lambda t, g: math.nan, sandbox=SandboxLimits()).compute_reward(answers(["x"], ["1"])).get()
+    # With a fallback, a chunk out of time scores it (a function the jail cannot run would not)
+    patient = RuleReward({"function": hostile, "fallback": -1.0}, sandbox=SandboxLimits(seconds=2), processes=1)
+    scored = patient.compute_reward(answers(["ok", "hang"], ["1", "1"])).get()
+    assert scored["scores"].tolist() == [-1.0, -1.0] and scored["reward/fallbacks"].tolist() == [1.0, 1.0]
 
 
 def scorer_pid(text, truth):

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 VERL_PARAMS = ("data_source", "solution_str", "ground_truth", "extra_info")
+RESERVED = {"fallbacks", "judge"}
+"""Names a reward function may not have: the columns reward/fallbacks and reward/judge are taken."""
 
 
 class RewardDefinitionError(ValueError):
@@ -110,7 +112,10 @@ class RewardFunction:
     style: str = field(init=False, default="simple")
     """"verl" (compute_score's keywords) or "simple" (response, ground_truth, then row columns by name)."""
     columns: tuple[str, ...] | None = field(init=False, default=())
-    """The row's columns the simple style passes by name; None: every column (`**kwargs`)."""
+    """What is passed by name: the row's columns the simple style's parameters name (verl's
+    style: the ones of its four it takes); None: every one (`**kwargs`)."""
+    first_two: tuple[str, ...] = field(init=False, default=())
+    """The simple style's first two parameters' names (never passed again as columns)."""
 
     def __post_init__(self):
         fn = self.fn
@@ -122,19 +127,24 @@ class RewardFunction:
         except (TypeError, ValueError):
             return  # a builtin without a signature: called (response, ground_truth)
         names = list(params)
+        kinds = [p.kind for p in params.values()]
         if "solution_str" in params:
             missing = [p for p in ("solution_str", "ground_truth") if p not in params]
             if missing:
                 raise RewardDefinitionError(f"reward {self.name}: verl's signature needs {missing}: {VERL_PARAMS}")
             self.style = "verl"
+            # verl's own scorers take only some of the four (gsm8k's: solution_str, ground_truth)
+            self.columns = (
+                None if inspect.Parameter.VAR_KEYWORD in kinds else tuple(p for p in VERL_PARAMS if p in params)
+            )
             return
-        kinds = [p.kind for p in params.values()]
         positional = [n for n, k in zip(names, kinds) if k in (k.POSITIONAL_ONLY, k.POSITIONAL_OR_KEYWORD)]
         if len(positional) < 2 and inspect.Parameter.VAR_POSITIONAL not in kinds:
             raise RewardDefinitionError(
                 f"reward {self.name}{inspect.signature(self.fn)}: a reward takes (response, ground_truth, **row) "
                 f"or verl's compute_score{VERL_PARAMS}"
             )
+        self.first_two = tuple(positional[:2])
         if inspect.Parameter.VAR_KEYWORD in kinds:
             self.columns = None
         else:
@@ -142,22 +152,26 @@ class RewardFunction:
 
     def __call__(self, response: str, ground_truth: str, row: Mapping[str, Any]) -> float:
         if self.style == "verl":
-            value = self.fn(
-                data_source=row.get("data_source"),
-                solution_str=response,
-                ground_truth=ground_truth,
-                extra_info=row.get("extra_info"),
-            )
+            given = {
+                "data_source": row.get("data_source"),
+                "solution_str": response,
+                "ground_truth": ground_truth,
+                "extra_info": row.get("extra_info"),
+            }
+            value = self.fn(**{k: v for k, v in given.items() if self.columns is None or k in self.columns})
         else:
-            wanted = row if self.columns is None else {k: row[k] for k in self.columns if k in row}
+            if self.columns is None:  # **row: every column but those named like the first two parameters
+                wanted = {k: v for k, v in row.items() if k not in self.first_two}
+            else:
+                wanted = {k: row[k] for k in self.columns if k in row}
             value = self.fn(response, ground_truth, **wanted)
         if isinstance(value, dict) and "score" in value:  # verl's functions may return a dict of scores
             value = value["score"]
-        if type(value) is bool:
-            value = float(value)
-        if not isinstance(value, (int, float)) or not math.isfinite(value):
+        # A number of any kind (a bool, numpy's scalars, a 0-d tensor), never text
+        number = None if isinstance(value, (str, bytes)) or not hasattr(value, "__float__") else float(value)
+        if number is None or not math.isfinite(number):
             raise NotANumber(f"returned {value!r:.80}, not a finite number")
-        return float(value)
+        return number
 
 
 @dataclass
@@ -170,6 +184,11 @@ class RewardSet:
         names = [f.name for f in self.functions]
         if not names or len(set(names)) != len(names):
             raise RewardDefinitionError(f"rewards: give one or more, each with its own name (got {names})")
+        if RESERVED & set(names):
+            raise RewardDefinitionError(
+                f"rewards: {sorted(RESERVED & set(names))} name the workbench's own columns (reward/fallbacks, "
+                f"the judge's reward/judge): name the function otherwise (name: ...)"
+            )
 
     @classmethod
     def of(cls, rewards: Any, where: str = "rewards") -> RewardSet:

@@ -121,8 +121,8 @@ def task_of(config: RunConfig) -> Task:
 
 
 def reasoning_gym_rows(config: RunConfig) -> tuple[list[dict], list[dict]]:
-    """data.source=reasoning_gym: `train_size` and `eval_size` questions of the dataset `name`
-    (seeds seed and seed + 1; training questions that are also held out are dropped), as chat
+    """data.source=reasoning_gym: `eval_size` held-out and `train_size` training questions of the
+    dataset `name`, one draw (seed `seed`; training questions also held out are dropped), as chat
     prompts, each row keeping `question` and `metadata` for the dataset's own scorer."""
     import reasoning_gym
 
@@ -146,9 +146,12 @@ def reasoning_gym_rows(config: RunConfig) -> tuple[list[dict], list[dict]]:
             for e in entries
         ]
 
-    held_out = draw(data.eval_size, data.seed + 1)
+    # One draw, split: reasoning-gym makes item i from seed + i, so two draws with nearby seeds
+    # share items (seed + 1's item i is seed's item i + 1).
+    rows = draw(data.eval_size + data.train_size, data.seed)
+    held_out = rows[: data.eval_size]
     seen = {row["question"] for row in held_out}
-    train = [row for row in draw(data.train_size, data.seed) if row["question"] not in seen]
+    train = [row for row in rows[data.eval_size :] if row["question"] not in seen]
     if not train:
         raise ConfigError("data.train_size", data.train_size, "every training question is also held out: draw more")
     return train, held_out

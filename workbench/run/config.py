@@ -389,8 +389,18 @@ class RunConfig:
             )
         if data.judge is not None and self.placement.plan is not None:
             raise ConfigError("data.judge", "...", "a judge runs with hand-written pools: set placement.plan=null")
-        if data.judge is not None and data.environment:
-            raise ConfigError("data.judge", "...", "an environment scores its own episodes: drop one of the two")
+        if data.environment and (data.judge is not None or data.rewards):
+            raise ConfigError(
+                "data.environment", data.environment, "an environment scores its own episodes: drop data.rewards/judge"
+            )
+        if data.source and (data.eval_file or data.eval_fraction or data.columns):
+            raise ConfigError(
+                "data.source",
+                data.source,
+                "makes its own prompts and held-out set (eval_size, seed): drop data.eval_file, eval_fraction, columns",
+            )
+        if data.eval_file and data.eval_fraction:
+            raise ConfigError("data.eval_fraction", data.eval_fraction, "data.eval_file is the held-out set: drop one")
         if data.judge is not None:
             checks.whole("data.judge", "devices", data.judge.devices, 0)
             checks.real("data.judge", "weight", data.judge.weight, fix="give a finite weight")

@@ -91,9 +91,18 @@ class Runner:
     def __init__(self, config: RunConfig, session: Session | None = None, callbacks: Iterable[Callable] = ()):
         config.validate()
         build.algorithm_config(config)  # sampling against the algorithm (GRPO's n >= 2, ...), before any work
-        build.rewards(config)  # the reward files and functions found and their signatures checked, too
+        # The task's pieces too: reward files and functions, the cost, the judge's settings, the environment.
+        build.rewards(config)
+        if "cost" in build.required_roles(config):
+            build.cost(config)
+        elif config.data.cost_function:
+            raise ConfigError(
+                "data.cost_function", config.data.cost_function, f"{config.algorithm_name} has no cost: use safe_rlhf"
+            )
+        if config.data.judge is not None:
+            build.judge_config(config, Path(config.model.path or "<the policy>"))
         if config.data.environment:
-            build.environment_of(config).close()  # the environment's reference and options, too
+            build.environment_of(config).close()
         self.config, self.given_session, self.callbacks = config, session, list(callbacks)
         self.session: Session | None = None
         self.algorithm = None
@@ -326,7 +335,8 @@ class Runner:
             cost = algo.groups.cost.compute_cost(gen) if algo.groups.cost is not None else None
             scored = reward.get()
             out = {"eval/score": float(scored["scores"].mean())}
-            out |= {f"eval/{key}": float(scored[key].mean()) for key in scored.keys() if key.startswith("reward/")}
+            for key in (k for k in scored.keys() if k.startswith("reward/")):  # each reward's mean; rows fallen back
+                out[f"eval/{key}"] = float(scored[key].sum() if key.endswith("/fallbacks") else scored[key].mean())
             if cost is not None:
                 out["eval/cost"] = float(cost.get()["costs"].mean())
         out["timing_s/eval"] = time.monotonic() - start

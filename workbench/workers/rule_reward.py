@@ -327,7 +327,9 @@ class RewardScorer:
         try:
             answer = sandbox_for(sandbox).call(score_rows, (fn_bytes, texts, truths, columns), tool=name)
         except ToolError as err:
-            if all(fallback is not None for _, _, fallback in parts):
+            # Out of time or memory: the fallbacks score the chunk. Anything else (a function the jail
+            # cannot load, an answer cut short, a jail that did not start) is a mistake to name.
+            if err.kind in ("timeout", "memory") and all(fallback is not None for _, _, fallback in parts):
                 return _fell_back(parts, len(texts))
             raise RuleRewardError(
                 f"rule reward {name} {err.detail} on a chunk of {len(texts)} rows (uid={uids[0]}..{uids[-1]}); "
@@ -345,6 +347,29 @@ class RewardScorer:
         )
 
     def _score_chunk(self, timeout, fn_bytes, name, parts, texts, truths, columns, uids) -> Scored:
+        """The chunk's rows scored in the child, one deadline for the chunk. With a fallback for every
+        function, a row that hangs or ends the process scores the fallbacks and the rest of the
+        chunk goes on in a fresh child, with a deadline of its own."""
+        values: list[list[float]] = []
+        failed: list[list[int]] = []
+        falls_back = all(fallback is not None for _, _, fallback in parts)
+        while len(values) < len(texts):
+            first = len(values)
+            try:
+                got = self._score_rows(
+                    timeout, fn_bytes, name, parts, *(x[first:] for x in (texts, truths, columns, uids))
+                )
+            except _Stopped as stopped:
+                if not falls_back:
+                    raise stopped.error from None
+                got = stopped.scored
+                rest = _fell_back(parts, 1)  # the row it stopped on
+                got = (got[0] + rest[0], got[1] + rest[1])
+            values += got[0]
+            failed += got[1]
+        return values, failed
+
+    def _score_rows(self, timeout, fn_bytes, name, parts, texts, truths, columns, uids) -> Scored:
         if self.child is None or not self.child.is_alive():
             self._start_child()
         self.conn.send((fn_bytes, texts, truths, columns))
@@ -361,12 +386,8 @@ class RewardScorer:
             where = f"on row uid={uids[row]} (response {texts[row]!r:.80})"
             try:
                 message = self._receive(deadline - time.monotonic(), name, where, timeout, len(texts), len(parts))
-            except RuleRewardError:
-                if not all(fallback is not None for _, _, fallback in parts):
-                    raise
-                # Out of time or crashed, with a fallback for every function: the rest of the chunk scores that.
-                rest = _fell_back(parts, len(texts) - row)
-                return values + rest[0], failed + rest[1]
+            except RuleRewardError as error:  # out of time or the process ended: the rows scored so far
+                raise _Stopped(error, (values, failed)) from None
             if message[0] == "raised":
                 raise RuleRewardError(f"rule reward {name} raised {where}: {message[1]}")
             values.append(message[1])
@@ -405,6 +426,13 @@ class RewardScorer:
             self._kill_child()
             raise RuleRewardError(f"rule reward {name}'s process sent a message out of shape {where}")
         return message
+
+
+class _Stopped(Exception):
+    """A chunk's child stopped (out of time, or its process ended) after scoring some rows."""
+
+    def __init__(self, error: RuleRewardError, scored: Scored):
+        self.error, self.scored = error, scored
 
 
 def _in_shape(values, failed, parts: int) -> bool:
