@@ -62,6 +62,9 @@ class ToolError(WorkbenchError):
         self.tool, self.kind, self.detail = tool, kind, detail
         super().__init__(f"tool {tool!r} {detail}")
 
+    def __reduce__(self):  # raised in a worker, it reaches the driver whole (Ray pickles it)
+        return ToolError, (self.tool, self.kind, self.detail)
+
 
 @dataclass(frozen=True)
 class SandboxLimits:

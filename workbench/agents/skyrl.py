@@ -50,8 +50,9 @@ from workbench.references import NotFound, find
 ROLE = "user"
 """The role skyrl's text envs show observations in (BaseTextEnv.step): the workbench's own error
 observations use it too, so one template role serves a whole episode."""
-LIMITS = SandboxLimits(output_chars=65_536)
-"""Default limits: a step's answer carries the env's pickle beside its observations."""
+LIMITS = SandboxLimits(seconds=30.0, output_chars=65_536)
+"""Default limits: a step's answer carries the env's pickle beside its observations, and a call
+process's first call imports skyrl_gym (pandas, requests: seconds on a busy machine)."""
 NOT_EXTRAS = ("prompt", "env_class")
 """A row's columns that are not the env's extras (SkyRL's dataset leaves the same two out)."""
 
