@@ -72,13 +72,14 @@ def test_steps_answer_as_skyrl_gym_does_directly_and_run_in_the_jail():
 
     # An env of one's own (a class of this file, by value) shows where its step ran; a hung step
     # is an error observation, and the env goes on as it was before it.
-    where = SkyRLEnvironment("workbench_test_where", limits=SandboxLimits(seconds=1.0, output_chars=8192), max_turns=2)
+    # 5 s a call: the first call of a fresh sandbox imports skyrl_gym (a second or more on a busy machine)
+    where = SkyRLEnvironment("workbench_test_where", limits=SandboxLimits(seconds=5.0, output_chars=8192), max_turns=2)
     state = where.start(ROW)
     first = where.step(state, TEXTS[0])
     assert first.info["metadata"]["cwd"] == SCRATCH and first.info["metadata"]["pid"] != os.getpid()
     hung = where.step(state, "hang")
     assert hung.info == {"tool": "workbench_test_where", "tool_error": "timeout"} and not hung.done
-    assert hung.text.startswith("error: tool 'workbench_test_where.step' took more than 1.0 s") and hung.role == "user"
+    assert hung.text.startswith("error: tool 'workbench_test_where.step' took more than 5.0 s") and hung.role == "user"
     last = where.step(state, TEXTS[1])  # the env's second turn: the hung one never happened to it
     assert last.done and last.text is None and last.info["metadata"]["cwd"] == SCRATCH
     with pytest.raises(RuntimeError, match="the episode ended"):

@@ -85,7 +85,7 @@ def test_run_writes_every_output(first_run, tiny):
     assert result.iterations == ITERATIONS and result.recoveries == 0
     rows = read_jsonl(out / "metrics.jsonl")
     assert [r["iteration"] for r in rows] == [0, 1, 2, 3]  # held-out evaluation at the start, then each iteration
-    assert set(rows[0]) == {"iteration", "eval/score", "timing_s/eval"}
+    assert set(rows[0]) == {"iteration", "eval/score", "timing_s/eval", "run/elapsed_s"}
     for row in rows[1:]:
         assert {"critic/score/mean", "actor/pg_loss", "critic/vf_loss", "run/recoveries", "run/redone"} <= set(row)
     assert "eval/score" in rows[2] and "eval/score" in rows[3] and "eval/score" not in rows[1]  # every 2, and the last
