@@ -91,6 +91,18 @@ def test_layouts_the_workers_do_not_implement_are_refused_before_workers_start(s
     assert worker_hosts() == before
 
 
+def test_a_vllm_rollout_without_vllm_installed_is_refused_before_workers_start(session, tiny, monkeypatch):
+    """vLLM is an extra: an environment made by `make demo` has none, and says how to add it."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else find_spec(name, *a))
+    before = worker_hosts()
+    with pytest.raises(ConfigError, match=r"ActorConfig.rollout='vllm': vLLM is not installed.*make env"):
+        session.group("actor", ActorRolloutRefWorker, session.pool("one_vllm", 1), ActorConfig(tiny, rollout="vllm"))
+    assert worker_hosts() == before
+
+
 def test_model_directories_are_checked_on_the_driver(session, tiny, tmp_path):
     from transformers import BertConfig
 
@@ -148,7 +160,7 @@ def test_a_config_edited_in_place_is_checked_again_at_the_next_step(session, tin
         Groups(actor=holder, reward=holder), algorithms.GRPOConfig(sampling=SamplingConfig(n=2), kl_loss_coef=0.0)
     )
     calls = sum(1 for r in session.trace() if r.role == "actor")
-    algo.config.sampling = SamplingConfig(n=1)  # what the README invites, gone wrong
+    algo.config.sampling = SamplingConfig(n=1)  # what docs/controller.md invites, gone wrong
     with pytest.raises(ValueError, match=r"GRPOConfig.sampling.n=1: GRPO compares n >= 2"):
         algo.step(prompt_batch(4, 4))
     algo.config.sampling = SamplingConfig(n=2)

