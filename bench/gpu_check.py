@@ -1,6 +1,6 @@
 """The GPU path, checked where a GPU exists (CUDA tensors, NCCL process groups): one-rank worker
 groups of every kind on one GPU, each result compared with the same computation on the CPU in
-this process. CI has no GPU; this runs on a lent GPU machine (see the README's GPU section).
+this process. CI has no GPU; this runs on a lent GPU machine (see bench/README.md, On a GPU).
 
 With one GPU every group has one rank: NCCL initialises and runs its collectives (the metric
 all-reduces, the gradient-weight all-reduce, FSDP2's reduce-scatter) over a world of one.

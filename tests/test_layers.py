@@ -1,5 +1,5 @@
-"""The import structure the README's Layout section draws: import-linter's contracts
-(pyproject.toml) hold, no two modules import each other through any chain, the README's layer
+"""The import structure CONTRIBUTING.md's Layout section draws: import-linter's contracts
+(pyproject.toml) hold, no two modules import each other through any chain, CONTRIBUTING.md's layer
 picture is the contract's, and every package of the workbench is placed in a layer. Pure: reads
 the source, imports nothing of it."""
 
@@ -26,10 +26,11 @@ def contract_layers() -> list[str]:
     return [" | ".join(name.strip().strip("()") for name in layer.split("|")) for layer in layers]
 
 
-def readme_layers() -> list[str]:
-    """The first column of the README's layer picture (Layout section)."""
-    text = (ROOT / "README.md").read_text()
-    picture = text.split("Layers, top to bottom", 1)[1].split("```", 2)[1]
+def drawn_layers() -> list[str]:
+    """The first column of the layer picture in CONTRIBUTING.md's Layout section."""
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    fence = text.split("Layers, top to bottom", 1)[1].split("```", 2)[1]
+    picture = fence.split("\n", 1)[1]  # the lines after the fence's language
     return [re.split(r"\s{2,}", line.strip())[0] for line in picture.strip().splitlines()]
 
 
@@ -81,8 +82,8 @@ def test_no_module_imports_itself_through_others():
     assert not found, "import cycles: " + "; ".join(" -> ".join(c) for c in found)
 
 
-def test_the_readme_draws_the_contract():
-    assert readme_layers() == contract_layers()
+def test_contributing_draws_the_contract():
+    assert drawn_layers() == contract_layers()
 
 
 def test_every_package_is_in_a_layer():
@@ -90,4 +91,4 @@ def test_every_package_is_in_a_layer():
     g = graph()
     unplaced = sorted(m for m in g.find_children("workbench") if m not in placed)
     assert {"algorithms", "widgets"} <= placed
-    assert not unplaced, f"place {unplaced} in the layers contract (pyproject.toml) and the README's Layout"
+    assert not unplaced, f"place {unplaced} in the layers contract (pyproject.toml) and CONTRIBUTING.md's Layout"

@@ -2,7 +2,7 @@
 
 Listing the listening sockets of the session's real worker processes (psutil): what is left
 after taking out Ray's own core-worker server must all be on 127.0.0.1 / ::1. Ray's servers
-themselves listen on every interface in Ray 2.60 (guarded by its token auth; see README)."""
+themselves listen on every interface in Ray 2.60 (guarded by its token auth; see docs/controller.md)."""
 
 import ipaddress
 
