@@ -65,14 +65,15 @@ def dry_run(interpreter: str, sources: list[str], requirements: list[str]) -> tu
     """pip's resolve of these requirements for that interpreter, reading no configuration."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
-        command = INTERPRETERS[interpreter] + ["-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet"]
+        command = INTERPRETERS[interpreter] + ["-m", "pip", "install", "--dry-run", "--ignore-installed"]
         command += ["--report", str(report), *sources, *requirements]
         env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")} | {"PIP_CONFIG_FILE": os.devnull}
         run = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800)
         if run.returncode != 0:
             why = ("ERROR: Cannot install", "depends on", "No matching distribution")
-            lines = [line.strip() for line in run.stderr.splitlines() if any(w in line for w in why)]
-            return [], "\n".join(lines[-6:]) or run.stderr[-1500:]
+            output = run.stdout + run.stderr
+            lines = [line.strip() for line in output.splitlines() if any(w in line for w in why)]
+            return [], "\n".join(lines[-6:]) or output[-1500:]
         return json.loads(report.read_text())["install"], None
 
 
