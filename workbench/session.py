@@ -20,7 +20,8 @@ Network: in a single-machine group, every socket the workbench opens itself is o
 (the process-group rendezvous is a FileStore, gloo/NCCL listeners and vLLM use 127.0.0.1).
 A group spanning nodes uses its nodes' addresses and torch's TCPStore on rank 0's node. Ray's
 own servers (GCS, raylet, object manager, core workers) listen on every interface in Ray 2.60
-whatever the workbench asks; Ray's token authentication (on by default) guards them.
+whatever the workbench asks; Ray's token authentication guards them (on by default for an
+embedded Ray; on a `ray start` cluster with RAY_AUTH_MODE=token on every host: docs/cluster.md).
 """
 
 from __future__ import annotations

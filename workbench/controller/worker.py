@@ -162,6 +162,23 @@ def loopback_env() -> dict[str, str]:
     }
 
 
+def node_env(address: str) -> dict[str, str]:
+    """Environment for a rank of a group spanning nodes: gloo's connection listener on the
+    interface that holds this node's Ray address, and vLLM's host address. Left to itself gloo
+    listens on the address the hostname resolves to, which is loopback on many machines
+    (Debian's 127.0.1.1, a container's 127.0.0.1): peers on other nodes would be sent there and
+    refused. NCCL chooses its own interface (never loopback); NCCL_SOCKET_IFNAME overrides it."""
+    iface = next(
+        (
+            name
+            for name, addrs in psutil.net_if_addrs().items()
+            if any(a.family == socket.AF_INET and a.address == address for a in addrs)
+        ),
+        None,
+    )
+    return {"VLLM_HOST_IP": address} | ({"GLOO_SOCKET_IFNAME": iface} if iface else {})
+
+
 class WorkerHost:
     """The Ray actor behind one rank; see host_class for its entry points."""
 
@@ -173,6 +190,9 @@ class WorkerHost:
         """Take rank `rank` of a new group: at start, or as a warm process kept from an old group."""
         if local:  # set before any library opens a socket: see loopback_env
             os.environ.update(loopback_env())
+        else:  # see node_env; what the caller's runtime_env set wins
+            for key, value in node_env(ray.util.get_node_ip_address()).items():
+                os.environ.setdefault(key, value)
         self.local = local
         torch.set_num_threads(threads)
         self.pool, self.rank, self.world_size, self.backend = pool, rank, world_size, backend

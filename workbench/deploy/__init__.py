@@ -4,6 +4,8 @@ session that the pure planner (workbench.planner: no Ray, no torch) leaves out.
 `plans` (a HybridFlow plan: one pool per colocated set, a group per model), `calls` (a per-call
 ExecutionPlan: replicas, and `routing`'s handles that send each call to its group) and
 `profiler` (model calls and collectives timed on this machine, fitted into a calibration).
+`netns_cluster` makes a Ray cluster of several hosts on this machine to deploy onto (network
+namespaces; `python -m workbench.deploy.netns_cluster up`, docs/cluster.md).
 """
 
 from workbench.deploy.calls import deploy_calls

@@ -75,7 +75,21 @@ def open_group(address: ChannelAddress, rank: int, device: torch.device | str, t
         )
     if torch.device(device).type == "cuda" and address.backend is None:
         return dist.ProcessGroupNCCL(store, rank, address.size), store  # type: ignore[attr-defined]
-    return dist.ProcessGroupGloo(store, rank, address.size, timeout), store
+    if address.kind == "file":  # one machine: gloo where the member's own group put it
+        return dist.ProcessGroupGloo(store, rank, address.size, timeout), store
+    # Members on several nodes. A member whose own group sits on one node has gloo pinned to
+    # loopback (GLOO_SOCKET_IFNAME): its channel listens on the address that reaches rank 0's.
+    options = dist.ProcessGroupGloo._Options()
+    options._timeout = timeout
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=source_address(address.where, address.port))]
+    return dist.ProcessGroupGloo(store, rank, address.size, options), store
+
+
+def source_address(host: str, port: int) -> str:
+    """This machine's address on the route to host:port (a UDP socket's connect sends nothing)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, port))
+        return s.getsockname()[0]
 
 
 @dataclass

@@ -1,0 +1,109 @@
+"""Run inside host 0 of a NetnsCluster (a driver on the head node): a Session attached to the
+cluster, a two-rank gloo group with one rank per host, and a DataFuture from a group on host 0
+consumed by a group on host 1. Prints one JSON line of what each rank saw; the pytest test
+(test_netns_cluster.py) asserts on it.
+"""
+
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+
+import psutil
+import ray
+import torch
+import torch.distributed as dist
+
+from workbench import DP_PROTO, ONE_TO_ALL, Batch, Session, Worker, register
+from workbench.hybrid.channel import ChannelAddress, WeightChannel, open_address
+
+
+class NetWorker(Worker):
+    """Reports the network a rank used. Defined in __main__, so Ray ships the class by value."""
+
+    @register(ONE_TO_ALL)
+    def all_reduce(self) -> float:
+        value = torch.tensor([float(self.rank + 1)])
+        dist.all_reduce(value)
+        return value.item()
+
+    @register(ONE_TO_ALL)
+    def network(self) -> dict:
+        tcp = psutil.Process().net_connections(kind="tcp")
+        return {
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "node": ray.get_runtime_context().get_node_id(),
+            "node_ip": ray.util.get_node_ip_address(),
+            "env": {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME")},
+            "connected": [
+                [c.laddr.ip, c.laddr.port, c.raddr.ip, c.raddr.port] for c in tcp if c.status == psutil.CONN_ESTABLISHED
+            ],
+            "listening": [[c.laddr.ip, c.laddr.port] for c in tcp if c.status == psutil.CONN_LISTEN],
+        }
+
+    @register(ONE_TO_ALL)
+    def open_channel(self, size: int) -> ChannelAddress:
+        return open_address(size, local=False, host=ray.util.get_node_ip_address())
+
+    @register(ONE_TO_ALL)
+    def share_over_channel(self, address: ChannelAddress, rank: int, value: str | None) -> str:
+        """A weight channel's process group between groups on two hosts: each group alone is
+        on one host (its own process group on loopback), the channel is not."""
+        channel = WeightChannel(address, rank, torch.device("cpu"), timeout=timedelta(seconds=30))
+        try:
+            return channel.share(value)
+        finally:
+            channel.close()
+
+    @register(DP_PROTO)
+    def scale(self, batch: Batch) -> Batch:
+        return Batch({"x": batch["x"] * 2}, {"uid": batch["uid"]})
+
+
+def wait_for_nodes(count: int, timeout: float = 60.0) -> list[dict]:
+    end = time.time() + timeout
+    while (alive := [n for n in ray.nodes() if n["Alive"]]) and len(alive) < count and time.time() < end:
+        time.sleep(0.2)
+    return alive
+
+
+def main(hosts: int) -> None:
+    session = Session(address=os.environ["RAY_ADDRESS"])
+    try:
+        nodes = {n["NodeID"]: n["NodeManagerAddress"] for n in wait_for_nodes(hosts)}
+        # (a) one rank on each host, one gloo process group
+        pair = session.pool("pair", [1, 1])
+        ring = session.group("ring", NetWorker, pair)
+        reduced = ring.all_reduce().get()
+        ranks = ring.network().get()
+        # (b) rows made on one host, consumed on the other: the pools fill nodes in order,
+        # head first, so "made" lands on host 0 and "used" (host 0 being full) on host 1.
+        made = session.group("made", NetWorker, session.pool("one", 1))
+        used = session.group("used", NetWorker, session.pool("other", 1))
+        rows = Batch({"x": torch.arange(64 * 1024, dtype=torch.float32).reshape(64, 1024)}, {"uid": list(range(64))})
+        future = made.scale(rows)
+        out = used.scale(future).get()
+        locations = ray.experimental.get_object_locations(future.outputs)
+        # (c) a weight channel from the group on host 0 to the one on host 1
+        address = made.open_channel(2).get()[0]
+        sent = made.share_over_channel(address, 0, "weights v1")
+        shared = used.share_over_channel(address, 1, None).get() + sent.get()
+        result = {
+            "nodes": nodes,
+            "reduced": reduced,
+            "ranks": ranks,
+            "made_on": made.network().get()[0]["node"],
+            "used_on": used.network().get()[0]["node"],
+            "rows_ok": torch.equal(out["x"], rows["x"] * 4) and [int(u) for u in out["uid"]] == list(range(64)),
+            "object_nodes": [sorted(loc["node_ids"]) for loc in locations.values()],
+            "channel": {"address": [address.where, address.port], "shared": shared},
+        }
+    finally:
+        session.shutdown()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 2)
