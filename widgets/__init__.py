@@ -1,6 +1,7 @@
 """Views of what the single controller is doing, for notebooks (ipywidgets) and the panel app.
 
     from widgets import PlacementExplorer, LiveTimeline, MetricsDashboard, BatchInspector, ClusterView
+    from widgets import HeldOut, learning_curves   # did it learn: held-out accuracy, before and after
 
 Every view computes plain figure data (`view.data()`), shows it as an interactive Bokeh figure
 (hover, zoom, click; live views stream new rows into it), as ipywidgets when it is a cell's value
@@ -13,6 +14,7 @@ from widgets.cluster import ClusterView
 from widgets.dashboard import MetricsDashboard
 from widgets.explorer import PlacementExplorer
 from widgets.inspector import BatchInspector
+from widgets.learning import HeldOut, learning_curves
 from widgets.planning import Estimate, Scenario, estimate
 from widgets.recorder import RunRecorder
 from widgets.timeline import LiveTimeline
@@ -21,10 +23,12 @@ __all__ = [
     "BatchInspector",
     "ClusterView",
     "Estimate",
+    "HeldOut",
     "LiveTimeline",
     "MetricsDashboard",
     "PlacementExplorer",
     "RunRecorder",
     "Scenario",
     "estimate",
+    "learning_curves",
 ]

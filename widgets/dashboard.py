@@ -209,6 +209,9 @@ class MetricsDashboard(View):
             + "  ".join(f"{_short(k)}={last[k]:.4g}" for k in shown)
         )
 
+    def drawn(self) -> bool:
+        return bool(self.history)
+
     # ---- the live figure ---------------------------------------------------------------------------
     def figure(self) -> FigureParts:
         from bokeh.models import CustomJSTransform, DataRange1d, HoverTool, Row

@@ -118,6 +118,11 @@ class View:
         """A short HTML fragment shown above the figure."""
         return ""
 
+    def drawn(self) -> bool:
+        """Whether the static figure would show anything yet (a dashboard shown before its run
+        has no iterations: a saved notebook then shows the summary, not empty axes)."""
+        return True
+
     def actions(self) -> list[Action]:
         """Downloads offered beside the controls."""
         return []
@@ -167,7 +172,7 @@ class View:
         without the widget (a saved notebook on a web page, nbconvert): the figure stays visible."""
         bundle = dict(self.widget()._repr_mimebundle_(include=include, exclude=exclude) or {})
         bundle["text/html"] = self.summary()
-        if self.has_figure:
+        if self.has_figure and self.drawn():
             picture = base64.b64encode(self.png()).decode()
             bundle["text/html"] += f"<br><img src='data:image/png;base64,{picture}'>"
             bundle["image/png"] = picture

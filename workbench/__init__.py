@@ -68,4 +68,47 @@ def __getattr__(name: str):
     return value
 
 
-__all__ = list(_LAZY)
+# What a notebook may need beyond the pinned environment: a name -> (what it is, why it is
+# missing or None). Each probe imports its module only when asked.
+def _smollm2() -> str | None:
+    from workbench.models.gguf_import import GGUFImportError, resolve_gguf
+
+    try:
+        resolve_gguf("smollm2")
+    except GGUFImportError as missing:
+        return str(missing)
+    return None
+
+
+def _bubblewrap() -> str | None:
+    from workbench.agents.jail import unavailable
+
+    return unavailable()
+
+
+_NEEDS = {
+    "smollm2": ("SmolLM2-135M-Instruct's GGUF file", _smollm2),
+    "bubblewrap": ("bubblewrap (the tool sandboxes' jail)", _bubblewrap),
+}
+
+
+def needs(*names: str) -> None:
+    """A notebook's first cell: say which Python this kernel runs, check that what the notebook
+    needs beyond the pinned environment is here (`needs("smollm2", "bubblewrap")`), and raise
+    naming each missing piece and how to install it."""
+    import sys
+
+    unknown = [name for name in names if name not in _NEEDS]
+    if unknown:
+        raise ValueError(f"needs: unknown {unknown}; known: {sorted(_NEEDS)}")
+    missing = {name: why for name in names if (why := _NEEDS[name][1]())}
+    if missing:
+        raise RuntimeError(
+            "this notebook needs what is missing here:\n"
+            + "\n".join(f"- {_NEEDS[name][0]}: {why}" for name, why in missing.items())
+        )
+    found = "found " + ", ".join(_NEEDS[name][0] for name in names) if names else "nothing else needed"
+    print(f"kernel: Python {sys.version.split()[0]} in {sys.prefix} ({os.cpu_count()} CPU cores); {found}")
+
+
+__all__ = [*_LAZY, "needs"]

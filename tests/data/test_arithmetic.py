@@ -14,6 +14,7 @@ from workbench.data.arithmetic import (
     is_safe,
     preference_pairs,
     score,
+    split,
     wrong_answer,
 )
 from workbench.data.tasks import TASKS, Task, get_task, register_task
@@ -26,6 +27,19 @@ def test_generator_is_deterministic_per_seed():
     state = random.getstate()
     generate(cfg, 5, seed=0)
     assert random.getstate() == state  # a private RNG: the global one is untouched
+
+
+def test_split_holds_out_expressions_training_never_sees():
+    cfg = ArithmeticConfig(digits=1)
+    train, heldout = split(cfg, 64, 32, seed=1)
+    assert (len(train), len(heldout)) == (64, 32)
+    train_expressions, heldout_expressions = {p.expression for p in train}, {p.expression for p in heldout}
+    assert len(train_expressions) == 64 and len(heldout_expressions) == 32  # each expression once
+    assert not train_expressions & heldout_expressions
+    assert split(cfg, 64, 32, seed=1) == (train, heldout)
+    assert split(cfg, 10, 32, seed=1)[1] == heldout  # the held-out set does not move with n_train
+    with pytest.raises(ValueError, match="distinct expressions; digits=1 gave 100"):
+        split(cfg, 80, 30)
 
 
 def test_prompt_format_and_answers_are_correct():

@@ -214,6 +214,13 @@ def test_a_cell_value_carries_the_live_widget_and_a_static_picture():
     assert "Bokeh" in page and "timeline_spans" in page  # standalone, resources inline
 
 
+def test_a_dashboard_shown_before_its_run_saves_no_empty_picture():
+    dashboard = MetricsDashboard()
+    assert "image/png" not in dashboard._repr_mimebundle_()  # a saved notebook shows "no iterations yet"
+    dashboard.update({"iteration": 1, "critic/score/mean": 0.5})
+    assert base64.b64decode(dashboard._repr_mimebundle_()["image/png"]).startswith(b"\x89PNG")
+
+
 class Arrivals:
     """A session's `spans_since` over a list that grows: what a live session hands a view."""
 

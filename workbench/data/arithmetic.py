@@ -4,6 +4,7 @@ A small task with an exact, cheap rule reward, so every part of RLHF (the SFT an
 stages, PPO/GRPO, Safe-RLHF) can be run and checked on CPU in minutes:
 
 - `generate(cfg, n, seed)`  problems, deterministic for a seed;
+- `split(cfg, n_train, n_heldout)`  training and held-out problems sharing no expression;
 - `score(response, truth)`  exact-match reward (the rule reward);
 - `demonstrations(...)`     prompt + correct response, for SFT;
 - `preference_pairs(...)`   chosen (correct) vs rejected (wrong), for Bradley-Terry RM training;
@@ -102,6 +103,23 @@ def generate(cfg: ArithmeticConfig, n: int, seed: int = 0) -> list[Problem]:
         answer = str(evaluate(operands, operators))
         problems.append(Problem(cfg.template.format(expression=expression), answer, expression))
     return problems
+
+
+def split(cfg: ArithmeticConfig, n_train: int, n_heldout: int, seed: int = 0) -> tuple[list[Problem], list[Problem]]:
+    """Training and held-out problems, each expression once and none in both, so a held-out
+    accuracy measures what training taught beyond the prompts it saw. The first `n_heldout`
+    distinct expressions of the seed's draw are held out, the next `n_train` train. A one-digit
+    task has 100 expressions in all."""
+    first: dict[str, Problem] = {}
+    for problem in generate(cfg, 50 * (n_train + n_heldout), seed=seed):
+        first.setdefault(problem.expression, problem)
+    distinct = list(first.values())
+    if len(distinct) < n_train + n_heldout:
+        raise ValueError(
+            f"arithmetic.split: {n_train} training and {n_heldout} held-out problems need {n_train + n_heldout} "
+            f"distinct expressions; digits={cfg.digits} gave {len(distinct)}. Ask for fewer, or use more digits"
+        )
+    return distinct[n_heldout : n_heldout + n_train], distinct[:n_heldout]
 
 
 def harder(cfg: ArithmeticConfig) -> ArithmeticConfig:
