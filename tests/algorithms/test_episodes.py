@@ -163,10 +163,13 @@ class Misbehaving(Environment):
     """Each episode's first turn runs a misbehaving tool (sleeps, loops, writes outside its
     directory, opens a socket, allocates without bound: the prompt row names two, one for each
     of its two samples); its second turn calls the calculator, which must answer; the third is
-    judged."""
+    judged. The memory bomb's sandbox has time to spare: on a loaded machine, filling 256 MiB
+    can take longer than the others' 1 s, and the memory limit, not the clock, must stop it."""
 
     def __init__(self):
-        self.toolbox = ToolBox({"python": python, "calculator": calculator}, SandboxLimits(seconds=1.0, memory_mib=256))
+        tools = {"python": python, "calculator": calculator}
+        self.toolbox = ToolBox(tools, SandboxLimits(seconds=1.0, memory_mib=256))
+        self.roomy = ToolBox(tools, SandboxLimits(seconds=30.0, memory_mib=256))
         self.started: dict[str, int] = {}
 
     def start(self, row):
@@ -176,16 +179,15 @@ class Misbehaving(Environment):
 
     def step(self, state, text):
         state["turn"] += 1
+        toolbox = self.roomy if state["bad"] == "memory" else self.toolbox
         try:
             if state["turn"] == 1:
                 return Observation(
-                    self.toolbox.call("python", {"code": BAD_CODE[state["bad"]].format(rank=os.getpid())}),
+                    toolbox.call("python", {"code": BAD_CODE[state["bad"]].format(rank=os.getpid())}),
                     info={"tool": "python"},
                 )
             if state["turn"] == 2:
-                return Observation(
-                    self.toolbox.call("calculator", {"expression": "6 * 7"}), info={"tool": "calculator"}
-                )
+                return Observation(toolbox.call("calculator", {"expression": "6 * 7"}), info={"tool": "calculator"})
         except ToolError as err:
             return Observation(f"error: {err}", info={"tool": err.tool, "tool_error": err.kind})
         return Observation(None, reward=checksum_score(text), done=True)
@@ -208,7 +210,7 @@ def test_a_misbehaving_tool_is_stopped_and_named_while_the_next_iteration_runs(a
     for metrics, batch in zip(history, batches):
         assert metrics["episode/tool_calls"] == 16.0 and metrics["episode/tool_errors"] == 8.0
         assert metrics["episode/turns/mean"] == 3.0 and "actor/pg_loss" in metrics  # the iteration ran to its update
-        seen = set()
+        seen, texts = set(), []
         for row in range(len(batch)):
             real = batch["attention_mask"][row, -batch["responses"].shape[1] :].bool()
             observed = real & ~batch["response_mask"][row].bool()
@@ -216,6 +218,7 @@ def test_a_misbehaving_tool_is_stopped_and_named_while_the_next_iteration_runs(a
             first, second = text.split("<|im_start|>tool\n")[1:3]
             assert first.startswith("error: tool 'python' ")
             seen |= {words for words in NAMED.values() if words in first}
+            texts.append(first)
             assert second.startswith("42<|im_end|>")  # the next call, in a fresh sandbox process, answers
-        assert seen == set(NAMED.values())  # each misbehaviour, named
+        assert seen == set(NAMED.values()), texts  # each misbehaviour, named
     assert not os.path.exists("/tmp/workbench-episode-escape.txt")
