@@ -63,16 +63,19 @@ class WorkerDiedError(WorkbenchError):
         pid: int | None = None,
         node: str | None = None,
         fused: list[str] | tuple = (),
+        fix: str = "",
     ):
         self.role, self.rank, self.method, self.pid, self.node = role, rank, method, pid, node
         where = f" (pid {pid} on node {node})" if pid is not None else ""
         others = [r for r in fused if r != role]
         also = f" and the role(s) {others} fused with it in the same processes" if others else ""
+        fix = fix or (
+            f"The group {role!r}{also} cannot be used any more: call session.recover({role!r}) to "
+            f"start it again on its pool with the same config, or re-run its session.group(...) cell"
+        )
         super().__init__(
             f"worker rank {rank} of role {role!r}{where} died during {role}.{method} (process killed, "
-            f"out of memory or crashed). The group {role!r}{also} cannot be used any more: call "
-            f"session.recover({role!r}) to start it again on its pool with the same config, or "
-            f"re-run its session.group(...) cell. Other groups are unaffected."
+            f"out of memory or crashed). {fix}. Other groups are unaffected."
             + (f"\n--- Ray said ---\n{detail}" if detail else "")
         )
 

@@ -37,12 +37,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, overload
 
 import ray
+from ray.util.placement_group import remove_placement_group
 
 from workbench import checks
-from workbench.controller.resource_pool import ResourcePool, check_devices
+from workbench.controller.resource_pool import LOST_HOST, ResourcePool, check_devices, wait_for_hosts
 from workbench.controller.worker import Worker
 from workbench.controller.worker_group import HostSet, WorkerGroup, wait_answers, warm_key
-from workbench.errors import ConfigError, DispatchError, GroupRemovedError, PlacementError, SessionClosedError
+from workbench.errors import (
+    ConfigError,
+    DispatchError,
+    GroupRemovedError,
+    PlacementError,
+    SessionClosedError,
+    WorkbenchError,
+)
 from workbench.mesh import Mesh
 from workbench.tracing import CallRecord, SpanSource, save_chrome_trace, span_sources
 
@@ -169,12 +177,20 @@ class Session:
             )
 
     # ---- pools ---------------------------------------------------------------------------
-    def pool(self, name: str, devices: int | list[int], max_colocate: int | None = None) -> ResourcePool:
+    def pool(
+        self,
+        name: str,
+        devices: int | list[int],
+        max_colocate: int | None = None,
+        hosts: list[str] | tuple[str, ...] = (),
+    ) -> ResourcePool:
         """Reserve devices: an int fills nodes in order, a list asks for that many devices on
-        each of distinct nodes (e.g. [2, 2]). Re-creating a pool with the same name and shape
-        returns it; a new shape replaces it and removes the groups on it. The new devices are
-        checked (and, where they fit beside the old pool, reserved) before anything is
-        released: a refused change leaves the old pool and its groups as they were."""
+        each of distinct nodes (e.g. [2, 2]). `hosts` (node addresses or ids) puts the pool on
+        those nodes: for a list, one host per entry, in order (e.g. the critic on one host, the
+        reward model on another). Re-creating a pool with the same name and shape returns it;
+        a new shape replaces it and removes the groups on it. The new devices are checked (and,
+        where they fit beside the old pool, reserved) before anything is released: a refused
+        change leaves the old pool and its groups as they were."""
         self._check_open()
         if not isinstance(name, str) or not name:
             raise ConfigError("pool name", name, "give the pool a non-empty string name")
@@ -186,27 +202,28 @@ class Session:
         old = self.pools.get(name)
         if old is not None and old.parent is not None:
             raise ConfigError("pool name", name, f"it names a slice of pool {old.parent!r}; pick another name")
-        if old is not None and old.has_shape(devices, max_colocate):
+        hosts = tuple(hosts) if isinstance(hosts, (list, tuple)) else hosts
+        if old is not None and old.has_shape(devices, max_colocate, hosts):
             return old
-        spare = self._take_spare(devices, max_colocate)
+        spare = self._take_spare(devices, max_colocate, hosts)
         if spare is not None:  # a kept reservation of this shape, with its warm processes
             if old is not None:
                 self._drop_pool(name, reason=f"its pool {name!r} was re-created with devices={devices!r}")
             self.pools[name] = spare = dataclasses.replace(spare, name=name, last_calls={})
             return spare
         # Check first, counting the old pool's devices as free: refusal changes nothing.
-        self._plan(name, devices, exclude=old.placement if old else None)
+        self._plan(name, devices, exclude=old.placement if old else None, hosts=hosts)
         label = f"workbench:{self.id}:{name}:{next(self._pool_versions)}"
         if old is not None:
             try:  # beside the old pool when there is room; the old one stays until this succeeds
-                self._plan(name, devices)
+                self._plan(name, devices, hosts=hosts)
                 fits_beside = True
             except Exception:
                 fits_beside = False
             if not fits_beside:  # it needs the old pool's devices: release it, then reserve
                 self._drop_pool(name, reason=f"its pool {name!r} was re-created with devices={devices!r}")
-                self._plan(name, devices)  # and a spare made of it gives them back
-        pool = ResourcePool.reserve(name, devices, label, max_colocate)
+                self._plan(name, devices, hosts=hosts)  # and a spare made of it gives them back
+        pool = ResourcePool.reserve(name, devices, label, max_colocate, hosts=hosts)
         if name in self.pools:
             self._drop_pool(name, reason=f"its pool {name!r} was re-created with devices={devices!r}")
         self.pools[name] = pool
@@ -258,23 +275,23 @@ class Session:
         else:
             pool.release()
 
-    def _take_spare(self, devices: int | list[int], max_colocate: int) -> ResourcePool | None:
+    def _take_spare(self, devices: int | list[int], max_colocate: int, hosts: tuple = ()) -> ResourcePool | None:
         """A spare of this shape, taken off the list; None when there is none."""
         for spare in self._spares:
-            if spare.has_shape(devices, max_colocate):
+            if spare.has_shape(devices, max_colocate, hosts):
                 self._spares.remove(spare)
                 return spare
         return None
 
-    def _plan(self, name: str, devices: int | list[int], exclude=None) -> None:
+    def _plan(self, name: str, devices: int | list[int], exclude=None, hosts: tuple = ()) -> None:
         """ResourcePool.plan, giving up the spares when their devices are needed."""
         try:
-            ResourcePool.plan(name, devices, exclude)
+            ResourcePool.plan(name, devices, exclude, hosts)
         except PlacementError:
             if not self._spares:
                 raise
             self._drop_spares()
-            ResourcePool.plan(name, devices, exclude)
+            ResourcePool.plan(name, devices, exclude, hosts)
 
     def _warm_up(self, pool: ResourcePool, specs: dict[str, tuple[type, Any]]) -> None:
         """Give an unused pool the reservation of a spare of its shape whose parked processes
@@ -286,7 +303,9 @@ class Session:
         if pool.parent is not None or in_use or any(k == key for _, k, _ in pool.parked):
             return
         for spare in self._spares:
-            if spare.has_shape(pool.devices_per_node, pool.max_colocate) and any(k == key for _, k, _ in spare.parked):
+            if spare.has_shape(pool.devices_per_node, pool.max_colocate, pool.hosts) and any(
+                k == key for _, k, _ in spare.parked
+            ):
                 for field in ("placement", "node_ids", "parked", "last_calls"):  # in place: handles hold `pool`
                     mine, theirs = getattr(pool, field), getattr(spare, field)
                     setattr(pool, field, theirs)
@@ -470,12 +489,26 @@ class Session:
             latest._removed = reason
 
     # ---- recovery ------------------------------------------------------------------------------
-    def recover(self, role: str, checkpoint: str | os.PathLike | None = None) -> WorkerGroup:
+    def recover(
+        self,
+        role: str,
+        checkpoint: str | os.PathLike | None = None,
+        lost_host: str = "remaining",
+        wait: float = 120.0,
+    ) -> WorkerGroup:
         """Start `role`'s group again on its pool with the same classes, configs and mesh (with
         every role fused with it), e.g. after a worker died. Weights come from `checkpoint`, or
         else from the last `save_checkpoint(path)` issued on the role, when that path exists;
-        otherwise the workers start from their configs. Old handles follow the new group."""
+        otherwise the workers start from their configs. Old handles follow the new group.
+
+        When a host of the pool is gone (its node died or dropped off the network), the pool is
+        reserved again first, with as many devices: on the cluster's remaining capacity
+        (lost_host="remaining"), or on the same hosts once they are back (lost_host="rejoin",
+        waiting up to `wait` seconds for them), and every other group on that pool is started
+        again with it. Groups on other pools of the lost host: `lost_roles()`."""
         self._check_open()
+        if lost_host not in LOST_HOST:
+            raise ConfigError("session.recover lost_host", lost_host, f"give one of {list(LOST_HOST)}")
         latest = self._handles.get(role)
         if latest is None:
             raise DispatchError(
@@ -484,6 +517,41 @@ class Session:
         old = latest._hostset
         if old.pool.name not in self.pools or self.pools[old.pool.name].placement is None:
             raise GroupRemovedError(role, f"its pool {old.pool.name!r} is gone, so it cannot be recovered in place")
+        if checkpoint and not Path(checkpoint).exists():
+            raise ConfigError(f"session.recover({role!r}) checkpoint", str(checkpoint), "no such path on this machine")
+        pool = self.pools[old.pool.name]
+        root = self.pools[pool.parent] if pool.parent else pool
+        removed: list[str] = []
+        for attempt in (1, 2):
+            lost = root.lost_nodes()
+            removed += self._reserve_again(root, lost, lost_host, wait) if lost else []
+            try:
+                group = self._restart(role, checkpoint)
+                break
+            except WorkbenchError:
+                # A host whose processes died may still count as alive until the head's health
+                # checks give it up; a start there then fails once they do: reserve again.
+                if attempt == 2 or not root.lost_nodes():
+                    raise
+        for other in dict.fromkeys(removed):  # the other groups of that pool, on its new reservation
+            if other not in group.hostset.roles:
+                self._restart(other, None)
+        return group
+
+    def lost_roles(self) -> list[str]:
+        """Roles whose pool lost a host (one per set of fused roles): what `recover` restarts."""
+        roles, seen = [], set()
+        for role, group in self.groups.items():
+            pool = group.pool
+            root = self.pools.get(pool.parent, pool) if pool.parent else pool
+            if id(group.hostset) not in seen and root.placement is not None and root.lost_nodes():
+                roles.append(role)
+                seen.add(id(group.hostset))
+        return roles
+
+    def _restart(self, role: str, checkpoint: str | os.PathLike | None) -> WorkerGroup:
+        """`role`'s group (and those fused with it) started again on its pool, weights reloaded."""
+        old = self._handles[role]._hostset
         checkpoints = {**old.checkpoints, **({role: str(checkpoint)} if checkpoint else {})}
         if checkpoint and not Path(checkpoint).exists():
             raise ConfigError(f"session.recover({role!r}) checkpoint", str(checkpoint), "no such path on this machine")
@@ -493,6 +561,37 @@ class Session:
                 groups[name].load_checkpoint(path).get()
         groups[role].hostset.checkpoints.update(checkpoints)
         return groups[role]
+
+    def _reserve_again(self, root: ResourcePool, lost: dict[str, str], how: str, wait: float) -> list[str]:
+        """A new reservation for a pool that lost hosts (`lost`: node id -> address), swapped into
+        the pool (and its slices) in place: handles hold the pool object. The roles whose groups
+        were on it (removed with the old reservation)."""
+        gone = sorted(set(lost.values()))
+        reason = f"its pool {root.name!r} lost host(s) {gone} and was reserved again"
+        removed = []
+        for name in [root.name, *(p.name for p in self.pools.values() if p.parent == root.name)]:
+            for role, group in list(self.groups.items()):
+                if role in self.groups and group.pool.name == name:
+                    removed.append(role)
+                    self._drop_group(role, reason)
+        address = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+        hosts = [address.get(n, lost.get(n, "?")) for n in dict.fromkeys(root.node_ids)]
+        if how == "rejoin":  # the same hosts, device for device, once they are back
+            devices, on = list(root.devices_per_node), tuple(hosts)
+            wait_for_hosts(root.name, on, wait)
+        else:  # as many devices, wherever they are free now
+            devices, on = root.world_size, ()
+        remove_placement_group(root.placement)
+        label = f"workbench:{self.id}:{root.name}:{next(self._pool_versions)}"
+        new = ResourcePool.reserve(root.name, devices, label, root.max_colocate, timeout=wait, hosts=on)
+        root.placement, root.node_ids, root.devices_per_node = new.placement, new.node_ids, new.devices_per_node
+        root.parked.clear()
+        root.last_calls.clear()
+        for piece in self.pools.values():
+            if piece.parent == root.name:
+                piece.placement, piece.node_ids = root.placement, [root.node_ids[b] for b in piece.devices]
+                piece.devices_per_node = [piece.node_ids.count(n) for n in dict.fromkeys(piece.node_ids)]
+        return removed
 
     # ---- tracing and lifetime ----------------------------------------------------------------
     def trace(self, timeout: float = 10.0) -> list[CallRecord]:

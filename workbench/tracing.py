@@ -156,6 +156,9 @@ class CallRecord:
     ok: bool
     extra: dict = field(default_factory=dict)
     """Anything else the worker measured (e.g. a weight sync's peak memory)."""
+    node: str = ""
+    """The address of the host it ran on: on a cluster, bytes_in on one host of rows made on
+    another crossed the network."""
 
     @property
     def seconds(self) -> float:
@@ -195,7 +198,11 @@ def to_chrome_trace(records: Iterable[CallRecord]) -> dict:
                 "ts": (r.fetched - t0) * 1e6,
                 "dur": (r.end - r.fetched) * 1e6,
                 "args": {
-                    **{k: v for k, v in asdict(r).items() if k in ("call_id", "rank", "bytes_in", "bytes_out", "ok")},
+                    **{
+                        k: v
+                        for k, v in asdict(r).items()
+                        if k in ("call_id", "rank", "node", "bytes_in", "bytes_out", "ok")
+                    },
                     **r.extra,
                 },
             }

@@ -1,5 +1,5 @@
-"""Run inside host 0 of a NetnsCluster (a driver on the head node): a Session attached to the
-cluster, a two-rank gloo group with one rank per host, and a DataFuture from a group on host 0
+"""Run inside host 0 of a NetnsCluster (a driver on the head node; argv: each host's address):
+a Session attached to the cluster, a two-rank gloo group with one rank per host, and a DataFuture from a group on host 0
 consumed by a group on host 1. Prints one JSON line of what each rank saw; the pytest test
 (test_netns_cluster.py) asserts on it.
 """
@@ -69,7 +69,8 @@ def wait_for_nodes(count: int, timeout: float = 60.0) -> list[dict]:
     return alive
 
 
-def main(hosts: int) -> None:
+def main(addresses: list[str]) -> None:
+    hosts = len(addresses)
     session = Session(address=os.environ["RAY_ADDRESS"])
     try:
         nodes = {n["NodeID"]: n["NodeManagerAddress"] for n in wait_for_nodes(hosts)}
@@ -78,10 +79,9 @@ def main(hosts: int) -> None:
         ring = session.group("ring", NetWorker, pair)
         reduced = ring.all_reduce().get()
         ranks = ring.network().get()
-        # (b) rows made on one host, consumed on the other: the pools fill nodes in order,
-        # head first, so "made" lands on host 0 and "used" (host 0 being full) on host 1.
-        made = session.group("made", NetWorker, session.pool("one", 1))
-        used = session.group("used", NetWorker, session.pool("other", 1))
+        # (b) rows made on one host, consumed on the other
+        made = session.group("made", NetWorker, session.pool("one", 1, hosts=[addresses[0]]))
+        used = session.group("used", NetWorker, session.pool("other", 1, hosts=[addresses[1]]))
         rows = Batch({"x": torch.arange(64 * 1024, dtype=torch.float32).reshape(64, 1024)}, {"uid": list(range(64))})
         future = made.scale(rows)
         out = used.scale(future).get()
@@ -106,4 +106,4 @@ def main(hosts: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 2)
+    main(sys.argv[1:])

@@ -12,13 +12,21 @@ from pathlib import Path
 import pytest
 
 from workbench.deploy.netns_cluster import NetnsCluster
+from workbench.models import make_tiny
 
 ROOT = Path(__file__).resolve().parents[2]
+NODE_TIMEOUT_S = 6.0
+DEATH_BOUND_S = 30.0
+"""From the start of the iteration a host dies in to the error naming it."""
+LINK_BOUND_S = 5 * NODE_TIMEOUT_S
+"""From the start of the iteration a link drops in to the error naming the host behind it: the
+head's node timeout, and the iteration's calls up to the one that waits on the host."""
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    cluster = NetnsCluster.up(hosts=2, cpus=2)
+    # 4 CPUs: room on one host for the one-host PPO run. A silent host is given up after 6 s.
+    cluster = NetnsCluster.up(hosts=2, cpus=4, node_timeout_s=NODE_TIMEOUT_S)
     yield cluster
     cluster.down()  # again after the teardown test: nothing to do then
 
@@ -26,8 +34,37 @@ def cluster():
 @pytest.fixture(scope="module")
 def seen(cluster):
     """What the driver on host 0 reported (one run for the module's tests)."""
-    argv = [sys.executable, "-m", "tests.controller.netns_check", str(cluster.hosts)]
-    run = cluster.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    return drive(cluster, "netns_check", *(cluster.host_ip(h) for h in range(cluster.hosts)))
+
+
+@pytest.fixture(scope="module")
+def ppo(cluster, seen):
+    """PPO spread over the hosts and on one host, same seeds (netns_ppo_check, one run)."""
+    return drive(cluster, "netns_ppo_check", str(cluster.shared), cluster.host_ip(0), cluster.host_ip(1))
+
+
+@pytest.fixture(scope="module")
+def faults(cluster, ppo):
+    """The runner across the hosts: uninterrupted, with host 1 killed, with its link pulled
+    (netns_fault_check, one run, after the PPO runs: it leaves host 1 rejoined)."""
+    model = make_tiny("1m", cluster.shared / "runner-model", seed=0)
+    return drive(cluster, "netns_fault_check", cluster.name, str(model))
+
+
+def by_iteration(history: list[dict]) -> dict[int, dict]:
+    """The last row of each iteration (a redone one is logged twice: the failed try, then the redo)."""
+    return {row["iteration"]: row for row in history}
+
+
+def drive(cluster, script: str, *argv: str) -> dict:
+    """Run tests/controller/<script>.py as a driver on host 0; its last line's JSON."""
+    run = cluster.run(
+        [sys.executable, "-m", f"tests.controller.{script}", *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=420,
+    )
     assert run.returncode == 0, run.stderr[-4000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
 
@@ -81,7 +118,46 @@ def test_a_weight_channel_joins_groups_on_two_hosts(cluster, seen):
     assert seen["channel"]["shared"] == ["weights v1", "weights v1"]
 
 
-def test_teardown_leaves_no_namespace_link_or_process(cluster, seen):
+def test_ppo_spread_over_two_hosts_equals_ppo_on_one(cluster, ppo):
+    h0, h1 = cluster.host_ip(0), cluster.host_ip(1)
+    spread, one = ppo["spread"], ppo["one"]
+    assert spread["placed"] == {"actor": [h0, h1], "critic": [h0], "reward": [h1]}
+    assert one["placed"] == {"actor": [h1, h1], "critic": [h1], "reward": [h1]}
+    assert len(spread["metrics"]) == 3 and "actor/pg_loss" in spread["metrics"][0]
+    assert spread["metrics"] == one["metrics"]  # every metric of every iteration, bit for bit
+    assert ppo["weights_equal"] == {"actor": True, "critic": True}  # the exported models too
+    # The trace names each call's host: the reward model scored on host 1 the rows generated on
+    # both (so half crossed from host 0), the critic on host 0 valued rows from both.
+    assert set(spread["bytes_in"]["reward"]) == {h1} and spread["bytes_in"]["reward"][h1] > 0
+    assert set(spread["bytes_in"]["critic"]) == {h0} and spread["bytes_in"]["critic"][h0] > 0
+    assert set(spread["bytes_in"]["actor"]) == {h0, h1}
+    assert {host for role in one["bytes_in"].values() for host in role} == {h1}
+
+
+def test_a_host_that_dies_is_named_and_the_run_goes_on_without_it(cluster, faults):
+    h0, h1 = cluster.host_ip(0), cluster.host_ip(1)
+    assert faults["first"]["placed"] == {"actor": [h0, h1], "critic": [h1]}
+    killed = faults["killed"]
+    [fault] = killed["faults"]
+    assert fault["iteration"] == 3 and "died" in fault["error"] and h1 in fault["error"], fault
+    assert fault["seconds"] < DEATH_BOUND_S
+    assert killed["recoveries"] == 1  # both of host 1's groups in one recovery
+    assert killed["placed"] == {"actor": [h0, h0], "critic": [h0]}  # the remaining capacity
+    # Redone from the checkpoint after iteration 2, on one host: the uninterrupted run's numbers.
+    assert by_iteration(killed["history"]) == by_iteration(faults["first"]["history"])
+
+
+def test_a_link_that_drops_is_named_within_a_bound_and_the_host_rejoins(cluster, faults):
+    h0, h1 = cluster.host_ip(0), cluster.host_ip(1)
+    link = faults["link"]
+    [fault] = link["faults"]
+    assert fault["iteration"] == 3 and h1 in fault["error"], fault
+    assert fault["seconds"] < LINK_BOUND_S
+    assert link["placed"] == {"actor": [h0, h1], "critic": [h1]}  # back on the rejoined host
+    assert by_iteration(link["history"]) == by_iteration(faults["first"]["history"])
+
+
+def test_teardown_leaves_no_namespace_link_or_process(cluster, seen, ppo, faults):
     assert len(cluster.pids) >= 2 * cluster.hosts  # gcs, raylet and agents were recorded
     cluster.down()
     assert cluster.leftovers() == []

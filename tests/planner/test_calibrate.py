@@ -5,7 +5,8 @@ import dataclasses
 import pytest
 
 from workbench.planner import TaskGraph, Workload, cluster_preset, time_cost
-from workbench.planner.calibrate import CollectiveTiming, Timing, fit, fit_cores, load_calibration
+from workbench.planner.calibrate import CollectiveTiming, Timing, fit, fit_cores, fit_link, load_calibration
+from workbench.planner.simulator import Simulator
 from workbench.planner.specs import ModelSpec
 
 SMALL = ModelSpec("kit-1m", 4, 128, 4, 4, 352, 262)
@@ -215,3 +216,22 @@ def test_measured_fixed_costs_reach_the_local_preset():
     )
     local = cal.cluster(1, 4)
     assert (local.kernel_latency, local.call_overhead) == (7e-6, 3e-3)
+
+
+def test_a_link_between_hosts_is_fitted_and_prices_cross_host_transfers(tmp_path):
+    timings, coll = _synthetic()
+    cal = fit(timings, coll, peak_flops=PEAK, memory_bandwidth=MEM_BW, slowdown={1: 1.0}, machine={})
+    assert cal.inter_node_bandwidth == 0 and cal.cluster(2, 1).inter_node_bandwidth == cal.intra_node_bandwidth
+    link = dataclasses.replace(_truth(), n_nodes=2, devices_per_node=1, inter_node_bandwidth=0.1e9)
+    samples = [  # a rank on each of two hosts, as profiler.measure_link times them
+        CollectiveTiming(n, 2, Simulator(link, Workload.tiny()).allreduce(n, 2, members_per_node=1))
+        for n in (1 << 16, 1 << 20, 1 << 24)
+    ]
+    bandwidth = fit_link(samples, cal.collective_latency)
+    assert bandwidth == pytest.approx(0.1e9, rel=0.01)
+    cal = dataclasses.replace(cal, inter_node_bandwidth=bandwidth, links=samples)
+    again = load_calibration(cal.save(tmp_path / "cal.json"))
+    assert again == cal and again.cluster(2, 1).inter_node_bandwidth == bandwidth
+    sim = Simulator(again.cluster(2, 1), Workload.tiny())
+    assert sim.data_transfer_time(1e8, True) == pytest.approx(1e8 / bandwidth + again.collective_latency)
+    assert sim.data_transfer_time(1e8, True) > 3 * sim.data_transfer_time(1e8, False)

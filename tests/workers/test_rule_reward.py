@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from tests.controller.workers import EchoWorker
-from workbench import Batch, DispatchError, WorkerCallError
+from workbench import Batch, DispatchError, WorkerCallError, WorkerDiedError
 from workbench.data import arithmetic
-from workbench.workers.rule_reward import RuleReward
+from workbench.workers.rule_reward import RuleReward, restart_dead_scorers
 
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "tests"
 
@@ -99,6 +99,23 @@ def test_a_function_that_kills_its_process_is_reported_and_replaced(shared_sessi
     with pytest.raises(WorkerCallError, match=r"ended its process \(exit code 3\) on row uid=u0"):
         reward.compute_reward(answers(["boom"], ["1"])).get()
     assert reward.compute_reward(answers(["fine"], ["1"])).get()["scores"].tolist() == [0.5]
+
+
+def test_a_scorer_whose_process_died_is_named_then_replaced(shared_session):
+    """The scorer actor itself killed (as on a host that was lost): the call names it dead;
+    restart_dead_scorers (the runner's recovery) starts another under its name."""
+    reward = RuleReward(lambda text, truth: 0.25, processes=1)
+    assert reward.compute_reward(answers(["a"], ["1"])).get()["scores"].tolist() == [0.25]
+    [(scorer, _)] = reward.process_ids()
+    os.kill(scorer, signal.SIGKILL)
+    with pytest.raises(WorkerDiedError, match=r"role 'rule_reward' died .*restart_dead_scorers\(\) starts another"):
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # until Ray has seen it go
+            reward.compute_reward(answers(["a"], ["1"])).get()
+            time.sleep(0.2)
+    assert restart_dead_scorers() == 1
+    assert reward.compute_reward(answers(["a"], ["1"])).get()["scores"].tolist() == [0.25]
+    assert [pid for pid, _ in reward.process_ids()] != [scorer]
 
 
 def test_a_jailed_reward_scores_and_is_stopped_like_a_tool(shared_session):

@@ -158,6 +158,12 @@ def _discard(ref: ray.ObjectRef) -> None:
         pass
 
 
+SCORER_FIX = (
+    "Its scoring process is gone: workbench.workers.rule_reward.restart_dead_scorers() starts "
+    "another (the headless runner does it when it recovers)"
+)
+
+
 def fetch(ref: ray.ObjectRef, info: CallInfo, rank: int) -> Any:
     """ray.get one rank's object, turning Ray's errors into ones that name role/rank/method."""
     try:
@@ -168,7 +174,8 @@ def fetch(ref: ray.ObjectRef, info: CallInfo, rank: int) -> Any:
         if info.hostset is not None:
             info.hostset.dead = info.hostset.dead or (rank, str(err))
             raise info.hostset.died_error(info.role, info.method) from None
-        raise WorkerDiedError(info.role, rank, info.method, str(err)) from None
+        fix = SCORER_FIX if info.role == "rule_reward" else ""
+        raise WorkerDiedError(info.role, rank, info.method, str(err), fix=fix) from None
     except ray.exceptions.RayTaskError as err:
         raise _call_error(info, rank, str(err)) from None
 

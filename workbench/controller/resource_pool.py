@@ -19,6 +19,7 @@ one pool run concurrently.
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass, field
 
 import ray
@@ -69,6 +70,8 @@ class ResourcePool:
     0, 1, ... world_size - 1."""
     parent: str | None = None
     """The pool this one is a slice of."""
+    hosts: tuple[str, ...] = ()
+    """The nodes it was asked to be on (addresses or node ids); () for any."""
     last_calls: dict[int, tuple] = field(default_factory=dict)
     """Bundle -> (host set, object refs) of the last call issued on that device, shared with
     the pool's slices: a call by another host set waits for those refs first (time-sharing in
@@ -88,10 +91,20 @@ class ResourcePool:
         """The placement group bundles (devices) of ranks 0, 1, ..."""
         return self.bundles or tuple(range(self.world_size))
 
-    def has_shape(self, devices: int | list[int], max_colocate: int) -> bool:
-        """Whether Session.pool(name, devices, max_colocate) asks for this pool's shape."""
+    def has_shape(self, devices: int | list[int], max_colocate: int, hosts: tuple[str, ...] = ()) -> bool:
+        """Whether Session.pool(name, devices, max_colocate, hosts) asks for this pool's shape."""
         count = sum(self.devices_per_node) == devices if isinstance(devices, int) else self.devices_per_node == devices
-        return count and self.max_colocate == max_colocate
+        return count and self.max_colocate == max_colocate and self.hosts == tuple(hosts)
+
+    def lost_nodes(self) -> dict[str, str]:
+        """{node id: address} of this pool's nodes that are no longer alive (a host that died
+        or dropped off the network)."""
+        nodes = {n["NodeID"]: n for n in ray.nodes()}
+        return {
+            node: nodes.get(node, {}).get("NodeManagerAddress", "?")
+            for node in dict.fromkeys(self.node_ids)
+            if not nodes.get(node, {}).get("Alive", False)
+        }
 
     def slice(self, name: str, first: int, size: int) -> ResourcePool:
         """A pool of devices [first, first + size) of this one (its ranks' order), sharing its
@@ -119,13 +132,17 @@ class ResourcePool:
         return not set(self.devices).isdisjoint(other.devices)
 
     @classmethod
-    def plan(cls, name: str, devices: int | list[int], exclude: PlacementGroup | None = None) -> list[str]:
+    def plan(
+        cls, name: str, devices: int | list[int], exclude: PlacementGroup | None = None, hosts: tuple[str, ...] = ()
+    ) -> list[str]:
         """The node of each device the pool would get now, counting every live placement
-        group on the cluster as taken except `exclude` (a pool about to be replaced).
-        Raises PlacementError, having touched nothing, when they are not free."""
+        group on the cluster as taken except `exclude` (a pool about to be replaced), on
+        `hosts` only when given. Raises PlacementError, having touched nothing, when they are
+        not free."""
         devices = check_devices(name, devices)
         resource = device_resource()
-        return _choose_nodes(name, devices, alive_nodes(resource), reserved_per_node(resource, exclude), resource)
+        nodes = on_hosts(name, devices, alive_nodes(resource), hosts)
+        return _choose_nodes(name, devices, nodes, reserved_per_node(resource, exclude), resource)
 
     @classmethod
     def reserve(
@@ -136,11 +153,12 @@ class ResourcePool:
         max_colocate: int = 4,
         timeout: float = 30.0,
         exclude: PlacementGroup | None = None,
+        hosts: tuple[str, ...] = (),
     ) -> ResourcePool:
         """Reserve devices now as a placement group named `label` (unique per session and
         pool version, so re-runs and other drivers never collide)."""
         resource = device_resource()
-        node_ids = cls.plan(name, devices, exclude)
+        node_ids = cls.plan(name, devices, exclude, hosts)
         counts = [node_ids.count(n) for n in dict.fromkeys(node_ids)]
         bundle = {resource: 1.0} if resource == "CPU" else {resource: 1.0, "CPU": 1.0}
         pg = placement_group(
@@ -158,7 +176,7 @@ class ResourcePool:
                 f"{timeout:.0f} s; they exist but are held by something outside this session "
                 f"(another driver or placement group). Free them or ask for fewer devices."
             ) from None
-        return cls(name, counts, resource, max_colocate, node_ids, pg)
+        return cls(name, counts, resource, max_colocate, node_ids, pg, hosts=tuple(hosts))
 
     def scheduling(self, rank: int) -> dict:
         """ray.remote options placing rank's worker on its device."""
@@ -225,6 +243,54 @@ def check_devices(name: str, devices) -> int | list[int]:
         f"pool {name!r}: devices={devices!r} is not a device count; pass a whole number >= 1 "
         f"(e.g. 2: fill nodes in order) or a list of them, one per node (e.g. [2, 2])"
     )
+
+
+LOST_HOST = {
+    "remaining": "reserve the pool again on the cluster's remaining capacity",
+    "rejoin": "wait for the lost hosts to be back, and reserve the pool on them again",
+}
+"""What recovering a group does when a host of its pool is gone (Session.recover)."""
+
+
+def wait_for_hosts(name: str, hosts: tuple[str, ...], wait: float) -> None:
+    """Until every host (address or node id) is an alive node, or a PlacementError at `wait`."""
+    deadline = time.monotonic() + wait
+    while True:
+        alive = {v for n in ray.nodes() if n["Alive"] for v in (n["NodeID"], n["NodeManagerAddress"])}
+        missing = [h for h in hosts if h not in alive]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise PlacementError(
+                f"pool {name!r}: host(s) {missing} did not come back within {wait:g} s. Start Ray on "
+                f"them again (ray start --address=...), or recover with lost_host='remaining'"
+            )
+        time.sleep(0.5)
+
+
+def on_hosts(name: str, devices: int | list[int], nodes: list[NodeInfo], hosts: tuple[str, ...]) -> list[NodeInfo]:
+    """The nodes a pool may use, in the order asked: all of them when `hosts` is empty, else
+    each host named (a node's address or id), which must be alive; a list of devices per node
+    takes one host per entry."""
+    if not hosts:
+        return nodes
+    known = {n.address: n for n in nodes} | {n.node_id: n for n in nodes}
+    if not (isinstance(hosts, (list, tuple)) and all(isinstance(h, str) for h in hosts)):
+        raise PlacementError(f"pool {name!r}: hosts={hosts!r}; give a list of node addresses or node ids")
+    missing = [h for h in hosts if h not in known]
+    if missing:
+        alive = ", ".join(f"{n.address} ({n.node_id[:8]})" for n in nodes)
+        raise PlacementError(
+            f"pool {name!r}: hosts {missing} are not alive nodes of this cluster; its alive nodes: {alive}. "
+            f"Name each host by its address or node id"
+        )
+    chosen = list({known[h].node_id: known[h] for h in hosts}.values())
+    if len(chosen) < len(hosts) or (isinstance(devices, list) and len(devices) != len(hosts)):
+        raise PlacementError(
+            f"pool {name!r}: hosts={list(hosts)} must name distinct nodes"
+            + (f", one per entry of devices={devices}" if isinstance(devices, list) else "")
+        )
+    return chosen
 
 
 def _choose_nodes(

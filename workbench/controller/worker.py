@@ -9,6 +9,7 @@ on the same pool, resolves RemoteSlice inputs, runs the method and records a tra
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import shutil
@@ -32,6 +33,12 @@ from workbench.controller.register import registered_methods
 from workbench.data.batch import PAD_KEY, Batch
 from workbench.mesh import Coord, Mesh
 from workbench.tracing import CallRecord, process_memory, reset_memory_peaks
+
+
+@functools.cache
+def node_address() -> str:
+    """The address of this process's host as Ray knows it (its node's IP): a span's `node`."""
+    return ray.util.get_node_ip_address()
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,7 @@ class Worker:
                 rank=c.rank,
                 pool=c.pool,
                 pid=os.getpid(),
+                node=node_address(),
                 start=start,
                 fetched=start,
                 end=end,
@@ -191,7 +199,7 @@ class WorkerHost:
         if local:  # set before any library opens a socket: see loopback_env
             os.environ.update(loopback_env())
         else:  # see node_env; what the caller's runtime_env set wins
-            for key, value in node_env(ray.util.get_node_ip_address()).items():
+            for key, value in node_env(node_address()).items():
                 os.environ.setdefault(key, value)
         self.local = local
         torch.set_num_threads(threads)
@@ -218,9 +226,9 @@ class WorkerHost:
             self.store_dir = tempfile.mkdtemp(prefix="workbench-store-")
             return "file", os.path.join(self.store_dir, "store")
         with socket.socket() as s:
-            s.bind((ray.util.get_node_ip_address(), 0))
+            s.bind((node_address(), 0))
             port = s.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
+        return node_address(), port
 
     def init_process_group(self, address: str, port: int | str) -> None:
         if address == "file":
@@ -234,7 +242,7 @@ class WorkerHost:
 
     def identity(self) -> tuple[int, str, str]:
         """(pid, node id, node address) of this process, named in errors about it."""
-        return os.getpid(), ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+        return os.getpid(), ray.get_runtime_context().get_node_id(), node_address()
 
     def add_role(self, role: str, cls: type[Any], config: Any, mesh: Mesh) -> None:
         worker = object.__new__(cls)  # the context is set before __init__ runs
@@ -294,6 +302,7 @@ class WorkerHost:
                     rank=self.rank,
                     pool=self.pool,
                     pid=os.getpid(),
+                    node=node_address(),
                     start=start,
                     fetched=compute_start,
                     end=time.time(),

@@ -209,7 +209,7 @@ class HostSet:
                     except ray.exceptions.RayActorError as err:
                         self.dead = (rank, str(err))
                         break
-                elif _actor_state(ids[rank]) == "DEAD":
+                elif actor_state(ids[rank]) == "DEAD":
                     self.dead = (rank, "Ray reports the process DEAD")
                     break
             if len(ready) == len(pings) or time.monotonic() > deadline:
@@ -282,7 +282,7 @@ class HostSet:
         deadline = time.monotonic() + timeout
         ids = [h._actor_id.hex() for h in self.hosts]
         while time.monotonic() < deadline:
-            if all(_actor_state(i) in ("DEAD", None) for i in ids):
+            if all(actor_state(i) in ("DEAD", None) for i in ids):
                 break
             time.sleep(0.05)
         self.hosts = []
@@ -303,7 +303,8 @@ def warm_key(pool: ResourcePool, threads: int, roles: dict[str, tuple[type, Any]
     return (classes, threads, *_transport(pool), pool.max_colocate)
 
 
-def _actor_state(actor_id: str) -> str | None:
+def actor_state(actor_id: str) -> str | None:
+    """Ray's state of an actor ("ALIVE", "DEAD", ...); None when Ray has no record of it."""
     info = ray._private.state.actors(actor_id=actor_id)
     return info.get("State") if info else None
 

@@ -70,6 +70,12 @@ class NetnsCluster:
     """Namespace -> inode of its /proc/*/ns/net link: finds processes left in a deleted one."""
     pids: list[tuple[int, float]] = field(default_factory=list)
     """(pid, create time) of the Ray processes each host ran after start."""
+    cpus: int = 2
+    """Ray CPUs per host."""
+    object_store_mb: int = 256
+    node_timeout_s: float = 0.0
+    """How long the head waits for a silent host before giving its node up (its health checks:
+    a third of it apart, 3 missed); 0: Ray's defaults (about a minute)."""
 
     # ---- where things are ------------------------------------------------------------------
     def namespace(self, host: int) -> str:
@@ -127,6 +133,7 @@ class NetnsCluster:
         object_store_mb: int = 256,
         links: dict[int, Link] | None = None,
         timeout: float = 120.0,
+        node_timeout_s: float = 0.0,
     ) -> NetnsCluster:
         """Make the namespaces and network, start Ray on every host and wait until each node
         is alive. On any failure everything made so far is removed before the error rises."""
@@ -137,10 +144,11 @@ class NetnsCluster:
             fix = f"{root} or its namespaces exist: `down {name}`, or pick another name"
             raise ConfigError("NetnsCluster name", name, fix)
         root.mkdir(mode=0o700)
-        cluster = cls(name, hosts, subnet, port, str(root))
+        cluster = cls(name, hosts, subnet, port, str(root), cpus=cpus, object_store_mb=object_store_mb)
+        cluster.node_timeout_s = node_timeout_s
         try:
             cluster._network(links or {})
-            cluster._start_ray(cpus, object_store_mb, timeout)
+            cluster._start_ray(timeout)
         except BaseException:
             cluster.down()
             raise
@@ -166,30 +174,63 @@ class NetnsCluster:
                 _shape(bridge, outer, links[h])
         self._save()
 
-    def _start_ray(self, cpus: int, object_store_mb: int, timeout: float) -> None:
+    def _start_ray(self, timeout: float) -> None:
         self.token_path.write_text(secrets.token_hex(32))
         self.token_path.chmod(0o600)
         self.shared.mkdir()
-        ray = str(Path(sys.executable).with_name("ray"))
-        starts = []
-        for h in range(self.hosts):
-            head = ["--head", "--port", str(self.port), "--include-dashboard", "false"]
-            argv = [ray, "start", *(head if h == 0 else ["--address", self.address])]
-            argv += ["--node-ip-address", self.host_ip(h), "--num-cpus", str(cpus)]
-            argv += ["--resources", json.dumps({f"host{h}": 1}), "--temp-dir", f"{self.root}/ray-h{h}"]
-            argv += ["--object-store-memory", str(object_store_mb * 2**20), "--disable-usage-stats"]
-            start = subprocess.Popen(
-                self.command(argv, h), env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-            )
-            if h == 0:  # the others join the head: it must be up first
-                _finish(start, "the head", timeout)
-            else:
-                starts.append((h, start))
+        _finish(self._ray_start(0), "the head", timeout)  # the others join the head: it first
+        starts = [(h, self._ray_start(h)) for h in range(1, self.hosts)]
         for h, start in starts:
             _finish(start, f"host {h}", timeout)
         self.wait_for_nodes(timeout)
-        self.pids = [(p, psutil.Process(p).create_time()) for ns in self.namespaces() for p in _netns_pids(ns)]
+        self._record_pids()
+
+    def _ray_start(self, h: int) -> subprocess.Popen:
+        ray = str(Path(sys.executable).with_name("ray"))
+        head = ["--head", "--port", str(self.port), "--include-dashboard", "false"]
+        if self.node_timeout_s:
+            check_ms = int(self.node_timeout_s * 1000 / 3)
+            checks = {"health_check_period_ms": check_ms, "health_check_timeout_ms": check_ms}
+            head += ["--system-config", json.dumps(checks | {"health_check_failure_threshold": 3})]
+        argv = [ray, "start", *(head if h == 0 else ["--address", self.address])]
+        argv += ["--node-ip-address", self.host_ip(h), "--num-cpus", str(self.cpus)]
+        argv += ["--resources", json.dumps({f"host{h}": 1}), "--temp-dir", f"{self.root}/ray-h{h}"]
+        argv += ["--object-store-memory", str(self.object_store_mb * 2**20), "--disable-usage-stats"]
+        return subprocess.Popen(
+            self.command(argv, h), env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+
+    def _record_pids(self) -> None:
+        """Add the processes now in the cluster's namespaces to those recorded (skipping any that
+        ended meanwhile: a worker comes and goes)."""
+        found = [p for ns in self.namespaces() for p in map(_process, _netns_pids(ns)) if p]
+        self.pids = list(dict.fromkeys([*self.pids, *((p.pid, p.create_time()) for p in found)]))
         self._save()
+
+    # ---- faults ------------------------------------------------------------------------------
+    def kill_host(self, host: int) -> int:
+        """A host that dies: SIGKILL every process in its namespace (its raylet, object store,
+        agents and workers; its address stays). How many there were."""
+        if host == 0:
+            raise ConfigError("NetnsCluster.kill_host host", host, "host 0 runs the head: kill another host")
+        procs = [p for p in map(_process, _netns_pids(self.namespace(host))) if p]
+        for p in procs:
+            _signal(p, signal.SIGKILL)
+        _wait_gone(procs, 10.0)
+        return len(procs)
+
+    def set_link(self, host: int, up: bool) -> None:
+        """Pull (or plug back) the host's cable: its end on the bridge goes down, so its packets
+        vanish without an error to either side, as on a dead link."""
+        _sh("ip", "-n", f"{self.name}-br", "link", "set", f"{self.name}-b{host}", "up" if up else "down")
+
+    def rejoin(self, host: int, timeout: float = 120.0) -> None:
+        """Start the host's Ray node again (joining the head), after whatever is left of the old
+        one is killed; returns once every host is alive."""
+        self.kill_host(host)
+        _finish(self._ray_start(host), f"host {host}", timeout)
+        self.wait_for_nodes(timeout)
+        self._record_pids()
 
     def wait_for_nodes(self, timeout: float = 120.0) -> None:
         """Return once every host's node is alive in the head's view (asked from host 0)."""
@@ -360,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--shape", type=int, help="host whose link is shaped by --rate/--delay")
     up.add_argument("--rate", help='e.g. "100mbit"')
     up.add_argument("--delay", help='e.g. "5ms" (needs sch_netem)')
+    up.add_argument("--node-timeout", type=float, default=0.0, help="seconds before a silent host is given up")
     run = sub.add_parser("exec", help="run a command on a host with the cluster's driver environment")
     run.add_argument("name")
     run.add_argument("--host", type=int, default=0)
@@ -369,7 +411,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.verb == "up":
         links = {args.shape: Link(rate=args.rate, delay=args.delay)} if args.shape is not None else {}
-        cluster = NetnsCluster.up(args.hosts, args.cpus, args.name, args.subnet, links=links)
+        cluster = NetnsCluster.up(
+            args.hosts, args.cpus, args.name, args.subnet, links=links, node_timeout_s=args.node_timeout
+        )
         print(cluster.name)
         print(f"# Ray at {cluster.address}, shared directory {cluster.shared}", file=sys.stderr)
         return 0

@@ -16,6 +16,7 @@ workload a benchmark will later run.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import inspect
 import os
@@ -374,6 +375,28 @@ def calibrate(
         staging = Path(cache).with_name(f".{Path(cache).name}.{os.getpid()}")
         fitted.save(staging).replace(cache)  # whole or nothing: a reader never sees half a file
     return fitted
+
+
+LINK_BYTES = (1 << 16, 1 << 20, 1 << 22, 1 << 24)
+"""All-reduce sizes that time a link between hosts: latency-bound to bandwidth-bound."""
+
+
+def measure_link(session, hosts: list[str], sizes: tuple[int, ...] = LINK_BYTES, repeats: int = 5) -> list:
+    """Median seconds of fp32 all-reduces over one rank on each of `hosts` (node addresses or
+    ids): what the network between them carries, for `calibrate.fit_link`."""
+    pool = session.pool("calibration_link", [1] * len(hosts), hosts=list(hosts))
+    try:
+        group = session.group("calibration_link", ProbeWorker, pool)
+        return group.all_reduce(tuple(sizes), len(hosts), repeats).get()[0]
+    finally:
+        session.release("calibration_link")
+
+
+def calibrate_link(calibration: Calibration, session, hosts: list[str], **kwargs) -> Calibration:
+    """`calibration` with its inter_node_bandwidth measured between `hosts` (see measure_link)."""
+    samples = measure_link(session, hosts, **kwargs)
+    bandwidth = calibrate_module.fit_link(samples, calibration.collective_latency)
+    return dataclasses.replace(calibration, inter_node_bandwidth=bandwidth, links=samples)
 
 
 def calibration_key(models: dict[str, str], shapes: ProfileShapes, devices: int) -> str:

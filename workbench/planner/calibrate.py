@@ -149,6 +149,11 @@ class Calibration:
     sequence_overhead: float = 0.0
     """Seconds per running sequence per decoding step beyond its FLOPs and bytes: sampling and
     the response log-prob over the vocabulary, row by row (ClusterSpec.sequence_overhead)."""
+    inter_node_bandwidth: float = 0.0
+    """Measured bytes/s between two hosts of a cluster (`fit_link`, from an all-reduce with a
+    rank on each: `profiler.measure_link`); 0: not measured, taken as intra_node_bandwidth."""
+    links: list[CollectiveTiming] = field(default_factory=list)
+    """The cross-host all-reduces inter_node_bandwidth was fitted to."""
 
     def cluster(self, n_nodes: int = 1, devices_per_node: int = 4) -> ClusterSpec:
         """The `local` preset with these figures."""
@@ -163,7 +168,7 @@ class Calibration:
             memory_bandwidth=self.memory_bandwidth,
             bandwidth_efficiency=self.bandwidth_efficiency,
             intra_node_bandwidth=self.intra_node_bandwidth,
-            inter_node_bandwidth=self.intra_node_bandwidth,
+            inter_node_bandwidth=self.inter_node_bandwidth or self.intra_node_bandwidth,
             comm_efficiency=1.0,
             collective_latency=self.collective_latency,
             step_overhead=self.step_overhead,
@@ -359,6 +364,15 @@ def fit_collectives(samples: list[CollectiveTiming]) -> tuple[float, float]:
     measured = np.array([s.seconds for s in samples])
     inv_bw, lat = fit_piecewise_linear(predict, measured, [np.array([1e-9, 1e-4])])
     return 1 / max(inv_bw, 1e-15), lat
+
+
+def fit_link(samples: list[CollectiveTiming], collective_latency: float) -> float:
+    """inter_node_bandwidth from all-reduces over a rank on each of `group` hosts (one member
+    per host, `Simulator.allreduce`): ring bytes / (seconds - 2 latencies), least squares
+    through the origin, so the large sizes, where the link and not the latency rules, weigh most."""
+    ring = np.array([2 * (s.group - 1) / s.group * s.nbytes for s in samples])
+    sending = np.array([max(s.seconds - 2 * collective_latency, 1e-9) for s in samples])
+    return float(ring @ ring / (ring @ sending))
 
 
 def fit_cores(slowdown: dict[int, float]) -> float:

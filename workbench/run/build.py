@@ -302,7 +302,7 @@ def algorithm(
         if "reference" in roles:
             groups.reference = groups.actor  # the reference copy lives in the actor's processes
         return ALGORITHMS[config.algorithm_name](groups, algo_config)
-    actor_pool = session.pool("actor_pool", place.actor_devices)
+    actor_pool = pool_of(session, config, "actor", place.actor_devices)
     critics: dict[str, tuple[type, Any]] = {}
     if "critic" in roles:
         critic_config = replace(config.critic, model_path=critic_path(config, policy))
@@ -310,7 +310,7 @@ def algorithm(
     beside_rollout = critics and not place.critic_devices and place.critic_beside == "rollout"
     if place.rollout_devices:  # generation on devices of its own: the actor only trains
         rollout_config = replace(actor_config, train=False, reference=False, rollout=actor_config.rollout or "hf")
-        rollout_pool = session.pool("rollout_pool", place.rollout_devices)
+        rollout_pool = pool_of(session, config, "rollout", place.rollout_devices)
         # The critics may share the rollout's processes: they then train while the actor does.
         fused = session.fused(
             rollout_pool, rollout=(ActorRolloutRefWorker, rollout_config), **(critics if beside_rollout else {})
@@ -322,18 +322,27 @@ def algorithm(
     if "reference" in roles:
         groups.reference = groups.actor  # the reference copy lives in the actor's processes
     if critics and not beside_rollout:
-        pool = session.pool("critic_pool", place.critic_devices) if place.critic_devices else actor_pool
+        pool = pool_of(session, config, "critic", place.critic_devices) if place.critic_devices else actor_pool
         for role, group in session.fused(pool, **critics).items():
             setattr(groups, role, group)
     judge = config.data.judge
     if judge is not None:
-        pool = session.pool("judge_pool", judge.devices) if judge.devices else actor_pool
+        pool = pool_of(session, config, "judge", judge.devices) if judge.devices else actor_pool
         group = session.fused(pool, reward=(JudgeWorker, judge_config(config, policy)))["reward"]
         scorers = [("judge", judge.weight, group)]
         if config.data.rewards:  # rule rewards beside the judge, each with its own weight
             scorers.append((groups.reward.name, 1.0, groups.reward))  # one function: reward/<its name>
         groups.reward = JointReward(scorers)
     return ALGORITHMS[config.algorithm_name](groups, algo_config)
+
+
+def pool_of(session: Session, config: RunConfig, name: str, devices: int):
+    """The run's pool `name`_pool: on placement.hosts[name] when given (its devices spread
+    evenly over them), else filling nodes in order."""
+    hosts = config.placement.hosts.get(name, [])
+    if len(hosts) > 1:
+        return session.pool(f"{name}_pool", [devices // len(hosts)] * len(hosts), hosts=hosts)
+    return session.pool(f"{name}_pool", devices, hosts=hosts)
 
 
 def judge_config(config: RunConfig, policy: Path) -> JudgeConfig:

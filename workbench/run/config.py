@@ -25,6 +25,7 @@ from typing import Any
 from algorithms import ALGORITHMS, AlgoConfig, PPOConfig
 from workbench import checks
 from workbench.config_loader import Loader, read, to_plain, unknown_field
+from workbench.controller.resource_pool import LOST_HOST
 from workbench.data.arithmetic import ArithmeticConfig, CostConfig
 from workbench.data.prompts import PromptLoaderConfig
 from workbench.engines.rollout import SamplingConfig
@@ -190,6 +191,10 @@ class PlacementSection:
     "rollout" (the rollout group's, placement.rollout_devices >= 1: the critic then scores and
     trains while the actor trains, which balances an asynchronous PPO run whose generation is
     short)."""
+    hosts: dict[str, list[str]] = field(default_factory=dict)
+    """On a cluster, the hosts of a pool (actor, rollout, critic, judge -> node addresses or
+    ids); its devices spread evenly over them, e.g. {actor: [10.0.0.1, 10.0.0.2]} with
+    actor_devices 2 puts one rank on each. A pool not named fills nodes in order."""
     num_devices: int = 0
     """Logical devices of the embedded Ray; 0: as many as the pools need. Ignored when the run
     is given a session or RAY_ADDRESS names a cluster."""
@@ -280,6 +285,11 @@ class FaultSection:
     """Times a dead worker group is restarted on its pool (session.recover), every group reloaded
     from the last checkpoint, and the failed iteration redone; 0 = stop at the first death.
     Needs checkpoint.every >= 1."""
+    lost_host: str = "remaining"
+    """When a host of the dead group's pool is gone: "remaining" reserves the pool again on the
+    cluster's remaining capacity, "rejoin" waits (rejoin_wait_s) for the host to be back."""
+    rejoin_wait_s: float = 300.0
+    """How long a recovery waits for the pool's devices (lost_host "rejoin": for the lost hosts)."""
     reward_retries: int = 0
     """Times an iteration whose reward or cost function raised or ran out of time is retried
     before the run stops with the error naming the row (0 = stop at once)."""
@@ -350,6 +360,9 @@ class RunConfig:
                 "asynchronous.enabled generates on a rollout group of its own: give it >= 1 device",
             )
         self.check_critic_beside()
+        self.check_hosts()
+        checks.one_of("faults", "lost_host", self.faults.lost_host, LOST_HOST)
+        checks.real("faults", "rejoin_wait_s", self.faults.rejoin_wait_s, 0, low_open=True, fix="give seconds > 0")
         if self.checkpoint.resume and not self.checkpoint.every:
             raise ConfigError("checkpoint.resume", True, "resuming needs checkpoints: set checkpoint.every >= 1")
         if self.logging.wandb:
@@ -429,6 +442,28 @@ class RunConfig:
                 'critic_beside="rollout" puts the critics in the rollout group\'s processes: set '
                 "placement.critic_devices=0 (or drop critic_beside for a critic pool of its own)",
             )
+
+    def check_hosts(self) -> None:
+        place = self.placement
+        devices = {"actor": place.actor_devices, "rollout": place.rollout_devices, "critic": place.critic_devices}
+        devices["judge"] = self.data.judge.devices if self.data.judge is not None else 0
+        if not isinstance(place.hosts, dict):
+            fix = "give {pool: [host address, ...]}, e.g. {actor: [10.0.0.1]}"
+            raise ConfigError("placement.hosts", place.hosts, fix)
+        for pool, hosts in place.hosts.items():
+            field_name = f"placement.hosts.{pool}"
+            if pool not in devices:
+                raise ConfigError(field_name, hosts, f"name a pool of the run: {sorted(devices)}")
+            if not (isinstance(hosts, list) and hosts and all(isinstance(h, str) and h for h in hosts)):
+                raise ConfigError(field_name, hosts, "give a list of host addresses (or Ray node ids)")
+            if not devices[pool] or devices[pool] % len(hosts):
+                raise ConfigError(
+                    field_name,
+                    hosts,
+                    f"the {pool} pool's {devices[pool]} device(s) must spread evenly over {len(hosts)} host(s)",
+                )
+        if place.hosts and place.plan is not None:
+            raise ConfigError("placement.hosts", place.hosts, "placement.plan places every model: drop one of them")
 
     def check_plan(self) -> None:
         """placement.plan's form (the plan itself is read and checked by build.run_plan)."""

@@ -42,6 +42,7 @@ from workbench.run.config import RunConfig, load_config
 from workbench.run.logs import MetricLog, last_logged_iteration, rollout_rows, write_rows
 from workbench.session import Session
 from workbench.tracing import memory_metrics, save_chrome_trace, save_records, tags
+from workbench.workers import rule_reward
 
 RUN_FILES = (
     "config.yaml",
@@ -71,6 +72,9 @@ class RunResult:
     """Every iteration's metrics row, as written to metrics.jsonl (redone ones twice)."""
     evaluations: list[dict] = field(default_factory=list)
     seconds: float = 0.0
+    faults: list[dict] = field(default_factory=list)
+    """Each failure the run recovered from: its iteration, the error's first line, and the
+    seconds from the failed iteration's start to the error."""
 
     def listing(self) -> str:
         lines = [f"outputs in {self.output_dir}/"]
@@ -110,6 +114,8 @@ class Runner:
         self.eval_batch = None
         self.checkpointer = None
         self.recoveries = self.reward_retries = 0
+        self.faults: list[dict] = []
+        self.iteration_started = 0.0
         self.redo_until = 0  # iterations up to here were started before (then lost to a fault): a redo
         self.history: list[dict] = []
         self.loop_started = 0.0  # when the loop began: time_limit_s and run/elapsed_s count from here
@@ -208,7 +214,7 @@ class Runner:
     def _iteration(self, batches, log: MetricLog, bar) -> bool:
         """One iteration and what follows it; True when a callback asks to stop."""
         cfg, algo = self.config, self.algorithm
-        started = time.time()
+        started = self.iteration_started = time.time()
         batch, metrics = self._guarded(self._step, batches)
         it = algo.iteration
         # Out of time (time_limit_s): this is the last iteration, evaluated and saved as one.
@@ -295,12 +301,19 @@ class Runner:
                     f"{limit} recoveries (faults.max_recoveries); {str(error).splitlines()[0]}"
                 ) from error
             self.recoveries += 1
+            seconds = time.time() - self.iteration_started
+            self.faults.append({"iteration": failed, "error": str(error).splitlines()[0], "seconds": seconds})
             tqdm.write(
                 f"iteration {failed}: the worker group {role!r} died ({str(error).splitlines()[0][:160]}); "
                 f"recovery {self.recoveries}/{limit}: restarting it and reloading the last checkpoint"
             )
             try:
-                self.session.recover(role)
+                how = self.config.faults
+                if role != faults.RULE_REWARD_ROLE:  # (scorers are not a session's group)
+                    self.session.recover(role, lost_host=how.lost_host, wait=how.rejoin_wait_s)
+                for other in self.session.lost_roles():  # a lost host may have held other pools too
+                    self.session.recover(other, lost_host=how.lost_host, wait=how.rejoin_wait_s)
+                rule_reward.restart_dead_scorers()  # killed, or on a lost host
                 state = self.checkpointer.restore(self.algorithm)
                 break
             except Exception as again:  # another group found dead while restoring: recover it too
@@ -382,6 +395,7 @@ class Runner:
             self.history,
             self.evaluations,
             time.time() - started,
+            self.faults,
         )
 
     def measured_iteration_s(self) -> float | None:

@@ -48,12 +48,20 @@ from workbench.agents.sandbox import SandboxLimits, ToolError, check_jail
 from workbench.agents.tools import score_rows
 from workbench.controller.future import CallInfo, DataFuture, describe_output
 from workbench.controller.protocols import concat
-from workbench.controller.worker import MAX_RECORDS, TRACE_GROUP, resolve_input
+from workbench.controller.worker import MAX_RECORDS, TRACE_GROUP, node_address, resolve_input
+from workbench.controller.worker_group import actor_state
 from workbench.data.batch import PAD_KEY, Batch
 from workbench.data.rewards import RewardFunction, RewardSet
 from workbench.errors import DispatchError, WorkbenchError
 from workbench.mesh import Mesh
-from workbench.tracing import CallRecord, CallTags, add_span_source, current_tags, new_call_number, take_answers
+from workbench.tracing import (
+    CallRecord,
+    CallTags,
+    add_span_source,
+    current_tags,
+    new_call_number,
+    take_answers,
+)
 
 SCORER_NAMESPACE = "workbench"
 SCORER_PREFIX = "workbench:reward_scorer:"
@@ -178,6 +186,27 @@ def scorer_pool(size: int) -> list:
             ).remote()
         )
     return pool[:size]
+
+
+def restart_dead_scorers(wait: float = 30.0) -> int:
+    """Replace the scorer actors Ray reports dead (killed, or on a host that was lost) with
+    fresh ones under their names (once Ray has released a dead one's name: up to `wait` s).
+    How many were replaced."""
+    replaced = 0
+    for pool in _scorers.values():
+        for index, actor in enumerate(pool):
+            dead = actor._actor_id.hex()
+            if actor_state(dead) != "DEAD":
+                continue
+            ray.kill(actor, no_restart=True)  # Ray keeps a dead actor's name until it is killed
+            deadline = time.monotonic() + wait
+            while pool[index]._actor_id.hex() == dead and time.monotonic() < deadline:
+                pool[index] = RewardScorer.options(  # type: ignore[attr-defined]
+                    name=f"{SCORER_PREFIX}{index}", namespace=SCORER_NAMESPACE, get_if_exists=True
+                ).remote()
+                time.sleep(0.2)
+            replaced += pool[index]._actor_id.hex() != dead
+    return replaced
 
 
 def _cluster_key() -> str:
@@ -312,6 +341,7 @@ class RewardScorer:
                 rank=self.index,
                 pool=SCORER_POOL,
                 pid=os.getpid(),
+                node=node_address(),
                 start=start,
                 fetched=fetched,
                 end=time.time(),
