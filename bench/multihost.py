@@ -61,7 +61,7 @@ def drive(args) -> dict:
     import torch
     from transformers import AutoConfig
 
-    from workbench import ONE_TO_ALL, Batch, Session, Worker, register
+    from workbench import DP_PROTO, Batch, Session, Worker, register
     from workbench.deploy.netns_cluster import NetnsCluster
     from workbench.deploy.profiler import calibrate, calibrate_link
     from workbench.models import make_tiny
@@ -72,16 +72,20 @@ def drive(args) -> dict:
     from workbench.workers.rollout_link import RolloutLink
 
     class Rows(Worker):
-        """Makes rows, or takes them (the span's fetched - start is the wait for them)."""
+        """Passes rows on (made on its host), or takes them (its span's fetched - start is the
+        wait for them: the pull from the maker's object store)."""
 
-        @register(ONE_TO_ALL)
-        def make(self, nbytes: int, seed: int) -> Batch:
-            x = torch.randn(nbytes // 4096, 1024, generator=torch.Generator().manual_seed(seed))
-            return Batch({"x": x}, {"uid": list(range(len(x)))})
+        @register(DP_PROTO)
+        def make(self, batch: Batch) -> Batch:
+            return Batch({"x": batch["x"] + 0}, {"uid": batch["uid"]})
 
-        @register(ONE_TO_ALL)
-        def take(self, batch: Batch) -> int:
-            return len(batch)
+        @register(DP_PROTO)
+        def take(self, batch: Batch) -> Batch:
+            return Batch({"rows": torch.ones(len(batch))}, {"uid": batch["uid"]})
+
+    def rows(mib: int) -> Batch:
+        x = torch.randn(mib << 8, 1024)  # 4 KiB a row
+        return Batch({"x": x}, {"uid": list(range(len(x)))})
 
     cluster = NetnsCluster.load(args.driver)
     h0, h1 = cluster.host_ip(0), cluster.host_ip(1)
@@ -99,47 +103,44 @@ def drive(args) -> dict:
             flush=True,
         )
 
-        # 2. rows and weight pushes, each over the link and within host 0, rounds alternating
+        # 2. rows, then weight pushes, each over the link and within host 0, rounds alternating
         maker = session.group("maker", Rows, session.pool("maker", 1, hosts=[h0]))
         takers = {
             where: session.group(f"taker_{where}", Rows, session.pool(f"taker_{where}", 1, hosts=[host]))
             for where, host in (("cross", h1), ("local", h0))
         }
-        actor_config = ActorConfig(model_path=str(model), reference=False)
-        actor = session.group("actor", ActorRolloutRefWorker, session.pool("actor", 1, hosts=[h0]), actor_config)
-        rollout_config = ActorConfig(model_path=str(model), train=False, reference=False, rollout="hf")
-        links = {
-            where: RolloutLink(
-                actor,
-                session.group(
-                    f"rollout_{where}",
-                    ActorRolloutRefWorker,
-                    session.pool(f"rollout_{where}", 1, hosts=[host]),
-                    rollout_config,
-                ),
-            )
-            for where, host in (("cross", h1), ("local", h0))
-        }
-        measured: dict[str, list[float]] = {}
-        version = 0
+        warm = None
         for r in range(args.rounds + 1):  # round 0 warms up
+            if r == 1:
+                warm = time.time()
             for where in ("cross", "local"):
                 for mib in ROWS_MIB:
-                    rows = maker.make(mib << 20, r)
-                    takers[where].take(rows).get()
-                version += 1
-                links[where].push(version)
+                    takers[where].take(maker.make(rows(mib))).get()
+        session.clear()
+        # A group holds one weight channel: an actor per link, both on host 0.
+        actor_config = ActorConfig(model_path=str(model), reference=False)
+        rollout_config = ActorConfig(model_path=str(model), train=False, reference=False, rollout="hf")
+        links = {}
+        for where, host in (("cross", h1), ("local", h0)):
+            actor = session.group(
+                f"actor_{where}", ActorRolloutRefWorker, session.pool(f"actor_{where}", 1, hosts=[h0]), actor_config
+            )
+            rollout_pool = session.pool(f"rollout_{where}", 1, hosts=[host])
+            rollout = session.group(f"rollout_{where}", ActorRolloutRefWorker, rollout_pool, rollout_config)
+            links[where] = RolloutLink(actor, rollout)
+        pushed_from = None
+        for r in range(args.rounds + 1):
+            if r == 1:
+                pushed_from = time.time()
+            for where in ("cross", "local"):
+                links[where].push(r + 1)
                 links[where].check()
-            if r == 0:
-                session.trace()
-                warm = time.time()
+        measured: dict[str, list[float]] = {}
         for record in session.trace():
-            if record.start < warm:
-                continue
-            if record.method == "take":
+            if record.method == "take" and record.start >= warm:
                 key = f"rows_{record.role.removeprefix('taker_')}_{record.bytes_in >> 20}mib"
                 measured.setdefault(key, []).append(record.fetched - record.start)
-            elif record.method == "async.receive_weights":
+            elif record.method == "async.receive_weights" and record.start >= pushed_from:
                 measured.setdefault(f"push_{record.role.removeprefix('rollout_')}", []).append(record.seconds)
         spec = ModelSpec.from_hf_config(AutoConfig.from_pretrained(model))
         estimates = {}
@@ -149,7 +150,7 @@ def drive(args) -> dict:
                 nbytes = float(key.rsplit("_", 1)[1].removesuffix("mib")) * 2**20
                 estimate = sim.data_transfer_time(nbytes, crosses)
             else:
-                one = actor.mesh
+                one = links["cross"].actor.mesh
                 estimate = sim.weight_push_time(spec, one, one, crosses)
             estimates[key] = {
                 "measured_s": statistics.median(seconds),

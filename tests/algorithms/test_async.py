@@ -20,7 +20,7 @@ from workbench.models import load, make_tiny
 from workbench.models.lora import LoRAConfig
 from workbench.run.checkpoint import RunCheckpointer
 from workbench.workers import ActorConfig, ActorRolloutRefWorker
-from workbench.workers.rollout_link import reallocatable
+from workbench.workers.rollout_link import RolloutLink, reallocatable
 from workbench.workers.rule_reward import RuleReward
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -247,3 +247,9 @@ def test_refusals_name_the_role_and_the_fix(session, kit):
     assert reallocatable(trainer.config, actor_config(kit["model"], train=False, rollout="vllm"))
     with pytest.raises(ValueError, match=r"old_log_probs='rollout' .* max_staleness=1 .*old_log_probs='auto'"):
         grpo(trainer, rollout, old_log_probs="rollout").fit(kit["batches"], 1, log=None, asynchronous=True)
+    # A group holds one weight channel: a link replaced by a newer one refuses to push (it would hang).
+    first, newer = RolloutLink(trainer, rollout), RolloutLink(trainer, rollout)
+    with pytest.raises(ConfigError, match=r"WeightLink.push.*a newer link joined"):
+        first.push(1)
+    newer.push(1)
+    assert len(newer.check()) == 2

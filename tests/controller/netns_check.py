@@ -1,6 +1,7 @@
 """Run inside host 0 of a NetnsCluster (a driver on the head node; argv: each host's address):
-a Session attached to the cluster, a two-rank gloo group with one rank per host, and a DataFuture from a group on host 0
-consumed by a group on host 1. Prints one JSON line of what each rank saw; the pytest test
+a Session attached to the cluster, a two-rank gloo group with one rank per host, a 2 x 2 mesh
+over both hosts, a DataFuture from a group on host 0 consumed by a group on host 1, and a
+weight channel between them. Prints one JSON line of what each rank saw; the pytest test
 (test_netns_cluster.py) asserts on it.
 """
 
@@ -15,7 +16,7 @@ import ray
 import torch
 import torch.distributed as dist
 
-from workbench import DP_PROTO, ONE_TO_ALL, Batch, Session, Worker, register
+from workbench import DP_PROTO, ONE_TO_ALL, Batch, Mesh, Session, Worker, register
 from workbench.hybrid.channel import ChannelAddress, WeightChannel, open_address
 
 
@@ -90,7 +91,10 @@ def main(addresses: list[str]) -> None:
         address = made.open_channel(2).get()[0]
         sent = made.share_over_channel(address, 0, "weights v1")
         shared = used.share_over_channel(address, 1, None).get() + sent.get()
+        # (d) a 2 x 2 mesh over both hosts: each tensor-parallel pair on one host, data parallel across
+        square = session.group("square", NetWorker, session.pool("square", [2, 2]), mesh=Mesh(tp=2, dp=2))
         result = {
+            "square": {"nodes": [r["node_ip"] for r in square.network().get()], "reduced": square.all_reduce().get()},
             "nodes": nodes,
             "reduced": reduced,
             "ranks": ranks,

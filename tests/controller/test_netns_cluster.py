@@ -103,6 +103,12 @@ def test_one_rank_per_host_all_reduces_over_the_hosts_addresses(cluster, seen):
         assert not [c for c in rank["connected"] if ipaddress.ip_address(ip(c[0])).is_loopback], rank["connected"]
 
 
+def test_a_two_by_two_mesh_keeps_each_tensor_parallel_pair_on_one_host(cluster, seen):
+    h0, h1 = cluster.host_ip(0), cluster.host_ip(1)
+    assert seen["square"]["nodes"] == [h0, h0, h1, h1]  # ranks node by node: tp pairs within a host
+    assert seen["square"]["reduced"] == [10.0] * 4  # 1 + 2 + 3 + 4 over both hosts
+
+
 def test_a_future_made_on_one_host_is_consumed_on_the_other(cluster, seen):
     node_of = {address: node for node, address in seen["nodes"].items()}
     host0, host1 = node_of[cluster.host_ip(0)], node_of[cluster.host_ip(1)]

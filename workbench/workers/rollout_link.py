@@ -17,6 +17,7 @@ them. Both sides record spans (`async.send_weights`,
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from workbench.controller import joint_calls
@@ -123,6 +124,8 @@ class WeightLink:
         for future in joined:
             future.get()
         self.pushes: list[list[DataFuture]] = []
+        for hostset in self.hostsets:
+            _JOINED[hostset] = self
 
     def current(self) -> bool:
         """Whether both groups are the processes this link joined (not re-created since)."""
@@ -131,6 +134,13 @@ class WeightLink:
     def push(self, version: int) -> list[DataFuture]:
         """Send the trained group's current weights as `version`; returns [send, receive] at once.
         A push's failure surfaces at the next push (or `check()`), before more is sent."""
+        if any(_JOINED.get(hostset) is not self for hostset in self.hostsets):
+            raise ConfigError(
+                "WeightLink.push",
+                f"{self.trained.role} -> {self.copy.role}",
+                "a newer link joined one of these groups to another weight channel (a group holds one "
+                "at a time, and this link's would hang): push over the newest link, or create this one again",
+            )
         self.check()
         with joint_calls():  # one collective: on shared devices neither may wait for the other
             futures = [self.trained.send_weights(version), self.copy.receive_weights(version)]
@@ -141,6 +151,10 @@ class WeightLink:
         """Wait for the pushes sent so far; their stats (raises the first one's error)."""
         done, self.pushes = self.pushes, []
         return [future.get() for futures in done for future in futures]
+
+
+_JOINED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Each group's (host set's) newest link: the weight channel its processes hold."""
 
 
 class RolloutLink(WeightLink):
