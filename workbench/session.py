@@ -576,6 +576,8 @@ class Session:
                     self._drop_group(role, reason)
         address = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
         hosts = [address.get(n, lost.get(n, "?")) for n in dict.fromkeys(root.node_ids)]
+        devices: int | list[int]
+        on: tuple[str, ...]
         if how == "rejoin":  # the same hosts, device for device, once they are back
             devices, on = list(root.devices_per_node), tuple(hosts)
             wait_for_hosts(root.name, on, wait)
