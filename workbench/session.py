@@ -32,6 +32,7 @@ import itertools
 import os
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, overload
@@ -40,7 +41,7 @@ import ray
 from ray.util.placement_group import remove_placement_group
 
 from workbench import checks
-from workbench.controller.resource_pool import LOST_HOST, ResourcePool, check_devices, wait_for_hosts
+from workbench.controller.resource_pool import LOST_HOST, ResourcePool, check_devices, check_hosts, wait_for_hosts
 from workbench.controller.worker import Worker
 from workbench.controller.worker_group import HostSet, WorkerGroup, wait_answers, warm_key
 from workbench.errors import (
@@ -202,7 +203,7 @@ class Session:
         old = self.pools.get(name)
         if old is not None and old.parent is not None:
             raise ConfigError("pool name", name, f"it names a slice of pool {old.parent!r}; pick another name")
-        hosts = tuple(hosts) if isinstance(hosts, (list, tuple)) else hosts
+        hosts = check_hosts(name, devices, () if hosts is None else hosts)  # before any spare is given up
         if old is not None and old.has_shape(devices, max_colocate, hosts):
             return old
         spare = self._take_spare(devices, max_colocate, hosts)
@@ -278,7 +279,7 @@ class Session:
     def _take_spare(self, devices: int | list[int], max_colocate: int, hosts: tuple = ()) -> ResourcePool | None:
         """A spare of this shape, taken off the list; None when there is none."""
         for spare in self._spares:
-            if spare.has_shape(devices, max_colocate, hosts):
+            if spare.has_shape(devices, max_colocate, hosts) and not spare.lost_nodes():
                 self._spares.remove(spare)
                 return spare
         return None
@@ -533,20 +534,26 @@ class Session:
                 # checks give it up; a start there then fails once they do: reserve again.
                 if attempt == 2 or not root.lost_nodes():
                     raise
+        failed: list[Exception] = []
         for other in dict.fromkeys(removed):  # the other groups of that pool, on its new reservation
-            if other not in group.hostset.roles:
-                self._restart(other, None)
+            if other not in group.hostset.roles and other not in self.groups:
+                try:
+                    self._restart(other, None)
+                except Exception as err:  # the others still start; the first failure is raised
+                    failed.append(err)
+        if failed:
+            raise failed[0]
         return group
 
     def lost_roles(self) -> list[str]:
-        """Roles whose pool lost a host (one per set of fused roles): what `recover` restarts."""
+        """A role of each pool that lost a host: `recover` on it restarts every group of the pool."""
         roles, seen = [], set()
         for role, group in self.groups.items():
             pool = group.pool
             root = self.pools.get(pool.parent, pool) if pool.parent else pool
-            if id(group.hostset) not in seen and root.placement is not None and root.lost_nodes():
+            if root.name not in seen and root.placement is not None and root.lost_nodes():
                 roles.append(role)
-                seen.add(id(group.hostset))
+                seen.add(root.name)
         return roles
 
     def _restart(self, role: str, checkpoint: str | os.PathLike | None) -> WorkerGroup:
@@ -578,21 +585,33 @@ class Session:
         hosts = [address.get(n, lost.get(n, "?")) for n in dict.fromkeys(root.node_ids)]
         devices: int | list[int]
         on: tuple[str, ...]
+        deadline = time.monotonic() + wait
         if how == "rejoin":  # the same hosts, device for device, once they are back
             devices, on = list(root.devices_per_node), tuple(hosts)
             wait_for_hosts(root.name, on, wait)
         else:  # as many devices, wherever they are free now
             devices, on = root.world_size, ()
         remove_placement_group(root.placement)
+        self._drop_spares()  # warm spares may hold what the pool needs now (or sit on the lost host)
         label = f"workbench:{self.id}:{root.name}:{next(self._pool_versions)}"
-        new = ResourcePool.reserve(root.name, devices, label, root.max_colocate, timeout=wait, hosts=on)
+        try:
+            left = max(1.0, deadline - time.monotonic())
+            new = ResourcePool.reserve(root.name, devices, label, root.max_colocate, timeout=left, hosts=on)
+        except PlacementError as err:
+            root.placement = None  # not usable: recover() and groups on it say the pool is gone
+            raise PlacementError(
+                f"{err}. Its groups {removed} were removed with the lost host(s) {gone}: free devices or "
+                f"bring the host(s) back, then create the pool and its groups again"
+            ) from None
         root.placement, root.node_ids, root.devices_per_node = new.placement, new.node_ids, new.devices_per_node
+        root.hosts = on  # where it is now (a later pool(..., hosts=...) compares with this)
         root.parked.clear()
         root.last_calls.clear()
         for piece in self.pools.values():
             if piece.parent == root.name:
                 piece.placement, piece.node_ids = root.placement, [root.node_ids[b] for b in piece.devices]
                 piece.devices_per_node = [piece.node_ids.count(n) for n in dict.fromkeys(piece.node_ids)]
+                piece.hosts = on
         return removed
 
     # ---- tracing and lifetime ----------------------------------------------------------------

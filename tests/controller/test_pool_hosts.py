@@ -3,7 +3,7 @@ The cross-host run in test_netns_cluster.py places its groups this way on real h
 
 import pytest
 
-from workbench.controller.resource_pool import NodeInfo, _choose_nodes, on_hosts
+from workbench.controller.resource_pool import NodeInfo, _choose_nodes, check_hosts, on_hosts
 from workbench.errors import PlacementError
 
 NODES = [
@@ -38,3 +38,9 @@ def test_hosts_must_be_distinct_and_one_per_entry_of_a_list(devices, hosts):
 def test_a_pool_larger_than_its_hosts_free_devices_is_refused():
     with pytest.raises(PlacementError, match="asks for 5"):
         nodes_for(5, ("10.0.0.1",))
+
+
+@pytest.mark.parametrize("hosts", ["10.0.0.1", [""], [1], None])
+def test_hosts_that_are_not_a_list_of_names_are_refused_before_anything_is_asked(hosts):
+    with pytest.raises(PlacementError, match="give a list of node addresses or node ids"):
+        check_hosts("p", 1, hosts)

@@ -268,6 +268,16 @@ def wait_for_hosts(name: str, hosts: tuple[str, ...], wait: float) -> None:
         time.sleep(0.5)
 
 
+def check_hosts(name: str, devices: int | list[int], hosts) -> tuple[str, ...]:
+    """`hosts` as a tuple, checked against the cluster's alive nodes (PlacementError naming
+    them): a list or tuple of node addresses or ids, distinct, one per entry of a device list."""
+    if not (isinstance(hosts, (list, tuple)) and all(isinstance(h, str) and h for h in hosts)):
+        raise PlacementError(f"pool {name!r}: hosts={hosts!r}; give a list of node addresses or node ids")
+    if hosts:
+        on_hosts(name, check_devices(name, devices), alive_nodes(device_resource()), tuple(hosts))
+    return tuple(hosts)
+
+
 def on_hosts(name: str, devices: int | list[int], nodes: list[NodeInfo], hosts: tuple[str, ...]) -> list[NodeInfo]:
     """The nodes a pool may use, in the order asked: all of them when `hosts` is empty, else
     each host named (a node's address or id), which must be alive; a list of devices per node

@@ -40,6 +40,7 @@ from workbench.engines.contract import OptimConfig
 from workbench.engines.forward import model_outputs, response_log_probs
 from workbench.engines.hf_rollout import HFRollout, weightless_copy
 from workbench.engines.rollout import SamplingConfig, response_texts
+from workbench.errors import ConfigError
 from workbench.models.load import load
 from workbench.planner import calibrate as calibrate_module
 from workbench.planner.calibrate import Calibration, CollectiveTiming, Timing, fit, load_calibration
@@ -384,6 +385,8 @@ LINK_BYTES = (1 << 16, 1 << 20, 1 << 22, 1 << 24)
 def measure_link(session, hosts: list[str], sizes: tuple[int, ...] = LINK_BYTES, repeats: int = 5) -> list:
     """Median seconds of fp32 all-reduces over one rank on each of `hosts` (node addresses or
     ids): what the network between them carries, for `calibrate.fit_link`."""
+    if len(set(hosts)) < 2:
+        raise ConfigError("measure_link hosts", hosts, "name at least two distinct hosts: a link is between hosts")
     pool = session.pool("calibration_link", [1] * len(hosts), hosts=list(hosts))
     try:
         group = session.group("calibration_link", ProbeWorker, pool)

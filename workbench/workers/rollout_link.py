@@ -124,8 +124,9 @@ class WeightLink:
         for future in joined:
             future.get()
         self.pushes: list[list[DataFuture]] = []
+        self.token = object()  # (not the link: a weak key's value must not hold the key)
         for hostset in self.hostsets:
-            _JOINED[hostset] = self
+            _JOINED[hostset] = self.token
 
     def current(self) -> bool:
         """Whether both groups are the processes this link joined (not re-created since)."""
@@ -134,7 +135,7 @@ class WeightLink:
     def push(self, version: int) -> list[DataFuture]:
         """Send the trained group's current weights as `version`; returns [send, receive] at once.
         A push's failure surfaces at the next push (or `check()`), before more is sent."""
-        if any(_JOINED.get(hostset) is not self for hostset in self.hostsets):
+        if any(_JOINED.get(hostset) is not self.token for hostset in self.hostsets):
             raise ConfigError(
                 "WeightLink.push",
                 f"{self.trained.role} -> {self.copy.role}",
@@ -154,7 +155,7 @@ class WeightLink:
 
 
 _JOINED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-"""Each group's (host set's) newest link: the weight channel its processes hold."""
+"""Each group's (host set's) newest link's token: the weight channel its processes hold."""
 
 
 class RolloutLink(WeightLink):
