@@ -97,6 +97,8 @@ class HostSet:
         """(rank, what Ray said) once a process of this set is known to be gone."""
         self.checkpoints: dict[str, str] = {}
         """role -> path of the last save_checkpoint(path) issued on it (session.recover reloads it)."""
+        self.weight_links: dict[str, object] = {}
+        """Each role's newest weight link (its token): a role's processes hold one weight channel."""
         backend, local = _transport(pool)
         host_cls = host_class({role: cls for role, (cls, _) in roles.items()})
         remote_host = ray.remote(concurrency_groups={TRACE_GROUP: 1})(host_cls)  # type: ignore[call-overload]  # not in Ray's stubs

@@ -17,7 +17,6 @@ them. Both sides record spans (`async.send_weights`,
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 from workbench.controller import joint_calls
@@ -124,9 +123,9 @@ class WeightLink:
         for future in joined:
             future.get()
         self.pushes: list[list[DataFuture]] = []
-        self.token = object()  # (not the link: a weak key's value must not hold the key)
-        for hostset in self.hostsets:
-            _JOINED[hostset] = self.token
+        self.token = object()
+        for group in (trained, copy):
+            group.hostset.weight_links[group.role] = self.token
 
     def current(self) -> bool:
         """Whether both groups are the processes this link joined (not re-created since)."""
@@ -135,12 +134,12 @@ class WeightLink:
     def push(self, version: int) -> list[DataFuture]:
         """Send the trained group's current weights as `version`; returns [send, receive] at once.
         A push's failure surfaces at the next push (or `check()`), before more is sent."""
-        if any(_JOINED.get(hostset) is not self.token for hostset in self.hostsets):
+        if any(g.hostset.weight_links.get(g.role) is not self.token for g in (self.trained, self.copy)):
             raise ConfigError(
                 "WeightLink.push",
                 f"{self.trained.role} -> {self.copy.role}",
-                "a newer link joined one of these groups to another weight channel (a group holds one "
-                "at a time, and this link's would hang): push over the newest link, or create this one again",
+                "a newer link joined one of these roles to another weight channel (a role's processes hold "
+                "one at a time, and this link's would hang): push over the newest link, or create this one again",
             )
         self.check()
         with joint_calls():  # one collective: on shared devices neither may wait for the other
@@ -152,10 +151,6 @@ class WeightLink:
         """Wait for the pushes sent so far; their stats (raises the first one's error)."""
         done, self.pushes = self.pushes, []
         return [future.get() for futures in done for future in futures]
-
-
-_JOINED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-"""Each group's (host set's) newest link's token: the weight channel its processes hold."""
 
 
 class RolloutLink(WeightLink):
