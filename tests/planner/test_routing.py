@@ -19,7 +19,7 @@ class FakeGroup:
 
     def __init__(self, role, log):
         self.role, self.log, self.world_size, self.config = role, log, 1, f"{role} config"
-        self.hostset = object()
+        self.hostset = SimpleNamespace(weight_links={})  # a process set: its roles' newest links
         self.pool = SimpleNamespace(node_ids=["node"], shares_devices=lambda other: False)
 
     def __getattr__(self, method):
@@ -56,7 +56,7 @@ def test_calls_go_to_their_group_and_replicas_get_the_newest_weights_once():
     ]
     assert [args for role, method, args in log if method == "receive_weights"] == [(0,), (1,), (2,)]
     assert sum(method == "open_weight_channel" for _, method, _ in log) == 1  # one link, kept
-    replica.hostset = object()  # the replica was re-created: a new link, and a push
+    replica.hostset = SimpleNamespace(weight_links={})  # the replica was re-created: a new link, and a push
     critic.compute_values("gen3")
     assert sum(method == "open_weight_channel" for _, method, _ in log) == 2
     assert log[-1][:2] == ("critic_d1", "compute_values") and log[-2][:2] == ("critic_d1", "receive_weights")
