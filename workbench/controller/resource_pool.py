@@ -284,9 +284,7 @@ def on_hosts(name: str, devices: int | list[int], nodes: list[NodeInfo], hosts: 
     takes one host per entry."""
     if not hosts:
         return nodes
-    known = {n.address: n for n in nodes} | {n.node_id: n for n in nodes}
-    if not (isinstance(hosts, (list, tuple)) and all(isinstance(h, str) for h in hosts)):
-        raise PlacementError(f"pool {name!r}: hosts={hosts!r}; give a list of node addresses or node ids")
+    known = {n.address: n for n in nodes} | {n.node_id: n for n in nodes}  # (their form: check_hosts)
     missing = [h for h in hosts if h not in known]
     if missing:
         alive = ", ".join(f"{n.address} ({n.node_id[:8]})" for n in nodes)
