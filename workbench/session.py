@@ -27,6 +27,7 @@ embedded Ray; on a `ray start` cluster with RAY_AUTH_MODE=token on every host: d
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import itertools
 import os
@@ -70,6 +71,36 @@ WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALL
 
 _TRACE_LOCK = threading.RLock()
 """Serializes `Session.trace()`: its drains keep pending requests in lists shared by callers."""
+
+
+STARTS = 2
+"""Tries at starting a local Ray (see start_local_ray)."""
+
+
+def start_local_ray(**init: Any) -> None:
+    """ray.init(**init) for a Ray of this process's own. Ray gives its raylet a fixed 30 s to
+    register; on a machine under load (a test suite, a build beside it) a start can miss that
+    once. What the failed start left running is ended, and Ray is started again from scratch."""
+    import psutil
+
+    me = psutil.Process()
+    for attempt in range(1, STARTS + 1):
+        before = {p.pid for p in me.children(recursive=True)}
+        try:
+            ray.init(**init)
+            return
+        except Exception as error:
+            if attempt == STARTS or "timed out during startup" not in str(error):
+                raise
+            ray.shutdown()
+            for process in me.children(recursive=True):  # its gcs_server, raylet and agents
+                if process.pid not in before:
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        process.kill()
+            print(
+                f"Ray's start timed out (machine under load?); starting it again (try {attempt + 1} of {STARTS})",
+                file=sys.stderr,
+            )
 
 
 class Session:
@@ -163,7 +194,7 @@ class Session:
             # Ray lowers its workers' priority (nice 15) below the driver's; here the workers do
             # the run's compute, so they keep normal priority: any other process on the machine
             # (a peer trainer in a benchmark, a build) would otherwise take the cores from them.
-            ray.init(
+            start_local_ray(
                 num_cpus=devices,
                 include_dashboard=False,
                 runtime_env=runtime_env,

@@ -1,8 +1,10 @@
 """Run inside host 0 of a NetnsCluster (a driver on the head node; argv: each host's address):
 a Session attached to the cluster, a two-rank gloo group with one rank per host, a 2 x 2 mesh
 over both hosts, a DataFuture from a group on host 0 consumed by a group on host 1, and a
-weight channel between them. Prints one JSON line of what each rank saw; the pytest test
-(test_netns_cluster.py) asserts on it.
+weight channel between them. Then, on the same session, netns_ppo_check's two PPO runs (one
+driver start for both). Prints one JSON line: what each rank saw, and the PPO runs; the pytest
+test (test_netns_cluster.py) asserts on it. argv: a directory every host sees (for the PPO runs' models), then
+each host's address.
 """
 
 import json
@@ -10,12 +12,14 @@ import os
 import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import psutil
 import ray
 import torch
 import torch.distributed as dist
 
+from tests.controller import netns_ppo_check
 from workbench import DP_PROTO, ONE_TO_ALL, Batch, Mesh, Session, Worker, register
 from workbench.hybrid.channel import ChannelAddress, WeightChannel, open_address
 
@@ -70,7 +74,7 @@ def wait_for_nodes(count: int, timeout: float = 60.0) -> list[dict]:
     return alive
 
 
-def main(addresses: list[str]) -> None:
+def main(directory: str, addresses: list[str]) -> None:
     hosts = len(addresses)
     session = Session(address=os.environ["RAY_ADDRESS"])
     try:
@@ -104,10 +108,12 @@ def main(addresses: list[str]) -> None:
             "object_nodes": [sorted(loc["node_ids"]) for loc in locations.values()],
             "channel": {"address": [address.where, address.port], "shared": shared},
         }
+        session.clear()
+        ppo = netns_ppo_check.compare(session, Path(directory), addresses[0], addresses[1])
     finally:
         session.shutdown()
-    print(json.dumps(result))
+    print(json.dumps({"checks": result, "ppo": ppo}))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main(sys.argv[1], sys.argv[2:])

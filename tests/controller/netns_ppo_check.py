@@ -1,14 +1,11 @@
-"""Run inside host 0 of a NetnsCluster (python -m tests.controller.netns_ppo_check SHARED IP0 IP1):
-PPO twice with the same seeds on the same cluster, once spread over the hosts (the actor's two
-data-parallel ranks one per host, the critic on host 0, the reward model on host 1) and once
-with every group on host 1. The models and exports live in SHARED, a directory every host
-sees. Prints one JSON line (what each run placed where, its metrics, its exported weights
-compared, the trace's bytes per host); test_netns_cluster.py asserts on it.
+"""PPO twice with the same seeds on a NetnsCluster (called by netns_check's driver on host 0,
+on its session): once spread over the hosts (the actor's two data-parallel ranks one per host,
+the critic on host 0, the reward model on host 1) and once with every group on host 1. The
+models and exports live in a directory every host sees. Returns what each run placed where, its
+metrics, its exported weights compared and the trace's bytes per host; test_netns_cluster.py
+asserts on it.
 """
 
-import json
-import os
-import sys
 import time
 from pathlib import Path
 
@@ -28,11 +25,11 @@ from workbench.workers import ActorConfig, ActorRolloutRefWorker
 from workbench.workers.critic import CriticConfig, CriticWorker
 from workbench.workers.reward import RewardModelWorker, ScoreModelConfig
 
-ITERATIONS = 3
+ITERATIONS = 2
 
 
 def ppo_run(session: Session, shared: Path, name: str, layout: dict[str, tuple]) -> dict:
-    """Three PPO iterations with each role's pool as `layout` says (role -> (devices, hosts)); what they gave."""
+    """Two PPO iterations with each role's pool as `layout` says (role -> (devices, hosts)); what they gave."""
     started = time.time()
     policy, scorer = str(shared / "policy"), str(shared / "scorer")
     optim = OptimConfig(lr=1e-3)
@@ -83,22 +80,15 @@ def weights(directory: str) -> dict[str, torch.Tensor]:
     return {k: v for f in sorted(Path(directory).glob("*.safetensors")) for k, v in load_file(f).items()}
 
 
-def main(shared: Path, ip0: str, ip1: str) -> None:
+def compare(session: Session, shared: Path, ip0: str, ip1: str) -> dict:
+    """The spread run and the one-host run, and whether their exported weights are equal."""
     make_tiny("1m", shared / "policy", seed=7)
     make_tiny("1m", shared / "scorer", seed=8)
-    session = Session(address=os.environ["RAY_ADDRESS"])
-    try:
-        spread = {"actor": ([1, 1], [ip0, ip1]), "critic": (1, [ip0]), "reward": (1, [ip1])}
-        spread = ppo_run(session, shared, "spread", spread)
-        one = ppo_run(session, shared, "one", {"actor": (2, [ip1]), "critic": (1, [ip1]), "reward": (1, [ip1])})
-    finally:
-        session.shutdown()
+    spread = {"actor": ([1, 1], [ip0, ip1]), "critic": (1, [ip0]), "reward": (1, [ip1])}
+    spread = ppo_run(session, shared, "spread", spread)
+    one = ppo_run(session, shared, "one", {"actor": (2, [ip1]), "critic": (1, [ip1]), "reward": (1, [ip1])})
     same = {}
     for role in spread["exported"]:
         a, b = weights(spread["exported"][role]), weights(one["exported"][role])
         same[role] = sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
-    print(json.dumps({"spread": spread, "one": one, "weights_equal": same}))
-
-
-if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3])
+    return {"spread": spread, "one": one, "weights_equal": same}

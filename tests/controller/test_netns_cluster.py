@@ -32,15 +32,21 @@ def cluster():
 
 
 @pytest.fixture(scope="module")
-def seen(cluster):
-    """What the driver on host 0 reported (one run for the module's tests)."""
-    return drive(cluster, "netns_check", *(cluster.host_ip(h) for h in range(cluster.hosts)))
+def driven(cluster):
+    """One driver run on host 0 (netns_check): what the ranks saw, then PPO spread over the
+    hosts and on one host, same seeds (netns_ppo_check)."""
+    hosts = [cluster.host_ip(h) for h in range(cluster.hosts)]
+    return drive(cluster, "netns_check", str(cluster.shared), *hosts)
 
 
 @pytest.fixture(scope="module")
-def ppo(cluster, seen):
-    """PPO spread over the hosts and on one host, same seeds (netns_ppo_check, one run)."""
-    return drive(cluster, "netns_ppo_check", str(cluster.shared), cluster.host_ip(0), cluster.host_ip(1))
+def seen(driven):
+    return driven["checks"]
+
+
+@pytest.fixture(scope="module")
+def ppo(driven):
+    return driven["ppo"]
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +135,7 @@ def test_ppo_spread_over_two_hosts_equals_ppo_on_one(cluster, ppo):
     spread, one = ppo["spread"], ppo["one"]
     assert spread["placed"] == {"actor": [h0, h1], "critic": [h0], "reward": [h1]}
     assert one["placed"] == {"actor": [h1, h1], "critic": [h1], "reward": [h1]}
-    assert len(spread["metrics"]) == 3 and "actor/pg_loss" in spread["metrics"][0]
+    assert len(spread["metrics"]) == 2 and "actor/pg_loss" in spread["metrics"][0]
     assert spread["metrics"] == one["metrics"]  # every metric of every iteration, bit for bit
     assert ppo["weights_equal"] == {"actor": True, "critic": True}  # the exported models too
     # The trace names each call's host: the reward model scored on host 1 the rows generated on
@@ -145,11 +151,11 @@ def test_a_host_that_dies_is_named_and_the_run_goes_on_without_it(cluster, fault
     assert faults["first"]["placed"] == {"actor": [h0, h1], "critic": [h1]}
     killed = faults["killed"]
     [fault] = killed["faults"]
-    assert fault["iteration"] == 3 and "died" in fault["error"] and h1 in fault["error"], fault
+    assert fault["iteration"] == 2 and "died" in fault["error"] and h1 in fault["error"], fault
     assert fault["seconds"] < DEATH_BOUND_S
     assert killed["recoveries"] == 1  # both of host 1's groups in one recovery
     assert killed["placed"] == {"actor": [h0, h0], "critic": [h0]}  # the remaining capacity
-    # Redone from the checkpoint after iteration 2, on one host: the uninterrupted run's numbers.
+    # Redone from the checkpoint after iteration 1, on one host: the uninterrupted run's numbers.
     assert by_iteration(killed["history"]) == by_iteration(faults["first"]["history"])
 
 
@@ -157,7 +163,7 @@ def test_a_link_that_drops_is_named_within_a_bound_and_the_host_rejoins(cluster,
     h0, h1 = cluster.host_ip(0), cluster.host_ip(1)
     link = faults["link"]
     [fault] = link["faults"]
-    assert fault["iteration"] == 3 and h1 in fault["error"], fault
+    assert fault["iteration"] == 2 and h1 in fault["error"], fault
     assert fault["seconds"] < LINK_BOUND_S
     assert link["placed"] == {"actor": [h0, h1], "critic": [h1]}  # back on the rejoined host
     assert by_iteration(link["history"]) == by_iteration(faults["first"]["history"])
