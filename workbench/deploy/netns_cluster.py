@@ -178,10 +178,10 @@ class NetnsCluster:
         self.token_path.write_text(secrets.token_hex(32))
         self.token_path.chmod(0o600)
         self.shared.mkdir()
-        _finish(self._ray_start(0), "the head", timeout)  # the others join the head: it first
+        finish_start(self._ray_start(0), "the head", timeout)  # the others join the head: it first
         starts = [(h, self._ray_start(h)) for h in range(1, self.hosts)]
         for h, start in starts:
-            _finish(start, f"host {h}", timeout)
+            finish_start(start, f"host {h}", timeout)
         self.wait_for_nodes(timeout)
         self._record_pids()
 
@@ -203,7 +203,7 @@ class NetnsCluster:
     def _record_pids(self) -> None:
         """Add the processes now in the cluster's namespaces to those recorded (skipping any that
         ended meanwhile: a worker comes and goes)."""
-        found = [p for ns in self.namespaces() for p in map(_process, _netns_pids(ns)) if p]
+        found = [p for ns in self.namespaces() for p in map(live_process, _netns_pids(ns)) if p]
         self.pids = list(dict.fromkeys([*self.pids, *((p.pid, p.create_time()) for p in found)]))
         self._save()
 
@@ -213,10 +213,10 @@ class NetnsCluster:
         agents and workers; its address stays). How many there were."""
         if host == 0:
             raise ConfigError("NetnsCluster.kill_host host", host, "host 0 runs the head: kill another host")
-        procs = [p for p in map(_process, _netns_pids(self.namespace(host))) if p]
+        procs = [p for p in map(live_process, _netns_pids(self.namespace(host))) if p]
         for p in procs:
-            _signal(p, signal.SIGKILL)
-        _wait_gone(procs, 10.0)
+            send_signal(p, signal.SIGKILL)
+        wait_gone(procs, 10.0)
         return len(procs)
 
     def set_link(self, host: int, up: bool) -> None:
@@ -228,7 +228,7 @@ class NetnsCluster:
         """Start the host's Ray node again (joining the head), after whatever is left of the old
         one is killed; returns once every host is alive."""
         self.kill_host(host)
-        _finish(self._ray_start(host), f"host {host}", timeout)
+        finish_start(self._ray_start(host), f"host {host}", timeout)
         self.wait_for_nodes(timeout)
         self._record_pids()
 
@@ -254,17 +254,17 @@ class NetnsCluster:
         and nothing of this cluster is kept."""
         ours = [ns for ns in _netns_list() if ns.startswith(f"{self.name}-")]
         inside = {p for ns in ours for p in _netns_pids(ns)} | set(_in_netns(set(self.netns_inodes.values())))
-        procs = [p for p in map(_process, sorted(inside)) if p]
-        procs += [p for p in (_process(pid, created) for pid, created in self.pids) if p and p not in procs]
+        procs = [p for p in map(live_process, sorted(inside)) if p]
+        procs += [p for p in (live_process(pid, created) for pid, created in self.pids) if p and p not in procs]
         for p in procs:
-            _signal(p, signal.SIGTERM)
-        for p in _wait_gone(procs, grace):
-            _signal(p, signal.SIGKILL)
-        _wait_gone(procs, 10.0)
+            send_signal(p, signal.SIGTERM)
+        for p in wait_gone(procs, grace):
+            send_signal(p, signal.SIGKILL)
+        wait_gone(procs, 10.0)
         for ns in ours:
-            for late in map(_process, _netns_pids(ns)):  # started by a dying raylet after the first sweep
+            for late in map(live_process, _netns_pids(ns)):  # started by a dying raylet after the first sweep
                 if late:
-                    _signal(late, signal.SIGKILL)
+                    send_signal(late, signal.SIGKILL)
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         shutil.rmtree(self.root, ignore_errors=True)
 
@@ -275,9 +275,9 @@ class NetnsCluster:
         links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
         found += [f"link {line.split(':')[1].strip()}" for line in links.splitlines() if f": {self.name}-" in line]
         for pid in _in_netns(set(self.netns_inodes.values())):
-            if p := _process(pid):
+            if p := live_process(pid):
                 found.append(f"process {pid} {' '.join(p.cmdline())[:80]}")
-        found += [f"process {p.pid} (recorded)" for pid, c in self.pids if (p := _process(pid, c))]
+        found += [f"process {p.pid} (recorded)" for pid, c in self.pids if (p := live_process(pid, c))]
         found += [f"directory {self.root}"] if Path(self.root).exists() else []
         return sorted(set(found))
 
@@ -330,7 +330,7 @@ def _sh(*argv: str) -> None:
         raise RuntimeError(f"`{' '.join(argv)}` failed: {run.stderr.strip()}")
 
 
-def _finish(start: subprocess.Popen, who: str, timeout: float) -> None:
+def finish_start(start: subprocess.Popen, who: str, timeout: float) -> None:
     try:
         out, _ = start.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -363,7 +363,7 @@ def _in_netns(inodes: set[int]) -> list[int]:
     return found
 
 
-def _process(pid: int, created: float | None = None) -> psutil.Process | None:
+def live_process(pid: int, created: float | None = None) -> psutil.Process | None:
     """The live process `pid`, if it is still the one created at `created` (pids are reused).
     A zombie is gone: it holds no namespace, only a pid its new parent has not reaped yet."""
     try:
@@ -374,15 +374,15 @@ def _process(pid: int, created: float | None = None) -> psutil.Process | None:
         return None
 
 
-def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+def wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
     """Those of `procs` still alive after up to `timeout` s."""
     end = time.time() + timeout
-    while (alive := [p for p in procs if _process(p.pid, p.create_time())]) and time.time() < end:
+    while (alive := [p for p in procs if live_process(p.pid, p.create_time())]) and time.time() < end:
         time.sleep(0.05)
     return alive
 
 
-def _signal(p: psutil.Process, sig: int) -> None:
+def send_signal(p: psutil.Process, sig: int) -> None:
     try:
         p.send_signal(sig)
     except psutil.NoSuchProcess:

@@ -1,0 +1,117 @@
+"""A Ray cluster on this machine, started the way a cluster's head is (`ray start --head`), for a
+notebook or a test to attach a Session to, detach from and attach to again: it outlives every
+driver, as a real cluster does. One node, on 127.0.0.1 (the hosts of a NetnsCluster need root).
+
+    cluster = LocalCluster.up(cpus=4)
+    os.environ.update(cluster.env())          # the driver's side: the cluster's token
+    session = Session(address=cluster.address)
+    ...
+    session.shutdown()                        # detaches; the cluster keeps running
+    cluster.down()
+
+Like a real cluster it guards its servers with a token of its own (docs/cluster.md): a driver
+attaches with `env()`. `down()` ends this cluster's processes and nothing else: never `ray stop`,
+which ends every Ray process of the machine.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from workbench import checks
+from workbench.deploy.netns_cluster import finish_start, live_process, send_signal, wait_gone
+
+
+@dataclass(frozen=True)
+class LocalCluster:
+    """A running one-node cluster (made by `LocalCluster.up`)."""
+
+    root: str
+    """Its directory: the token and Ray's temp dir. Every process of the cluster is under it."""
+    port: int
+    cpus: int
+
+    @property
+    def address(self) -> str:
+        """The head's GCS address, for Session(address=...) or RAY_ADDRESS."""
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def token_path(self) -> Path:
+        return Path(self.root) / "auth_token"
+
+    def env(self) -> dict[str, str]:
+        """What a driver needs in its environment to attach: the token's mode and path."""
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.token_path)}
+
+    @classmethod
+    def up(cls, cpus: int = 4, timeout: float = 120.0) -> LocalCluster:
+        """Start the head and return once it serves. On a failure, what started is ended."""
+        checks.whole("LocalCluster", "cpus", cpus, fix="give the cluster at least 1 CPU")
+        # Short: Ray's socket paths under it must fit a Unix socket's 107 characters.
+        root = tempfile.mkdtemp(prefix="hfw-ray-")
+        cluster = cls(root, _free_port(), cpus)
+        cluster.token_path.write_text(secrets.token_hex(32))
+        cluster.token_path.chmod(0o600)
+        ray = str(Path(sys.executable).with_name("ray"))
+        argv = [ray, "start", "--head", "--port", str(cluster.port), "--node-ip-address", "127.0.0.1"]
+        argv += ["--num-cpus", str(cpus), "--temp-dir", f"{root}/ray", "--include-dashboard", "false"]
+        argv += ["--disable-usage-stats"]
+        env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_TOKEN", "RAY_ADDRESS")} | cluster.env()
+        start = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            finish_start(start, "the head", timeout)
+        except BaseException:
+            cluster.down()
+            raise
+        return cluster
+
+    def processes(self) -> list[psutil.Process]:
+        """This cluster's live processes: those whose command line names its directory (gcs,
+        raylet, log monitor), and their children (workers rename themselves "ray::...")."""
+        named = []
+        for p in psutil.process_iter(["cmdline"]):
+            if any(self.root in part for part in p.info["cmdline"] or ()):
+                named.append(p)
+        found = {p.pid: p for p in named}
+        for p in named:
+            try:
+                found |= {c.pid: c for c in p.children(recursive=True)}
+            except psutil.NoSuchProcess:
+                pass
+        return [p for p in found.values() if live_process(p.pid)]
+
+    def down(self, grace: float = 1.0) -> None:
+        """End the cluster's processes (SIGTERM, then SIGKILL after `grace` s) and remove its
+        directory. Safe to run again."""
+        procs = self.processes()
+        for p in procs:
+            send_signal(p, signal.SIGTERM)
+        for p in wait_gone(procs, grace):
+            send_signal(p, signal.SIGKILL)
+        wait_gone(procs, 10.0)
+        for late in self.processes():  # started by a dying raylet after the first sweep
+            send_signal(late, signal.SIGKILL)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def leftovers(self) -> list[str]:
+        """What of this cluster still exists: processes, its directory."""
+        found = [f"process {p.pid}" for p in self.processes()]
+        return found + ([f"directory {self.root}"] if Path(self.root).exists() else [])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
