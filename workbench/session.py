@@ -194,11 +194,18 @@ class Session:
             # Ray lowers its workers' priority (nice 15) below the driver's; here the workers do
             # the run's compute, so they keep normal priority: any other process on the machine
             # (a peer trainer in a benchmark, a build) would otherwise take the cores from them.
+            # Ray also starts one idle worker per CPU for tasks at start; the workbench's groups
+            # are actors with processes of their own, so those would only take the cores while
+            # the first groups start.
             start_local_ray(
                 num_cpus=devices,
                 include_dashboard=False,
                 runtime_env=runtime_env,
-                _system_config={"worker_niceness": 0},
+                _system_config={
+                    "worker_niceness": 0,
+                    "enable_worker_prestart": False,
+                    "prestart_worker_first_driver": False,
+                },
             )
             self._ray_args = (devices, None, runtime_env)
 
