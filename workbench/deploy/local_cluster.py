@@ -69,13 +69,20 @@ class LocalCluster:
         argv += ["--num-cpus", str(cpus), "--temp-dir", f"{root}/ray", "--include-dashboard", "false"]
         argv += ["--disable-usage-stats"]
         env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_TOKEN", "RAY_ADDRESS")} | cluster.env()
-        start = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        try:
-            finish_start(start, "the head", timeout)
-        except BaseException:
-            cluster.down()
-            raise
-        return cluster
+        tries = 2
+        while True:
+            tries -= 1
+            try:
+                start = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                finish_start(start, "the head", timeout)
+                return cluster
+            except BaseException as error:
+                # Ray gives its raylet a fixed 30 s to register: a loaded machine can miss it once.
+                if tries and "timed out during startup" in str(error):
+                    cluster.end_processes()
+                    continue
+                cluster.down()
+                raise
 
     def processes(self) -> list[psutil.Process]:
         """This cluster's live processes: those whose command line names its directory (gcs,
@@ -93,8 +100,12 @@ class LocalCluster:
         return [p for p in found.values() if live_process(p.pid)]
 
     def down(self, grace: float = 1.0) -> None:
-        """End the cluster's processes (SIGTERM, then SIGKILL after `grace` s) and remove its
-        directory. Safe to run again."""
+        """End the cluster's processes and remove its directory. Safe to run again."""
+        self.end_processes(grace)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def end_processes(self, grace: float = 1.0) -> None:
+        """SIGTERM, then SIGKILL after `grace` s: gcs_server and the raylet outlast a SIGTERM."""
         procs = self.processes()
         for p in procs:
             send_signal(p, signal.SIGTERM)
@@ -103,7 +114,6 @@ class LocalCluster:
         wait_gone(procs, 10.0)
         for late in self.processes():  # started by a dying raylet after the first sweep
             send_signal(late, signal.SIGKILL)
-        shutil.rmtree(self.root, ignore_errors=True)
 
     def leftovers(self) -> list[str]:
         """What of this cluster still exists: processes, its directory."""
