@@ -85,7 +85,7 @@ def start_local_ray(**init: Any) -> None:
 
     me = psutil.Process()
     for attempt in range(1, STARTS + 1):
-        before = {p.pid for p in me.children(recursive=True)}
+        before = {p.pid for p in me.children()}
         try:
             ray.init(**init)
             return
@@ -93,14 +93,37 @@ def start_local_ray(**init: Any) -> None:
             if attempt == STARTS or "timed out during startup" not in str(error):
                 raise
             ray.shutdown()
-            for process in me.children(recursive=True):  # its gcs_server, raylet and agents
-                if process.pid not in before:
-                    with contextlib.suppress(psutil.NoSuchProcess):
-                        process.kill()
+            _end(started_by_ray(me, before))
             print(
                 f"Ray's start timed out (machine under load?); starting it again (try {attempt + 1} of {STARTS})",
                 file=sys.stderr,
             )
+
+
+def started_by_ray(me: Any, before: set[int]) -> list[Any]:
+    """The processes a Ray start of this process made: its new children that run Ray's own code
+    (gcs_server, raylet, log monitor: a path in Ray's package on their command line), and
+    everything under them. Children of this process's other work are left alone."""
+    import psutil
+
+    package = os.path.dirname(ray.__file__)
+    found = []
+    for child in me.children():
+        try:
+            if child.pid not in before and any(package in part for part in child.cmdline()):
+                found += [child, *child.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def _end(processes: list[Any]) -> None:
+    import psutil
+
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    psutil.wait_procs(processes, timeout=10)  # the retry starts on freed cores
 
 
 class Session:

@@ -1,10 +1,9 @@
-"""Run inside host 0 of a NetnsCluster (a driver on the head node; argv: each host's address):
-a Session attached to the cluster, a two-rank gloo group with one rank per host, a 2 x 2 mesh
-over both hosts, a DataFuture from a group on host 0 consumed by a group on host 1, and a
-weight channel between them. Then, on the same session, netns_ppo_check's two PPO runs (one
-driver start for both). Prints one JSON line: what each rank saw, and the PPO runs; the pytest
-test (test_netns_cluster.py) asserts on it. argv: a directory every host sees (for the PPO runs' models), then
-each host's address.
+"""Run inside host 0 of a NetnsCluster, a driver on the head node (argv: a directory every
+host sees, for the PPO runs' models; then each host's address): a Session attached to the
+cluster, a two-rank gloo group with one rank per host, a 2 x 2 mesh over both hosts, a
+DataFuture from a group on host 0 consumed by a group on host 1, and a weight channel between
+them. Then, on the same session, netns_ppo_check's two PPO runs (one driver start for both).
+Prints one JSON line: what each rank saw, and the PPO runs; test_netns_cluster.py asserts on it.
 """
 
 import json

@@ -1,8 +1,10 @@
 """A cluster of separate hosts on this machine (workbench.deploy.netns_cluster): each host a
 network namespace with its own address, loopback and Ray node. A driver on host 0
 (tests/controller/netns_check.py, run once for the module) attaches a Session and reports what
-the ranks saw; the tests assert on it, then on the teardown. Needs root and iproute2 (network namespaces): without
-them the cluster's start fails and says so."""
+the ranks saw and what PPO spread over the hosts and on one host gave; another
+(netns_fault_check.py) runs the headless runner through a host that dies and a link that drops.
+The tests assert on what they report, then on the teardown. Needs root and iproute2 (network
+namespaces): without them the cluster's start fails and says so."""
 
 import ipaddress
 import json
@@ -69,7 +71,7 @@ def drive(cluster, script: str, *argv: str) -> dict:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=420,
+        timeout=600,
     )
     assert run.returncode == 0, run.stderr[-4000:]
     return json.loads(run.stdout.strip().splitlines()[-1])

@@ -1,6 +1,8 @@
 """A Ray cluster on this machine, started the way a cluster's head is (`ray start --head`), for a
 notebook or a test to attach a Session to, detach from and attach to again: it outlives every
-driver, as a real cluster does. One node, on 127.0.0.1 (the hosts of a NetnsCluster need root).
+driver, as a real cluster does. One node, reached at 127.0.0.1 (Ray registers it under the
+machine's own address and its servers listen on every interface; the hosts of a NetnsCluster
+need root).
 
     cluster = LocalCluster.up(cpus=4)
     os.environ.update(cluster.env())          # the driver's side: the cluster's token
@@ -16,6 +18,8 @@ which ends every Ray process of the machine.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import secrets
 import shutil
@@ -24,7 +28,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -38,9 +42,12 @@ class LocalCluster:
     """A running one-node cluster (made by `LocalCluster.up`)."""
 
     root: str
-    """Its directory: the token and Ray's temp dir. Every process of the cluster is under it."""
+    """Its directory: the token, and Ray's temp dir (ray/) every Ray process of it names."""
     port: int
     cpus: int
+    raylets: set[int] = field(default_factory=set)
+    """Pids of its raylets seen so far: their workers' environment names them (RAY_RAYLET_PID),
+    so a worker is found also once its raylet is gone."""
 
     @property
     def address(self) -> str:
@@ -64,10 +71,12 @@ class LocalCluster:
         cluster = cls(root, _free_port(), cpus)
         cluster.token_path.write_text(secrets.token_hex(32))
         cluster.token_path.chmod(0o600)
-        ray = str(Path(sys.executable).with_name("ray"))
-        argv = [ray, "start", "--head", "--port", str(cluster.port), "--node-ip-address", "127.0.0.1"]
-        argv += ["--num-cpus", str(cpus), "--temp-dir", f"{root}/ray", "--include-dashboard", "false"]
-        argv += ["--disable-usage-stats"]
+        ray = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray") or "ray"
+        # As a Session's own Ray: workers at the driver's priority, no idle task workers.
+        config = {"worker_niceness": 0, "enable_worker_prestart": False, "prestart_worker_first_driver": False}
+        argv = [ray, "start", "--head", "--port", str(cluster.port), "--num-cpus", str(cpus)]
+        argv += ["--temp-dir", f"{root}/ray", "--include-dashboard", "false", "--disable-usage-stats"]
+        argv += ["--system-config", json.dumps(config)]
         env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_TOKEN", "RAY_ADDRESS")} | cluster.env()
         tries = 2
         while True:
@@ -75,6 +84,7 @@ class LocalCluster:
             try:
                 start = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                 finish_start(start, "the head", timeout)
+                cluster.processes()  # notes its raylet
                 return cluster
             except BaseException as error:
                 # Ray gives its raylet a fixed 30 s to register: a loaded machine can miss it once.
@@ -85,18 +95,24 @@ class LocalCluster:
                 raise
 
     def processes(self) -> list[psutil.Process]:
-        """This cluster's live processes: those whose command line names its directory (gcs,
-        raylet, log monitor), and their children (workers rename themselves "ray::...")."""
-        named = []
-        for p in psutil.process_iter(["cmdline"]):
-            if any(self.root in part for part in p.info["cmdline"] or ()):
-                named.append(p)
-        found = {p.pid: p for p in named}
-        for p in named:
-            try:
-                found |= {c.pid: c for c in p.children(recursive=True)}
-            except psutil.NoSuchProcess:
-                pass
+        """This cluster's live processes: Ray's own (gcs_server, raylet, agents, log monitor:
+        Ray's programs or Python, with an argument under its temp dir), and what its raylets
+        started (workers rename themselves "ray::...": found by the raylet they name)."""
+        ours, programs = f"{self.root}/ray", _ray_programs()
+        found = {}
+        for p in psutil.process_iter(["cmdline", "exe", "name"]):
+            cmdline, exe = p.info["cmdline"] or (), p.info["exe"] or ""
+            if any(ours in part for part in cmdline) and (exe.startswith(programs) or exe == PYTHON):
+                found[p.pid] = p
+                if p.info["name"] == "raylet":
+                    self.raylets.add(p.pid)
+        for p in psutil.process_iter():
+            if p.pid not in found and self.raylets:
+                try:
+                    if int(p.environ().get("RAY_RAYLET_PID", 0)) in self.raylets:
+                        found[p.pid] = p
+                except (psutil.Error, ValueError):
+                    pass
         return [p for p in found.values() if live_process(p.pid)]
 
     def down(self, grace: float = 1.0) -> None:
@@ -114,11 +130,22 @@ class LocalCluster:
         wait_gone(procs, 10.0)
         for late in self.processes():  # started by a dying raylet after the first sweep
             send_signal(late, signal.SIGKILL)
+        wait_gone(self.processes(), 10.0)
 
     def leftovers(self) -> list[str]:
         """What of this cluster still exists: processes, its directory."""
-        found = [f"process {p.pid}" for p in self.processes()]
+        found = [f"process {p.pid} {p.name()}" for p in self.processes()]
         return found + ([f"directory {self.root}"] if Path(self.root).exists() else [])
+
+
+PYTHON = os.path.realpath(sys.executable)
+
+
+def _ray_programs() -> str:
+    """Where Ray's own programs (gcs_server, raylet) live, found without importing Ray (a
+    driver's environment must be set before Ray is imported)."""
+    spec = importlib.util.find_spec("ray")
+    return os.path.realpath(list(spec.submodule_search_locations or [""])[0]) if spec else "\0"
 
 
 def _free_port() -> int:
