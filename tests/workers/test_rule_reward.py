@@ -7,12 +7,13 @@ import time
 from pathlib import Path
 
 import pytest
+import ray
 import torch
 
 from tests.controller.workers import EchoWorker
 from workbench import Batch, DispatchError, WorkerCallError, WorkerDiedError
 from workbench.data import arithmetic
-from workbench.workers.rule_reward import RuleReward, restart_dead_scorers
+from workbench.workers.rule_reward import RuleReward, restart_dead_scorers, scorer_name
 
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "tests"
 
@@ -28,6 +29,9 @@ def test_scores_batches_in_chunks(shared_session):
     batch = answers([" 12", " 7</s>", "13", " 85 and more"], ["12", "8", "13", "85"])
     scores = RuleReward(arithmetic.score, chunk_size=3).compute_reward(batch).get()
     assert scores["scores"].tolist() == [1.0, 0.0, 1.0, 1.0]
+    # Named per driver: another driver attached to the cluster has scorers of its own.
+    named = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
+    assert scorer_name(0) in named and ray.get_runtime_context().get_job_id() in scorer_name(0)
 
 
 def test_takes_another_groups_future_and_drops_its_padding(session):

@@ -182,7 +182,7 @@ def scorer_pool(size: int) -> list:
     while len(pool) < size:
         pool.append(
             RewardScorer.options(  # type: ignore[attr-defined]  # an ActorClass: mypy skips class decorators
-                name=f"{SCORER_PREFIX}{len(pool)}", namespace=SCORER_NAMESPACE, get_if_exists=True
+                name=scorer_name(len(pool)), namespace=SCORER_NAMESPACE, get_if_exists=True
             ).remote()
         )
     return pool[:size]
@@ -202,11 +202,18 @@ def restart_dead_scorers(wait: float = 30.0) -> int:
             deadline = time.monotonic() + wait
             while pool[index]._actor_id.hex() == dead and time.monotonic() < deadline:
                 pool[index] = RewardScorer.options(  # type: ignore[attr-defined]
-                    name=f"{SCORER_PREFIX}{index}", namespace=SCORER_NAMESPACE, get_if_exists=True
+                    name=scorer_name(index), namespace=SCORER_NAMESPACE, get_if_exists=True
                 ).remote()
                 time.sleep(0.2)
             replaced += pool[index]._actor_id.hex() != dead
     return replaced
+
+
+def scorer_name(index: int) -> str:
+    """The name of this driver's scorer `index`. Per driver (Ray job): the actors end with the
+    driver that started them, so drivers attached to one cluster must not share them (one
+    detaching would take the others' scorers with it)."""
+    return f"{SCORER_PREFIX}{ray.get_runtime_context().get_job_id()}:{index}"
 
 
 def _cluster_key() -> str:
