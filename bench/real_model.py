@@ -392,8 +392,8 @@ def main() -> None:
     from workbench.models import load_tokenizer
     from workbench.models.gguf_import import import_gguf
 
-    # DeepSpeed (--devices 2) JIT-builds a comm op once: keep it with the project's cache.
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
+    # DeepSpeed (--devices 2) JIT-builds a comm op once, into the project's cache: its engine's
+    # module picks the directory (workbench.engines.deepspeed_engine.EXTENSIONS_DIR).
     torch.set_num_threads(1)  # the driver only coordinates; the workers get --threads
     args.model = (args.model or import_gguf("smollm2")).expanduser().resolve()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ FSDP's), clips and updates. The batch-size entries of the config are then bookke
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,13 +34,22 @@ from workbench.models.lora import trainable_parameters
 # DeepSpeed JIT-compiles a shared-memory comm op (~2 min on 2 cores) the first time a process
 # builds its comm backend, into TORCH_EXTENSIONS_DIR (default: under the home directory, which
 # fresh CI machines and private test HOMEs don't keep). The repo's ignored .cache/ keeps one
-# build for every later run and every Ray actor. Set before deepspeed is imported anywhere in
-# this process; a directory the user chose wins.
-os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(__file__).resolve().parents[2] / ".cache" / "torch_extensions"))
+# build for every later run and every Ray actor: one per interpreter and torch, since the
+# environments of `make test PYTHON=...` compile it with other flags and would rebuild over each
+# other's at every switch. Set before deepspeed is imported anywhere in this process; a
+# directory the user chose wins.
+EXTENSIONS_DIR = (
+    Path(__file__).resolve().parents[2]
+    / ".cache"
+    / "torch_extensions"
+    / f"py{sys.version_info.major}.{sys.version_info.minor}-torch{torch.__version__}"
+)
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(EXTENSIONS_DIR))
 
 import deepspeed  # noqa: E402  (after TORCH_EXTENSIONS_DIR)
 
 CHECKPOINT_TAG = "state"
+"""DeepSpeed's checkpoint sub-directory name under the path given to save/load."""
 
 
 def build_comm_op() -> None:
@@ -49,9 +59,6 @@ def build_comm_op() -> None:
     from deepspeed.comm.torch import build_shm_op
 
     build_shm_op()
-
-
-"""DeepSpeed's checkpoint sub-directory name under the path given to save/load."""
 
 
 class DeepSpeedEngine:
