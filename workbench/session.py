@@ -54,6 +54,7 @@ from workbench.errors import (
     WorkbenchError,
 )
 from workbench.mesh import Mesh
+from workbench.ray_settings import START_TIMED_OUT, SYSTEM_CONFIG
 from workbench.tracing import CallRecord, SpanSource, save_chrome_trace, span_sources
 
 if TYPE_CHECKING:  # for the typed handles of Session.group (importing workers loads the model stack)
@@ -90,7 +91,7 @@ def start_local_ray(**init: Any) -> None:
             ray.init(**init)
             return
         except Exception as error:
-            if attempt == STARTS or "timed out during startup" not in str(error):
+            if attempt == STARTS or START_TIMED_OUT not in str(error):
                 raise
             ray.shutdown()
             _end(started_by_ray(me, before))
@@ -214,21 +215,9 @@ class Session:
             self._ray_args = (None, address, runtime_env)
         else:
             devices = num_devices or os.cpu_count()
-            # Ray lowers its workers' priority (nice 15) below the driver's; here the workers do
-            # the run's compute, so they keep normal priority: any other process on the machine
-            # (a peer trainer in a benchmark, a build) would otherwise take the cores from them.
-            # Ray also starts one idle worker per CPU for tasks at start; the workbench's groups
-            # are actors with processes of their own, so those would only take the cores while
-            # the first groups start.
+            # Workers at the driver's priority, no idle task workers (workbench.ray_settings).
             start_local_ray(
-                num_cpus=devices,
-                include_dashboard=False,
-                runtime_env=runtime_env,
-                _system_config={
-                    "worker_niceness": 0,
-                    "enable_worker_prestart": False,
-                    "prestart_worker_first_driver": False,
-                },
+                num_cpus=devices, include_dashboard=False, runtime_env=runtime_env, _system_config=dict(SYSTEM_CONFIG)
             )
             self._ray_args = (devices, None, runtime_env)
 

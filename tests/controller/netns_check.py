@@ -1,25 +1,27 @@
-"""Run inside host 0 of a NetnsCluster, a driver on the head node (argv: a directory every
-host sees, for the PPO runs' models; then each host's address): a Session attached to the
-cluster, a two-rank gloo group with one rank per host, a 2 x 2 mesh over both hosts, a
-DataFuture from a group on host 0 consumed by a group on host 1, and a weight channel between
-them. Then, on the same session, netns_ppo_check's two PPO runs (one driver start for both).
-Prints one JSON line: what each rank saw, and the PPO runs; test_netns_cluster.py asserts on it.
+"""Run inside host 0 of a NetnsCluster, a driver on the head node (argv: the cluster's name): a
+Session attached to the cluster, a two-rank gloo group with one rank per host, a 2 x 2 mesh over
+both hosts, a DataFuture from a group on host 0 consumed by a group on host 1, and a weight
+channel between them. Then, on the same session (one driver start, warm processes):
+netns_ppo_check's two PPO runs, and netns_fault_check's host that dies and link that drops.
+Prints one JSON line: what each rank saw, the PPO runs and the faults (or the error that ended
+them); test_netns_cluster.py asserts on it.
 """
 
 import json
 import os
 import sys
 import time
+import traceback
 from datetime import timedelta
-from pathlib import Path
 
 import psutil
 import ray
 import torch
 import torch.distributed as dist
 
-from tests.controller import netns_ppo_check
+from tests.controller import netns_fault_check, netns_ppo_check
 from workbench import DP_PROTO, ONE_TO_ALL, Batch, Mesh, Session, Worker, register
+from workbench.deploy.netns_cluster import NetnsCluster
 from workbench.hybrid.channel import ChannelAddress, WeightChannel, open_address
 
 
@@ -73,9 +75,12 @@ def wait_for_nodes(count: int, timeout: float = 60.0) -> list[dict]:
     return alive
 
 
-def main(directory: str, addresses: list[str]) -> None:
+def main(name: str) -> None:
+    cluster = NetnsCluster.load(name)
+    addresses = [cluster.host_ip(h) for h in range(cluster.hosts)]
     hosts = len(addresses)
-    session = Session(address=os.environ["RAY_ADDRESS"])
+    # Warm processes: a group starts on an earlier one's processes where its pool has their shape.
+    session = Session(address=os.environ["RAY_ADDRESS"], keep_processes=True)
     try:
         nodes = {n["NodeID"]: n["NodeManagerAddress"] for n in wait_for_nodes(hosts)}
         # (a) one rank on each host, one gloo process group
@@ -108,11 +113,16 @@ def main(directory: str, addresses: list[str]) -> None:
             "channel": {"address": [address.where, address.port], "shared": shared},
         }
         session.clear()
-        ppo = netns_ppo_check.compare(session, Path(directory), addresses[0], addresses[1])
+        ppo = netns_ppo_check.compare(session, cluster.shared, addresses[0], addresses[1])
+        # Last (it leaves host 1 rejoined); an error here is reported, the checks above stand.
+        try:
+            faults = netns_fault_check.run_faults(session, cluster)
+        except Exception:
+            faults = {"error": traceback.format_exc()}
     finally:
         session.shutdown()
-    print(json.dumps({"checks": result, "ppo": ppo}))
+    print(json.dumps({"checks": result, "ppo": ppo, "faults": faults}))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:])
+    main(sys.argv[1])

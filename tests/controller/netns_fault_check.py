@@ -1,21 +1,19 @@
-"""Run inside host 0 of a NetnsCluster (python -m tests.controller.netns_fault_check NAME MODEL):
-the headless runner's PPO with the actor's two ranks one per host and the critic on host 1,
-two iterations with a checkpoint after each, three times on one session:
+"""Faults on a NetnsCluster, run by netns_check's driver after its other checks, on its session:
+the headless runner's PPO with the actor's two ranks one per host and the critic on host 1, two
+iterations with a checkpoint after each, twice:
 
-1. uninterrupted;
-2. host 1 dies after iteration 1 (every process of its Ray node killed): iteration 2 fails
+1. host 1 dies after iteration 1 (every process of its Ray node killed): iteration 2 fails
    naming host 1, the runner reserves the pools again on what is left (host 0) and redoes it
    from the checkpoint;
-3. host 1 rejoins; after iteration 1 its link is pulled until Ray gives the node up, then put
+2. host 1 rejoins; after iteration 1 its link is pulled until Ray gives the node up, then put
    back and the host rejoins: the runner (faults.lost_host=rejoin) waits for it and redoes
    iteration 2 on both hosts.
 
-Prints one JSON line; test_netns_cluster.py asserts on it.
+Both redone runs must log the same numbers: one redid iteration 2 on one host, the other on two
+(that a redone iteration equals the uninterrupted one is test_runner's check, on one machine).
 """
 
 import json
-import os
-import sys
 import threading
 import time
 from pathlib import Path
@@ -24,6 +22,7 @@ import ray
 
 from workbench import Session
 from workbench.deploy.netns_cluster import NetnsCluster
+from workbench.models import make_tiny
 from workbench.run.config import RunConfig
 from workbench.run.runner import Runner
 
@@ -40,9 +39,9 @@ SETTINGS = {
 }
 
 
-def config(model: str, out: Path, hosts: list[str], lost_host: str) -> RunConfig:
+def config(model: Path, out: Path, hosts: list[str], lost_host: str) -> RunConfig:
     settings = json.loads(json.dumps(SETTINGS))
-    settings["model"] = {"path": model}
+    settings["model"] = {"path": str(model)}
     settings["logging"]["output_dir"] = str(out)
     settings["faults"]["lost_host"] = lost_host
     settings["placement"] = {"actor_devices": 2, "hosts": {"actor": hosts, "critic": [hosts[1]]}}
@@ -69,72 +68,61 @@ def steady(rows: list[dict]) -> list[dict]:
 
 
 def placement(session: Session) -> tuple:
-    """A callback noting where each group is after every iteration (the last one's stays)."""
-    seen: dict[str, list[str]] = {}
+    """A callback noting where each group is after every iteration, by iteration (a redone one:
+    where it was redone)."""
+    seen: dict[int, dict[str, list[str]]] = {}
 
     def callback(algorithm, batch, metrics):
         address = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
-        seen.clear()
-        seen.update({role: [address[n] for n in g.pool.node_ids] for role, g in session.groups.items()})
+        where = {role: [address[n] for n in g.pool.node_ids] for role, g in session.groups.items()}
+        seen[int(metrics["iteration"])] = where  # a float among the metrics
 
     return callback, seen
 
 
-def main(name: str, model: str) -> None:
-    cluster = NetnsCluster.load(name)
+def run_faults(session: Session, cluster: NetnsCluster) -> dict:
     h0, h1 = cluster.host_ip(0), cluster.host_ip(1)
     root = cluster.shared / "faults"
-    # Warm processes: each run's groups start on the last run's where the pools are the same.
-    session = Session(address=os.environ["RAY_ADDRESS"], keep_processes=True)
+    model = make_tiny("1m", root / "model", seed=0)
     out = {}
-    try:
-        # 1. uninterrupted
-        where, placed = placement(session)
-        first = Runner(config(model, root / "first", [h0, h1], "remaining"), session=session, callbacks=[where]).run()
-        out["first"] = {"history": steady(first.history), "placed": dict(placed)}
 
-        # 2. host 1 dies
-        kill, killed = after_iteration(1, lambda: cluster.kill_host(1))
-        killed_config = config(model, root / "killed", [h0, h1], "remaining")
-        run = Runner(killed_config, session=session, callbacks=[kill, where])
-        result = run.run()
-        out["killed"] = {
-            "history": steady(result.history),
-            "faults": result.faults,
-            "recoveries": result.recoveries,
-            "placed": dict(placed),
-        }
+    # 1. host 1 dies; the placement callback runs before the kill (callbacks in order)
+    where, placed = placement(session)
+    kill, _ = after_iteration(1, lambda: cluster.kill_host(1))
+    run = Runner(config(model, root / "killed", [h0, h1], "remaining"), session=session, callbacks=[where, kill])
+    result = run.run()
+    out["killed"] = {
+        "history": steady(result.history),
+        "faults": result.faults,
+        "recoveries": result.recoveries,
+        "placed": dict(placed),
+    }
 
-        # 3. the link drops
-        cluster.rejoin(1)
+    # 2. the link drops
+    cluster.rejoin(1)
 
-        def pull_the_cable():
-            cluster.set_link(1, up=False)
+    def pull_the_cable():
+        cluster.set_link(1, up=False)
 
-            def put_it_back():
-                end = time.time() + 120
-                while alive(h1) and time.time() < end:
-                    time.sleep(0.5)
-                out["link"]["down_s"] = time.time() - pulled[0]
-                cluster.set_link(1, up=True)
-                cluster.rejoin(1)
+        def put_it_back():
+            end = time.time() + 120
+            while alive(h1) and time.time() < end:
+                time.sleep(0.5)
+            out["link"]["down_s"] = time.time() - pulled[0]
+            cluster.set_link(1, up=True)
+            cluster.rejoin(1)
 
-            threading.Thread(target=put_it_back, daemon=True).start()
+        threading.Thread(target=put_it_back, daemon=True).start()
 
-        pull, pulled = after_iteration(1, pull_the_cable)
-        out["link"] = {}
-        run = Runner(config(model, root / "link", [h0, h1], "rejoin"), session=session, callbacks=[pull, where])
-        result = run.run()
-        out["link"] |= {
-            "history": steady(result.history),
-            "faults": result.faults,
-            "recoveries": result.recoveries,
-            "placed": dict(placed),
-        }
-    finally:
-        session.shutdown()
-    print(json.dumps(out))
-
-
-if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    where, placed = placement(session)
+    pull, pulled = after_iteration(1, pull_the_cable)
+    out["link"] = {}
+    run = Runner(config(model, root / "link", [h0, h1], "rejoin"), session=session, callbacks=[where, pull])
+    result = run.run()
+    out["link"] |= {
+        "history": steady(result.history),
+        "faults": result.faults,
+        "recoveries": result.recoveries,
+        "placed": dict(placed),
+    }
+    return out

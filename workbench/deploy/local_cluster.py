@@ -35,6 +35,7 @@ import psutil
 
 from workbench import checks
 from workbench.deploy.netns_cluster import finish_start, live_process, send_signal, wait_gone
+from workbench.ray_settings import START_TIMED_OUT, SYSTEM_CONFIG
 
 
 @dataclass(frozen=True)
@@ -72,11 +73,9 @@ class LocalCluster:
         cluster.token_path.write_text(secrets.token_hex(32))
         cluster.token_path.chmod(0o600)
         ray = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray") or "ray"
-        # As a Session's own Ray: workers at the driver's priority, no idle task workers.
-        config = {"worker_niceness": 0, "enable_worker_prestart": False, "prestart_worker_first_driver": False}
         argv = [ray, "start", "--head", "--port", str(cluster.port), "--num-cpus", str(cpus)]
         argv += ["--temp-dir", f"{root}/ray", "--include-dashboard", "false", "--disable-usage-stats"]
-        argv += ["--system-config", json.dumps(config)]
+        argv += ["--system-config", json.dumps(SYSTEM_CONFIG)]  # as a Session's own Ray
         env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_TOKEN", "RAY_ADDRESS")} | cluster.env()
         tries = 2
         while True:
@@ -88,7 +87,7 @@ class LocalCluster:
                 return cluster
             except BaseException as error:
                 # Ray gives its raylet a fixed 30 s to register: a loaded machine can miss it once.
-                if tries and "timed out during startup" in str(error):
+                if tries and START_TIMED_OUT in str(error):
                     cluster.end_processes()
                     continue
                 cluster.down()

@@ -39,6 +39,7 @@ from pathlib import Path
 import psutil
 
 from workbench.errors import ConfigError
+from workbench.ray_settings import SYSTEM_CONFIG
 
 STATE = "cluster.json"
 MAX_NAME = 11  # a link name is at most 15 characters: NAME-b{i}
@@ -187,11 +188,13 @@ class NetnsCluster:
 
     def _ray_start(self, h: int) -> subprocess.Popen:
         ray = str(Path(sys.executable).with_name("ray"))
-        head = ["--head", "--port", str(self.port), "--include-dashboard", "false"]
+        config = dict(SYSTEM_CONFIG)  # as a Session's own Ray (the head's config is the cluster's)
         if self.node_timeout_s:
             check_ms = int(self.node_timeout_s * 1000 / 3)
-            checks = {"health_check_period_ms": check_ms, "health_check_timeout_ms": check_ms}
-            head += ["--system-config", json.dumps(checks | {"health_check_failure_threshold": 3})]
+            config |= {"health_check_period_ms": check_ms, "health_check_timeout_ms": check_ms}
+            config |= {"health_check_failure_threshold": 3}
+        head = ["--head", "--port", str(self.port), "--include-dashboard", "false"]
+        head += ["--system-config", json.dumps(config)]
         argv = [ray, "start", *(head if h == 0 else ["--address", self.address])]
         argv += ["--node-ip-address", self.host_ip(h), "--num-cpus", str(self.cpus)]
         argv += ["--resources", json.dumps({f"host{h}": 1}), "--temp-dir", f"{self.root}/ray-h{h}"]
