@@ -66,3 +66,16 @@ def test_other_errors_at_once_and_the_last_timeout_are_raised(monkeypatch, error
     with pytest.raises(Exception, match=error[:20]):
         start_local_ray()
     assert len(calls) == tries
+
+
+def test_the_docs_start_a_cluster_head_as_a_session_starts_its_ray():
+    """docs/cluster.md's `ray start --head --system-config` is the workbench's own."""
+    import json
+    import re
+    from pathlib import Path
+
+    from workbench.ray_settings import SYSTEM_CONFIG
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "cluster.md").read_text()
+    [given] = re.findall(r"--system-config='(\{.*?\})'", page)
+    assert json.loads(given) == SYSTEM_CONFIG
