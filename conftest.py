@@ -35,6 +35,9 @@ def pytest_report_header(config):
 # charged to the module's first test). Kept per machine beside the kit's cached models (a fresh
 # clone finds it), merged with earlier runs, to order the next run.
 TIMES = Path.home() / ".cache" / "hybridflow-workbench" / "test-times.json"
+# A fresh machine has no record: one run's times here, kept in the repo, order its first run
+# (a long module left last by file order leaves the other worker idle for minutes).
+SEED_TIMES = Path(__file__).parent / "tests" / "module_times.json"
 _times: dict[str, float] = {}
 _counts: dict[str, int] = {}
 # Ray actors (worker processes) each module started on the test process's Ray: each costs seconds
@@ -86,10 +89,14 @@ def pytest_runtest_teardown(item, nextitem):
 
 
 def _recorded_times() -> dict[str, float]:
-    try:
-        return json.loads(TIMES.read_text())["modules"]
-    except (OSError, ValueError, KeyError):
-        return {}
+    """This machine's record over the repo's seed: a new machine's first run is ordered too."""
+    times: dict[str, float] = {}
+    for path in (SEED_TIMES, TIMES):
+        try:
+            times.update(json.loads(path.read_text())["modules"])
+        except (OSError, ValueError, KeyError):
+            pass
+    return times
 
 
 def pytest_collection_modifyitems(config, items):
