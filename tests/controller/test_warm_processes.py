@@ -50,6 +50,18 @@ def test_a_process_that_left_a_thread_running_is_not_kept(session):
     assert again.start_thread().get()[0] != pid
 
 
+def test_a_process_that_set_up_deepspeed_is_not_kept_one_that_only_imported_it_is(session):
+    group = session.group("saver", EchoWorker, session.pool("p", 1))
+    pid = group.use_deepspeed(comm=False).get()[0]  # what saving a model through transformers does
+    session.clear()
+    again = session.group("saver", EchoWorker, session.pool("p", 1))
+    assert again.use_deepspeed(comm=True).get() == [pid]  # kept: an import leaves no state
+    session.clear()
+    assert gone(pid), "the process whose DeepSpeed comm was set up should have been stopped"
+    third = session.group("saver", EchoWorker, session.pool("p", 1))
+    assert pids(third) != [pid]
+
+
 def test_at_most_max_warm_processes_are_kept(session, monkeypatch):
     monkeypatch.setattr(workbench.session, "MAX_WARM_PROCESSES", 2)  # 4 processes for a limit of 2
     pool = session.pool("p", 2)

@@ -67,6 +67,16 @@ class EchoWorker(Worker):
         return self.rank
 
     @register(ONE_TO_ALL)
+    def use_deepspeed(self, comm: bool) -> int:
+        """Import DeepSpeed, as transformers does to save a model; with `comm`, set up its comm
+        over this group, as a DeepSpeed engine does."""
+        import deepspeed
+
+        if comm:
+            deepspeed.init_distributed(dist_backend="gloo", dist_init_required=False)
+        return os.getpid()
+
+    @register(ONE_TO_ALL)
     def all_reduce(self) -> float:
         value = torch.tensor([float(self.rank + 1)])
         dist.all_reduce(value)

@@ -145,9 +145,18 @@ TASK = "_wb_task"
 # a long call holds the host's main thread.
 TRACE_GROUP = "trace"
 MAX_RECORDS = 100_000  # trace spans kept per worker between two session.trace() calls
-PROCESS_WIDE = ("vllm", "deepspeed")
-"""Libraries whose state outlives the workers that loaded them: a process that imported one is
-not kept warm for another group."""
+
+
+def process_wide_state() -> list[str]:
+    """Libraries whose state outlives the workers that used them: a process holding any is not
+    kept warm for another group. vLLM once imported; DeepSpeed once its comm was set up (an
+    engine ran). Importing DeepSpeed alone leaves nothing behind, and transformers imports it
+    whenever it saves a model: counting that kept few model workers warm."""
+    held = ["vllm"] if "vllm" in sys.modules else []
+    comm = sys.modules.get("deepspeed.comm.comm")
+    if comm is not None and comm.cdb is not None:
+        held.append("deepspeed")
+    return held
 
 
 def loopback_env() -> dict[str, str]:
@@ -358,7 +367,7 @@ class WorkerHost:
         gc.collect()
         reset_memory_peaks()  # the trace's memory peaks are the next group's own
         return (
-            not any(name in sys.modules for name in PROCESS_WIDE)
+            not process_wide_state()
             and not [t for t in threading.enumerate() if t.ident not in self.own_threads and not _rays(t)]
             and not psutil.Process().children()
         )
