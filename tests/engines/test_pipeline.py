@@ -1,5 +1,5 @@
 """Pipeline parallelism (backend "3d", pp > 1) on real gloo processes: pp=2, pp=2 x tp=2 and
-dp=2 x pp=2.
+dp=2 x pp=2, one after another on the same 4 ranks (one spawn for the module).
 
 Every rank also builds the unsplit model and steps it in one process (the tensor-parallel engine
 with no tensor parallelism: plain AdamW, the same clipping); the pipelined engine must match it
@@ -115,9 +115,9 @@ class Poisoned:
         return loss * float("nan"), metrics
 
 
-def _check(name, model, loss_fn, score, data, mesh, ckpt) -> dict:
+def _check(name, model, loss_fn, score, data, pp_mesh, tp_mesh, dp_mesh, ckpt) -> dict:
     """Each data-parallel replica takes its share of the rows; the one-process step takes them all."""
-    dp, d = mesh["dp"].size(), mesh["dp"].get_local_rank()
+    dp, d = (dp_mesh.size(), dp_mesh.get_local_rank()) if dp_mesh is not None else (1, 0)
     mine = data[2 * d : 2 * d + 2] if dp == 2 else data
     # At dp=1 uneven micro-batches (3 rows, then 1 with a shorter response): the schedule's
     # inputs are padded to one shape, and the padding must not reach the loss.
@@ -126,8 +126,7 @@ def _check(name, model, loss_fn, score, data, mesh, ckpt) -> dict:
     # Loss metrics are each replica's own rows (workers average them over ranks): compared at dp=1.
     compared = (lambda m: m) if dp == 1 else (lambda m: {"grad_norm": m["grad_norm"]})  # noqa: E731
     reference = TensorParallelEngine(copy.deepcopy(model), OPTIM, None)
-    tp_mesh = mesh["tp"] if mesh["tp"].size() > 1 else None
-    engine = PipelineEngine(model, OPTIM, mesh["pp"], tp_mesh, mesh["dp"].get_group() if dp > 1 else None)
+    engine = PipelineEngine(model, OPTIM, pp_mesh, tp_mesh, dp_mesh.get_group() if dp > 1 else None)
     engine.model.eval()
     with torch.no_grad():
         scored = score(engine.model, mine) - score(reference.model.eval(), mine)
@@ -159,15 +158,7 @@ def _check(name, model, loss_fn, score, data, mesh, ckpt) -> dict:
     return out
 
 
-def _worker(rank: int, dp: int, tp: int, store: str, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    world = dp * 2 * tp
-    dist.init_process_group(
-        "gloo", store=dist.FileStore(store, world), rank=rank, world_size=world, timeout=timedelta(seconds=120)
-    )
-    from torch.distributed.device_mesh import init_device_mesh
-
-    mesh = init_device_mesh("cpu", (dp, 2, tp), mesh_dim_names=("dp", "pp", "tp"))  # the workers' order
+def _roles(layout: str, pp_mesh, tp_mesh, dp_mesh, ckpt: str) -> dict:
     actor, critic = models()
     data = batch()
     actor_loss = ActorLoss(core.ppo_clip, entropy_coeff=0.01)
@@ -175,30 +166,56 @@ def _worker(rank: int, dp: int, tp: int, store: str, out_dir: str) -> None:
     def log_probs(m, b):
         return response_log_probs(m, b, with_entropy=True)[0]
 
+    meshes = (pp_mesh, tp_mesh, dp_mesh, ckpt)
+    return {
+        "actor": _check(f"{layout}-actor", actor, actor_loss, log_probs, data, *meshes),
+        "critic": _check(f"{layout}-critic", critic, CriticLoss(), response_values, data, *meshes),
+    }
+
+
+WORLD = 4
+
+
+def _worker(rank: int, store: str, out_dir: str) -> None:
+    """Every layout on the same 4 ranks, one after another (process starts, not the tiny
+    models' steps, are what these runs cost)."""
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", store=dist.FileStore(store, WORLD), rank=rank, world_size=WORLD, timeout=timedelta(seconds=120)
+    )
+    from torch.distributed.device_mesh import init_device_mesh
+
+    names = ("dp", "pp", "tp")  # the workers' order
+    tp2 = init_device_mesh("cpu", (1, 2, 2), mesh_dim_names=names)
+    dp2 = init_device_mesh("cpu", (2, 2, 1), mesh_dim_names=names)
     results = {
-        "actor": _check("actor", actor, actor_loss, log_probs, data, mesh, out_dir),
-        "critic": _check("critic", critic, CriticLoss(), response_values, data, mesh, out_dir),
+        "pp2xtp2": _roles("pp2xtp2", tp2["pp"], tp2["tp"], None, out_dir),
+        # pp=2 alone: each pp group of the dp=2 mesh is a pipeline of its own (no data-parallel
+        # group), both run the pp2 layout side by side on the whole batch.
+        "pp2": _roles("pp2", dp2["pp"], None, None, out_dir),
+        "dp2xpp2": _roles("dp2xpp2", dp2["pp"], None, dp2["dp"], out_dir),
     }
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(results, f)
     dist.destroy_process_group()
 
 
-def run(tmp_path, dp: int, tp: int) -> list[dict]:
-    world = dp * 2 * tp
-    mp.spawn(_worker, args=(dp, tp, str(tmp_path / "store"), str(tmp_path)), nprocs=world, join=True)
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    """Each rank's checks of every layout: one spawn of 4 gloo processes for all three."""
+    out = tmp_path_factory.mktemp("pipeline")
+    mp.spawn(_worker, args=(str(out / "store"), str(out)), nprocs=WORLD, join=True)
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("dp,tp", [(1, 1), (1, 2), (2, 1)], ids=["pp2", "pp2xtp2", "dp2xpp2"])
-def test_pipelined_steps_scores_and_checkpoints_equal_one_process(tmp_path, dp, tp):
-    for rank, result in enumerate(run(tmp_path, dp, tp)):
-        for role, checks in result.items():
+@pytest.mark.parametrize("layout", ["pp2", "pp2xtp2", "dp2xpp2"])
+def test_pipelined_steps_scores_and_checkpoints_equal_one_process(ranks, layout):
+    for rank, result in enumerate(ranks):
+        for role, checks in result[layout].items():
             assert checks["grad_norm"] > 0
             for what, value in checks.items():
                 if what != "grad_norm":
-                    assert value <= TOL, f"rank {rank} {role} {what}: {value}"
+                    assert value <= TOL, f"rank {rank} {layout} {role} {what}: {value}"
 
 
 def test_a_pipeline_that_does_not_divide_the_layers_is_refused():
