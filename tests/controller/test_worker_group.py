@@ -28,6 +28,23 @@ def alive_actors():
     return sum(1 for a in ray._private.state.actors().values() if a["State"] == "ALIVE")
 
 
+# The order of the tests is the order of their pools' shapes: the shared session keeps a removed
+# group's processes warm for the next group of the same classes on a pool of the same shape, as
+# long as their reservations fit beside new pools. A request the cluster cannot meet gives every
+# warm process up, so that test comes first; the fused roles (other classes) come last.
+
+
+def test_asking_for_more_devices_than_exist_fails_at_once(session):
+    start = time.monotonic()
+    with pytest.raises(PlacementError, match="asks for 99 CPU device"):
+        session.pool("huge", 99)
+    with pytest.raises(PlacementError, match="on 2 nodes but the cluster has 1"):
+        session.pool("spread", [1, 1])
+    assert time.monotonic() - start < 5
+    with pytest.raises(DispatchError, match="has 4 ranks but pool 'two' has 2"):
+        session.group("g", EchoWorker, session.pool("two", 2), mesh=Mesh(dp=4))
+
+
 def test_ranks_know_their_place_and_all_reduce(session):
     pool = session.pool("four", 4)
     group = session.group("model", EchoWorker, pool, mesh=Mesh(pp=1, tp=2, dp=2))
@@ -36,6 +53,12 @@ def test_ranks_know_their_place_and_all_reduce(session):
     assert [w["coord"] for w in where] == [(0, 0, 0), (0, 1, 0), (0, 0, 1), (0, 1, 1)]
     assert len({w["pid"] for w in where}) == 4 and {w["world"] for w in where} == {4}
     assert group.all_reduce().get() == [10.0] * 4  # 1 + 2 + 3 + 4 on every rank
+
+
+def test_user_protocol_and_rank_zero_execution(session):
+    group = session.group("g", EchoWorker, session.pool("four", 4))  # the warm processes of the test above
+    assert group.identity(1).get() == 1 + 2 + 3 + 4
+    assert group.only_rank_zero(prompts(5)).get() == 500  # rank 0 alone saw all 5 rows
 
 
 def test_future_flows_between_groups_with_different_dp(session):
@@ -119,30 +142,11 @@ def test_slices_share_their_pools_devices_call_by_call(session):
         left.where()
 
 
-def test_fused_roles_share_processes_but_are_separate_groups(session):
-    groups = session.fused(session.pool("fused", 2), actor=EchoWorker, reference=ReferenceLike)
-    actor, reference = groups["actor"], groups["reference"]
-    assert [w["pid"] for w in actor.where().get()] == [w["pid"] for w in reference.where().get()]
-    assert reference.negate(actor.double(prompts(4))).get()["x"].tolist() == [0.0, -2.0, -4.0, -6.0]
-    start = time.monotonic()
-    a, b = actor.sleep(0.6), reference.negate(prompts(2))
-    a.get(), b.get()
-    assert time.monotonic() - start >= 0.6
-    with pytest.raises(AttributeError, match="registered: .*negate"):
-        _ = reference.double
-
-
 def test_padding_or_refusal_when_rows_do_not_divide(session):
     group = session.group("g", EchoWorker, session.pool("two", 2))
     assert group.double(prompts(3)).get()["x"].tolist() == [0.0, 2.0, 4.0]
     with pytest.raises(DispatchError, match=r"g.strict_double: a Batch of 3 rows .* 2 equal"):
         group.strict_double(prompts(3))
-
-
-def test_user_protocol_and_rank_zero_execution(session):
-    group = session.group("g", EchoWorker, session.pool("three", 3))
-    assert group.identity(1).get() == 1 + 2 + 3
-    assert group.only_rank_zero(prompts(5)).get() == 500  # rank 0 alone saw all 5 rows
 
 
 def test_worker_error_names_role_rank_method_and_group_stays_usable(session):
@@ -173,25 +177,6 @@ def test_killed_worker_is_reported_and_group_can_be_recreated(session):
     assert group.all_reduce().get() == [3.0, 3.0]
 
 
-def test_ctrl_c_while_waiting_leaves_session_usable():
-    # In a fresh driver (tests/controller/ctrl_c_check.py), as in a user's kernel: the wait
-    # on a 6 s call is interrupted at once (0.5 s in), and the group
-    # still answers and hands over the call's result afterwards.
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    run = subprocess.run(
-        [sys.executable, "-m", "tests.controller.ctrl_c_check"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    result = json.loads(run.stdout.strip().splitlines()[-1])
-    assert result["interrupted"] and result["waited_s"] < 3.0, result
-    assert result["rank"] == 0 and result["result"] == [6.0]
-
-
 def test_rerunning_a_group_cell_does_not_leak_actors(session):
     pool = session.pool("one", 1)
     session.group("cell", EchoWorker, pool)
@@ -200,17 +185,6 @@ def test_rerunning_a_group_cell_does_not_leak_actors(session):
         group = session.group("cell", EchoWorker, pool)
     assert alive_actors() == before
     assert group.where().get()[0]["rank"] == 0
-
-
-def test_asking_for_more_devices_than_exist_fails_at_once(session):
-    start = time.monotonic()
-    with pytest.raises(PlacementError, match="asks for 99 CPU device"):
-        session.pool("huge", 99)
-    with pytest.raises(PlacementError, match="on 2 nodes but the cluster has 1"):
-        session.pool("spread", [1, 1])
-    assert time.monotonic() - start < 5
-    with pytest.raises(DispatchError, match="has 4 ranks but pool 'two' has 2"):
-        session.group("g", EchoWorker, session.pool("two", 2), mesh=Mesh(dp=4))
 
 
 def test_trace_records_every_rank_and_exports_chrome_json(session, tmp_path):
@@ -245,6 +219,38 @@ def test_futures_passed_between_groups_leave_no_references_behind(session):
     for _ in range(300):
         sink.double(source.double(prompts(4))).get()
     assert held() <= before + 2
+
+
+def test_fused_roles_share_processes_but_are_separate_groups(session):
+    groups = session.fused(session.pool("fused", 2), actor=EchoWorker, reference=ReferenceLike)
+    actor, reference = groups["actor"], groups["reference"]
+    assert [w["pid"] for w in actor.where().get()] == [w["pid"] for w in reference.where().get()]
+    assert reference.negate(actor.double(prompts(4))).get()["x"].tolist() == [0.0, -2.0, -4.0, -6.0]
+    start = time.monotonic()
+    a, b = actor.sleep(0.6), reference.negate(prompts(2))
+    a.get(), b.get()
+    assert time.monotonic() - start >= 0.6
+    with pytest.raises(AttributeError, match="registered: .*negate"):
+        _ = reference.double
+
+
+def test_ctrl_c_while_waiting_leaves_session_usable():
+    # In a fresh driver (tests/controller/ctrl_c_check.py), as in a user's kernel: the wait
+    # on a 6 s call is interrupted at once (0.5 s in), and the group
+    # still answers and hands over the call's result afterwards.
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run(
+        [sys.executable, "-m", "tests.controller.ctrl_c_check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["interrupted"] and result["waited_s"] < 3.0, result
+    assert result["rank"] == 0 and result["result"] == [6.0]
 
 
 def test_a_batch_is_stored_once_only_when_ranks_share_it(shared_session):
