@@ -69,11 +69,20 @@ def ppo_metrics(handles, batches, iterations=2):
     return [{k: v for k, v in m.items() if not k.startswith(("timing_s/", "perf/"))} for m in metrics]
 
 
-def test_calls_on_other_meshes_match_the_colocated_plan(session, kit):
-    colocated = deploy_calls(per_call(), session, kit["workers"], PPO_FLOW)
-    assert set(colocated) == {"actor", "reference", "critic", "reward"}
-    expected = ppo_metrics(colocated, kit["batches"])
-    session.clear()
+@pytest.fixture(scope="module")
+def colocated(shared_session, kit):
+    """The colocated plan's handles' names and its two PPO iterations' metrics: the reference
+    the other plans' iterations are compared with (a one-iteration run is its first)."""
+    handles = deploy_calls(per_call(), shared_session, kit["workers"], PPO_FLOW)
+    names = set(handles)
+    metrics = ppo_metrics(handles, kit["batches"])
+    shared_session.clear()
+    return names, metrics
+
+
+def test_calls_on_other_meshes_match_the_colocated_plan(session, kit, colocated):
+    names, expected = colocated
+    assert names == {"actor", "reference", "critic", "reward"}
 
     # The actor generates on d1 (a rollout group) and the critic's values run on d1 (a replica)
     # while both train on d0.
@@ -107,7 +116,7 @@ def test_calls_on_other_meshes_match_the_colocated_plan(session, kit):
     assert critic.version == 2 and critic.held == {"critic_d1": 1}
 
 
-def test_a_searched_plan_deploys_and_runs(session, kit):
+def test_a_searched_plan_deploys_and_runs(session, kit, colocated):
     """The search, kept to plans this runtime runs and to one-device meshes of a 2-device
     machine, spreads PPO's calls over both devices; the plan deploys, and its iteration equals
     the colocated plan's."""
@@ -125,14 +134,13 @@ def test_a_searched_plan_deploys_and_runs(session, kit):
     handles = deploy_calls(plan, session, kit["workers"], PPO_FLOW)
     [metrics] = ppo_metrics(handles, kit["batches"][:1], iterations=1)
     assert {p.name for p in session.pools.values()} == {"calls_d0", "calls_d1"}
-    session.clear()
-    [colocated] = ppo_metrics(deploy_calls(per_call(), session, kit["workers"], PPO_FLOW), kit["batches"][:1], 1)
-    assert metrics.keys() == colocated.keys() and all(math.isfinite(v) for v in metrics.values())
-    for key, value in colocated.items():
+    expected = colocated[1][0]
+    assert metrics.keys() == expected.keys() and all(math.isfinite(v) for v in metrics.values())
+    for key, value in expected.items():
         assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
 
 
-def test_meshes_that_share_some_devices_run_on_slices_of_one_pool(session, kit):
+def test_meshes_that_share_some_devices_run_on_slices_of_one_pool(session, kit, colocated):
     """The actor and critic on d0, the reference on d0-1 (two data-parallel ranks), the reward on
     d1: one pool spans d0-1 and the one-device meshes are its slices; the iteration equals the
     colocated plan's, and the reference's rank on d0 waits its turn behind the actor."""
@@ -149,8 +157,7 @@ def test_meshes_that_share_some_devices_run_on_slices_of_one_pool(session, kit):
     since = time.time()
     [got] = ppo_metrics(handles, kit["batches"][:1], iterations=1)
     spans = [r for r in session.trace() if r.start >= since]
-    session.clear()
-    [expected] = ppo_metrics(deploy_calls(per_call(), session, kit["workers"], PPO_FLOW), kit["batches"][:1], 1)
+    expected = colocated[1][0]
     assert got.keys() == expected.keys()
     for key, value in expected.items():
         assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
@@ -166,13 +173,7 @@ def test_a_trained_models_copies_on_devices_its_home_shares_match_copies_apart(s
     """The actor's generation and the critic's values on d0-1 (two ranks each) while both train
     on d0: the copies share d0 with their home, take their weights through joint calls and take
     turns there; the iteration equals the one with the same copies on d1-2, apart."""
-    d12 = DeviceRange(1, 2)
     two = Mesh(1, 1, 2)
-    apart = per_call()
-    apart.layouts |= {"gen": (d12, two), "values": (d12, two)}
-    [expected] = ppo_metrics(deploy_calls(apart, session, kit["workers"], PPO_FLOW), kit["batches"][:1], 1)
-    session.clear()
-
     shared = per_call()
     shared.layouts |= {"gen": (D01, two), "values": (D01, two)}
     since = time.time()
@@ -183,11 +184,16 @@ def test_a_trained_models_copies_on_devices_its_home_shares_match_copies_apart(s
     assert hosts["actor"] is hosts["critic"] and hosts["actor"].pool.name == "calls_d0"
     [got] = ppo_metrics(handles, kit["batches"][:1], iterations=1)
     handles["critic"].check()  # the pushes finished without error
+    spans = [r for r in session.trace() if r.start >= since]
+    session.clear()
 
+    # Apart second: its two-rank pool takes the shared run's two-rank processes warm.
+    apart = per_call()
+    apart.layouts |= {"gen": (DeviceRange(1, 2), two), "values": (DeviceRange(1, 2), two)}
+    [expected] = ppo_metrics(deploy_calls(apart, session, kit["workers"], PPO_FLOW), kit["batches"][:1], 1)
     assert got.keys() == expected.keys()
     for key, value in expected.items():
         assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
-    spans = [r for r in session.trace() if r.start >= since]
     received = [r for r in spans if r.method in ("replica.receive_weights", "async.receive_weights")]
     assert {r.rank for r in received} == {0, 1} and all(r.extra["bytes_received"] > 0 for r in received)
     # On d0 the copies' rank and the home's process take turns, except in the pushes' joint calls.

@@ -15,8 +15,14 @@ from workbench.workers.critic import CriticConfig, CriticWorker
 from workbench.workers.reward import RewardModelWorker, ScoreModelConfig
 
 
+def tp_plan():
+    """The planner's plan for PPO on llama2-7b over 4 A100s: all four models on one set, tensor
+    parallel (p1t4d1)."""
+    return automap(Problem(dataflow_preset("ppo"), "llama2-7b", Workload(), cluster_preset("a100_80g", 4)))
+
+
 def test_plan_pools_creates_the_planned_placement(session):
-    plan = automap(Problem(dataflow_preset("ppo"), "llama2-13b", Workload(), cluster_preset("a100_80g", 8)))
+    plan = tp_plan()
     layouts = plan_pools(plan, session)
     assert set(layouts) == {"actor", "critic", "reference", "reward"}
     for colocated in plan.sets:
@@ -26,11 +32,17 @@ def test_plan_pools_creates_the_planned_placement(session):
     actor = plan.set_of("actor").assignments["actor"]
     mesh = layouts["actor"].mesh
     assert (mesh.pp, mesh.tp, mesh.dp) == (actor.strategy.pp, actor.strategy.tp, actor.strategy.dp)
-    # Groups on the planned layouts start and see their planned coordinates.
-    critic_pool, critic_mesh = layouts["critic"]
-    critic = session.group("critic", EchoWorker, critic_pool, mesh=critic_mesh)
-    coords = [w["coord"] for w in critic.where().get()]
-    assert coords == [tuple(critic_mesh.coord(r)) for r in range(critic_mesh.world_size)]
+    assert mesh.tp > 1, f"the planner no longer picks tensor parallelism here: {actor.strategy}"
+    # Groups on the planned layouts start and see their planned coordinates: the four models
+    # share one (pp, tp, dp) here, so they share one process per device as deploy_plan starts
+    # them (and the next test's four groups on 4 devices take these processes warm).
+    shared = {(p.name, m.pp, m.tp, m.dp) for p, m in layouts.values()}
+    assert len(shared) == 1, layouts
+    groups = session.fused(layouts["critic"].pool, mesh=mesh, **{m: EchoWorker for m in layouts})
+    for model, group in groups.items():
+        planned = layouts[model].mesh
+        coords = [w["coord"] for w in group.where().get()]
+        assert coords == [tuple(planned.coord(r)) for r in range(planned.world_size)], model
 
 
 def local_plan(**limits):
@@ -52,18 +64,21 @@ def test_deploy_refuses_before_reserving_anything(session):
     plan = local_plan(max_tp=1, max_pp=1)
     with pytest.raises(PlannerError, match=r"missing \['critic'\]"):
         deploy_plan(plan, session, {m: (EchoWorker, None) for m in plan.dataflow.models if m != "critic"})
-    tp_plan = automap(Problem(dataflow_preset("ppo"), "llama2-13b", Workload(), cluster_preset("a100_80g", 8)))
-    fsdp = {m: (EchoWorker, CriticConfig(model_path="/not/read/before/the/layout")) for m in tp_plan.dataflow.models}
+    tensor_parallel = tp_plan()
+    fsdp = {
+        m: (EchoWorker, CriticConfig(model_path="/not/read/before/the/layout")) for m in tensor_parallel.dataflow.models
+    }
     with pytest.raises(ConfigError, match="data parallelism only"):
-        deploy_plan(tp_plan, session, fsdp)
+        deploy_plan(tensor_parallel, session, fsdp)
     assert not session.pools
 
 
 def test_a_tensor_parallel_plan_deploys_and_runs(session, tmp_path):
-    """The planner puts the 10M actor and critic on p1t2d2 on 4 local devices: the plan starts
-    for real, the actor generates through the hybrid engine and its critic scores."""
+    """The planner puts the 10M actor on p1t2d1 on 2 local devices: the plan starts for real,
+    the actor generates through the hybrid engine, its critic scores and the reference's
+    log-probs equal the actor's."""
     plan = automap(
-        Problem(dataflow_preset("ppo"), "tiny-10m", Workload.tiny(), cluster_preset("local", 4), max_tp=4, max_pp=1)
+        Problem(dataflow_preset("ppo"), "tiny-10m", Workload.tiny(), cluster_preset("local", 2), max_tp=2, max_pp=1)
     )
     actor = plan.set_of("actor").assignments["actor"]
     assert actor.strategy.tp > 1, f"the planner no longer picks tensor parallelism here: {actor.strategy}"
