@@ -1,6 +1,6 @@
 """Every algorithm, two iterations end to end on real worker groups (tiny kit, shared Ray):
-actor + reference (FSDP2, HF rollout) on 2 devices, critics, a reward model and a cost model on
-one device each, and rule rewards in Ray tasks."""
+actor + reference (FSDP2, HF rollout) on 2 devices, critics, a reward model and a cost model
+fused in one process on a third, and rule rewards in Ray tasks."""
 
 import dataclasses
 import math
@@ -60,20 +60,21 @@ def groups(shared_session, kit):
         s.pool("actor_pool", 2),
         ActorConfig(model_path=kit["model"], reference=True, optim=optim, mini_batch_size=4, micro_batch_size=2),
     )
-    critic = s.group(
-        "critic", CriticWorker, s.pool("critic_pool", 1), CriticConfig(model_path=kit["model"], optim=optim)
+    # The critics and the two score models share one process (fused roles): three process
+    # starts fewer than a process each, the same calls.
+    scoring = s.fused(
+        s.pool("critic_pool", 1),
+        critic=(CriticWorker, CriticConfig(model_path=kit["model"], optim=optim)),
+        cost_critic=(CriticWorker, CriticConfig(model_path=kit["model"], optim=optim)),
+        reward_model=(RewardModelWorker, ScoreModelConfig(kit["scorer"])),
+        cost_model=(CostModelWorker, ScoreModelConfig(kit["scorer"])),
     )
-    cost_critic = s.group(
-        "cost_critic", CriticWorker, s.pool("cost_critic_pool", 1), CriticConfig(model_path=kit["model"], optim=optim)
-    )
-    reward_model = s.group("reward_model", RewardModelWorker, s.pool("rm_pool", 1), ScoreModelConfig(kit["scorer"]))
-    cost_model = s.group("cost_model", CostModelWorker, s.pool("cm_pool", 1), ScoreModelConfig(kit["scorer"]))
     yield {
         "actor": actor,
-        "critic": critic,
-        "cost_critic": cost_critic,
+        "critic": scoring["critic"],
+        "cost_critic": scoring["cost_critic"],
         "rule": (RuleReward(arithmetic.score), RuleReward(rule_cost, output_key="costs")),
-        "model": (reward_model, cost_model),
+        "model": (scoring["reward_model"], scoring["cost_model"]),
     }
     s.clear()
 

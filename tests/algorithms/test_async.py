@@ -77,32 +77,30 @@ def learned(metrics):
 
 @pytest.mark.numerics
 def test_staleness_zero_is_the_synchronous_colocated_run_bit_exactly(session, kit, tmp_path):
+    # The colocated actor (its own HF rollout) in the trainer's role and pool: split_pair then
+    # starts the trainer on its warm process instead of a new one.
     colocated = session.group(
-        "async_colocated", ActorRolloutRefWorker, session.pool("async_colocated", 1), actor_config(kit["model"])
+        "async_trainer", ActorRolloutRefWorker, session.pool("async_train", 1), actor_config(kit["model"])
     )
-    reference = grpo(colocated).fit(kit["batches"], 3, log=None)
-    pipelined = grpo(*split_pair(session, kit["model"])).fit(
-        kit["batches"], 3, log=None, asynchronous=True, max_staleness=0
-    )
-    assert [m["async/staleness_max"] for m in pipelined] == [0.0] * 3
-    assert learned(pipelined) == learned(reference)
-    # It learned (so the equality above is not two runs that did nothing): every update had a
+    reference = grpo(colocated).fit(kit["batches"], 2, log=None)
+    # It learned (so the equalities below are not two runs that did nothing): every update had a
     # gradient, and the weights differ from the initial model's.
     assert all(m["actor/grad_norm"] > 0 for m in reference)
     trained = load(colocated.export_hf(str(tmp_path / "trained")).get()[0]).model.state_dict()
     initial = load(kit["model"]).model.state_dict()
     assert any(not torch.equal(trained[k], initial[k]) for k in initial)
 
-    # The rollout group reallocated into (every actor rank a source, a layer unit at a time)
-    # instead of broadcast to: the same weights arrive, so the same run.
+    # Asynchronous with staleness 0, the rollout group reallocated into (every actor rank a
+    # source, a layer unit at a time): the same run. Two iterations: the second generates from
+    # the weights pushed after the first update.
     since = time.time()
     reallocated = grpo(*split_pair(session, kit["model"]), rollout_weights="reallocate").fit(
-        kit["batches"], 3, log=None, asynchronous=True, max_staleness=0
+        kit["batches"], 2, log=None, asynchronous=True, max_staleness=0
     )
+    assert [m["async/staleness_max"] for m in reallocated] == [0.0] * 2
     assert learned(reallocated) == learned(reference)
     spans = [r for r in session.trace() if r.start >= since]
-    # the processes of this run (the groups before it, under the same roles, may still be pushing)
-    pids = {r.pid for r in spans if r.method in ("generate_sequences", "update_actor")}
+    pids = {r.pid for r in spans if r.method in ("generate_sequences", "update_actor")}  # this run's processes
     sent = [r for r in spans if r.method == "async.send_weights" and r.pid in pids]
     received = [r for r in spans if r.method == "async.receive_weights" and r.pid in pids]
     model_bytes = sum(t.numel() * t.element_size() for t in load(kit["model"]).model.state_dict().values())
@@ -110,38 +108,12 @@ def test_staleness_zero_is_the_synchronous_colocated_run_bit_exactly(session, ki
     assert all(r.extra["bytes_sent"] == model_bytes and r.extra["layers"] > 2 for r in sent)
     assert all(r.extra["bytes_received"] == model_bytes and r.extra["layers"] > 2 for r in received)
 
-
-def test_a_vllm_rollout_group_reallocated_into_runs_as_one_broadcast_to(session, kit):
-    """vLLM engines keep the reallocated units and reload the model once all have arrived: the
-    same weights as a broadcast brings, so the same run (vLLM's seeded sampling), each push one
-    model's bytes in several layer units."""
-    runs = {}
-    for weights in ("broadcast", "reallocate"):
-        trainer = session.group(
-            "async_trainer",
-            ActorRolloutRefWorker,
-            session.pool("async_train", 1),
-            actor_config(kit["model"], rollout=None),
-        )
-        rollout = session.group(
-            "async_rollout",
-            ActorRolloutRefWorker,
-            session.pool("async_gen", 1),
-            actor_config(kit["model"], train=False, rollout="vllm", vllm=VLLMRolloutConfig(max_model_len=128)),
-        )
-        since = time.time()
-        runs[weights] = grpo(trainer, rollout, rollout_weights=weights).fit(
-            kit["batches"][:2], 2, log=None, asynchronous=True, max_staleness=0
-        )
-    assert learned(runs["reallocate"]) == learned(runs["broadcast"])
-    assert all(m["actor/grad_norm"] > 0 for m in runs["reallocate"])  # each update moved the weights
-    # The second batch was generated from the pushed weights: the engine's log-probs are the
-    # updated trainer's (an engine left with the initial weights would be far off).
-    assert runs["reallocate"][1]["actor/rollout_logprob_diff"] <= 1e-4
-    pids = {r.pid for r in session.trace() if r.start >= since and r.method == "update_actor"}
-    sent = [r for r in session.trace() if r.start >= since and r.method == "async.send_weights" and r.pid in pids]
-    model_bytes = sum(t.numel() * t.element_size() for t in load(kit["model"]).model.state_dict().values())
-    assert sent and all(r.extra["bytes_sent"] == model_bytes and r.extra["layers"] > 2 for r in sent)
+    # Broadcast to instead (after the spans above: its pushes run in the same processes): the same run.
+    pipelined = grpo(*split_pair(session, kit["model"])).fit(
+        kit["batches"], 2, log=None, asynchronous=True, max_staleness=0
+    )
+    assert [m["async/staleness_max"] for m in pipelined] == [0.0] * 2
+    assert learned(pipelined) == learned(reference)
 
 
 def test_generation_runs_ahead_within_the_staleness_bound(session, kit):
@@ -149,7 +121,7 @@ def test_generation_runs_ahead_within_the_staleness_bound(session, kit):
     for bound in (1, 2):
         trainer, rollout = split_pair(session, kit["model"])
         metrics = ahead[bound] = grpo(trainer, rollout, off_policy_correction="tis").fit(
-            kit["batches"], 4, log=None, asynchronous=True, max_staleness=bound
+            kit["batches"], 3, log=None, asynchronous=True, max_staleness=bound
         )
         stale = [m["async/staleness_max"] for m in metrics]  # from the rows' policy_version column
         assert max(stale) == bound, stale  # it ran ahead, and never further than the bound
@@ -160,7 +132,7 @@ def test_generation_runs_ahead_within_the_staleness_bound(session, kit):
     assert not [r for r in spans if r.role == "async_trainer" and r.method == "compute_log_prob"]
     trainer, rollout = split_pair(session, kit["model"])
     recomputed = grpo(trainer, rollout, off_policy_correction="tis", old_log_probs="recompute").fit(
-        kit["batches"], 4, log=None, asynchronous=True, max_staleness=2
+        kit["batches"], 3, log=None, asynchronous=True, max_staleness=2
     )
     assert [r for r in session.trace() if r.role == "async_trainer" and r.method == "compute_log_prob"]
     for fused, separate in zip(learned(metrics), learned(recomputed)):
@@ -186,7 +158,7 @@ def test_generation_runs_ahead_within_the_staleness_bound(session, kit):
     )
     rollout = session.group("async_rollout", ActorRolloutRefWorker, train_pool, actor_config(kit["model"], train=False))
     shared = grpo(trainer, rollout, off_policy_correction="tis").fit(
-        kit["batches"], 4, log=None, asynchronous=True, max_staleness=1
+        kit["batches"], 3, log=None, asynchronous=True, max_staleness=1
     )
     assert learned(shared) == learned(ahead[1])
     spans = [r for r in session.trace() if r.start >= since and "." not in r.method]
@@ -253,3 +225,40 @@ def test_refusals_name_the_role_and_the_fix(session, kit):
         first.push(1)
     newer.push(1)
     assert len(newer.check()) == 2
+
+
+# Last in the module: a process that loaded vLLM is never kept warm, so the rollout process it
+# takes over serves the tests above first.
+def test_a_vllm_rollout_group_reallocated_into_runs_as_one_broadcast_to(session, kit):
+    """vLLM engines keep the reallocated units and reload the model once all have arrived: the
+    same weights as a broadcast brings, so the same run (vLLM's seeded sampling), each push one
+    model's bytes in several layer units. One engine serves both runs: a run's first push loads
+    the fresh trainer's initial weights over those the run before left there."""
+    rollout = session.group(
+        "async_rollout",
+        ActorRolloutRefWorker,
+        session.pool("async_gen", 1),
+        actor_config(kit["model"], train=False, rollout="vllm", vllm=VLLMRolloutConfig(max_model_len=128)),
+    )
+    runs = {}
+    for weights in ("broadcast", "reallocate"):
+        trainer = session.group(
+            "async_trainer",
+            ActorRolloutRefWorker,
+            session.pool("async_train", 1),
+            actor_config(kit["model"], rollout=None),
+        )
+        since = time.time()
+        runs[weights] = grpo(trainer, rollout, rollout_weights=weights).fit(
+            kit["batches"][:2], 2, log=None, asynchronous=True, max_staleness=0
+        )
+    assert learned(runs["reallocate"]) == learned(runs["broadcast"])
+    assert all(m["actor/grad_norm"] > 0 for m in runs["reallocate"])  # each update moved the weights
+    # Each batch was generated from the pushed weights: the engine's log-probs are the trainer's,
+    # the initial ones (not the broadcast run's last) and then the updated ones (an engine left
+    # with other weights would be far off).
+    assert all(m["actor/rollout_logprob_diff"] <= 1e-4 for m in runs["reallocate"])
+    pids = {r.pid for r in session.trace() if r.start >= since and r.method == "update_actor"}
+    sent = [r for r in session.trace() if r.start >= since and r.method == "async.send_weights" and r.pid in pids]
+    model_bytes = sum(t.numel() * t.element_size() for t in load(kit["model"]).model.state_dict().values())
+    assert sent and all(r.extra["bytes_sent"] == model_bytes and r.extra["layers"] > 2 for r in sent)

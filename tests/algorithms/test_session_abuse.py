@@ -65,8 +65,10 @@ def test_roles_recreated_between_steps_killed_and_recovered(session, kit):
     session.group("critic", CriticWorker, "critic_pool", kit["critic"])  # re-run the critic cell
     ppo.step(prompts)
 
-    # Re-running only the reference cell takes the fused actor's processes with it.
-    session.group("reference", ActorRolloutRefWorker, "actor_pool", kit["reference"])
+    # Re-running only the reference cell takes the fused actor's processes with it. (The cell puts
+    # it on a device of its own: the actor's processes then stay warm on their pool, and the fused
+    # cell's re-run below starts on them instead of two new ones.)
+    session.group("reference", ActorRolloutRefWorker, session.pool("reference_pool", 1), kit["reference"])
     with pytest.raises(GroupRemovedError, match=r"'actor' no longer exists: .*shared its processes with 'reference'"):
         ppo.step(prompts)
     actor_cell(session, kit)  # re-run the fused cell: both handles follow
