@@ -59,7 +59,9 @@ METHODS = ("hybridflow", "vanilla", "deepspeed_chat")
 def layout_actor(request, shared_session, model_dir):
     """A tensor-parallel actor group (with a reference) for one training layout, started once
     and shared by the tests that name it: starting 4-8 processes is the slow part here. The
-    transition method changes on the live group (`switch_generation`)."""
+    transition method changes on the live group (`switch_generation`). Every layout runs on
+    devices of one 8-device pool (a 4-rank one on a slice of it): processes are kept warm per
+    pool, so the 8-rank layout starts on the 4-rank layouts' processes."""
     tp, dp, gen_tp = LAYOUTS[request.param]
     mesh = Mesh(tp=tp, dp=dp, gen_tp=gen_tp)
     cfg = ActorConfig(
@@ -71,9 +73,10 @@ def layout_actor(request, shared_session, model_dir):
         reference=True,
         share_prompts=True,  # a 1m model's forwards would not share by themselves (too little saved)
     )
-    group = shared_session.group(
-        "actor", CorruptibleActor, shared_session.pool("actor_pool", mesh.world_size), cfg, mesh=mesh
-    )
+    pool = shared_session.pool("actor_pool", max(tp * dp for tp, dp, _ in LAYOUTS.values()))
+    if mesh.world_size < pool.world_size:
+        pool = shared_session.slice("actor_ranks", pool, 0, mesh.world_size)
+    group = shared_session.group("actor", CorruptibleActor, pool, cfg, mesh=mesh)
     yield group
     shared_session.clear()
 
@@ -290,10 +293,11 @@ def test_a_tensor_parallel_ppo_iteration_end_to_end(shared_session, switching_ac
     problems = arithmetic.generate(arithmetic.ArithmeticConfig(digits=1), 4, seed=1)
     batch = tokenize_prompts([p.__dict__ for p in problems], tokenizer, max_prompt_length=32)
     actor.save_checkpoint(str(tmp_path / "untrained")).get()  # put back at the end: the group is shared
-    critic = shared_session.group(
-        "critic", CriticWorker, shared_session.pool("critic_pool", 1), CriticConfig(model_path=model_dir)
-    )
-    groups = Groups(actor=actor, reference=actor, critic=critic, reward=RuleReward(arithmetic.score))
+    # The critic beside the actor's ranks, on the actor's pool (which holds every device).
+    beside = shared_session.slice("critic_pool", "actor_pool", actor.mesh.world_size, 1)
+    critic = shared_session.group("critic", CriticWorker, beside, CriticConfig(model_path=model_dir))
+    reward = RuleReward(arithmetic.score, processes=1)  # 8 rows a step: one scoring process is plenty
+    groups = Groups(actor=actor, reference=actor, critic=critic, reward=reward)
     algo = PPO(groups, PPO.Config(sampling=SamplingConfig(max_new_tokens=6, n=2, seed=0)))
     since = time.time()
     for _ in range(2):

@@ -69,6 +69,40 @@ def one_block_reward_dir(tmp_path_factory):
     )
 
 
+def test_reused_values_forward_gives_the_update_recomputation_gives(session, reward_dir, rollout):
+    """CriticConfig.reuse_values_forward: the values and the update's loss, gradient norm and new
+    weights are those of a critic that recomputes; an update over other rows recomputes."""
+    pool = session.pool("reuse_pool", 2)
+    settings = dict(model_path=reward_dir, optim=OptimConfig(lr=3e-3), mini_batch_size=6, micro_batch_size=2)
+
+    def run(config: CriticConfig, batch: Batch | None = None):
+        """One fresh critic's values, update, values after it and update over the rows flipped.
+        Each run re-creates the role on the same warm processes: the two critics run one after
+        the other from the same weights, as two side by side would."""
+        critic = session.group("critic", CriticWorker, pool, config)
+        values = critic.compute_values(rollout).get()["values"]
+        if batch is None:
+            returns = values + torch.linspace(-1, 1, values.shape[1])
+            batch = rollout.union(Batch({"values": values, "returns": returns}))
+        update = critic.update_critic(batch, CriticLoss()).get()
+        after = critic.compute_values(rollout).get()["values"]
+        # `after` kept a forward too; rows in another order are not its rows, so this update computes its own.
+        flipped = critic.update_critic(batch[torch.arange(len(batch) - 1, -1, -1)], CriticLoss()).get()
+        return values, batch, update, after, flipped
+
+    values, batch, got, after, got_flipped = run(CriticConfig(**settings, reuse_values_forward=True))
+    plain_values, _, want, plain_after, want_flipped = run(CriticConfig(**settings), batch)
+
+    assert (values - plain_values).abs().max() <= 1e-6
+    assert got["critic/values_forward_reused"] == 1.0
+    for key in ("critic/vf_loss", "critic/grad_norm", "critic/vpred_mean"):
+        assert abs(got[key] - want[key]) <= 1e-6 * max(1.0, abs(want[key])), (key, got[key], want[key])
+    assert (after - values).abs().max() > 1e-4  # the step moved the values ...
+    assert (after - plain_after).abs().max() <= 1e-5  # ... to the same place
+    assert got_flipped["critic/values_forward_reused"] == 0.0
+    assert abs(got_flipped["critic/vf_loss"] - want_flipped["critic/vf_loss"]) <= 1e-5
+
+
 @pytest.mark.parametrize("mesh", [None, Mesh(pp=2), Mesh(tp=2)], ids=["dp2", "pp2", "tp2"])
 def test_reward_and_cost_scores_match_a_local_forward(session, reward_dir, rollout, mesh):
     """Data parallel, two pipeline stages, or tensor parallel: the scores are the local model's.
@@ -100,28 +134,43 @@ def test_reward_and_cost_scores_match_a_local_forward(session, reward_dir, rollo
     assert int((token_level != 0).sum()) <= len(rollout)
 
 
+def test_a_fresh_score_head_is_the_same_on_every_rank_and_seeded(session, model_dir, rollout):
+    # A plain causal-LM directory has no score head: each rank makes one at load, from the
+    # config's seed, so both data-parallel ranks score with the head a seeded local load makes,
+    # the reward model's and the cost model's alike (fused as above: the same warm processes).
+    fresh = ScoreModelConfig(model_path=model_dir, seed=5)
+    groups = session.fused(
+        session.pool("fresh_rm", 2), reward=(RewardModelWorker, fresh), cost=(CostModelWorker, fresh)
+    )
+    torch.manual_seed(5)
+    local = load_value_model(model_dir).model
+    with torch.no_grad():
+        values = token_values(local, rollout["input_ids"], rollout["attention_mask"], rollout["position_ids"])
+    expected = values[torch.arange(len(rollout)), last_token_index(rollout["attention_mask"])]
+    assert (groups["reward"].compute_reward(rollout).get()["scores"] - expected).abs().max() <= 1e-5
+    assert (groups["cost"].compute_cost(rollout).get()["costs"] - expected).abs().max() <= 1e-5
+
+
 def test_compiled_critic_and_reward_match_a_local_forward(session, one_block_reward_dir, rollout):
     """LoadConfig.compile: the compiled value forwards (critic under DeepSpeed ZeRO-2, frozen
     reward model) give what the eager local model gives, and the critic still trains."""
-    pool = session.pool("compiled_pool", 1)
     compiled = LoadConfig(compile=True)
-    critic = session.group(
-        "critic",
-        CriticWorker,
-        pool,
-        CriticConfig(
-            model_path=one_block_reward_dir,
-            backend="deepspeed",
-            optim=OptimConfig(lr=3e-3),
-            mini_batch_size=6,
-            micro_batch_size=6,
-            load=compiled,
-            reuse_values_forward=True,
-        ),
+    critic_config = CriticConfig(
+        model_path=one_block_reward_dir,
+        backend="deepspeed",
+        optim=OptimConfig(lr=3e-3),
+        mini_batch_size=6,
+        micro_batch_size=6,
+        load=compiled,
+        reuse_values_forward=True,
     )
-    reward = session.group(
-        "reward", RewardModelWorker, pool, ScoreModelConfig(model_path=one_block_reward_dir, load=compiled)
+    # One process for both (each process start imports torch again): each role compiles its own model.
+    groups = session.fused(
+        session.pool("compiled_pool", 1),
+        critic=(CriticWorker, critic_config),
+        reward=(RewardModelWorker, ScoreModelConfig(model_path=one_block_reward_dir, load=compiled)),
     )
+    critic, reward = groups["critic"], groups["reward"]
     local = load_value_model(one_block_reward_dir).model
     with torch.no_grad():
         values = token_values(local, rollout["input_ids"], rollout["attention_mask"], rollout["position_ids"])
@@ -139,32 +188,6 @@ def test_compiled_critic_and_reward_match_a_local_forward(session, one_block_rew
     assert (critic.compute_values(rollout).get()["values"] - got).abs().max() > 1e-4
     # Only the first update follows compute_values: it reused that forward; the second computed its own.
     assert [m["critic/values_forward_reused"] for m in metrics] == [1.0, 0.0]
-
-
-def test_reused_values_forward_gives_the_update_recomputation_gives(session, reward_dir, rollout):
-    """CriticConfig.reuse_values_forward: the values and the update's loss, gradient norm and new
-    weights are those of a critic that recomputes; an update over other rows recomputes."""
-    pool = session.pool("reuse_pool", 2)
-    settings = dict(model_path=reward_dir, optim=OptimConfig(lr=3e-3), mini_batch_size=6, micro_batch_size=2)
-    reusing = session.group("critic", CriticWorker, pool, CriticConfig(**settings, reuse_values_forward=True))
-    plain = session.group("plain_critic", CriticWorker, pool, CriticConfig(**settings))
-
-    values = reusing.compute_values(rollout).get()["values"]
-    assert (values - plain.compute_values(rollout).get()["values"]).abs().max() <= 1e-6
-    batch = rollout.union(Batch({"values": values, "returns": values + torch.linspace(-1, 1, values.shape[1])}))
-    got, want = reusing.update_critic(batch, CriticLoss()).get(), plain.update_critic(batch, CriticLoss()).get()
-    assert got["critic/values_forward_reused"] == 1.0
-    for key in ("critic/vf_loss", "critic/grad_norm", "critic/vpred_mean"):
-        assert abs(got[key] - want[key]) <= 1e-6 * max(1.0, abs(want[key])), (key, got[key], want[key])
-    after = reusing.compute_values(rollout).get()["values"]
-    assert (after - values).abs().max() > 1e-4  # the step moved the values ...
-    assert (after - plain.compute_values(rollout).get()["values"]).abs().max() <= 1e-5  # ... to the same place
-
-    # `after` kept a forward too; rows in another order are not its rows, so this update computes its own.
-    flipped = batch[torch.arange(len(batch) - 1, -1, -1)]
-    got, want = reusing.update_critic(flipped, CriticLoss()).get(), plain.update_critic(flipped, CriticLoss()).get()
-    assert got["critic/values_forward_reused"] == 0.0
-    assert abs(got["critic/vf_loss"] - want["critic/vf_loss"]) <= 1e-5
 
 
 def test_reused_values_forward_is_refused_where_the_values_would_be_stale(model_dir):
@@ -188,17 +211,3 @@ def test_a_scorers_stages_divide_its_layers(reward_dir):
     config = ScoreModelConfig(model_path=reward_dir)
     with pytest.raises(ConfigError, match=r"num_hidden_layers.*pp=3"):
         config.check_layout(Mesh(pp=3), "reward")
-
-
-def test_a_fresh_score_head_is_the_same_on_every_rank_and_seeded(session, model_dir, rollout):
-    # A plain causal-LM directory has no score head: each rank makes one at load, from the
-    # config's seed, so both data-parallel ranks score with the head a seeded local load makes.
-    reward = session.group(
-        "fresh_reward", RewardModelWorker, session.pool("fresh_rm", 2), ScoreModelConfig(model_path=model_dir, seed=5)
-    )
-    torch.manual_seed(5)
-    local = load_value_model(model_dir).model
-    with torch.no_grad():
-        values = token_values(local, rollout["input_ids"], rollout["attention_mask"], rollout["position_ids"])
-    expected = values[torch.arange(len(rollout)), last_token_index(rollout["attention_mask"])]
-    assert (reward.compute_reward(rollout).get()["scores"] - expected).abs().max() <= 1e-5

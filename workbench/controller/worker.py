@@ -364,6 +364,13 @@ class WorkerHost:
         self.workers.clear()
         self.records.clear()
         torch._dynamo.reset()  # compiled graphs hold their models
+        if "torch.distributed.tensor" in sys.modules:
+            # DTensor's sharding caches outlive a process group: meshes compare equal whatever
+            # their groups, so a cached answer would hand the next group's weights this one's
+            # mesh, whose groups are gone.
+            from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+            _clear_sharding_prop_cache()
         gc.collect()
         reset_memory_peaks()  # the trace's memory peaks are the next group's own
         return (
