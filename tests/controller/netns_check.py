@@ -7,6 +7,7 @@ Prints one JSON line: what each rank saw, the PPO runs and the faults (or the er
 them); test_netns_cluster.py asserts on it.
 """
 
+import faulthandler
 import json
 import os
 import sys
@@ -68,6 +69,11 @@ class NetWorker(Worker):
         return Batch({"x": batch["x"] * 2}, {"uid": batch["uid"]})
 
 
+def phase(what: str, started: float = time.time()) -> None:
+    """Where the driver is, on stderr: the test shows its tail when the driver fails."""
+    print(f"[netns_check +{time.time() - started:.0f}s] {what}", file=sys.stderr, flush=True)
+
+
 def wait_for_nodes(count: int, timeout: float = 60.0) -> list[dict]:
     end = time.time() + timeout
     while (alive := [n for n in ray.nodes() if n["Alive"]]) and len(alive) < count and time.time() < end:
@@ -75,7 +81,9 @@ def wait_for_nodes(count: int, timeout: float = 60.0) -> list[dict]:
     return alive
 
 
-def main(name: str) -> None:
+def main(name: str, dump_after_s: float) -> None:
+    # A driver that hangs prints every thread's stack (then exits) before the test gives up on it.
+    faulthandler.dump_traceback_later(dump_after_s, exit=True)
     cluster = NetnsCluster.load(name)
     addresses = [cluster.host_ip(h) for h in range(cluster.hosts)]
     hosts = len(addresses)
@@ -113,16 +121,19 @@ def main(name: str) -> None:
             "channel": {"address": [address.where, address.port], "shared": shared},
         }
         session.clear()
+        phase("checks done; PPO spread and on one host")
         ppo = netns_ppo_check.compare(session, cluster.shared, addresses[0], addresses[1])
         # Last (it leaves host 1 rejoined); an error here is reported, the checks above stand.
+        phase("PPO done; faults")
         try:
             faults = netns_fault_check.run_faults(session, cluster)
         except Exception:
             faults = {"error": traceback.format_exc()}
     finally:
+        phase("shutting down")
         session.shutdown()
     print(json.dumps({"checks": result, "ppo": ppo, "faults": faults}))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], float(sys.argv[2]))

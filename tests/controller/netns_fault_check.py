@@ -14,6 +14,7 @@ Both redone runs must log the same numbers: one redid iteration 2 on one host, t
 """
 
 import json
+import sys
 import threading
 import time
 from pathlib import Path
@@ -46,6 +47,10 @@ def config(model: Path, out: Path, hosts: list[str], lost_host: str) -> RunConfi
     settings["faults"]["lost_host"] = lost_host
     settings["placement"] = {"actor_devices": 2, "hosts": {"actor": hosts, "critic": [hosts[1]]}}
     return RunConfig.from_dict(settings)
+
+
+def phase(what: str) -> None:
+    print(f"[netns_fault_check {time.strftime('%H:%M:%S')}] {what}", file=sys.stderr, flush=True)
 
 
 def alive(address: str) -> bool:
@@ -88,7 +93,7 @@ def run_faults(session: Session, cluster: NetnsCluster) -> dict:
 
     # 1. host 1 dies; the placement callback runs before the kill (callbacks in order)
     where, placed = placement(session)
-    kill, _ = after_iteration(1, lambda: cluster.kill_host(1))
+    kill, _ = after_iteration(1, lambda: phase(f"killed host 1: {cluster.kill_host(1)} processes"))
     run = Runner(config(model, root / "killed", [h0, h1], "remaining"), session=session, callbacks=[where, kill])
     result = run.run()
     out["killed"] = {
@@ -99,18 +104,22 @@ def run_faults(session: Session, cluster: NetnsCluster) -> dict:
     }
 
     # 2. the link drops
+    phase("host 1 rejoins")
     cluster.rejoin(1)
 
     def pull_the_cable():
         cluster.set_link(1, up=False)
+        phase("pulled host 1's link")
 
         def put_it_back():
             end = time.time() + 120
             while alive(h1) and time.time() < end:
                 time.sleep(0.5)
             out["link"]["down_s"] = time.time() - pulled[0]
+            phase(f"host 1 given up after {out['link']['down_s']:.1f} s; link back, rejoining")
             cluster.set_link(1, up=True)
             cluster.rejoin(1)
+            phase("host 1 rejoined")
 
         threading.Thread(target=put_it_back, daemon=True).start()
 

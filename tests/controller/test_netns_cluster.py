@@ -41,7 +41,7 @@ def driven(cluster):
     """One driver run on host 0 (netns_check): what the ranks saw, then PPO spread over the
     hosts and on one host, same seeds (netns_ppo_check), then the faults (netns_fault_check,
     last: it leaves host 1 rejoined)."""
-    return drive(cluster, "netns_check", cluster.name)
+    return drive(cluster, "netns_check", cluster.name, str(DRIVE_TIMEOUT_S - 60))
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,8 @@ def by_iteration(history: list[dict]) -> dict[int, dict]:
 
 
 def drive(cluster, script: str, *argv: str) -> dict:
-    """Run tests/controller/<script>.py as a driver on host 0; its last line's JSON."""
+    """Run tests/controller/<script>.py as a driver on host 0; its last line's JSON. A driver
+    that fails shows its stderr's tail: its phases, and every thread's stack if it hung."""
     run = cluster.run(
         [sys.executable, "-m", f"tests.controller.{script}", *argv],
         cwd=ROOT,
@@ -74,7 +75,7 @@ def drive(cluster, script: str, *argv: str) -> dict:
         text=True,
         timeout=DRIVE_TIMEOUT_S,
     )
-    assert run.returncode == 0, run.stderr[-4000:]
+    assert run.returncode == 0, run.stderr[-12000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
