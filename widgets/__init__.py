@@ -2,6 +2,7 @@
 
     from widgets import PlacementExplorer, LiveTimeline, MetricsDashboard, BatchInspector, ClusterView
     from widgets import HeldOut, learning_curves   # did it learn: held-out accuracy, before and after
+    from widgets import RunComparison              # several runs overlaid, and how their configs differ
 
 Every view computes plain figure data (`view.data()`), shows it as an interactive Bokeh figure
 (hover, zoom, click; live views stream new rows into it), as ipywidgets when it is a cell's value
@@ -11,6 +12,7 @@ for the app.
 """
 
 from widgets.cluster import ClusterView
+from widgets.compare import RunComparison
 from widgets.dashboard import MetricsDashboard
 from widgets.explorer import PlacementExplorer
 from widgets.inspector import BatchInspector
@@ -27,6 +29,7 @@ __all__ = [
     "LiveTimeline",
     "MetricsDashboard",
     "PlacementExplorer",
+    "RunComparison",
     "RunRecorder",
     "Scenario",
     "estimate",

@@ -2,6 +2,7 @@
 
     python -m workbench app                      # the explorer, at http://127.0.0.1:5006
     python -m workbench app --run runs/grpo      # + timeline and metrics of a run (live)
+    python -m workbench app --compare runs/a --compare runs/b   # + runs overlaid (live)
     panel serve widgets/app.py --args --run runs/grpo
 
 A run directory is what `widgets.RunRecorder` writes (`metrics.jsonl`, `trace.jsonl`,
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import panel as pn
 
+from widgets.compare import RunComparison
 from widgets.dashboard import MetricsDashboard
 from widgets.explorer import PlacementExplorer
 from widgets.recorder import batch_file, load_batch
@@ -63,27 +65,40 @@ class RunFiles:
         return True
 
 
-def build(run_dir: str | Path | None = None, refresh_ms: int = 1000) -> pn.Tabs:
-    """One browser session's app: fresh views, so sessions do not share state."""
+def build(run_dir: str | Path | None = None, refresh_ms: int = 1000, compare: list | tuple = ()) -> pn.Tabs:
+    """One browser session's app: fresh views, so sessions do not share state. `compare`: run
+    directories overlaid in a tab of their own (with `run_dir` first, when given)."""
     tabs = [("Placement explorer", PlacementExplorer().panel())]
+    served = pn.state.curdoc is not None  # then follow the files
     if run_dir is not None:
         files = RunFiles(run_dir)
         tabs += [("Live timeline", files.timeline.panel()), ("Metrics", files.dashboard.panel())]
-        if pn.state.curdoc is not None:  # served: follow the files
+        if served:
             pn.state.add_periodic_callback(files.poll, period=refresh_ms)
+    if compare:
+        comparison = RunComparison([*([run_dir] if run_dir is not None else []), *compare])
+        tabs.append(("Compare runs", comparison.panel()))
+        if served:
+            pn.state.add_periodic_callback(comparison.reload, period=refresh_ms)
     return pn.Tabs(*tabs, dynamic=False)
 
 
 def serve(
-    run_dir: str | Path | None = None, address: str = "127.0.0.1", port: int = 5006, refresh_ms: int = 1000
+    run_dir: str | Path | None = None,
+    address: str = "127.0.0.1",
+    port: int = 5006,
+    refresh_ms: int = 1000,
+    compare: list | tuple = (),
 ) -> None:
     """Serve the app until interrupted."""
+    following = [str(p) for p in ([run_dir] if run_dir else []) + list(compare)]
     print(
-        f"HybridFlow Workbench app at http://{address}:{port}" + (f" following {run_dir}" if run_dir else ""),
+        f"HybridFlow Workbench app at http://{address}:{port}"
+        + (f" following {', '.join(following)}" if following else ""),
         flush=True,
     )
     pn.serve(
-        lambda: build(run_dir, refresh_ms),
+        lambda: build(run_dir, refresh_ms, compare),
         address=address,
         port=port,
         show=False,
@@ -100,10 +115,18 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--port", type=int, default=5006)
     parser.add_argument("--refresh-ms", type=int, default=1000, help="how often to look for new spans and metrics")
+    parser.add_argument(
+        "--compare", type=Path, action="append", default=[], help="a run directory to overlay (repeat for each run)"
+    )
     args = parser.parse_args(argv)
     if args.run is not None and not args.run.is_dir():
         parser.error(f"--run {args.run}: no such directory; pass the directory a RunRecorder writes")
-    serve(args.run, args.address, args.port, args.refresh_ms)
+    for path in args.compare:
+        if not (path / "metrics.jsonl").is_file():
+            parser.error(
+                f"--compare {path}: no metrics.jsonl there; pass a directory the runner or a RunRecorder writes"
+            )
+    serve(args.run, args.address, args.port, args.refresh_ms, args.compare)
 
 
 if __name__.startswith("bokeh"):  # `panel serve widgets/app.py --args --run DIR`

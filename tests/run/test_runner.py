@@ -15,6 +15,7 @@ import ray
 
 import tests.run.rewards
 from tests.run.rewards import FailFirst
+from widgets.compare import RunComparison
 from workbench.data.tasks import TASKS, Task, register_task
 from workbench.models import make_tiny
 from workbench.run.config import load_config
@@ -174,6 +175,24 @@ def test_resume_continues_from_the_latest_checkpoint(first_run, tiny, tmp_path, 
     rows = [r for r in read_jsonl(out / "metrics.jsonl") if "actor/pg_loss" in r]
     assert [(r["iteration"], r["run/redone"]) for r in rows] == [(1, 0), (2, 0), (3, 0), (3, 1)]  # appended
     assert steady(rows[-1]) == steady(rows[2])
+
+    # The two runs overlaid: each iteration once (the resumed run's 3: its redo), by iteration
+    # or by seconds since the start; their configs differ in where they wrote and in resuming.
+    compare = RunComparison({"uninterrupted": first_run[0], "resumed": out})
+    points = compare.aligned()
+    assert [x for x, _ in points["uninterrupted"]] == [x for x, _ in points["resumed"]] == [0, 1, 2, 3]
+    assert points["resumed"][3][1]["run/redone"] == 1
+    assert [steady(m) for _, m in points["resumed"]] == [steady(m) for _, m in points["uninterrupted"]]
+    losses = compare.data()["losses"]["actor/pg_loss"]
+    assert losses["resumed"] == losses["uninterrupted"] == ([1, 2, 3], [r["actor/pg_loss"] for r in rows[:3]])
+    assert set(compare.config_diff()) == {"checkpoint.resume", "logging.output_dir", "checkpoint.export_hf"}
+    assert compare.config_diff()["checkpoint.resume"] == {"uninterrupted": False, "resumed": True}
+    compare.set(align="time")
+    seconds = {name: [x for x, _ in points] for name, points in compare.aligned().items()}
+    assert all(s == sorted(s) for s in seconds.values()), seconds
+    assert seconds["uninterrupted"][-1] == read_jsonl(first_run[0] / "metrics.jsonl")[-1]["run/elapsed_s"] > 0
+    # The resumed run's clock started again at 0: its redo comes after the first process's time.
+    assert seconds["resumed"][-1] == pytest.approx(seconds["uninterrupted"][-1] + rows[-1]["run/elapsed_s"])
 
 
 def test_dead_worker_beyond_the_recovery_budget_stops_the_run(tiny, tmp_path, shared_session):
