@@ -3,6 +3,7 @@
     from widgets import PlacementExplorer, LiveTimeline, MetricsDashboard, BatchInspector, ClusterView
     from widgets import HeldOut, learning_curves   # did it learn: held-out accuracy, before and after
     from widgets import RunComparison              # several runs overlaid, and how their configs differ
+    from widgets import MismatchView               # rollout against trainer log-probs, token by token
 
 Every view computes plain figure data (`view.data()`), shows it as an interactive Bokeh figure
 (hover, zoom, click; live views stream new rows into it), as ipywidgets when it is a cell's value
@@ -17,6 +18,7 @@ from widgets.dashboard import MetricsDashboard
 from widgets.explorer import PlacementExplorer
 from widgets.inspector import BatchInspector
 from widgets.learning import HeldOut, learning_curves
+from widgets.mismatch import MismatchView
 from widgets.planning import Estimate, Scenario, estimate
 from widgets.recorder import RunRecorder
 from widgets.timeline import LiveTimeline
@@ -28,6 +30,7 @@ __all__ = [
     "HeldOut",
     "LiveTimeline",
     "MetricsDashboard",
+    "MismatchView",
     "PlacementExplorer",
     "RunComparison",
     "RunRecorder",

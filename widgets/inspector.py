@@ -3,7 +3,8 @@
     BatchInspector(batch, tokenizer)          # in a notebook: filters and the coloured rows
 
 Each row shows its prompt, response, score (and cost), and the response's tokens shaded by
-one per-token column: log-prob, reference log-prob, KL (old - ref), value or advantage.
+one per-token column: log-prob, reference log-prob, KL (old - ref), the rollout's log-prob
+minus the trainer's (the training/inference mismatch), value or advantage.
 Red is above zero, blue below, the shade scaled by the largest magnitude of that column in
 the whole batch, so rows compare. Filter by score, sort by mean advantage. A chat prompt is
 shown as its conversation (system, user, then the response as the assistant's turn) rather
@@ -23,6 +24,7 @@ TOKEN_FIELDS = {
     "log-prob": "old_log_probs",
     "reference log-prob": "ref_log_probs",
     "KL (old - ref)": None,
+    "mismatch (rollout - trainer)": None,
     "value": "values",
     "return": "returns",
 }
@@ -68,6 +70,8 @@ class BatchInspector(View):
         out = [name for name in TOKEN_FIELDS if self._column(name) in keys]
         if {"old_log_probs", "ref_log_probs"} <= keys:
             out.append("KL (old - ref)")
+        if {"old_log_probs", "rollout_log_probs"} <= keys:
+            out.append("mismatch (rollout - trainer)")
         return sorted(out, key=list(TOKEN_FIELDS).index)
 
     def _scores(self) -> list[float]:
@@ -112,6 +116,8 @@ class BatchInspector(View):
         mask = self.batch["response_mask"].float()
         if field == "KL (old - ref)":
             values = self.batch["old_log_probs"] - self.batch["ref_log_probs"]
+        elif field == "mismatch (rollout - trainer)":  # the rollout engine's log-prob against the trainer's
+            values = self.batch["rollout_log_probs"] - self.batch["old_log_probs"]
         else:
             values = self.batch[self._column(field)]
         return values.float() * mask

@@ -9,6 +9,7 @@ import pytest
 from widgets import BatchInspector, ClusterView, LiveTimeline, MetricsDashboard
 from widgets.app import RunFiles
 from widgets.inspector import shade
+from widgets.mismatch import MismatchView
 from widgets.recorder import load_batch
 from workbench.tracing import load_records
 
@@ -146,3 +147,22 @@ def test_fit_in_the_background_leaves_the_driver_free(run):
     stopped = grpo.fit_background([run["prompts"]], iterations=5)
     stopped.stop()
     assert len(stopped.wait(timeout=600)) == 1
+
+
+def test_the_mismatch_view_measures_the_runs_batch_as_the_metric_does(run):
+    """The rollout's log-probs against the trainer's on the run's last batch: their mean is the
+    iteration's actor/rollout_logprob_diff, bit for bit; the inspector colours the same gap."""
+    batch, metrics = run["batch"], run["history"][-1]
+    view = MismatchView(run["tokenizer"])
+    view(run["grpo"], batch, metrics)
+    [row] = view.data()["per_iteration"]
+    assert row["iteration"] == metrics["iteration"] and row["mean"] == metrics["actor/rollout_logprob_diff"]
+    assert row["median"] <= row["90%"] <= row["99%"] <= row["largest"]
+    worst = view.data()["worst"]
+    assert [abs(w["diff"]) for w in worst] == sorted((abs(w["diff"]) for w in worst), reverse=True)
+    mask = batch["response_mask"].bool()
+    gap = batch["rollout_log_probs"] - batch["old_log_probs"]
+    assert abs(worst[0]["diff"]) == pytest.approx(float(gap[mask].abs().max()))
+    inspector = BatchInspector(batch, run["tokenizer"], field="mismatch (rollout - trainer)", sort="none")
+    assert [t["value"] for t in inspector.tokens(0)] == pytest.approx(gap[0][mask[0]].tolist())
+    assert view.png().startswith(b"\x89PNG")
