@@ -278,6 +278,26 @@ class Algorithm:
             self.rollouts = RolloutQueue(self, state["rollouts"]["max_staleness"])
             self.rollouts.load_state_dict(state["rollouts"])
 
+    def snapshot(self):
+        """The run as it is now, held in memory: every trained group's weights, optimizer state,
+        random generators and counters in its own processes, and this driver's state. Try
+        something (a few steps, an edited loss), then `restore(snapshot)` to rewind; `drop(snapshot)`
+        frees the workers' memory (about three times the trained weights, per snapshot)."""
+        from workbench.run import checkpoint  # (workbench.run imports the algorithms)
+
+        return checkpoint.snapshot(self)
+
+    def restore(self, snapshot) -> None:
+        """Rewind to `snapshot` (`self.snapshot()`'s): the next step is the one that followed it."""
+        from workbench.run import checkpoint
+
+        checkpoint.restore_snapshot(self, snapshot)
+
+    def drop(self, snapshot) -> None:
+        from workbench.run import checkpoint
+
+        checkpoint.drop_snapshot(self, snapshot)
+
     def _check(self, prompts: Batch) -> None:
         """Before an iteration's remote work: the config (perhaps edited in place in a cell since
         the last step) and the groups' batch sizes against this iteration's rows."""

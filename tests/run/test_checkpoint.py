@@ -11,7 +11,7 @@ import ray
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
-from algorithms import PPO, Groups, PPOConfig
+from algorithms import GRPO, PPO, Groups, GRPOConfig, PPOConfig
 from workbench.data import arithmetic
 from workbench.data.prompts import PromptLoader, PromptLoaderConfig
 from workbench.engines.contract import OptimConfig
@@ -115,6 +115,32 @@ def test_resume_gives_the_uninterrupted_metrics_bit_for_bit(ppo_groups, kit, tmp
     again = run(resumed, loader, state["extra"]["batches"], 3)
     assert again == uninterrupted  # every metric, exactly
     assert [m["iteration"] for m in again] == [3.0, 4.0, 5.0]
+
+
+def test_a_snapshot_in_memory_rewinds_the_run_bit_for_bit(ppo_groups, kit):
+    """snapshot() holds every trained group's state in its own processes; restore() rewinds
+    to it: the same iterations again give the same metrics, every weight and Adam moment equal."""
+    groups, loader = ppo_groups["groups"], kit["loader"]
+    ppo = new_ppo(groups)
+    run(ppo, loader, 0, 1)
+    taken = ppo.snapshot()
+    digests = {role: getattr(groups, role).state_digest().get() for role in ("actor", "critic")}
+    assert taken.roles == ("actor", "critic") and taken.nbytes > 0
+    later = run(ppo, loader, 1, 2)  # two updates of both models (actor: 2 epochs x 2 mini-batches each)
+    assert groups.actor.state_digest().get() != digests["actor"]
+
+    ppo.restore(taken)
+    assert ppo.iteration == 1 and len(ppo.history) == 1
+    assert {role: getattr(groups, role).state_digest().get() for role in ("actor", "critic")} == digests
+    assert run(ppo, loader, 1, 2) == later  # every metric, exactly
+    ppo.restore(taken)  # still held: a second rewind
+    assert groups.critic.state_digest().get() == digests["critic"]
+    ppo.drop(taken)
+    with pytest.raises(ConfigError, match="it was dropped"):
+        ppo.restore(taken)
+    other = GRPO(Groups(actor=groups.actor, reference=groups.actor, reward=groups.reward), GRPOConfig())
+    with pytest.raises(ConfigError, match=r"taken of a PPO with trained roles \['actor', 'critic'\]; this is a GRPO"):
+        other.restore(ppo.snapshot())  # refused on the driver, before any worker is touched
 
 
 def test_a_crash_mid_save_leaves_the_last_checkpoint_usable(ppo_groups, kit, tmp_path, monkeypatch):

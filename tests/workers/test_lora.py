@@ -84,6 +84,7 @@ def test_lora_actor_step_reference_sync_export_and_resume(session, model_dir, tm
 
     # Resume: the step after loading is the step after saving, bit for bit (adapters + Adam state).
     actor.save_checkpoint(str(tmp_path / "ckpt")).get()
+    held = actor.snapshot("saved").get()  # the same point, in memory
     actor.update_actor(train, losses.reinforce_loss).get()
     continued = actor.compute_log_prob(batch).get()["old_log_probs"]
     actor.update_actor(train, losses.reinforce_loss).get()  # wander off
@@ -91,6 +92,18 @@ def test_lora_actor_step_reference_sync_export_and_resume(session, model_dir, tm
     assert torch.equal(actor.compute_log_prob(batch).get()["old_log_probs"], trained)
     actor.update_actor(train, losses.reinforce_loss).get()
     assert torch.equal(actor.compute_log_prob(batch).get()["old_log_probs"], continued)
+
+    # The in-memory snapshot rewinds the same way; it holds the adapters and their optimizer
+    # state (Adam's two moments; ZeRO-3's fp32 copy, and the adapters whole on every rank, as
+    # they are under its persistence threshold), never the frozen base.
+    actor.update_actor(train, losses.reinforce_loss).get()  # wander off again
+    actor.restore_snapshot("saved").get()
+    assert torch.equal(actor.compute_log_prob(batch).get()["old_log_probs"], trained)
+    actor.update_actor(train, losses.reinforce_loss).get()
+    assert torch.equal(actor.compute_log_prob(batch).get()["old_log_probs"], continued)
+    model = load(model_dir).model
+    base_bytes = sum(v.numel() * v.element_size() for v in model.state_dict().values())
+    assert adapter_bytes(model_dir) * 3 <= sum(held) < base_bytes
 
 
 @pytest.mark.numerics

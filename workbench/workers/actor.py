@@ -66,6 +66,7 @@ from workbench.models.lora import (
     peft_model,
 )
 from workbench.workers import generation
+from workbench.workers.snapshots import Snapshots
 from workbench.workers.updates import (
     check_mini_batch_splits,
     check_rows_split,
@@ -275,7 +276,7 @@ class ActorConfig:
             self.check_rows(batch.num_valid, role)
 
 
-class ActorRolloutRefWorker(Worker, WeightChannelMember):
+class ActorRolloutRefWorker(Worker, WeightChannelMember, Snapshots):
     def __init__(self, config: ActorConfig):
         super().__init__(config)
         torch.manual_seed(config.seed)
@@ -540,6 +541,13 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember):
         self.updates = load_rank_state(path, self.rank).get("updates", self.updates)
         self.version += 1  # the rollout copy must be refreshed
         return path
+
+    def _counters(self) -> dict:  # Snapshots: the update count seeds the next shuffle
+        return {"updates": self.updates}
+
+    def _restored(self, counters: dict) -> None:
+        self.updates = counters["updates"]
+        self.version += 1  # the rollout copy must be refreshed
 
     @register(ONE_TO_ALL)
     def export_hf(self, path: str, merged: bool = False) -> str:

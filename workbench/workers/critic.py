@@ -29,6 +29,7 @@ from workbench.models.load import (
 )
 from workbench.models.lora import LoRAConfig, apply_lora, check_lora, check_targets
 from workbench.models.value import load_value_model
+from workbench.workers.snapshots import Snapshots
 from workbench.workers.updates import (
     check_mini_batch_splits,
     check_rows_split,
@@ -126,7 +127,7 @@ class CriticConfig:
             self.check_rows(batch.num_valid, role)
 
 
-class CriticWorker(Worker, WeightChannelMember):
+class CriticWorker(Worker, WeightChannelMember, Snapshots):
     def __init__(self, config: CriticConfig):
         super().__init__(config)
         torch.manual_seed(config.seed)
@@ -244,6 +245,12 @@ class CriticWorker(Worker, WeightChannelMember):
         self.engine.load(path)
         load_rank_state(path, self.rank)
         return path
+
+    def _trained(self):  # Snapshots
+        return self.engine
+
+    def _restored(self, counters: dict) -> None:
+        self.kept = None  # made with the weights being replaced
 
     @register(ONE_TO_ALL)
     def export_hf(self, path: str, merged: bool = False) -> str:

@@ -1,0 +1,129 @@
+"""In-memory snapshots of a training engine, held in its own process: a rewind without files.
+
+What a step changes, each rank its own part: the model's local tensors (FSDP2 and
+tensor-parallel shards through `to_local`, ZeRO-3's partitions), the optimizer's parameters
+where they are its own copies (DeepSpeed's fp32 master partitions) and its per-parameter state
+(Adam's moments and step), and its hyperparameters. Restoring copies them back in place, so the
+engine, its optimizer and every reference to their tensors stay the same objects: the next step
+is the one that followed the snapshot, bit for bit. A snapshot costs host memory of about the
+model's trainable share plus the optimizer state (three times the weights for Adam), per rank.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from dataclasses import dataclass, field
+
+import torch
+from torch.distributed.tensor import DTensor
+
+
+@dataclass
+class EngineSnapshot:
+    tensors: list[torch.Tensor]
+    """Clones of `state_tensors(engine)`, in its order."""
+    optimizer_state: list[dict | None]
+    """A clone of each of `master_weights(engine)`'s optimizer state, in its order (None: none
+    yet, no step had been taken)."""
+    hyper: list[dict] = field(default_factory=list)
+    """Each param group's settings (lr, betas, ...), without its parameters."""
+
+    def nbytes(self) -> int:
+        """The bytes this rank holds for it."""
+        state = [v for s in self.optimizer_state if s for v in s.values() if isinstance(v, torch.Tensor)]
+        return sum(_local(t).numel() * t.element_size() for t in [*self.tensors, *state])
+
+
+def optimizer_of(engine) -> torch.optim.Optimizer:
+    """The torch optimizer that holds the moments: DeepSpeed's ZeRO wrapper keeps its client
+    optimizer (stepping fp32 partitions) as `.optimizer`."""
+    optimizer = engine.optimizer
+    while not isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "optimizer"):
+        optimizer = optimizer.optimizer
+    return optimizer
+
+
+def master_weights(engine) -> list[torch.Tensor]:
+    """What the optimizer steps, in a fixed order: the parameters themselves, or DeepSpeed's fp32
+    partitions (ZeRO-1/2 `single_partition_of_fp32_groups`; ZeRO-3 `fp32_partitioned_groups_flat`,
+    which it hands its client optimizer only for the length of a step). Looked up afresh each
+    time: loading a checkpoint may replace them with new tensors."""
+    wrapper, optimizer = engine.optimizer, optimizer_of(engine)
+    found = [p for group in optimizer.param_groups for p in group["params"]]
+    for name in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat"):
+        found += list(getattr(wrapper, name, None) or [])
+    return list({id(t): t for t in found}.values())
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def state_tensors(engine) -> list[torch.Tensor]:
+    """This rank's tensors a step can change, each storage once, in a fixed order: the module's
+    trained parameters and its buffers (local shards; ZeRO-3's partition where the parameter
+    itself is released) and the optimizer's master weights."""
+    module = getattr(engine.model, "hf", engine.model)  # a pipeline stage's model
+    trained = [p for p in module.parameters() if p.requires_grad]  # a frozen base (LoRA's) never moves
+    candidates = [*trained, *module.buffers(), *(getattr(p, "ds_tensor", None) for p in trained)]
+    found: dict[tuple, torch.Tensor] = {}
+    for t in [*candidates, *master_weights(engine)]:
+        if t is None:
+            continue
+        local = _local(t).detach()
+        if local.numel() == 0:
+            continue
+        key = (local.untyped_storage().data_ptr(), local.storage_offset(), tuple(local.shape))
+        found.setdefault(key, local)
+    return list(found.values())
+
+
+def take(engine) -> EngineSnapshot:
+    state = optimizer_of(engine).state
+    optimizer = optimizer_of(engine)
+    return EngineSnapshot(
+        tensors=[t.clone() for t in state_tensors(engine)],
+        optimizer_state=[_clone(state[p]) if state.get(p) else None for p in master_weights(engine)],
+        hyper=[{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in optimizer.param_groups],
+    )
+
+
+@torch.no_grad()
+def restore(engine, snapshot: EngineSnapshot) -> None:
+    """Copy the snapshot back in place, onto the engine's tensors as they are now (a checkpoint
+    loaded since may have replaced them)."""
+    tensors, weights, optimizer = state_tensors(engine), master_weights(engine), optimizer_of(engine)
+    if [t.shape for t in tensors] != [t.shape for t in snapshot.tensors] or len(weights) != len(
+        snapshot.optimizer_state
+    ):
+        raise RuntimeError("this snapshot was taken of another engine: its tensors differ from this one's")
+    for live, saved in zip(tensors, snapshot.tensors):
+        live.copy_(saved)
+    for p in [p for p in optimizer.state if all(p is not w for w in weights)]:
+        del optimizer.state[p]  # stale keys (tensors a checkpoint load replaced)
+    for p, state in zip(weights, snapshot.optimizer_state):
+        if state is None:
+            optimizer.state.pop(p, None)  # no step had been taken at the snapshot
+        else:
+            optimizer.state[p] = _clone(state)
+    for group, hyper in zip(optimizer.param_groups, snapshot.hyper):
+        group.update(copy.deepcopy(hyper))
+
+
+def digest(engine) -> str:
+    """A hash of every tensor a snapshot holds (and the optimizer's state): equal digests, equal
+    engines, bit for bit."""
+    h = hashlib.sha256()
+    snapshot = take(engine)
+    values = [*snapshot.tensors, *(v for s in snapshot.optimizer_state if s for _, v in sorted(s.items()))]
+    for t in values:
+        if isinstance(t, torch.Tensor):
+            h.update(_local(t).detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        else:
+            h.update(repr(t).encode())
+    return h.hexdigest()
+
+
+def _clone(state: dict) -> dict:
+    return {k: v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v) for k, v in state.items()}
