@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from algorithms import core
+from algorithms import snapshot as snapshots
 from algorithms.asynchronous import Rollout, RolloutQueue
 from algorithms.groups import Groups
 from algorithms.guard import finite_batch
@@ -283,20 +284,14 @@ class Algorithm:
         random generators and counters in its own processes, and this driver's state. Try
         something (a few steps, an edited loss), then `restore(snapshot)` to rewind; `drop(snapshot)`
         frees the workers' memory (about three times the trained weights, per snapshot)."""
-        from workbench.run import checkpoint  # (workbench.run imports the algorithms)
-
-        return checkpoint.snapshot(self)
+        return snapshots.snapshot(self)
 
     def restore(self, snapshot) -> None:
         """Rewind to `snapshot` (`self.snapshot()`'s): the next step is the one that followed it."""
-        from workbench.run import checkpoint
-
-        checkpoint.restore_snapshot(self, snapshot)
+        snapshots.restore_snapshot(self, snapshot)
 
     def drop(self, snapshot) -> None:
-        from workbench.run import checkpoint
-
-        checkpoint.drop_snapshot(self, snapshot)
+        snapshots.drop_snapshot(self, snapshot)
 
     def _check(self, prompts: Batch) -> None:
         """Before an iteration's remote work: the config (perhaps edited in place in a cell since

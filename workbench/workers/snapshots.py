@@ -8,6 +8,8 @@ Mixed into the trained workers (actor, critic); the worker supplies `_trained()`
 
 from __future__ import annotations
 
+from typing import Any
+
 from workbench.controller import ONE_TO_ALL, register
 from workbench.engines import snapshot as engine_snapshot
 from workbench.workers.updates import rng_state, set_rng_state
@@ -49,6 +51,9 @@ class Snapshots:
     def state_digest(self) -> str:
         """A hash of this rank's trained weights and optimizer state: equal, bit for bit."""
         return engine_snapshot.digest(self._trained())
+
+    def _trained(self) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} keeps snapshots of its engine: give it a _trained()")
 
     def _counters(self) -> dict:
         return {}
