@@ -27,7 +27,15 @@ import yaml
 from matplotlib.figure import Figure
 
 from widgets import plots
-from widgets.dashboard import CHARTS, COLOURS, STEP_TIMES, MetricsDashboard, _short
+from widgets.dashboard import (
+    CHARTS,
+    COLOURS,
+    STEP_TIMES,
+    MetricsDashboard,
+    _check_smoothing,
+    _short,
+    smoothing_control,
+)
 from widgets.ui import Control, FigureParts, View, escape
 
 ALIGN = {"iteration": "iteration", "time": "wall-clock (s)"}
@@ -73,14 +81,7 @@ class RunComparison(View):
     def controls(self) -> list[Control]:
         return [
             Control("align", "align by", "choice", {v: k for k, v in ALIGN.items()}, self.align, "the x axis"),
-            Control(
-                "smoothing",
-                "smoothing",
-                "float",
-                (0.0, 0.95, 0.05),
-                self.smoothing,
-                "weight of earlier points in each line (exponential moving average, as in TensorBoard)",
-            ),
+            smoothing_control(self.smoothing),
         ]
 
     def set(self, **values) -> None:
@@ -92,10 +93,8 @@ class RunComparison(View):
                 raise ValueError(f"RunComparison: align={values['align']!r}; give one of {list(ALIGN)}")
             self.align = values["align"]
         if "smoothing" in values:
-            smoothing = values["smoothing"]
-            if not isinstance(smoothing, (int, float)) or not 0 <= smoothing < 1:
-                raise ValueError(f"RunComparison: smoothing must be a number in [0, 1), got {smoothing!r}")
-            self.smoothing = float(smoothing)
+            _check_smoothing(values["smoothing"], "RunComparison")
+            self.smoothing = float(values["smoothing"])
         self.changed()
 
     def reload(self) -> bool:

@@ -109,17 +109,7 @@ class MetricsDashboard(View):
             self.update(metrics)
 
     def controls(self) -> list[Control]:
-        return [
-            Control(
-                "smoothing",
-                "smoothing",
-                "float",
-                (0.0, 0.95, 0.05),
-                self.smoothing,
-                "weight of earlier iterations in each line (exponential moving average, as in TensorBoard); "
-                "0 draws the raw values, which stay as faint dots",
-            )
-        ]
+        return [smoothing_control(self.smoothing)]
 
     def set(self, **values) -> None:
         unknown = set(values) - {"smoothing"}
@@ -342,6 +332,19 @@ def _short(key: str) -> str:
     return "/".join(parts[-2:]) if parts[-1] == "mean" else parts[-1]
 
 
-def _check_smoothing(value) -> None:
+def smoothing_control(value: float) -> Control:
+    """The smoothing slider of the views that draw metrics over iterations."""
+    return Control(
+        "smoothing",
+        "smoothing",
+        "float",
+        (0.0, 0.95, 0.05),
+        value,
+        "weight of earlier iterations in each line (exponential moving average, as in TensorBoard); "
+        "0 draws the raw values, which stay as faint dots",
+    )
+
+
+def _check_smoothing(value, owner: str = "MetricsDashboard") -> None:
     if not isinstance(value, (int, float)) or not 0 <= value < 1:
-        raise ValueError(f"MetricsDashboard: smoothing must be a number in [0, 1), got {value!r}")
+        raise ValueError(f"{owner}: smoothing must be a number in [0, 1), got {value!r}")
