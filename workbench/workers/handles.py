@@ -67,7 +67,17 @@ class WeightChannelHandle(Protocol):
     def receive_weights(self, version: int) -> DataFuture[list[dict]]: ...
 
 
-class ActorHandle(GroupHandle, WeightChannelHandle, Protocol):
+class SnapshotsHandle(Protocol):
+    """The in-memory snapshot methods of workers that mix in Snapshots (workbench.workers.snapshots):
+    the actor and the critic. `Algorithm.snapshot()` / `restore()` call them on every trained role."""
+
+    def snapshot(self, name: str) -> DataFuture[list[int]]: ...
+    def restore_snapshot(self, name: str) -> DataFuture[list[str]]: ...
+    def drop_snapshot(self, name: str) -> DataFuture[list[bool]]: ...
+    def state_digest(self) -> DataFuture[list[str]]: ...
+
+
+class ActorHandle(GroupHandle, WeightChannelHandle, SnapshotsHandle, Protocol):
     """ActorRolloutRefWorker (workbench.workers.actor): generation, log-probs, training; also
     the `reference` role when the actor's processes hold the reference copy."""
 
@@ -85,7 +95,7 @@ class ActorHandle(GroupHandle, WeightChannelHandle, Protocol):
     def export_hf(self, path: str, merged: bool = ...) -> DataFuture[list[str]]: ...
 
 
-class CriticHandle(GroupHandle, WeightChannelHandle, Protocol):
+class CriticHandle(GroupHandle, WeightChannelHandle, SnapshotsHandle, Protocol):
     """CriticWorker (workbench.workers.critic): values and value-function training; also the
     `cost_critic` role (Safe-RLHF, output_key="cost_values")."""
 
