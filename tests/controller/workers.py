@@ -69,8 +69,10 @@ class EchoWorker(Worker):
     @register(ONE_TO_ALL)
     def use_deepspeed(self, comm: bool) -> int:
         """Import DeepSpeed, as transformers does to save a model; with `comm`, set up its comm
-        over this group, as a DeepSpeed engine does."""
-        import deepspeed
+        over this group, as a DeepSpeed engine does. Through the engine's module, as the
+        workers do: it points DeepSpeed at the comm op `make` built (else DeepSpeed compiles
+        one under ~/.cache, 50 s on 2 cores, again whenever another checkout built it last)."""
+        from workbench.engines.deepspeed_engine import deepspeed  # sets TORCH_EXTENSIONS_DIR, then imports it
 
         if comm:
             deepspeed.init_distributed(dist_backend="gloo", dist_init_required=False)
