@@ -38,7 +38,7 @@ def test_a_fit_history_and_a_metrics_file_align_by_iteration_and_by_time(tmp_pat
     compare.set(align="time")  # no runner clock here: the sum of the step times
     losses = compare.data()["losses"]["actor/pg_loss"]
     assert losses["a"][0] == [2.0, 4.0, 6.0, 8.0] and losses["b"][0] == [0.5, 1.0, 1.5]
-    assert "2 runs" not in compare.summary() and "a</b> (4 iterations" in compare.summary()
+    assert "<b>a</b> (4 iterations, metrics)" in compare.summary() and "<b>b</b> (3 iterations" in compare.summary()
 
 
 def test_smoothing_is_the_dashboards_own(tmp_path):
