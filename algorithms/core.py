@@ -112,6 +112,12 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
     return masked_sum(x, mask, dim) / (mask.sum() if dim is None else mask.sum(dim)).clamp(min=1)
 
 
+def rollout_logprob_diff(rollout_log_probs: torch.Tensor, trainer_log_probs: torch.Tensor, mask) -> float:
+    """Mean |rollout - trainer| log-prob over the response tokens (`actor/rollout_logprob_diff`):
+    the generation weights against the training weights."""
+    return float(masked_mean((rollout_log_probs - trainer_log_probs).abs(), mask.float()))
+
+
 def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
     mean = masked_mean(x, mask)
     count = mask.sum()

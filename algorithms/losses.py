@@ -52,8 +52,8 @@ class ActorLoss:
         if self.pi_old_from_update:
             fresh["old_log_probs"] = log_probs.detach()
             if "rollout_log_probs" in batch:  # the weight-sync check the driver makes from a recompute
-                gap = (batch["rollout_log_probs"] - fresh["old_log_probs"]).abs()
-                corrected["actor/rollout_logprob_diff"] = core.masked_mean(gap, mask.float()).item()
+                diff = core.rollout_logprob_diff(batch["rollout_log_probs"], fresh["old_log_probs"], mask)
+                corrected["actor/rollout_logprob_diff"] = diff
         if self.correction is not None:
             if "rollout_log_probs" not in batch:
                 raise ValueError(

@@ -5,7 +5,7 @@ The step times (`timing_s/<step>`) come from the step clock, `workbench.clock.St
 
 from __future__ import annotations
 
-from algorithms.core import masked_mean
+from algorithms.core import masked_mean, rollout_logprob_diff
 
 
 def data_metrics(batch) -> dict[str, float]:
@@ -35,8 +35,8 @@ def data_metrics(batch) -> dict[str, float]:
     if "rollout_log_probs" in batch and "old_log_probs" in batch:
         # The generation weights against the training weights, every iteration: a stale or
         # corrupted weight sync shows up here at once (0 when the rollout's are reused).
-        gap = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()
-        out["actor/rollout_logprob_diff"] = float(masked_mean(gap, mask))
+        diff = rollout_logprob_diff(batch["rollout_log_probs"], batch["old_log_probs"], mask)
+        out["actor/rollout_logprob_diff"] = diff
     stats("response_length", length)
     out["response_length/clip_ratio"] = float((length == mask.shape[1]).float().mean())
     prompt_length = batch["attention_mask"].sum(-1) - length

@@ -58,8 +58,7 @@ class Mismatch:
 
     def mean_abs(self) -> float:
         """The mean |rollout - trainer| over the response tokens: `actor/rollout_logprob_diff`."""
-        gap = (self.batch_rollout - self.batch_trainer).abs()
-        return float(core.masked_mean(gap, self.mask.float()))
+        return core.rollout_logprob_diff(self.batch_rollout, self.batch_trainer, self.mask)
 
     def quantiles(self, qs: Iterable[float] = (0.5, 0.9, 0.99, 1.0)) -> dict[float, float]:
         """Quantiles of |rollout - trainer| over the response tokens."""
@@ -101,19 +100,18 @@ class Mismatch:
         """What each cap would do to this batch, through the registered corrections themselves:
         the share of response tokens whose ratio is over it, TIS's mean weight (ratios
         truncated at the cap) and the share "decoupled" keeps (tokens over it dropped)."""
-        mask = self.mask.bool()
+        mask, ratio, tokens = self.mask.bool(), self.ratio, max(int(self.mask.sum()), 1)
         tis = core.OFF_POLICY_CORRECTIONS.get("tis")
         decoupled = core.OFF_POLICY_CORRECTIONS.get("decoupled")
+        columns = {"old_log_probs": self.batch_trainer, "rollout_log_probs": self.batch_rollout}
         out = []
         for cap in caps:
-            columns = {"old_log_probs": self.batch_trainer, "rollout_log_probs": self.batch_rollout}
             weights, _ = tis(response_mask=self.mask, is_cap=cap, **columns)
             kept, _ = decoupled(response_mask=self.mask, is_cap=cap, **columns)
-            tokens = max(int(mask.sum()), 1)
             out.append(
                 {
                     "cap": float(cap),
-                    "over": float((self.ratio > cap).sum()) / tokens,
+                    "over": float((ratio > cap).sum()) / tokens,
                     "tis_mean_weight": float(weights[mask].mean()) if mask.any() else 1.0,
                     "decoupled_kept": float((kept[mask] > 0).sum()) / tokens,
                 }

@@ -34,6 +34,7 @@ from widgets.dashboard import (
     MetricsDashboard,
     _check_smoothing,
     _short,
+    ema_step,
     smoothing_control,
 )
 from widgets.ui import Control, FigureParts, View, escape
@@ -135,13 +136,10 @@ class RunComparison(View):
 
     def smoothed(self, values: list[float]) -> list[float]:
         """The debiased exponential moving average the dashboard draws (TensorBoard's)."""
-        total = weight = 0.0
-        out = []
+        state, out = (0.0, 0.0), []
         for value in values:
-            if math.isfinite(value):
-                total = self.smoothing * total + (1 - self.smoothing) * value
-                weight = self.smoothing * weight + (1 - self.smoothing)
-            out.append(total / weight if weight else math.nan)
+            state = ema_step(state, value, self.smoothing)
+            out.append(state[0] / state[1] if state[1] else math.nan)
         return out
 
     def config_diff(self) -> dict[str, dict[str, Any]]:

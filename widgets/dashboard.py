@@ -139,11 +139,7 @@ class MetricsDashboard(View):
             for key in self.keys(metrics):
                 value = float(metrics[key])
                 row[key] = value
-                # Debiased EMA (TensorBoard's): early points are not pulled towards zero.
-                total, weight = self._ema.get(key, (0.0, 0.0))
-                if math.isfinite(value):
-                    total, weight = w * total + (1 - w) * value, w * weight + (1 - w)
-                    self._ema[key] = (total, weight)
+                total, weight = self._ema[key] = ema_step(self._ema.get(key, (0.0, 0.0)), value, w)
                 row[key + SMOOTHED] = total / weight if weight else math.nan
             self.rows.append(row)
 
@@ -330,6 +326,16 @@ def _short(key: str) -> str:
     """critic/score/mean -> score/mean, actor/pg_loss -> pg_loss, timing_s/gen -> gen."""
     parts = key.split("/")
     return "/".join(parts[-2:]) if parts[-1] == "mean" else parts[-1]
+
+
+def ema_step(state: tuple[float, float], value: float, weight: float) -> tuple[float, float]:
+    """One point of the debiased exponential moving average (TensorBoard's: early points are not
+    pulled towards zero): the new (total, norm) after `value`; the smoothed value is total / norm.
+    A non-finite value leaves it as it was."""
+    total, norm = state
+    if math.isfinite(value):
+        total, norm = weight * total + (1 - weight) * value, weight * norm + (1 - weight)
+    return total, norm
 
 
 def smoothing_control(value: float) -> Control:

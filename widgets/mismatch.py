@@ -96,13 +96,18 @@ class MismatchView(View):
         return None if it is None else self.held[it]
 
     # ---- data --------------------------------------------------------------------------------
-    def data(self) -> dict:
+    def histogram(self) -> dict[str, list]:
+        """The shown iteration's |diff| in log bins: edges and counts."""
         m = self.shown()
         edges, counts = m.histogram() if m is not None else ([], [])
+        return {"edges": edges, "counts": counts}
+
+    def data(self) -> dict:
+        m = self.shown()
         return {
             "per_iteration": list(self.rows),
             "iteration": self.shown_iteration(),
-            "histogram": {"edges": edges, "counts": counts},
+            "histogram": self.histogram(),
             "worst": m.worst(self.worst_k, self.tokenizer) if m is not None else [],
             "caps": m.caps(self.caps_shown) if m is not None else [],
         }
@@ -172,13 +177,13 @@ class MismatchView(View):
         spread = plots.new_figure(
             "its distribution", x_axis_type="log", height=300, width=430, sizing_mode="fixed", x_axis_label="|diff|"
         )
-        bars = ColumnDataSource(_bars(self.data()["histogram"]))
+        bars = ColumnDataSource(_bars(self.histogram()))
         spread.quad(left="left", right="right", top="count", bottom=0, source=bars, color="#4c72b0", alpha=0.7)
         plots.hover(spread, [], [("|diff|", "@left{0.[00]e} to @right{0.[00]e}"), ("tokens", "@count")])
 
         def update() -> None:
             lines.data = _columns(self.rows)
-            bars.data = _bars(self.data()["histogram"])
+            bars.data = _bars(self.histogram())
             it = self.shown_iteration()
             spread.title.text = f"iteration {it}: tokens by |diff|" if it is not None else "its distribution"
 
@@ -196,7 +201,7 @@ class MismatchView(View):
         left.set_title("|rollout - trainer| log-prob per iteration", fontsize=9)
         left.set_xlabel("iteration", fontsize=8)
         left.legend(fontsize=7)
-        hist = self.data()["histogram"]
+        hist = self.histogram()
         if hist["counts"]:
             edges = hist["edges"]
             right.bar(edges[:-1], hist["counts"], width=[b - a for a, b in zip(edges, edges[1:])], align="edge")

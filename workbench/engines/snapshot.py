@@ -16,7 +16,8 @@ import hashlib
 from dataclasses import dataclass, field
 
 import torch
-from torch.distributed.tensor import DTensor
+
+from workbench.engines.tensor_parallel import local
 
 
 @dataclass
@@ -32,7 +33,7 @@ class EngineSnapshot:
     def nbytes(self) -> int:
         """The bytes this rank holds for it."""
         state = [v for s in self.optimizer_state if s for v in s.values() if isinstance(v, torch.Tensor)]
-        return sum(_local(t).numel() * t.element_size() for t in [*self.tensors, *state])
+        return sum(local(t).numel() * t.element_size() for t in [*self.tensors, *state])
 
 
 def optimizer_of(engine) -> torch.optim.Optimizer:
@@ -56,10 +57,6 @@ def master_weights(engine) -> list[torch.Tensor]:
     return list({id(t): t for t in found}.values())
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
 def state_tensors(engine) -> list[torch.Tensor]:
     """This rank's tensors a step can change, each storage once, in a fixed order: the module's
     trained parameters and its buffers (local shards; ZeRO-3's partition where the parameter
@@ -71,11 +68,11 @@ def state_tensors(engine) -> list[torch.Tensor]:
     for t in [*candidates, *master_weights(engine)]:
         if t is None:
             continue
-        local = _local(t).detach()
-        if local.numel() == 0:
+        piece = local(t).detach()
+        if piece.numel() == 0:
             continue
-        key = (local.untyped_storage().data_ptr(), local.storage_offset(), tuple(local.shape))
-        found.setdefault(key, local)
+        key = (piece.untyped_storage().data_ptr(), piece.storage_offset(), tuple(piece.shape))
+        found.setdefault(key, piece)
     return list(found.values())
 
 
@@ -112,14 +109,15 @@ def restore(engine, snapshot: EngineSnapshot) -> None:
 
 
 def digest(engine) -> str:
-    """A hash of every tensor a snapshot holds (and the optimizer's state): equal digests, equal
-    engines, bit for bit."""
+    """A hash of every tensor a snapshot would hold, read in place (and the optimizer's state):
+    equal digests, equal engines, bit for bit."""
     h = hashlib.sha256()
-    snapshot = take(engine)
-    values = [*snapshot.tensors, *(v for s in snapshot.optimizer_state if s for _, v in sorted(s.items()))]
+    state = optimizer_of(engine).state
+    values = [*state_tensors(engine)]
+    values += [v for p in master_weights(engine) for _, v in sorted(state.get(p, {}).items())]
     for t in values:
         if isinstance(t, torch.Tensor):
-            h.update(_local(t).detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+            h.update(local(t).detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
         else:
             h.update(repr(t).encode())
     return h.hexdigest()

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from algorithms.snapshot import TRAINED_ROLES, trained_groups  # noqa: F401  (TRAINED_ROLES: re-exported)
+from algorithms.snapshot import trained_groups
 from workbench import checks
 from workbench.errors import ConfigError
 from workbench.workers.updates import rng_state, set_rng_state
