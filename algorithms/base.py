@@ -27,12 +27,14 @@ from typing import Any
 import torch
 
 from algorithms import core
+from algorithms import replay as replays
 from algorithms import snapshot as snapshots
 from algorithms.asynchronous import Rollout, RolloutQueue
 from algorithms.groups import Groups
 from algorithms.guard import finite_batch
 from algorithms.losses import ActorLoss, CriticLoss
 from algorithms.metrics import data_metrics, format_line, throughput
+from algorithms.replay import ReplayResult
 from workbench import checks, config_loader, steps
 from workbench.agents.env import Environment
 from workbench.clock import StepClock
@@ -293,6 +295,15 @@ class Algorithm:
     def drop(self, snapshot) -> None:
         snapshots.drop_snapshot(self, snapshot)
 
+    def replay(self, batch: Batch, variants: dict[str, dict[str, Any]], kl: bool = False) -> ReplayResult:
+        """Put `batch` (one an iteration returned) through several variants of the actor's update,
+        each a dict of config changes ({} = the config as it is): each variant's real update is
+        taken on the actor's ranks, measured and rewound, so the live weights, optimizer state
+        and random generators stay bit for bit as they were. Per variant: its advantages, loss
+        terms, clip fraction, gradient and update norms, and the cosines between the updates;
+        `kl=True` adds the KL of each updated policy to the current one (a forward each)."""
+        return replays.replay(self, batch, variants, kl)
+
     def _check(self, prompts: Batch) -> None:
         """Before an iteration's remote work: the config (perhaps edited in place in a cell since
         the last step) and the groups' batch sizes against this iteration's rows."""
@@ -545,8 +556,12 @@ class Algorithm:
             )
         return batch
 
-    def actor_loss(self) -> ActorLoss:
-        cfg = self.config
+    def actor_loss(self, config: AlgoConfig | None = None, pi_old_from_update: bool | None = None) -> ActorLoss:
+        """The actor's loss under `config` (default: this algorithm's, as it is now); pi_old
+        from the update's own forward where this iteration's source says so (or as given)."""
+        cfg = config or self.config
+        if pi_old_from_update is None:
+            pi_old_from_update = self.pi_old_source == "update"
         return ActorLoss(
             policy=core.POLICY_LOSSES.get(cfg.policy_loss),
             settings={k: v for k, v in cfg.settings().items() if isinstance(v, (int, float, str, type(None)))},
@@ -555,7 +570,7 @@ class Algorithm:
             kl_coef=cfg.kl_loss_coef,
             kl_penalty=core.KL_PENALTIES.get(cfg.kl_loss_type),
             loss_agg_mode=cfg.loss_agg_mode,
-            pi_old_from_update=self.pi_old_source == "update",
+            pi_old_from_update=pi_old_from_update,
             correction=None
             if cfg.off_policy_correction == "none"
             else core.OFF_POLICY_CORRECTIONS.get(cfg.off_policy_correction),

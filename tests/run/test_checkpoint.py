@@ -143,6 +143,46 @@ def test_a_snapshot_in_memory_rewinds_the_run_bit_for_bit(ppo_groups, kit):
         other.restore(ppo.snapshot())  # refused on the driver, before any worker is touched
 
 
+def test_replay_puts_one_batch_through_variants_and_leaves_the_run_as_it_was(ppo_groups, kit):
+    """algo.replay: each variant's real update (2 epochs x 2 mini-batches on two ranks) taken on
+    the actor, measured and rewound. The live config's variant is the live update, exactly."""
+    groups, loader = ppo_groups["groups"], kit["loader"]
+    ppo = new_ppo(groups)
+    run(ppo, loader, 0, 1)
+    taken = ppo.snapshot()
+    batch, live = ppo.step(next(loader.batches(1)))  # an iteration's batch, and what its update did
+    ppo.restore(taken)  # back to before that update: replay it on the same weights
+    ppo.drop(taken)
+    digest = groups.actor.state_digest().get()
+    variants = {
+        "live": {},
+        "again": {},
+        "clip_higher": {"clip_ratio_high": 0.28},
+        "seq_mean": {"loss_agg_mode": "seq-mean-token-mean"},
+        "gspo": {"policy_loss": "gspo"},
+        "no_kl": {"kl_coef": 0.0},
+    }
+    result = ppo.replay(batch, variants, kl=True)
+    assert groups.actor.state_digest().get() == digest  # weights, Adam's moments: as they were
+    for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/entropy", "actor/grad_norm", "actor/lr"):
+        assert result.metrics["live"][key] == live[key], key
+    cos = result.cosines()
+    assert cos["live"]["live"] == pytest.approx(1, abs=1e-12) and cos["live"]["again"] == pytest.approx(1, abs=1e-12)
+    assert result.metrics["live"] == result.metrics["again"]
+    for other in ("gspo", "no_kl"):  # another loss, other advantages: another update
+        assert cos["live"][other] < 1 - 1e-6 and cos["live"][other] == cos[other]["live"], other
+    assert torch.equal(result.advantages["live"], batch["advantages"])
+    assert not torch.equal(result.advantages["no_kl"], batch["advantages"])
+    assert all(m["replay/kl_to_current"] > 0 and m["replay/update_norm"] > 0 for m in result.metrics.values())
+    assert [row["variant"] for row in result.table()] == list(variants) and "gspo" in repr(result)
+    assert run(ppo, loader, 1, 1) == [comparable(live)]  # the run goes on as if replay had not happened
+
+    with pytest.raises(ConfigError, match=r"replay variant 'typo'.*not fields of PPOConfig"):
+        ppo.replay(batch, {"typo": {"clip_ratio": 0.3}})
+    with pytest.raises(ConfigError, match=r"replay variant 'bad'.*loss_agg_mode"):
+        ppo.replay(batch, {"bad": {"loss_agg_mode": "mean"}})
+
+
 def test_a_crash_mid_save_leaves_the_last_checkpoint_usable(ppo_groups, kit, tmp_path, monkeypatch):
     groups = ppo_groups["groups"]
     ckpt = RunCheckpointer(tmp_path / "ckpt", keep=2)

@@ -105,6 +105,18 @@ def test_lora_actor_step_reference_sync_export_and_resume(session, model_dir, tm
     base_bytes = sum(v.numel() * v.element_size() for v in model.state_dict().values())
     assert adapter_bytes(model_dir) * 3 <= sum(held) < base_bytes
 
+    # Replay (workbench.workers.replay) takes the update on the adapters and rewinds it: the
+    # adapters, their optimizer state and the frozen base are as they were, bit for bit.
+    digest = actor.state_digest().get()
+    replayed = actor.replay_update(train, {"a": losses.reinforce_loss, "b": losses.reinforce_loss}, kl=True).get()
+    assert actor.state_digest().get() == digest
+    assert torch.equal(actor.compute_ref_log_prob(batch).get()["ref_log_probs"], initial)
+    update = actor.update_actor(train, losses.reinforce_loss).get()
+    a, b = replayed["metrics"]["a"], replayed["metrics"]["b"]
+    assert a == b and a.pop("replay/kl_to_current") > 0 and a == update
+    (aa, ab), (_, bb) = replayed["dots"]
+    assert aa == ab == bb > 0
+
 
 @pytest.mark.numerics
 def test_lora_critic_trains_adapters_and_head(session, model_dir, tmp_path):

@@ -186,8 +186,17 @@ def test_stages_switch_to_a_smaller_tensor_layout_each_and_generate_as_a_pipelin
     assert all(s["bytes_received"] > 0 for s in switches)  # each rank gathered its stage's other half
 
     train = first.union(advantages_for(first))
-    actor.update_actor(train, losses.reinforce_loss).get()
+    # Replay (workbench.workers.replay): the update taken twice on stages cut tensor-parallel,
+    # measured and rewound. Its norm is the single-process step's, each piece counted once.
+    digest = actor.state_digest().get()
+    replayed = actor.replay_update(train, {"a": losses.reinforce_loss, "b": losses.reinforce_loss}).get()
+    assert actor.state_digest().get() == digest
+    update = actor.update_actor(train, losses.reinforce_loss).get()
+    assert replayed["metrics"]["a"] == replayed["metrics"]["b"] == update  # loss and gradient norm, exactly
     single = single_process_step(model, train, dp=1)
+    moved = sum(float((a.double() - b.double()).pow(2).sum()) for a, b in zip(single.parameters(), model.parameters()))
+    (aa, ab), (_, bb) = replayed["dots"]
+    assert aa == ab == bb and abs(aa - moved) <= 1e-4 * moved, (aa, moved)
     after = actor.generate_sequences(batch, GREEDY).get()
     mask = after["response_mask"].bool()
     with torch.no_grad():

@@ -16,8 +16,10 @@ import hashlib
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 
-from workbench.engines.tensor_parallel import local
+from workbench.engines.tensor_parallel import TensorParallelEngine, local, shard_dim
 
 
 @dataclass
@@ -57,11 +59,21 @@ def master_weights(engine) -> list[torch.Tensor]:
     return list({id(t): t for t in found}.values())
 
 
+def settled(engine) -> torch.nn.Module:
+    """The engine's module with every parameter in its sharded home: FSDP2 leaves the root's
+    parameters gathered after a forward without a backward (a log-prob pass)."""
+    module = getattr(engine.model, "hf", engine.model)  # a pipeline stage's model
+    for part in module.modules():
+        if isinstance(part, FSDPModule):
+            part.reshard()
+    return module
+
+
 def state_tensors(engine) -> list[torch.Tensor]:
     """This rank's tensors a step can change, each storage once, in a fixed order: the module's
     trained parameters and its buffers (local shards; ZeRO-3's partition where the parameter
     itself is released) and the optimizer's master weights."""
-    module = getattr(engine.model, "hf", engine.model)  # a pipeline stage's model
+    module = settled(engine)
     trained = [p for p in module.parameters() if p.requires_grad]  # a frozen base (LoRA's) never moves
     candidates = [*trained, *module.buffers(), *(getattr(p, "ds_tensor", None) for p in trained)]
     found: dict[tuple, torch.Tensor] = {}
@@ -74,6 +86,23 @@ def state_tensors(engine) -> list[torch.Tensor]:
         key = (piece.untyped_storage().data_ptr(), piece.storage_offset(), tuple(piece.shape))
         found.setdefault(key, piece)
     return list(found.values())
+
+
+def owned(engine) -> list[torch.Tensor]:
+    """This rank's pieces of the master weights that a sum over the group's ranks counts once:
+    FSDP2 shards and DeepSpeed partitions are each on one rank; a tensor-parallel engine's
+    data-parallel replicas count on their first replica only, and a parameter it keeps whole
+    on every tensor-parallel rank on tensor-parallel rank 0 only (pipeline stages are disjoint).
+    Dot products of update directions (replay's cosines) sum these over the ranks."""
+    settled(engine)
+    pieces = [local(w).detach() for w in master_weights(engine)]
+    if not isinstance(engine, TensorParallelEngine):
+        return [p for p in pieces if p.numel()]
+    if engine.dp_group is not None and dist.get_rank(engine.dp_group) != 0:
+        return []
+    first_tp = engine.tp_group is None or dist.get_rank(engine.tp_group) == 0
+    weights = master_weights(engine)
+    return [p for w, p in zip(weights, pieces) if p.numel() and (first_tp or shard_dim(w) is not None)]
 
 
 def take(engine) -> EngineSnapshot:

@@ -66,6 +66,7 @@ from workbench.models.lora import (
     peft_model,
 )
 from workbench.workers import generation
+from workbench.workers.replay import Replay
 from workbench.workers.snapshots import Snapshots
 from workbench.workers.updates import (
     check_mini_batch_splits,
@@ -272,11 +273,11 @@ class ActorConfig:
                     f"prompts of {batch['input_ids'].shape[1]} tokens + max_tokens + turn_tokens = {longest} exceed "
                     f"the {limit} of {where}; lower them (or shorten the prompts)",
                 )
-        elif method == "update_actor" and ("old_log_probs" in batch or "advantages" in batch):  # an RL batch
+        elif method in ("update_actor", "replay_update") and {"old_log_probs", "advantages"} & set(batch.keys()):
             self.check_rows(batch.num_valid, role)
 
 
-class ActorRolloutRefWorker(Worker, WeightChannelMember, Snapshots):
+class ActorRolloutRefWorker(Worker, WeightChannelMember, Snapshots, Replay):
     def __init__(self, config: ActorConfig):
         super().__init__(config)
         torch.manual_seed(config.seed)
@@ -503,16 +504,25 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember, Snapshots):
         steps and ranks. `loss_fn(outputs, micro_batch) -> (loss, metrics)` comes from the driver;
         outputs are what its `needs` names: "log_probs" (default), "entropy", or "nll" for
         pre-training rows (workbench.engines.contract)."""
-        cfg = self.config
-        engine = self._trained()
+        metrics = self._update(batch, loss_fn)
+        self.version += 1
+        self.updates += 1
+        return mean_over_ranks(metrics)
+
+    def _update(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
+        """The update's optimizer steps on this rank (a replayed variant takes the same ones);
+        this rank's metrics, named actor/... (the engine's grad_norm and lr too)."""
+        cfg, engine = self.config, self._trained()
         shuffle_seed = cfg.seed + 1000 * self.updates if cfg.shuffle else None
         forward = self._training_forward(loss_fn)
         metrics = run_updates(
             engine, batch, loss_fn, forward, self._rows_per_step(), cfg.micro_batch_size, cfg.epochs, shuffle_seed
         )
-        self.version += 1
-        self.updates += 1
-        return mean_over_ranks({k if "/" in k else f"actor/{k}": v for k, v in metrics.items()})
+        return {k if "/" in k else f"actor/{k}": v for k, v in metrics.items()}
+
+    def _log_probs(self, batch: Batch) -> torch.Tensor:
+        """The responses' log-probs under the trained weights as they are now (Replay's KL)."""
+        return self._forward(self._trained().model, batch)[0]
 
     def _training_forward(self, loss_fn: LossFn) -> Forward:
         """The forward a training step runs for `loss_fn`: what its `needs` names, log-probs at
