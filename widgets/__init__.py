@@ -4,6 +4,7 @@
     from widgets import HeldOut, learning_curves   # did it learn: held-out accuracy, before and after
     from widgets import RunComparison              # several runs overlaid, and how their configs differ
     from widgets import MismatchView               # rollout against trainer log-probs, token by token
+    from widgets import ReplayView                 # one batch through several update variants (algo.replay)
 
 Every view computes plain figure data (`view.data()`), shows it as an interactive Bokeh figure
 (hover, zoom, click; live views stream new rows into it), as ipywidgets when it is a cell's value
@@ -21,6 +22,7 @@ from widgets.learning import HeldOut, learning_curves
 from widgets.mismatch import MismatchView
 from widgets.planning import Estimate, Scenario, estimate
 from widgets.recorder import RunRecorder
+from widgets.replay import ReplayView
 from widgets.timeline import LiveTimeline
 
 __all__ = [
@@ -33,6 +35,7 @@ __all__ = [
     "MismatchView",
     "PlacementExplorer",
     "RunComparison",
+    "ReplayView",
     "RunRecorder",
     "Scenario",
     "estimate",
