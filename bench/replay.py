@@ -70,7 +70,9 @@ def main() -> None:
         )
         grpo = GRPO(
             Groups(actor=actor, reference=actor, reward=RuleReward(arithmetic_chat.score)),
-            GRPOConfig(sampling=SamplingConfig(max_new_tokens=args.new_tokens, n=args.n, seed=0), old_log_probs="recompute"),
+            GRPOConfig(
+                sampling=SamplingConfig(max_new_tokens=args.new_tokens, n=args.n, seed=0), old_log_probs="recompute"
+            ),
         )
         batch, _ = grpo.step(prompts)  # warm-up, and the batch replayed
         taken = grpo.snapshot()

@@ -120,9 +120,7 @@ class ReplayView(View):
         source = ColumnDataSource(self._token_columns())
         drawn = []
         for name, colour in zip(names, _colours(len(names))):
-            drawn.append(
-                per_token.line("position", name, source=source, color=colour, line_width=2, legend_label=name)
-            )
+            drawn.append(per_token.line("position", name, source=source, color=colour, line_width=2, legend_label=name))
         plots.hover(per_token, drawn, [("token", "@token"), ("position", "@position"), ("advantage", "$y{0.000}")])
         plots.legend_outside(per_token, "right")
 

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from algorithms.replay import ReplayResult, variant_rows
 from algorithms.grpo import GRPOConfig
+from algorithms.replay import ReplayResult, variant_rows
 from widgets import ReplayView
 from workbench.data.batch import Batch
 
@@ -26,7 +26,9 @@ def known_result() -> ReplayResult:
         n: {"actor/pg_loss": 0.1 * i, "actor/grad_norm": 1.0 + i, "replay/update_norm": math.sqrt(dots[i][i])}
         for i, n in enumerate(names)
     }
-    return ReplayResult({"a": {}, "b": {"estimator": "drgrpo"}, "c": {"policy_loss": "gspo"}}, metrics, advantages, mask, dots)
+    return ReplayResult(
+        {"a": {}, "b": {"estimator": "drgrpo"}, "c": {"policy_loss": "gspo"}}, metrics, advantages, mask, dots
+    )
 
 
 def test_cosines_and_the_table():

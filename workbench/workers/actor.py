@@ -67,7 +67,6 @@ from workbench.models.lora import (
 )
 from workbench.workers import generation
 from workbench.workers.replay import Replay
-from workbench.workers.snapshots import Snapshots
 from workbench.workers.updates import (
     check_mini_batch_splits,
     check_rows_split,
@@ -277,7 +276,7 @@ class ActorConfig:
             self.check_rows(batch.num_valid, role)
 
 
-class ActorRolloutRefWorker(Worker, WeightChannelMember, Snapshots, Replay):
+class ActorRolloutRefWorker(Worker, WeightChannelMember, Replay):
     def __init__(self, config: ActorConfig):
         super().__init__(config)
         torch.manual_seed(config.seed)

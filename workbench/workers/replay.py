@@ -8,9 +8,9 @@ for bit as before. What each variant did to the weights, its update direction, s
 ranks: they return only the dot products between the variants' directions, summed over the
 ranks (each shard counted once), from which the driver takes norms and cosines.
 
-Mixed into the actor; the worker supplies `_update(batch, loss_fn)` (its update's steps on
-this rank, returning this rank's metrics), `_log_probs(batch)` and `_counters()` /
-`_restored(counters)` (workbench.workers.snapshots)."""
+Mixed into the actor (it brings the snapshot methods, workbench.workers.snapshots); the worker
+supplies `_update(batch, loss_fn)` (its update's steps on this rank, returning this rank's
+metrics), `_log_probs(batch)`, and what Snapshots asks for."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from workbench.data.batch import Batch
 from workbench.engines import snapshot as engine_snapshot
 from workbench.engines.accumulation import all_reduce_small
 from workbench.engines.contract import LossFn
+from workbench.workers.snapshots import Snapshots
 from workbench.workers.updates import mean_over_ranks, rng_state, set_rng_state
 
 ADVANTAGES = "replay_advantages__"
@@ -43,8 +44,11 @@ def dot(a: torch.Tensor, b: torch.Tensor) -> float:
     return sum(float(a[i : i + CHUNK].double() @ b[i : i + CHUNK].double()) for i in range(0, a.numel(), CHUNK))
 
 
-class Replay:
-    """Registered replay_update."""
+class Replay(Snapshots):
+    """Registered replay_update (and the snapshot methods it builds on)."""
+
+    version: int
+    """The worker's weight version (a rollout copy syncs when it moves)."""
 
     @register(THREE_D_REDUCED)
     def replay_update(self, batch: Batch, losses: dict[str, LossFn], kl: bool = False) -> dict:
@@ -76,6 +80,12 @@ class Replay:
         k = len(directions)
         dots = torch.tensor([[dot(directions[i], directions[j]) for j in range(k)] for i in range(k)])
         return {"metrics": metrics, "dots": all_reduce_small(dots.double()).tolist()}
+
+    def _update(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
+        raise NotImplementedError(f"{type(self).__name__} replays its update: give it an _update(batch, loss_fn)")
+
+    def _log_probs(self, batch: Batch) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} measures KL on log-probs: give it a _log_probs(batch)")
 
 
 def rewind(engine, held, rng) -> None:
