@@ -109,7 +109,7 @@ def main() -> None:
                 "kl_extra_per_variant_s": round((replay_kl - replay) / k, 3),
                 "rounds": args.rounds,
                 "threads": args.threads,
-                "table": result.table(),
+                "table": [{k: None if v != v else v for k, v in row.items()} for row in result.table()],  # NaN: none
                 "cosines": result.cosines(),
             }
         )

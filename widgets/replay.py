@@ -98,6 +98,7 @@ class ReplayView(View):
             "b": [b for _ in names for b in names],
             "cos": [cosines[a][b] for a in names for b in names],
             "label": [f"{cosines[a][b]:.2f}" for a in names for b in names],
+            "ink": ["white" if abs(cosines[a][b]) > 0.5 else "black" for a in names for b in names],
         }
         heat = plots.new_figure(
             "cosine between update directions",
@@ -111,7 +112,15 @@ class ReplayView(View):
         squares = heat.rect(
             "a", "b", 1, 1, source=ColumnDataSource(cells), fill_color={"field": "cos", "transform": colours}
         )
-        heat.text("a", "b", text="label", source=ColumnDataSource(cells), text_align="center", text_baseline="middle")
+        heat.text(
+            "a",
+            "b",
+            text="label",
+            source=ColumnDataSource(cells),
+            text_align="center",
+            text_baseline="middle",
+            text_color="ink",
+        )
         heat.xaxis.major_label_orientation = math.pi / 4
         plots.hover(heat, [squares], [("variants", "@a / @b"), ("cosine", "@cos{0.0000}")])
         per_token = plots.new_figure(
@@ -145,7 +154,8 @@ class ReplayView(View):
         left.imshow(grid, cmap="RdBu", vmin=-1, vmax=1)
         for i, a in enumerate(names):
             for j, b in enumerate(names):
-                left.text(j, i, f"{cosines[a][b]:.2f}", ha="center", va="center", fontsize=7)
+                ink = "white" if abs(cosines[a][b]) > 0.5 else "black"  # readable on the dark ends
+                left.text(j, i, f"{cosines[a][b]:.2f}", ha="center", va="center", fontsize=7, color=ink)
         left.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=7)
         left.set_yticks(range(len(names)), names, fontsize=7)
         left.set_title("cosine between update directions", fontsize=9)

@@ -11,6 +11,7 @@ import faulthandler
 import json
 import os
 import sys
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -74,6 +75,32 @@ def phase(what: str, started: float = time.time()) -> None:
     print(f"[netns_check +{time.time() - started:.0f}s] {what}", file=sys.stderr, flush=True)
 
 
+def report_ray_state_at(when_s: float) -> None:
+    """Just before the stack dump: what Ray was doing (nodes, actors not alive, placement groups
+    not created), so a hang says what it waited for, not only where."""
+
+    def report() -> None:
+        time.sleep(when_s)
+        try:
+            nodes = [(n["NodeManagerAddress"], n["Alive"]) for n in ray.nodes()]
+            actors = [
+                (
+                    a["ActorID"][:8],
+                    a["State"],
+                    a.get("Address", {}).get("IPAddress"),
+                    a.get("Name") or a.get("ActorClassName"),
+                )
+                for a in ray._private.state.actors().values()
+                if a["State"] not in ("ALIVE", "DEAD")
+            ]
+            groups = [(g["placement_group_id"][:8], g["state"]) for g in ray.util.placement_group_table().values()]
+            phase(f"hung? nodes {nodes}; actors not alive {actors}; placement groups {groups}")
+        except Exception as e:  # a report, never a second failure
+            phase(f"hung? the Ray state could not be read: {e!r}")
+
+    threading.Thread(target=report, daemon=True).start()
+
+
 def wait_for_nodes(count: int, timeout: float = 60.0) -> list[dict]:
     end = time.time() + timeout
     while (alive := [n for n in ray.nodes() if n["Alive"]]) and len(alive) < count and time.time() < end:
@@ -84,6 +111,7 @@ def wait_for_nodes(count: int, timeout: float = 60.0) -> list[dict]:
 def main(name: str, dump_after_s: float) -> None:
     # A driver that hangs prints every thread's stack (then exits) before the test gives up on it.
     faulthandler.dump_traceback_later(dump_after_s, exit=True)
+    report_ray_state_at(dump_after_s - 20)
     cluster = NetnsCluster.load(name)
     addresses = [cluster.host_ip(h) for h in range(cluster.hosts)]
     hosts = len(addresses)

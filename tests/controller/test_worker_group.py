@@ -177,6 +177,20 @@ def test_killed_worker_is_reported_and_group_can_be_recreated(session):
     assert group.all_reduce().get() == [3.0, 3.0]
 
 
+def test_a_start_past_its_bound_names_the_silent_ranks_and_leaves_nothing(session, monkeypatch):
+    """A group whose processes do not answer within START_TIMEOUT_S (here: a bound shorter than
+    any process start) fails naming them, instead of waiting for ever on one Ray cannot place."""
+    from workbench.controller import worker_group
+
+    pool = session.pool("slow", 2)
+    monkeypatch.setattr(worker_group, "START_TIMEOUT_S", 0.001)
+    with pytest.raises(WorkerCallError, match=r"rank\(s\) \[0, 1\] did not answer within 0 s") as err:
+        session.group("late", EchoWorker, pool)
+    assert not err.value.usable and "was not created" in str(err.value)
+    monkeypatch.undo()
+    assert session.group("late", EchoWorker, pool).all_reduce().get() == [3.0, 3.0]  # its devices are free
+
+
 def test_rerunning_a_group_cell_does_not_leak_actors(session):
     pool = session.pool("one", 1)
     session.group("cell", EchoWorker, pool)

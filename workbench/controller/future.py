@@ -194,9 +194,26 @@ def _call_error(info: CallInfo, rank: int, detail: str) -> Exception:
     return WorkerCallError(info.role, rank, info.method, detail, busy=busy)
 
 
-def fetch_all(refs: list[ray.ObjectRef], info: CallInfo, ranks: list[int]) -> list[Any]:
+def fetch_all(refs: list[ray.ObjectRef], info: CallInfo, ranks: list[int], timeout: float | None = None) -> list[Any]:
     """ray.get several ranks' objects in one round trip; on failure, name the failing rank
-    (a dead process first: the other ranks' errors are its consequences)."""
+    (a dead process first: the other ranks' errors are its consequences). With `timeout` (a
+    group's start): ranks that have not answered by then are named, as not started."""
+    if timeout is not None:
+        ready, late = ray.wait(refs, num_returns=len(refs), timeout=timeout, fetch_local=False)
+        if late:
+            silent = [ranks[i] for i, ref in enumerate(refs) if ref in late]
+            for i, ref in enumerate(refs):  # an error among those that answered says more
+                if ref in ready:
+                    fetch(ref, info, ranks[i])
+            raise WorkerCallError(
+                info.role,
+                silent[0],
+                info.method,
+                f"rank(s) {silent} did not answer within {timeout:.0f} s (a process Ray could not start or "
+                "place, or one waiting for a peer that never came); the Ray state of the processes: "
+                "`ray list actors --filter state!=ALIVE`",
+                usable=not info.starting,
+            )
     try:
         return ray.get(refs)
     except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError):

@@ -20,6 +20,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from typing import Any
 
 import psutil
@@ -145,6 +146,11 @@ TASK = "_wb_task"
 # a long call holds the host's main thread.
 TRACE_GROUP = "trace"
 MAX_RECORDS = 100_000  # trace spans kept per worker between two session.trace() calls
+RENDEZVOUS_TIMEOUT_S = 300.0
+"""How long a new group's ranks wait for each other to join its process group (its store's
+timeout). The driver starts them together, so a rank that has not joined by then never will (its
+process died, or rank 0's store is unreachable): the start fails and names it, instead of
+torch's 30 minutes."""
 
 
 def process_wide_state() -> list[str]:
@@ -240,14 +246,14 @@ class WorkerHost:
         return node_address(), port
 
     def init_process_group(self, address: str, port: int | str) -> None:
+        timeout = timedelta(seconds=RENDEZVOUS_TIMEOUT_S)
         if address == "file":
-            store = dist.FileStore(str(port), self.world_size)
-            dist.init_process_group(self.backend, store=store, rank=self.rank, world_size=self.world_size)
-            return
-        os.environ.update(MASTER_ADDR=address, MASTER_PORT=str(port))
-        dist.init_process_group(
-            self.backend, init_method=f"tcp://{address}:{port}", rank=self.rank, world_size=self.world_size
-        )
+            store: dist.Store = dist.FileStore(str(port), self.world_size)
+            store.set_timeout(timeout)
+        else:
+            os.environ.update(MASTER_ADDR=address, MASTER_PORT=str(port))
+            store = dist.TCPStore(address, int(port), self.world_size, is_master=self.rank == 0, timeout=timeout)
+        dist.init_process_group(self.backend, store=store, rank=self.rank, world_size=self.world_size)
 
     def identity(self) -> tuple[int, str, str]:
         """(pid, node id, node address) of this process, named in errors about it."""

@@ -34,6 +34,11 @@ from workbench.errors import DispatchError, GroupRemovedError, WorkerCallError, 
 from workbench.mesh import Mesh
 from workbench.tracing import MAX_CALL_TAGS, CallRecord, CallTags, current_tags, new_call_number, take_answers
 
+START_TIMEOUT_S = 300.0
+"""How long a group's processes may take to start and answer (Ray places them, imports, threads).
+Past it the start fails naming the ranks that are silent: a process Ray cannot place waits for
+ever otherwise."""
+
 _JOINT: ContextVar[list[tuple[ResourcePool, tuple]] | None] = ContextVar("joint_calls", default=None)
 """The calls issued so far inside a `joint_calls` block, (pool, (host set, refs)) each; None
 outside one. A context variable: a thread of the driver's own is never inside another's block."""
@@ -124,12 +129,15 @@ class HostSet:
         try:
             ranks = list(range(mesh.world_size))
             self.identities = fetch_all(
-                [h.identity.remote() for h in self.hosts], CallInfo(name, "start", ranks, starting=True), ranks
+                [h.identity.remote() for h in self.hosts],
+                CallInfo(name, "start", ranks, starting=True),
+                ranks,
+                timeout=START_TIMEOUT_S,
             )
             address, port = fetch(
                 self.hosts[0].rendezvous_address.remote(), CallInfo(name, "start", ranks, starting=True), 0
             )
-            fetch_all(
+            fetch_all(  # bounded inside: the ranks' store waits RENDEZVOUS_TIMEOUT_S for the others
                 [h.init_process_group.remote(address, port) for h in self.hosts],
                 CallInfo(name, "init_process_group", ranks, starting=True),
                 ranks,
