@@ -192,6 +192,15 @@ def replay(algorithm, batch: Batch, variants: Mapping[str, Mapping[str, Any]], k
         config = variant_config(algorithm, name, change)
         rows = variant_rows(batch, change, config)
         finite_batch(rows, before=f"replay variant {name!r}")
+        needs = {"ref_log_probs": config.kl_loss_coef, "rollout_log_probs": config.off_policy_correction != "none"}
+        missing = [column for column, needed in needs.items() if needed and column not in batch]
+        if missing:
+            raise ConfigError(
+                f"replay variant {name!r}",
+                dict(change),
+                f"its loss reads the batch's {missing}, which this batch has not: replay a batch whose iteration "
+                "computed them (a reference for kl_loss_coef, the workbench's rollout for a correction)",
+            )
         shipped[ADVANTAGES + name] = advantages[name] = rows["advantages"]
         losses[name] = algorithm.actor_loss(config, pi_old_from_update)
         changes[name] = dict(change)

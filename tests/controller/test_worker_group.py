@@ -183,8 +183,9 @@ def test_a_start_past_its_bound_names_the_silent_ranks_and_leaves_nothing(sessio
     from workbench.controller import worker_group
 
     pool = session.pool("slow", 2)
-    monkeypatch.setattr(worker_group, "START_TIMEOUT_S", 0.0)  # no call answers at once
-    with pytest.raises(WorkerCallError, match=r"rank\(s\) \[0, 1\] did not answer within 0 s") as err:
+    monkeypatch.setattr(worker_group, "START_TIMEOUT_S", 0.0)  # no fresh process answers at once
+    # (a process that is quick enough may still answer: the others are named)
+    with pytest.raises(WorkerCallError, match=r"rank\(s\) \[[01](, 1)?\] did not answer within 0 s") as err:
         session.group("late", EchoWorker, pool)
     assert not err.value.usable and "was not created" in str(err.value)
     monkeypatch.undo()

@@ -181,6 +181,9 @@ def test_replay_puts_one_batch_through_variants_and_leaves_the_run_as_it_was(ppo
         ppo.replay(batch, {"typo": {"clip_ratio": 0.3}})
     with pytest.raises(ConfigError, match=r"replay variant 'bad'.*loss_agg_mode"):
         ppo.replay(batch, {"bad": {"loss_agg_mode": "mean"}})
+    unsampled = batch.select(*[k for k in batch.keys() if k != "rollout_log_probs"])
+    with pytest.raises(ConfigError, match=r"replay variant 'tis'.*reads the batch's \['rollout_log_probs'\]"):
+        ppo.replay(unsampled, {"tis": {"off_policy_correction": "tis"}})
 
 
 def test_a_crash_mid_save_leaves_the_last_checkpoint_usable(ppo_groups, kit, tmp_path, monkeypatch):

@@ -73,13 +73,18 @@ class Replay(Snapshots):
                     taken["replay/kl_to_current"] = kl_to(current, self._log_probs(rows), rows["response_mask"])
                 metrics[name] = mean_over_ranks(taken)
                 rewind(engine, held, rng)
+        except BaseException:
+            rewind(engine, held, rng)  # a variant that failed: the run goes on as it was
+            raise
         finally:
-            rewind(engine, held, rng)  # also after a variant that failed: the run goes on as it was
             self._restored(counters)
             self.version = version  # the same weights: a rollout copy stays current
         k = len(directions)
-        dots = torch.tensor([[dot(directions[i], directions[j]) for j in range(k)] for i in range(k)])
-        return {"metrics": metrics, "dots": all_reduce_small(dots.double()).tolist()}
+        dots = [[0.0] * k for _ in range(k)]
+        for i in range(k):
+            for j in range(i, k):
+                dots[i][j] = dots[j][i] = dot(directions[i], directions[j])
+        return {"metrics": metrics, "dots": all_reduce_small(torch.tensor(dots, dtype=torch.float64)).tolist()}
 
     def _update(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
         raise NotImplementedError(f"{type(self).__name__} replays its update: give it an _update(batch, loss_fn)")
