@@ -15,6 +15,32 @@ WORKER_GIB = 8
 MAX_WORKERS = 4
 
 
+# Notebooks that each hold SmolLM2 on a 2-rank actor (~2.8 GB a rank, beside their kernel and Ray):
+# one xdist work unit, run one after another on one worker. Two of them side by side, with another
+# module's workers, took the machine past Ray's memory monitor (95%), which then killed workers.
+ONE_AT_A_TIME = "SmolLM2 notebooks"
+SMOLLM2_NOTEBOOKS = frozenset(
+    f"notebooks/{name}.ipynb" for name in ("08_real_model", "09_your_own_task", "11_replay_and_compare")
+)
+
+
+def _unit(module: str) -> str:
+    """The work unit a module runs in under `make test`: itself, or the SmolLM2 notebooks' unit."""
+    return ONE_AT_A_TIME if module in SMOLLM2_NOTEBOOKS else module
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ByUnit(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(super()._split_scope(nodeid))
+
+    return ByUnit(config, log)
+
+
 def pytest_xdist_auto_num_workers(config):
     import psutil
 
@@ -103,11 +129,19 @@ def pytest_collection_modifyitems(config, items):
     # Longest module first (by this machine's last runs; unknown modules count as long): the
     # parallel workers take modules in this order, and a long module taken last would leave
     # the other worker idle. Tests keep their order inside a module (module fixtures are shared).
-    recorded = _recorded_times()
+    # A work unit of several modules (ONE_AT_A_TIME) counts their times together.
+    recorded: dict[str, float] = {}
+    for module, seconds in _recorded_times().items():
+        recorded[_unit(module)] = recorded.get(_unit(module), 0.0) + seconds
     first = {}
     for i, item in enumerate(items):
         first.setdefault(_module(item.nodeid), i)
-    items.sort(key=lambda item: (-recorded.get(_module(item.nodeid), float("inf")), first[_module(item.nodeid)]))
+
+    def key(item):
+        module = _module(item.nodeid)
+        return -recorded.get(_unit(module), float("inf")), first[module]
+
+    items.sort(key=key)
 
 
 def pytest_terminal_summary(terminalreporter):

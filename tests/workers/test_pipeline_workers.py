@@ -195,7 +195,8 @@ def test_stages_switch_to_a_smaller_tensor_layout_each_and_generate_as_a_pipelin
     assert replayed["metrics"]["a"] == replayed["metrics"]["b"] == update  # loss and gradient norm, exactly
     single = single_process_step(model, train, dp=1)
     moved = sum(
-        float((a.detach().double() - b.double()).pow(2).sum()) for a, b in zip(single.parameters(), model.parameters())
+        float((a.detach().double() - b.detach().double()).pow(2).sum())
+        for a, b in zip(single.parameters(), model.parameters())
     )
     (aa, ab), (_, bb) = replayed["dots"]
     assert aa == ab == bb and abs(aa - moved) <= 1e-4 * moved, (aa, moved)

@@ -31,7 +31,7 @@ CHUNK = 1 << 22
 """Elements per float64 piece of a dot product (bounds the temporary's memory)."""
 
 
-def variant_rows(batch: Batch, name: str) -> Batch:
+def with_own_advantages(batch: Batch, name: str) -> Batch:
     """The batch a variant updates on: its own advantages where it has them, no replay columns."""
     rows = batch.select(*[k for k in batch.keys() if not k.startswith(ADVANTAGES)])
     if ADVANTAGES + name in batch:
@@ -65,7 +65,7 @@ class Replay(Snapshots):
         directions: list[torch.Tensor] = []
         try:
             for name, loss_fn in losses.items():
-                rows = variant_rows(batch, name)
+                rows = with_own_advantages(batch, name)
                 taken = self._update(rows, loss_fn)
                 now = engine_snapshot.owned(engine)
                 directions.append(torch.cat([(a - b).reshape(-1) for a, b in zip(now, before)] or [torch.zeros(0)]))
