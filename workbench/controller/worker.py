@@ -26,7 +26,6 @@ from typing import Any
 import psutil
 import ray
 import torch
-import torch._dynamo
 import torch.distributed as dist
 
 from workbench.controller.future import RemoteSlice, describe_output
@@ -369,7 +368,8 @@ class WorkerHost:
         self.shutdown()
         self.workers.clear()
         self.records.clear()
-        torch._dynamo.reset()  # compiled graphs hold their models
+        if "torch._dynamo" in sys.modules:  # imported by whatever compiled
+            torch._dynamo.reset()  # compiled graphs hold their models
         if "torch.distributed.tensor" in sys.modules:
             # DTensor's sharding caches outlive a process group: meshes compare equal whatever
             # their groups, so a cached answer would hand the next group's weights this one's

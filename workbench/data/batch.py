@@ -13,12 +13,38 @@ whatever happened to the rows in between.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import contextlib
+import sys
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict
+import torch.compiler
+
+
+@contextlib.contextmanager
+def _compile_marks_deferred() -> Iterator[None]:
+    """tensordict marks some of its functions for torch.compile as it loads (`allow_in_graph`,
+    `assume_constant_result`), and marking imports torch._dynamo: over a second in every process
+    that imports a Batch (each Ray worker), most of which never compile. The marks matter only to
+    torch.compile tracing tensordict's own code, which nothing here does: they are left off."""
+    marks = ("allow_in_graph", "assume_constant_result")
+    if "torch._dynamo" in sys.modules or "tensordict" in sys.modules:
+        yield
+        return
+    saved = {name: getattr(torch.compiler, name) for name in marks}
+    for name in marks:
+        setattr(torch.compiler, name, lambda fn: fn)
+    try:
+        yield
+    finally:
+        for name, mark in saved.items():
+            setattr(torch.compiler, name, mark)
+
+
+with _compile_marks_deferred():
+    from tensordict import TensorDict
 
 PAD_KEY = "is_padding"
 
