@@ -35,7 +35,6 @@ from algorithms import core
 from algorithms.guard import finite_batch
 from workbench.data.batch import Batch
 from workbench.errors import ConfigError
-from workbench.workers.replay import ADVANTAGES
 
 SHOWN = (
     ("advantage |A| mean", "replay/abs_advantage"),
@@ -168,6 +167,9 @@ def variant_rows(batch: Batch, changes: Mapping[str, Any], config) -> Batch:
 
 def replay(algorithm, batch: Batch, variants: Mapping[str, Mapping[str, Any]], kl: bool = False) -> ReplayResult:
     """Each variant's update on `batch`, measured and rewound on the actor (see the module)."""
+    # Here, not at the top: the workers' side loads the training engines (seconds a kernel).
+    from workbench.workers.replay import ADVANTAGES
+
     actor = algorithm.groups.actor
     if "replay_update" not in getattr(actor, "methods", ()):
         raise ConfigError(
