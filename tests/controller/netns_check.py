@@ -72,7 +72,9 @@ class NetWorker(Worker):
 
 def phase(what: str, started: float = time.time()) -> None:
     """Where the driver is, on stderr: the test shows its tail when the driver fails."""
-    print(f"[netns_check +{time.time() - started:.0f}s] {what}", file=sys.stderr, flush=True)
+    print(
+        f"[netns_check +{time.time() - started:.0f}s {time.strftime('%H:%M:%S')}] {what}", file=sys.stderr, flush=True
+    )
 
 
 def report_ray_state_at(when_s: float) -> None:

@@ -16,6 +16,8 @@ import pytest
 from workbench.deploy.netns_cluster import NetnsCluster
 
 ROOT = Path(__file__).resolve().parents[2]
+PHASES = Path.home() / ".cache" / "hybridflow-workbench" / "netns-phases.txt"
+"""The last driver run's phase lines (where its time went)."""
 DRIVE_TIMEOUT_S = 1200
 """The one driver: checks, two PPO runs, two fault runs (about 5 minutes in `make test` here; a
 machine 3x slower needs more than the suite's 600 s per test, which counts the setup)."""
@@ -75,6 +77,10 @@ def drive(cluster, script: str, *argv: str) -> dict:
         text=True,
         timeout=DRIVE_TIMEOUT_S,
     )
+    # Its phases, kept per machine beside the suite's times (conftest.TIMES): the module's time
+    # varies between runs (236 s to 552 s in `make test`), and a slow run's record says where.
+    PHASES.parent.mkdir(parents=True, exist_ok=True)
+    PHASES.write_text("".join(f"{line}\n" for line in run.stderr.splitlines() if line.startswith("[netns_")))
     assert run.returncode == 0, run.stderr[-12000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
 
