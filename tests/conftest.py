@@ -15,7 +15,7 @@ NUM_DEVICES = 8
 
 @pytest.fixture(scope="session")
 def shared_session():
-    # Warm processes: most tests start groups of the same classes as the test before them.
+    # Warm processes: most tests start groups on pools of the shape the test before them used.
     session = Session(num_devices=NUM_DEVICES, keep_processes=True)
     yield session
     session.shutdown()

@@ -344,10 +344,10 @@ class Session:
             self._drop_spares()
             ResourcePool.plan(name, devices, exclude, hosts)
 
-    def _warm_up(self, pool: ResourcePool, specs: dict[str, tuple[type, Any]]) -> None:
+    def _warm_up(self, pool: ResourcePool) -> None:
         """Give an unused pool the reservation of a spare of its shape whose parked processes
-        serve `specs` (pools are made before their groups, so the spare it got may hold others)."""
-        key = warm_key(pool, self.threads_per_worker, specs)
+        can serve it (pools are made before their groups, so the spare it got may hold none)."""
+        key = warm_key(pool, self.threads_per_worker)
         in_use = any(g.pool.shares_devices(pool) for g in self.groups.values()) or any(
             p.parent == pool.name for p in self.pools.values()
         )
@@ -495,7 +495,7 @@ class Session:
             if role in self.groups:
                 self._drop_group(role, f"it was being re-created, and starting the new {role!r} failed")
         if self.keep_processes:
-            self._warm_up(pool, specs)
+            self._warm_up(pool)
         try:
             hostset = HostSet(pool, mesh, self.threads_per_worker, specs)
         except BaseException as error:

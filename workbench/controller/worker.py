@@ -202,7 +202,7 @@ def node_env(address: str) -> dict[str, str]:
 
 
 class WorkerHost:
-    """The Ray actor behind one rank; see host_class for its entry points."""
+    """The Ray actor behind one rank: its roles' methods run through `call`."""
 
     def __init__(self, pool: str, rank: int, world_size: int, threads: int, backend: str, local: bool = False):
         self.serve(pool, rank, world_size, threads, backend, local)
@@ -223,7 +223,9 @@ class WorkerHost:
             torch.cuda.set_device(0)  # Ray exposes only this actor's GPU
         self.workers: dict[str, Worker] = {}
         self.roles: list[str] = []
-        """The roles added, in order: entry point r{i}__* runs roles[i]'s method."""
+        """The roles added, in order: entry r{i}__* runs roles[i]'s method."""
+        self.entries: dict[str, tuple[str, str, bool]] = {}
+        """entry name -> (role, method, whether outputs come back as (meta, output))."""
         # Bounded, so a long run whose driver never asks for its trace cannot grow without end.
         self.records: deque[CallRecord] = deque(maxlen=MAX_RECORDS)
         self.counts: dict[tuple[str, str], int] = {}
@@ -273,7 +275,18 @@ class WorkerHost:
         )
         worker.__init__(*(() if config is None else (config,)))
         self.workers[role] = worker
+        for method, registration in registered_methods(cls).items():
+            self.entries[entry_name(len(self.roles), method)] = (role, method, registration.returns_rows)
         self.roles.append(role)
+
+    def call(self, entry: str, *args, **kwargs):
+        """Every driver call of a worker's method arrives here, naming its entry (entry_name):
+        the host's Ray class is one whatever workers it hosts, so a warm process serves a group
+        of any worker classes. The entry is one short string: Ray charges per argument. The
+        driver asks Ray for two returns where the method's outputs may be split by rows: then
+        (meta, output)."""
+        role, method, with_meta = self.entries[entry]
+        return self.run(role, method, with_meta, args, kwargs)
 
     def change_generation(self, mesh: Mesh) -> None:
         for worker in self.workers.values():
@@ -367,6 +380,8 @@ class WorkerHost:
         worker left a thread or a child process running."""
         self.shutdown()
         self.workers.clear()
+        self.roles.clear()
+        self.entries.clear()
         self.records.clear()
         if "torch._dynamo" in sys.modules:  # imported by whatever compiled
             torch._dynamo.reset()  # compiled graphs hold their models
@@ -391,31 +406,10 @@ def _rays(thread: threading.Thread) -> bool:
     return isinstance(thread, threading._DummyThread)
 
 
-def host_class(roles: dict[str, type]) -> type:
-    """A WorkerHost subclass with one entry point per registered method of each role, named
-    after the role's place and the method (`r0__generate_sequences`), not the role's name, so
-    that a warm process serves any group of the same classes. A call then carries only the
-    user's arguments (Ray charges per argument), and methods whose outputs may be split by
-    rows return (meta, output) as two objects."""
-    entries = {}
-    for slot, cls in enumerate(roles.values()):
-        for method, registration in registered_methods(cls).items():
-            entries[entry_name(slot, method)] = _entry(slot, method, registration.returns_rows)
-    names = "+".join(cls.__name__ for cls in roles.values())
-    return type(f"WorkerHost[{names}]", (WorkerHost,), entries)
-
-
 def entry_name(slot: int, method: str) -> str:
-    """The host's entry point of `method` of its role number `slot` (in the order roles were added)."""
+    """The entry of `method` of a host's role number `slot` (in the order roles were added), not
+    of the role's name: what a driver call names in WorkerHost.call (`r0__generate_sequences`)."""
     return f"r{slot}__{method}"
-
-
-def _entry(slot: int, method: str, with_meta: bool):
-    def entry(self, *args, **kwargs):
-        return self.run(self.roles[slot], method, with_meta, args, kwargs)
-
-    entry.__name__ = entry_name(slot, method)
-    return ray.method(num_returns=2)(entry) if with_meta else entry
 
 
 def _attach_metas(values: tuple, metas: list) -> None:

@@ -28,7 +28,7 @@ from workbench.controller.future import CallInfo, DataFuture, RemoteSlice, fetch
 from workbench.controller.protocols import Protocol, first
 from workbench.controller.register import Registration, registered_methods
 from workbench.controller.resource_pool import ResourcePool
-from workbench.controller.worker import AFTER, META, TASK, TRACE_GROUP, entry_name, host_class
+from workbench.controller.worker import AFTER, META, TASK, TRACE_GROUP, WorkerHost, entry_name
 from workbench.data.batch import Batch
 from workbench.errors import DispatchError, GroupRemovedError, WorkerCallError, WorkerDiedError
 from workbench.mesh import Mesh
@@ -105,9 +105,7 @@ class HostSet:
         self.weight_links: dict[str, object] = {}
         """Each role's newest weight link (its token): a role's processes hold one weight channel."""
         backend, local = _transport(pool)
-        host_cls = host_class({role: cls for role, (cls, _) in roles.items()})
-        remote_host = ray.remote(concurrency_groups={TRACE_GROUP: 1})(host_cls)  # type: ignore[call-overload]  # not in Ray's stubs
-        self.key = warm_key(pool, threads, roles)
+        self.key = warm_key(pool, threads)
         """What a warm process must match to serve this set (see ResourcePool.parked)."""
         self.call_tags = CallTags()
         """Tags of driver calls whose spans have not all been drained yet (see tag_call)."""
@@ -122,7 +120,7 @@ class HostSet:
         for rank, host in enumerate(warm):
             start = (pool.name, rank, mesh.world_size, threads, backend, local)
             if host is None:
-                host = remote_host.options(**pool.scheduling(rank)).remote(*start)
+                host = _remote_host().options(**pool.scheduling(rank)).remote(*start)
             else:  # runs before the calls below: an actor runs one caller's calls in order
                 host.serve.remote(*start)
             self.hosts.append(host)
@@ -304,13 +302,17 @@ def _transport(pool: ResourcePool) -> tuple[str, bool]:
     return ("nccl" if pool.resource == "GPU" else "gloo"), len(set(pool.node_ids)) == 1
 
 
-def warm_key(pool: ResourcePool, threads: int, roles: dict[str, tuple[type, Any]]) -> tuple:
-    """What a warm process must match to serve a new set of `roles` on `pool`: the workers'
-    classes (so, its entry points), torch threads, transport and device share."""
-    classes = tuple(
-        (f"{cls.__module__}.{cls.__qualname__}", tuple(sorted(registered_methods(cls)))) for cls, _ in roles.values()
-    )
-    return (classes, threads, *_transport(pool), pool.max_colocate)
+def warm_key(pool: ResourcePool, threads: int) -> tuple:
+    """What a warm process must match to serve a new set on `pool`: torch threads, transport and
+    device share. Not the workers' classes: every host takes its calls through one entry
+    (WorkerHost.call), so a process that hosted an actor can host a critic next."""
+    return (threads, *_transport(pool), pool.max_colocate)
+
+
+@functools.cache
+def _remote_host() -> Any:
+    """WorkerHost as a Ray actor class: one for every group, so Ray exports it once."""
+    return ray.remote(concurrency_groups={TRACE_GROUP: 1})(WorkerHost)  # type: ignore[call-overload]  # not in Ray's stubs
 
 
 def actor_state(actor_id: str) -> str | None:
@@ -329,8 +331,8 @@ class MethodDispatch:
     """The layout it was worked out for (a changed generation layout needs a new dispatch)."""
     registration: Registration
     ranks: list[int]
-    entries: list
-    """Each rank's entry point (its host's r{slot}__method, bound), in `ranks` order."""
+    entries: list[RankEntry]
+    """Each rank's entry point, in `ranks` order."""
     collect_ranks: list[int]
     collect: Callable
     chunks: int | None
@@ -344,9 +346,23 @@ class MethodDispatch:
             ranks, collect_ranks, collect = [0], [0], first
         else:
             ranks, collect_ranks, collect = list(range(mesh.world_size)), protocol.collect_ranks(mesh), protocol.collect
-        entry = entry_name(hostset.roles.index(role), method)
-        entries = [getattr(hostset.hosts[rank], entry) for rank in ranks]
+        entry, rows = entry_name(hostset.roles.index(role), method), registration.returns_rows
+        entries = [RankEntry(hostset.hosts[rank], entry, f"{role}.{method}", rows) for rank in ranks]
         return cls(method, mesh, registration, ranks, entries, collect_ranks, collect, protocol.num_chunks(mesh))
+
+
+class RankEntry:
+    """One rank's entry point of a role's method: a task on its host's WorkerHost.call naming
+    the entry, shown in Ray's own views (dashboard, errors) as role.method."""
+
+    __slots__ = ("call", "entry")
+
+    def __init__(self, host: Any, entry: str, name: str, returns_rows: bool):
+        self.call = host.call.options(num_returns=2 if returns_rows else 1, name=name)
+        self.entry = entry
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        return self.call.remote(self.entry, *args, **kwargs)
 
 
 class WorkerGroup:
