@@ -2,6 +2,8 @@
 
 import os
 
+from workbench.lazy import exports
+
 # Per-load progress bars from transformers/huggingface_hub swamp notebook cells and worker logs
 # (tiny models load in milliseconds). Set before they are imported; Ray workers inherit it.
 # Export HF_HUB_DISABLE_PROGRESS_BARS=0 to have them back.
@@ -47,7 +49,7 @@ _LAZY = {
     "SamplingConfig": "workbench.engines.rollout",
     "OptimConfig": "workbench.engines.contract",
     "LoRAConfig": "workbench.models.lora",
-    "arithmetic": "workbench.data",
+    "arithmetic": ("workbench.data.arithmetic", None),
     "tokenize_prompts": "workbench.data.prompts",
     "PromptLoader": "workbench.data.prompts",
     "load_model": ("workbench.models", "load"),
@@ -57,15 +59,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    if name not in _LAZY:
-        raise AttributeError(f"module 'workbench' has no attribute {name!r}")
-    import importlib
-
-    module, attribute = _LAZY[name] if isinstance(_LAZY[name], tuple) else (_LAZY[name], name)
-    value = getattr(importlib.import_module(module), attribute)
-    globals()[name] = value
-    return value
+__getattr__ = exports(__name__, _LAZY)
 
 
 # What a notebook may need beyond the pinned environment: a name -> (what it is, why it is

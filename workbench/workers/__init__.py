@@ -2,6 +2,8 @@
 
 from typing import TYPE_CHECKING
 
+from workbench.lazy import exports
+
 if TYPE_CHECKING:
     from workbench.workers.actor import ActorConfig, ActorRolloutRefWorker
     from workbench.workers.judge import VERDICTS, JudgeConfig, JudgeWorker, score_on, yes_no
@@ -22,11 +24,4 @@ _LAZY = {
 __all__ = list(_LAZY)
 
 
-def __getattr__(name: str):
-    if name not in _LAZY:
-        raise AttributeError(f"module 'workbench.workers' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(_LAZY[name]), name)
-    globals()[name] = value
-    return value
+__getattr__ = exports(__name__, _LAZY)

@@ -33,10 +33,8 @@ import math
 import multiprocessing
 import os
 import time
-import traceback
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 import cloudpickle
 import ray
@@ -62,6 +60,7 @@ from workbench.tracing import (
     new_call_number,
     take_answers,
 )
+from workbench.workers.reward_child import child_loop
 
 SCORER_NAMESPACE = "workbench"
 SCORER_PREFIX = "workbench:reward_scorer:"
@@ -279,7 +278,7 @@ class RewardScorer:
         # spawn, not fork: this process has Ray's threads, which a fork would copy mid-lock.
         ctx = multiprocessing.get_context("spawn")
         self.conn, child_conn = ctx.Pipe()
-        self.child = ctx.Process(target=_child_loop, args=(child_conn,), daemon=True, name="workbench-reward")
+        self.child = ctx.Process(target=child_loop, args=(child_conn,), daemon=True, name="workbench-reward")
         self.child.start()
         child_conn.close()
 
@@ -501,27 +500,3 @@ def scored_batch(parts, values: list[list[float]], failed: list[list[int]], outp
     if any(fallback is not None for _, _, fallback in parts):
         tensors[f"{prefix}/fallbacks"] = torch.tensor([float(len(f)) for f in failed], dtype=torch.float32)
     return Batch(tensors)
-
-
-def _child_loop(conn) -> None:
-    """The child: score chunks forever. It acknowledges each chunk once the functions are loaded,
-    then sends one message per row (so the parent knows which row a hang or crash was on). A
-    function that raises with no fallback ends its chunk."""
-    torch.set_num_threads(1)
-    loaded: bytes | None = None
-    rewards: Any = None  # a RewardSet, unpickled from the first chunk (set before any row is scored)
-    while True:
-        try:
-            fn_bytes, texts, truths, columns = conn.recv()
-        except EOFError:
-            return
-        if fn_bytes != loaded:
-            rewards, loaded = cloudpickle.loads(fn_bytes), fn_bytes
-        conn.send_bytes(b'["loaded", null]')
-        for text, truth, row in zip(texts, truths, columns):
-            try:
-                values, failed = rewards(text, truth, row)
-            except Exception as err:
-                conn.send_bytes(json.dumps(["raised", f"{err}\n{traceback.format_exc(limit=-3)}"[-8000:]]).encode())
-                break
-            conn.send_bytes(json.dumps(["ok", values, failed]).encode())
