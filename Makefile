@@ -89,6 +89,9 @@ lint: $(DEV)
 # order the root conftest.py sets from this machine's last runs, kept (no reordering by xdist).
 PARALLEL := -n auto --dist loadfile --no-loadscope-reorder
 test: lint
+	@# The repo's bytecode, written once here: with PYTHONDONTWRITEBYTECODE set (as on some
+	@# machines) every process of the run (hundreds of workers) would compile the modules again.
+	$(BIN)/python -m compileall -q -j 0 workbench algorithms widgets tests > /dev/null
 	$(BIN)/python -m pytest -q $(PARALLEL)
 
 # The numerics guard: the numerics-sensitive tests (marker `numerics`) again, under a second
