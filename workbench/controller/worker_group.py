@@ -331,8 +331,8 @@ class MethodDispatch:
     """The layout it was worked out for (a changed generation layout needs a new dispatch)."""
     registration: Registration
     ranks: list[int]
-    entries: list[RankEntry]
-    """Each rank's entry point, in `ranks` order."""
+    entries: list
+    """Each rank's entry point (a Ray method call to `.remote`), in `ranks` order."""
     collect_ranks: list[int]
     collect: Callable
     chunks: int | None
@@ -346,23 +346,10 @@ class MethodDispatch:
             ranks, collect_ranks, collect = [0], [0], first
         else:
             ranks, collect_ranks, collect = list(range(mesh.world_size)), protocol.collect_ranks(mesh), protocol.collect
-        entry, rows = entry_name(hostset.roles.index(role), method), registration.returns_rows
-        entries = [RankEntry(hostset.hosts[rank], entry, f"{role}.{method}", rows) for rank in ranks]
+        # A task on the host's WorkerHost.call, named after the entry (see there).
+        entry, returns = entry_name(hostset.roles.index(role), method), 2 if registration.returns_rows else 1
+        entries = [hostset.hosts[rank].call.options(num_returns=returns, name=entry) for rank in ranks]
         return cls(method, mesh, registration, ranks, entries, collect_ranks, collect, protocol.num_chunks(mesh))
-
-
-class RankEntry:
-    """One rank's entry point of a role's method: a task on its host's WorkerHost.call naming
-    the entry, shown in Ray's own views (dashboard, errors) as role.method."""
-
-    __slots__ = ("call", "entry")
-
-    def __init__(self, host: Any, entry: str, name: str, returns_rows: bool):
-        self.call = host.call.options(num_returns=2 if returns_rows else 1, name=name)
-        self.entry = entry
-
-    def remote(self, *args: Any, **kwargs: Any) -> Any:
-        return self.call.remote(self.entry, *args, **kwargs)
 
 
 class WorkerGroup:
