@@ -22,6 +22,4 @@ _LAZY = {
     "RolloutLink": "workbench.workers.rollout_link",
 }
 __all__ = list(_LAZY)
-
-
 __getattr__ = exports(__name__, _LAZY)
