@@ -74,13 +74,14 @@ def steady(rows: list[dict]) -> list[dict]:
 
 def placement(session: Session) -> tuple:
     """A callback noting where each group is after every iteration, by iteration (a redone one:
-    where it was redone)."""
+    where it was redone), and saying when each iteration ends (a slow recovery shows between)."""
     seen: dict[int, dict[str, list[str]]] = {}
 
     def callback(algorithm, batch, metrics):
         address = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
         where = {role: [address[n] for n in g.pool.node_ids] for role, g in session.groups.items()}
         seen[int(metrics["iteration"])] = where  # a float among the metrics
+        phase(f"iteration {int(metrics['iteration'])} done (recoveries {int(metrics.get('run/recoveries', 0))})")
 
     return callback, seen
 

@@ -81,6 +81,7 @@ def drive(cluster, script: str, *argv: str) -> dict:
     # varies between runs (236 s to 552 s in `make test`), and a slow run's record says where.
     PHASES.parent.mkdir(parents=True, exist_ok=True)
     PHASES.write_text("".join(f"{line}\n" for line in run.stderr.splitlines() if line.startswith("[netns_")))
+    PHASES.with_name("netns-driver.txt").write_text(run.stdout + run.stderr)  # all of it: what a slow phase did
     assert run.returncode == 0, run.stderr[-12000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
 
