@@ -39,6 +39,7 @@ from workbench import checks, config_loader, steps
 from workbench.agents.env import Environment
 from workbench.clock import StepClock
 from workbench.data.batch import Batch
+from workbench.engines.budget import for_update
 from workbench.engines.multi_turn import EpisodeConfig
 from workbench.engines.rollout import SamplingConfig, stream_seed
 from workbench.errors import ConfigError
@@ -500,11 +501,13 @@ class Algorithm:
 
     def update_critic(self, batch: Batch, critic=None, loss=None, *, step: str = steps.UPDATE_CRITIC.name):
         finite_batch(batch, before=step)
+        critic = critic or self.groups.critic
         loss = loss or CriticLoss(self.config.cliprange_value, self.config.loss_agg_mode)
-        return self.clock.launch(step, (critic or self.groups.critic).update_critic(batch, loss))
+        return self.clock.launch(step, critic.update_critic(for_update(batch, critic, "CriticConfig"), loss))
 
     def update_actor(self, batch: Batch, loss=None, *, step: str = steps.UPDATE_ACTOR.name):
         finite_batch(batch, before=step)
+        batch = for_update(batch, self.groups.actor, "ActorConfig")
         return self.clock.launch(step, self.groups.actor.update_actor(batch, loss or self.actor_loss()))
 
     # ---- driver-side steps ----------------------------------------------------------------------

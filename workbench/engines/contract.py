@@ -77,6 +77,14 @@ def check_training_fields(owner: str, config) -> None:
         config.micro_batch_size,
         fix="use a whole number of rows >= 1 per forward/backward on one rank",
     )
+    if config.max_tokens_per_micro_batch is not None:
+        checks.whole(
+            owner,
+            "max_tokens_per_micro_batch",
+            config.max_tokens_per_micro_batch,
+            fix="use a whole number of tokens >= 1 (at least the longest prompt plus max_new_tokens), or None",
+        )
+    checks.one_of(owner, "packing", config.packing, (None, True, False), fix="use None (where exact), True or False")
     checks.whole(owner, "epochs", config.epochs, fix="use a whole number of passes >= 1 over each batch")
     checks.whole(owner, "seed", config.seed, low=0, fix="use a whole number >= 0")
     checks.of_type(owner, "optim", config.optim, OptimConfig, "pass a workbench.OptimConfig(lr=...)")

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from workbench.data.batch import Batch
+from workbench.engines import packing
 from workbench.models.value import token_values
 from workbench.prompt_sharing import SHARE_MIN_PARAM_TOKENS
 
@@ -191,8 +192,7 @@ def can_share_prompts(model: torch.nn.Module) -> bool:
     activations in training (transformers turns the cache off there)."""
     from transformers import PreTrainedModel
 
-    inner = getattr(model, "module", model)
-    inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+    inner = packing.unwrap(model)
     if not isinstance(inner, PreTrainedModel) or getattr(inner, "_compiled_call_impl", None) is not None:
         return False  # not a transformers model, or compiled in place (LoadConfig.compile): one graph
     return not (inner.training and getattr(inner, "is_gradient_checkpointing", False))
@@ -201,9 +201,7 @@ def can_share_prompts(model: torch.nn.Module) -> bool:
 def keeps_logits(model: torch.nn.Module) -> bool:
     """Whether the causal LM inside `model` (DeepSpeed's `.module`, a peft wrapper) takes
     `logits_to_keep` (transformers' own models do; remote code may not)."""
-    inner = getattr(model, "module", model)
-    inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
-    return _forward_takes_logits_to_keep(type(inner))
+    return _forward_takes_logits_to_keep(type(packing.unwrap(model)))
 
 
 @functools.cache
@@ -303,9 +301,13 @@ def response_log_probs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     share_prompts: bool | None = None,
+    packed: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(log-probs, entropy) of batch["responses"], each B x R, zero where response_mask is 0;
-    share_prompts as in `response_logits`."""
+    share_prompts as in `response_logits`; packed: one packed forward
+    (workbench.engines.packing; the caller checked `packing.refusal`)."""
+    if packed:
+        return packed_log_probs(model, batch, temperature, with_entropy, share_prompts)
     inputs, kept = trim_padding(batch)
     logits = response_logits(model, inputs, share_prompts)
     log_probs, entropy = token_log_probs(logits, inputs["responses"], temperature, with_entropy)
@@ -315,24 +317,46 @@ def response_log_probs(
     return log_probs, pad_responses(entropy, r) * mask if entropy is not None else None
 
 
+def packed_log_probs(
+    model: torch.nn.Module,
+    batch: Batch,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    share_prompts: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`response_log_probs` from one packed forward: the head and the log-softmax run on the
+    response_mask tokens only. Prompts are shared unless share_prompts is False (in the one
+    call sharing costs nothing) or the attention is variable-length (no tree mask there)."""
+    share = share_prompts is not False and packing.mode(packing.unwrap(model)) == "mask"
+    packed = packing.pack(batch, share)
+    keep = {"logits_to_keep": packed.reads} if keeps_logits(model) else {}
+    logits = packing.packed_call(model, packed, **keep).logits[0]
+    if not keep:
+        logits = logits[packed.reads]
+    log_probs, entropy = token_log_probs(logits, packed.targets, temperature, with_entropy)
+    return packed.scatter(log_probs), packed.scatter(entropy) if entropy is not None else None
+
+
 def model_outputs(
     model: torch.nn.Module,
     batch: Batch,
     needs: tuple[str, ...] = ("log_probs",),
     temperature: float = 1.0,
     share_prompts: bool | None = None,
+    packed: bool = False,
 ) -> dict[str, torch.Tensor]:
     """What a loss's `needs` names, from forwards of `model` over `batch`: "log_probs" and
     "entropy" of the responses (at `temperature`), "values" (a value model), "nll" (pre-training
     rows). The engines' side of a training step (workbench.engines.contract.LossFn); a test or a
-    notebook runs a loss in one process as loss(model_outputs(model, batch, loss.needs), batch)."""
+    notebook runs a loss in one process as loss(model_outputs(model, batch, loss.needs), batch).
+    packed: log-probs and values from packed forwards (workbench.engines.packing)."""
     out = {}
     if "values" in needs:
-        out["values"] = response_values(model, batch)
+        out["values"] = response_values(model, batch, packed)
     if "nll" in needs:
         out["nll"] = sequence_nll(model, batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
     if "log_probs" in needs or "entropy" in needs:
-        log_probs, entropy = response_log_probs(model, batch, temperature, "entropy" in needs, share_prompts)
+        log_probs, entropy = response_log_probs(model, batch, temperature, "entropy" in needs, share_prompts, packed)
         out["log_probs"] = log_probs
         if entropy is not None:
             out["entropy"] = entropy
@@ -355,9 +379,14 @@ def sequence_nll(model: torch.nn.Module, input_ids, attention_mask, loss_mask) -
     return (nll * mask).sum(1) / mask.sum(1).clamp(min=1)
 
 
-def response_values(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+def response_values(model: torch.nn.Module, batch: Batch, packed: bool = False) -> torch.Tensor:
     """V(s_t) for each response position t: the value at the token before it. B x R (zero past
-    the longest response: those columns are padding in every row and are not computed)."""
+    the longest response: those columns are padding in every row and are not computed; packed:
+    zero at every response position that is not a real token)."""
+    if packed:
+        layout = packing.pack(batch, share=packing.mode(packing.unwrap(model)) == "mask", policy_only=False)
+        values = packing.packed_call(model, layout).logits[0, layout.reads].squeeze(-1).float()
+        return layout.scatter(values)
     inputs, kept = trim_padding(batch)
     values = token_values(model, inputs["input_ids"], inputs["attention_mask"], inputs["position_ids"])
     return pad_responses(values[:, -kept - 1 : -1], batch["responses"].shape[1])

@@ -36,10 +36,6 @@ class KeptForwards:
         self.outputs: list[Outputs] = [forward(model, mb) for mb in micro_batches]
         self.reused = 0
 
-    def detached(self, key: str) -> torch.Tensor:
-        """One output over every kept micro-batch, without its graph: B x ..."""
-        return torch.cat([out[key].detach() for out in self.outputs])
-
     def forward(self, fallback: Forward) -> Forward:
         """A forward for the training step: the kept outputs of a micro-batch whose rows are the
         kept ones, in order; a fresh `fallback` forward for any other."""

@@ -101,6 +101,8 @@ class Packed:
 class PipelinedModel(torch.nn.Module):
     """This rank's stage, called like the whole HF model (see the module docstring)."""
 
+    pipeline_parallel = True  # its calls take 2D masks and integer logits_to_keep: no packing
+
     def __init__(self, model: torch.nn.Module, pp_mesh):
         super().__init__()
         self.config = model.config

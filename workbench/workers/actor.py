@@ -31,6 +31,7 @@ from workbench import checks
 from workbench.agents.env import Environment
 from workbench.controller import ONE_TO_ALL, THREE_D_ALL_MICRO_DP, THREE_D_PROTO, THREE_D_REDUCED, Worker, register
 from workbench.data.batch import Batch
+from workbench.engines import budget, packing
 from workbench.engines.backends import BACKENDS, check_data_parallel_only, make_engine
 from workbench.engines.contract import Forward, LossFn, OptimConfig, check_training_fields, needs
 from workbench.engines.forward import model_outputs, response_log_probs, sequence_nll
@@ -113,6 +114,16 @@ class ActorConfig:
     """Rows per optimizer step, summed over data-parallel ranks."""
     micro_batch_size: int = 4
     """Rows per forward/backward on one rank (gradient accumulation inside a mini-batch)."""
+    max_tokens_per_micro_batch: int | None = None
+    """Fill each training and scoring micro-batch up to this many tokens (a row's real prompt and
+    response tokens, a prompt its rows share once) instead of micro_batch_size rows; every
+    data-parallel rank runs as many, with balanced tokens (workbench.engines.budget). A row
+    longer than this is refused by name. None: micro_batch_size rows."""
+    packing: bool | None = None
+    """Training and scoring forwards run packed: a micro-batch's real tokens as one sequence, no
+    padding computed, the vocabulary head on response tokens only (workbench.engines.packing).
+    None: where it is exact for the model (Llama-family attention, SDPA/eager or variable-length
+    kernels), padded elsewhere; True: refused by name where it is not; False: padded."""
     epochs: int = 1
     """Passes over the batch per update_actor call (PPO epochs)."""
     shuffle: bool = False
@@ -224,6 +235,9 @@ class ActorConfig:
             check_keep("ActorConfig.reference_keep", self.reference_keep, mesh, role)
         check_mini_batch_splits("ActorConfig", self.mini_batch_size, mesh.dp, role)
         check_model_dir(self.model_path, "ActorConfig.model_path", "causal", self.load.trust_remote_code)
+        packing.check_layout(
+            "ActorConfig", self.packing, mesh, read_config(self.model_path, self.load.trust_remote_code)
+        )
         check_targets("ActorConfig", self.lora, self.model_path)
 
     def check_rows(self, rows: int, role: str) -> None:
@@ -289,6 +303,8 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember, Replay):
         drafted = generation.draft(self, model)  # before the engine cuts the model
         compile_forward(model, config.load)  # after the copies: each compiles its own way
         self.engine = self._engine(model) if config.train else None
+        if config.packing:  # refused here, by name, rather than at the first forward
+            packing.wanted(True, self.engine.model if self.engine is not None else model, "ActorConfig")
         self.generation = generation.bind(self, drafted, model)
         self.version = 0  # bumped by every update; a rollout copy is synced lazily
         self.channel: WeightChannel | None = None
@@ -476,20 +492,21 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember, Replay):
     @torch.no_grad()
     def _forward(self, model, batch: Batch, with_entropy: bool = False):
         model.eval()
+        cfg = self.config
+        packed = packing.wanted(cfg.packing, model, "ActorConfig")
+        plan, step = None, cfg.micro_batch_size
+        if cfg.max_tokens_per_micro_batch is not None:
+            plan = budget.split(batch, cfg.max_tokens_per_micro_batch, self.device_mesh["dp"].get_group())
+        micro = (
+            [batch[rows] for rows in plan]
+            if plan is not None
+            else [batch[i : i + step] for i in range(0, len(batch), step)]
+        )
         parts = [
-            response_log_probs(
-                model,
-                batch[i : i + self.config.micro_batch_size],
-                self.config.temperature,
-                with_entropy,
-                self.config.share_prompts,
-            )
-            for i in range(0, len(batch), self.config.micro_batch_size)
+            response_log_probs(model, mb, cfg.temperature, with_entropy, cfg.share_prompts, packed) for mb in micro
         ]
-        log_probs = torch.cat([p[0] for p in parts])
-        if not with_entropy:
-            return log_probs, None
-        return log_probs, torch.cat([p[1] for p in parts if p[1] is not None])
+        log_probs = budget.in_order([p[0] for p in parts], plan)
+        return log_probs, budget.in_order([p[1] for p in parts], plan) if with_entropy else None
 
     def _trained(self):
         if self.engine is None:
@@ -515,7 +532,15 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember, Replay):
         shuffle_seed = cfg.seed + 1000 * self.updates if cfg.shuffle else None
         forward = self._training_forward(loss_fn)
         metrics = run_updates(
-            engine, batch, loss_fn, forward, self._rows_per_step(), cfg.micro_batch_size, cfg.epochs, shuffle_seed
+            engine,
+            batch,
+            loss_fn,
+            forward,
+            self._rows_per_step(),
+            cfg.micro_batch_size,
+            cfg.epochs,
+            shuffle_seed,
+            cfg.max_tokens_per_micro_batch,
         )
         return {k if "/" in k else f"actor/{k}": v for k, v in metrics.items()}
 
@@ -529,7 +554,8 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember, Replay):
         wanted = needs(loss_fn, ("log_probs",))
         temperature = getattr(loss_fn, "temperature", self.config.temperature)
         share = self.config.share_prompts
-        return lambda model, mb: model_outputs(model, mb, wanted, temperature, share)
+        packed = packing.wanted(self.config.packing, self._trained().model, "ActorConfig")
+        return lambda model, mb: model_outputs(model, mb, wanted, temperature, share, packed)
 
     def _rows_per_step(self) -> int:
         """This rank's share of a mini-batch."""

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from workbench import checks
 from workbench.controller import ONE_TO_ALL, THREE_D_PROTO, THREE_D_REDUCED, Worker, register
 from workbench.data.batch import Batch
+from workbench.engines import budget, packing
 from workbench.engines.backends import BACKENDS, check_data_parallel_only, make_engine
 from workbench.engines.contract import Forward, LossFn, OptimConfig, check_training_fields
 from workbench.engines.forward import model_outputs, response_values
@@ -25,6 +26,7 @@ from workbench.models.load import (
     check_training_precision,
     compile_forward,
     for_worker,
+    read_config,
     training_dtype,
 )
 from workbench.models.lora import LoRAConfig, apply_lora, check_lora, check_targets
@@ -50,6 +52,10 @@ class CriticConfig:
     mini_batch_size: int = 8
     """Rows per optimizer step, summed over data-parallel ranks."""
     micro_batch_size: int = 4
+    max_tokens_per_micro_batch: int | None = None
+    """As ActorConfig's: micro-batches of up to this many tokens instead of micro_batch_size rows."""
+    packing: bool | None = None
+    """As ActorConfig's: the values' forwards run packed where that is exact."""
     epochs: int = 1
     backend: str = "fsdp"
     """Training backend: "fsdp", "deepspeed", or "3d" (pipeline stages over the mesh's pp ranks,
@@ -108,6 +114,9 @@ class CriticConfig:
             check_data_parallel_only("CriticWorker", mesh, role)
         check_mini_batch_splits("CriticConfig", self.mini_batch_size, mesh.dp, role)
         check_model_dir(self.model_path, "CriticConfig.model_path", "value", self.load.trust_remote_code)
+        packing.check_layout(
+            "CriticConfig", self.packing, mesh, read_config(self.model_path, self.load.trust_remote_code)
+        )
         check_targets("CriticConfig", self.lora, self.model_path, value_head=True)
 
     def check_rows(self, rows: int, role: str) -> None:
@@ -155,21 +164,29 @@ class CriticWorker(Worker, WeightChannelMember, Snapshots):
             pp_mesh=self.device_mesh["pp"] if config.backend == "3d" and self.mesh.pp > 1 else None,
         )
         self.kept: KeptForwards | None = None  # compute_values' training forward; dropped when the weights change
+        self.packed = packing.wanted(config.packing, self.engine.model, "CriticConfig")
 
     @register(THREE_D_PROTO)
     def compute_values(self, batch: Batch, output_key: str = "values") -> Batch:
         """V of each response position, under `output_key` (Safe-RLHF's cost critic: cost_values).
         With reuse_values_forward, from the next update's training forward, which is kept."""
         self.kept = None  # an older kept forward, and its activations, go
-        step = self.config.micro_batch_size
-        micro = [batch[i : i + step] for i in range(0, len(batch), step)]
-        if self.config.reuse_values_forward and len(batch) <= self.rows_per_step:
+        cfg, step = self.config, self.config.micro_batch_size
+        plan = None  # the update's own cut (run_updates), so a kept forward matches its micro-batches
+        if cfg.max_tokens_per_micro_batch is not None:
+            plan = budget.split(batch, cfg.max_tokens_per_micro_batch, self.engine.dp_group)
+        micro = (
+            [batch[rows] for rows in plan]
+            if plan is not None
+            else [batch[i : i + step] for i in range(0, len(batch), step)]
+        )
+        if cfg.reuse_values_forward and len(batch) <= self.rows_per_step:
             self.kept = KeptForwards(self.engine.model, micro, self.training_forward)
-            values = self.kept.detached("values")
+            values = budget.in_order([out["values"].detach() for out in self.kept.outputs], plan)
         else:
             self.engine.model.eval()
             with torch.no_grad():
-                values = torch.cat([response_values(self.engine.model, mb) for mb in micro])
+                values = budget.in_order([response_values(self.engine.model, mb, self.packed) for mb in micro], plan)
         return Batch({output_key: values * batch["response_mask"]})
 
     @property
@@ -177,9 +194,8 @@ class CriticWorker(Worker, WeightChannelMember, Snapshots):
         """This rank's rows per optimizer step."""
         return max(1, self.config.mini_batch_size // self.mesh.dp)
 
-    @staticmethod
-    def training_forward(model, micro_batch: Batch):
-        return model_outputs(model, micro_batch, needs=("values",))
+    def training_forward(self, model, micro_batch: Batch):
+        return model_outputs(model, micro_batch, needs=("values",), packed=self.packed)
 
     @register(THREE_D_REDUCED)
     def update_critic(self, batch: Batch, loss_fn: LossFn) -> dict[str, float]:
@@ -192,11 +208,17 @@ class CriticWorker(Worker, WeightChannelMember, Snapshots):
         if kept is not None and len(batch) <= self.rows_per_step:  # epochs == 1 (config): one step
             forward = kept.forward(forward)  # over the kept rows: their forward is this step's
         metrics = run_updates(
-            self.engine, batch, loss_fn, forward, self.rows_per_step, cfg.micro_batch_size, cfg.epochs
+            self.engine,
+            batch,
+            loss_fn,
+            forward,
+            self.rows_per_step,
+            cfg.micro_batch_size,
+            cfg.epochs,
+            max_tokens=cfg.max_tokens_per_micro_batch,
         )
         if cfg.reuse_values_forward:  # the share of micro-batches that reused compute_values' forward
-            micro_batches = -(-len(batch) // cfg.micro_batch_size)
-            metrics["values_forward_reused"] = (kept.reused if kept else 0) / max(1, micro_batches)
+            metrics["values_forward_reused"] = kept.reused / len(kept.outputs) if kept else 0.0
         return mean_over_ranks({k if "/" in k else f"critic/{k}": v for k, v in metrics.items()})
 
     # ---- weights between pools (a replica computing values on other devices) ----------------

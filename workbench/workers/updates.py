@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from workbench.data.batch import Batch
 from workbench.engines.accumulation import NonFiniteStep, all_reduce_small, combine_metrics, reduction
+from workbench.engines.budget import micro_batches
 from workbench.engines.contract import Forward, LossFn
 from workbench.errors import ConfigError
 from workbench.models.lora import LoRAConfig, is_trained, save_lora
@@ -55,11 +56,14 @@ def run_updates(
     micro_batch_size: int,
     epochs: int = 1,
     shuffle_seed: int | None = None,
+    max_tokens: int | None = None,
 ) -> dict[str, float]:
     """Optimizer steps over this rank's rows; returns metrics averaged over the steps.
 
     rows_per_step: this rank's share of a mini-batch (mini_batch_size // dp). Every rank runs
     the same number of steps (DP_PROTO gives ranks equal row counts), as FSDP's collectives need.
+    max_tokens: micro-batches filled up to this many tokens instead of micro_batch_size rows
+    (workbench.engines.budget), as many on every data-parallel rank.
     """
     rows_per_step = max(1, rows_per_step)
     steps = []
@@ -69,7 +73,7 @@ def run_updates(
             order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(shuffle_seed + epoch))
         for start in range(0, len(batch), rows_per_step):
             mini = batch[order[start : start + rows_per_step]]
-            micro = [mini[i : i + micro_batch_size] for i in range(0, len(mini), micro_batch_size)]
+            micro = micro_batches(mini, micro_batch_size, max_tokens, getattr(engine, "dp_group", None))
             try:
                 steps.append(engine.train_step(loss_fn, micro, forward))
             except NonFiniteStep as e:

@@ -1,0 +1,238 @@
+"""Packed forwards: a micro-batch's real tokens as one sequence, no padding computed.
+
+A training batch is laid out B x (P + R): left-padded prompts, right-padded responses. A padded
+forward computes every column of every row, and the vocabulary head (49,152 wide for SmolLM2)
+every kept response column, so a 3-token answer costs what a 16-token one does. Packed, the
+rows' real tokens are concatenated into one row of T tokens, each keeping its own position id,
+and attention keeps them apart:
+
+    [prompt a | resp a1 | resp a2 | prompt b | resp b1 ...]     (a prompt once for its rows)
+
+    token i sees token j  iff  j <= i, both belong to the same prompt group, and j is that
+                              prompt's or i's own row's
+
+so every token sees exactly what it sees in the padded forward (positions are explicit), and the
+outputs are the padded forward's within float rounding (other matmul shapes). With prompt
+sharing (`share=True`) each distinct prompt is computed once for its rows, in the same single
+model call, where `forward.shared_prompt_logits` needs two and a KV-cache copy. The model's
+output is read only where a response token is predicted (`logits_to_keep` as indices: the head
+runs on those positions alone), and the last response token of a row, which predicts nothing,
+is not an input.
+
+How the mask reaches attention depends on the model's attention implementation (`mode`):
+- "mask": "sdpa" and "eager" take the rule above as a 4D mask (boolean for SDPA, additive for
+  eager); prompt sharing composes.
+- "varlen": "flash_attention_2"/"flash_attention_3"/"kernels-..." kernels take the row starts
+  from the position ids (transformers reads a restart to 0 as a new sequence) and run variable-
+  length attention; no 4D mask reaches them, so each row carries its own prompt (no sharing).
+Anything else — sliding-window attention, models whose mask is not plain causal, models that
+are not transformers causal LMs / token classifiers, a pipeline stage — is refused by name
+(`refusal`), and a worker asked for packing "where it is exact" (None) runs padded there.
+
+The mask is T x T booleans: 8 prompts x 4 answers of SmolLM2's chat arithmetic pack to ~900
+tokens (0.8 MB); a token budget (workbench.engines.budget) bounds T.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+MASK_ATTENTION = ("sdpa", "eager")
+VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3")
+PACKABLE_TYPES = ("llama", "qwen2", "qwen3", "mistral", "granite", "olmo", "olmo2", "phi3", "smollm3")
+"""Model types whose attention is plain causal with explicit position ids (checked: llama, the
+tiny kit's and SmolLM2's; the others share transformers' Llama attention and mask code)."""
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model inside DeepSpeed's engine (`.module`) and a peft wrapper."""
+    inner = getattr(model, "module", model)
+    return inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+
+
+def wanted(setting: bool | None, model: torch.nn.Module, owner: str) -> bool:
+    """Whether forwards of `model` run packed under a config's `packing` setting: None where
+    the model allows it (`refusal`), True always (refused by name where it cannot), False never."""
+    if setting is False:
+        return False
+    why = refusal(model)
+    if why is not None and setting:
+        from workbench.errors import ConfigError
+
+        raise ConfigError(f"{owner}.packing", True, f"{why}; use packing=None (packed where exact) or False")
+    return why is None
+
+
+def check_layout(owner: str, setting: bool | None, mesh, model_config) -> None:
+    """Driver-side, before workers start: packing=True refused by name where the layout or the
+    checkpoint's config already says it cannot pack (the rest is checked on the loaded model)."""
+    if not setting:
+        return
+    why = PIPELINE if mesh.pp > 1 else _config_refusal(model_config)
+    if why is not None:
+        from workbench.errors import ConfigError
+
+        raise ConfigError(f"{owner}.packing", True, f"{why}; use packing=None (packed where exact) or False")
+
+
+PIPELINE = "a pipeline-parallel model's stages take 2D masks and return every position"
+
+
+def _config_refusal(config) -> str | None:
+    """Why a model of this config cannot pack, as far as its config says."""
+    if config.model_type not in PACKABLE_TYPES:
+        checked = ", ".join(PACKABLE_TYPES)
+        return f"model_type {config.model_type!r} is not one whose attention packing was checked ({checked})"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return f"sliding-window attention (sliding_window={config.sliding_window}) sees fewer tokens than the mask says"
+    return None
+
+
+def refusal(model: torch.nn.Module) -> str | None:
+    """Why `model` cannot run packed forwards exactly, or None when it can."""
+    from transformers import PreTrainedModel
+
+    if getattr(model, "pipeline_parallel", False):
+        return PIPELINE
+    inner = unwrap(model)
+    if not isinstance(inner, PreTrainedModel):
+        return f"{type(inner).__name__} is not a transformers model"
+    if getattr(inner, "_compiled_call_impl", None) is not None:
+        return "the model is compiled in place (LoadConfig.compile): one graph per input shape"
+    why = _config_refusal(inner.config)
+    if why is None and mode(inner) is None:
+        attention = inner.config._attn_implementation
+        why = f"attention implementation {attention!r} takes neither a 4D mask nor variable-length rows"
+    return why
+
+
+def mode(model: torch.nn.Module) -> str | None:
+    """ "mask", "varlen" or None (see the module docstring) for a transformers model."""
+    attention = model.config._attn_implementation or "eager"
+    if attention in MASK_ATTENTION:
+        return "mask"
+    if attention in VARLEN_ATTENTION or attention.startswith("kernels-"):
+        return "varlen"
+    return None
+
+
+@dataclass
+class Packed:
+    """One micro-batch packed (see the module docstring)."""
+
+    input_ids: torch.Tensor  # 1 x T
+    position_ids: torch.Tensor  # 1 x T
+    group: torch.Tensor  # T: the prompt group each token belongs to
+    row: torch.Tensor  # T: the row each token belongs to, -1 for a shared prompt's tokens
+    reads: torch.Tensor  # N: positions whose output predicts (or values) a response token
+    rows: torch.Tensor  # N: that token's row in the batch
+    cols: torch.Tensor  # N: its response column
+    targets: torch.Tensor  # N: its token id
+    shape: tuple[int, int]  # B x R of the batch's responses
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[1]
+
+    def attention_mask(self, dtype: torch.dtype, boolean: bool) -> torch.Tensor:
+        """1 x 1 x T x T: True (or 0.0) where a token may attend, False (or the dtype's min)
+        elsewhere."""
+        i = torch.arange(len(self), device=self.group.device)
+        seen = (i[None, :] <= i[:, None]) & (self.group[None, :] == self.group[:, None])
+        seen &= (self.row[None, :] == -1) | (self.row[None, :] == self.row[:, None])
+        if boolean:
+            return seen[None, None]
+        blocked = torch.zeros(seen.shape, dtype=dtype, device=seen.device)
+        return blocked.masked_fill_(~seen, torch.finfo(dtype).min)[None, None]
+
+    def scatter(self, values: torch.Tensor) -> torch.Tensor:
+        """N values (one per read) -> B x R, zero where nothing was read."""
+        out = values.new_zeros(self.shape)
+        return out.index_put((self.rows, self.cols), values)
+
+
+def pack(batch, share: bool, policy_only: bool = True) -> Packed:
+    """Pack `batch` (input_ids, attention_mask, position_ids, responses, response_mask).
+
+    share: each distinct prompt (ids and mask alike, as `forward.prompt_groups`) once for its
+    rows. policy_only: read only the positions of response_mask tokens (log-probs; the padded
+    forward zeroes the rest), else every real response token (values)."""
+    ids, attention = batch["input_ids"], batch["attention_mask"].bool().cpu()
+    b, r = batch["responses"].shape
+    p = ids.shape[1] - r
+    read_mask = batch["response_mask"].bool().cpu() if policy_only else attention[:, p:]
+    if share:
+        from workbench.engines.forward import prompt_groups
+
+        of_row = prompt_groups(batch)[1].tolist()
+    else:
+        of_row = list(range(b))
+    members: dict[int, list[int]] = {}
+    for row, g in enumerate(of_row):
+        members.setdefault(g, []).append(row)
+
+    # Per packed token: its source (row, column) in the batch, its group, its owner (-1: shared)
+    src_rows, src_cols, groups, owners = [], [], [], []
+    reads, read_rows, read_cols = [], [], []
+    length = 0
+
+    def put(row: int, columns: torch.Tensor, group: int, owner: int) -> None:
+        nonlocal length
+        src_rows.append(torch.full((len(columns),), row))
+        src_cols.append(columns)
+        groups.append(torch.full((len(columns),), group))
+        owners.append(torch.full((len(columns),), owner))
+        length += len(columns)
+
+    for g, rows in enumerate(members.values()):
+        shared = share and len(rows) > 1
+        if shared:
+            put(rows[0], _real(attention[rows[0], :p], rows[0]), g, -1)
+            prompt_end = length - 1  # the prompt's last token predicts each row's first
+        for row in rows:
+            if not shared:
+                put(row, _real(attention[row, :p], row), g, row)
+                prompt_end = length - 1
+            response = attention[row, p:].nonzero().squeeze(1)
+            # token k of the response is predicted by token k-1 (k = 0: the prompt's last);
+            # the last one predicts nothing and is no input
+            predictors = torch.cat([torch.tensor([prompt_end]), torch.arange(length, length + len(response) - 1)])
+            keep = read_mask[row, response]
+            reads.append(predictors[: len(response)][keep])
+            read_rows.append(torch.full((int(keep.sum()),), row))
+            read_cols.append(response[keep])
+            put(row, response[:-1] + p, g, row)
+
+    device = ids.device
+    src = torch.cat(src_rows).to(device), torch.cat(src_cols).to(device)
+    at_rows, at_cols = torch.cat(read_rows).to(device), torch.cat(read_cols).to(device)
+    return Packed(
+        input_ids=ids[src][None],
+        position_ids=batch["position_ids"][src][None],
+        group=torch.cat(groups).to(device),
+        row=torch.cat(owners).to(device),
+        reads=torch.cat(reads).to(device),
+        rows=at_rows,
+        cols=at_cols,
+        targets=batch["responses"][at_rows, at_cols].to(device),
+        shape=(b, r),
+    )
+
+
+def _real(attention: torch.Tensor, row: int) -> torch.Tensor:
+    """The columns of a row's prompt that are real tokens."""
+    columns = attention.nonzero().squeeze(1)
+    if len(columns) == 0:
+        raise ValueError(f"row {row} has no prompt token: packing needs one to predict the first response token")
+    return columns
+
+
+def packed_call(model: torch.nn.Module, packed: Packed, **kwargs):
+    """`model` over `packed`, its rows kept apart as its attention implementation needs."""
+    inner = unwrap(model)
+    if mode(inner) == "mask":
+        attention = inner.config._attn_implementation or "eager"
+        kwargs["attention_mask"] = packed.attention_mask(inner.dtype, boolean=attention == "sdpa")
+    # "varlen": no mask, the position ids' restarts mark the rows
+    return model(input_ids=packed.input_ids, position_ids=packed.position_ids, **kwargs)
