@@ -19,9 +19,12 @@ output is read only where a response token is predicted (`logits_to_keep` as ind
 runs on those positions alone), and the last response token of a row, which predicts nothing,
 is not an input.
 
-How the mask reaches attention depends on the model's attention implementation (`mode`):
-- "mask": "sdpa" and "eager" take the rule above as a 4D mask (boolean for SDPA, additive for
-  eager); prompt sharing composes.
+How the rule reaches attention depends on the model's attention implementation (`mode`):
+- "mask": under "sdpa" and "eager" each prompt group's tokens (contiguous, and seeing nothing
+  outside their group) go through SDPA as one block with the rule as its mask, one plain causal
+  block per row where nothing is shared (`_block_attention`, put in as the model's attention
+  for the packed call alone): the attention costs the sum of the blocks' squares, as the padded
+  forward's rows do, not the square of the whole sequence. Prompt sharing composes.
 - "varlen": "flash_attention_2"/"flash_attention_3"/"kernels-..." kernels take the row starts
   from the position ids (transformers reads a restart to 0 as a new sequence) and run variable-
   length attention; no 4D mask reaches them, so each row carries its own prompt (no sharing).
@@ -29,8 +32,8 @@ Anything else — sliding-window attention, models whose mask is not plain causa
 are not transformers causal LMs / token classifiers, a pipeline stage — is refused by name
 (`refusal`), and a worker asked for packing "where it is exact" (None) runs padded there.
 
-The mask is T x T booleans: 8 prompts x 4 answers of SmolLM2's chat arithmetic pack to ~900
-tokens (0.8 MB); a token budget (workbench.engines.budget) bounds T.
+A block's mask is n x n booleans for a group of n tokens (a prompt and its rows' answers); a
+token budget (workbench.engines.budget) bounds the whole sequence.
 """
 
 from __future__ import annotations
@@ -135,16 +138,21 @@ class Packed:
     def __len__(self) -> int:
         return self.input_ids.shape[1]
 
-    def attention_mask(self, dtype: torch.dtype, boolean: bool) -> torch.Tensor:
-        """1 x 1 x T x T: True (or 0.0) where a token may attend, False (or the dtype's min)
-        elsewhere."""
-        i = torch.arange(len(self), device=self.group.device)
-        seen = (i[None, :] <= i[:, None]) & (self.group[None, :] == self.group[:, None])
-        seen &= (self.row[None, :] == -1) | (self.row[None, :] == self.row[:, None])
-        if boolean:
-            return seen[None, None]
-        blocked = torch.zeros(seen.shape, dtype=dtype, device=seen.device)
-        return blocked.masked_fill_(~seen, torch.finfo(dtype).min)[None, None]
+    def blocks(self) -> list[tuple[int, int, torch.Tensor | None]]:
+        """(start, end, mask) per prompt group: its tokens are contiguous and see nothing
+        outside it. mask: 1 x 1 x n x n, True where a token may attend (a shared prompt and the
+        token's own row, causally); None where the block is one row (plain causal)."""
+        starts = [0, *((self.group[1:] != self.group[:-1]).nonzero().squeeze(1) + 1).tolist(), len(self)]
+        out = []
+        for start, end in zip(starts, starts[1:]):
+            row = self.row[start:end]
+            if not bool((row == -1).any()):
+                out.append((start, end, None))
+                continue
+            i = torch.arange(end - start, device=row.device)
+            seen = (i[None, :] <= i[:, None]) & ((row[None, :] == -1) | (row[None, :] == row[:, None]))
+            out.append((start, end, seen[None, None]))
+        return out
 
     def scatter(self, values: torch.Tensor) -> torch.Tensor:
         """N values (one per read) -> B x R, zero where nothing was read."""
@@ -231,8 +239,54 @@ def _real(attention: torch.Tensor, row: int) -> torch.Tensor:
 def packed_call(model: torch.nn.Module, packed: Packed, **kwargs):
     """`model` over `packed`, its rows kept apart as its attention implementation needs."""
     inner = unwrap(model)
-    if mode(inner) == "mask":
-        attention = inner.config._attn_implementation or "eager"
-        kwargs["attention_mask"] = packed.attention_mask(inner.dtype, boolean=attention == "sdpa")
-    # "varlen": no mask, the position ids' restarts mark the rows
-    return model(input_ids=packed.input_ids, position_ids=packed.position_ids, **kwargs)
+    if mode(inner) == "varlen":  # no mask: the position ids' restarts mark the rows
+        return model(input_ids=packed.input_ids, position_ids=packed.position_ids, **kwargs)
+    config = inner.config
+    previous = config._attn_implementation
+    config._attn_implementation = BLOCKS  # this call's attention: `_block_attention`
+    try:
+        return model(
+            input_ids=packed.input_ids,
+            position_ids=packed.position_ids,
+            attention_mask=_PREPARED,
+            packed_blocks=packed.blocks(),
+            **kwargs,
+        )
+    finally:
+        config._attn_implementation = previous
+
+
+BLOCKS = "workbench_packed_blocks"
+_PREPARED = torch.ones(1, 1, 1, 1, dtype=torch.bool)
+"""A 4D mask passes through transformers' mask building untouched (a prepared mask); the
+blocks' own masks travel beside it, as a keyword every layer hands to its attention."""
+
+
+def _block_attention(module, query, key, value, attention_mask, packed_blocks=None, **kwargs):
+    """SDPA over each prompt group's block of the packed sequence alone: attention costs the sum
+    of the blocks' squares, not the square of their sum (8 groups of 700 tokens: 8x less)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if packed_blocks is None:  # not a packed call (the attribute is set only during one)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    parts = []
+    for start, end, mask in packed_blocks:
+        block = slice(start, end)
+        out, _ = sdpa_attention_forward(
+            module, query[:, :, block], key[:, :, block], value[:, :, block], mask, is_causal=mask is None, **kwargs
+        )
+        parts.append(out)
+    return torch.cat(parts, 1), None
+
+
+def _register() -> None:
+    """BLOCKS is SDPA for any other call: one that runs while a packed call has it set (another
+    thread's generation on the same weights) builds SDPA's masks and runs SDPA."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(BLOCKS, _block_attention)
+    AttentionMaskInterface.register(BLOCKS, sdpa_mask)
+
+
+_register()
