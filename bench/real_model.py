@@ -103,11 +103,20 @@ def clock_points(minutes: float, every: float) -> list[float]:
     return points if points[-1] >= minutes * 60 - 1e-6 else [*points, minutes * 60]
 
 
+REASONING = "Think it through step by step, then give the final number."
+"""--answers reasoning: in place of "Answer with the number only.", for answers of 64-256 tokens."""
+
+
 def task_rows(args) -> tuple[list[dict], list[dict]]:
     """The run config's training and held-out rows (none shared); training shuffled once with
     the seed and cut to whole steps, so both sides see the same prompts in the same order."""
     config = base_config(args)
     train, held_out = build.prompt_rows(config)
+    if args.answers == "reasoning":
+        for row in train + held_out:
+            row["prompt"] = [
+                {**m, "content": m["content"].replace("Answer with the number only.", REASONING)} for m in row["prompt"]
+            ]
     random.Random(args.seed).shuffle(train)
     return train[: len(train) // args.prompts * args.prompts], held_out
 
@@ -382,6 +391,18 @@ def main() -> None:
         default="both",
         help="run one side alone (another rate of it, for bench/real_model_horizon.py): no comparison, no chart",
     )
+    parser.add_argument(
+        "--step-rounds",
+        type=int,
+        default=0,
+        help="per-step time instead of the accuracy clock: this many rounds of --minutes per side, alternating",
+    )
+    parser.add_argument(
+        "--answers",
+        choices=("short", "reasoning"),
+        default="short",
+        help="short: 'Answer with the number only.'; reasoning: step-by-step answers (use --tokens 256)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "real_model")
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "real_model", help="the workbench's run folders")
     args = parser.parse_args()
@@ -413,6 +434,8 @@ def main() -> None:
         picks = sweep(session, args, data, train, held_out) if args.sweep else {}
         ours_setting = Setting.parse(picks["workbench"]) if picks else chosen(args, "workbench", args.workbench_setting)
         trl_setting = Setting.parse(picks["trl"]) if picks else chosen(args, "trl", args.trl_setting)
+        if args.step_rounds:
+            return step_rounds(session, args, data, train, held_out, ours_setting, trl_setting)
         if args.sides == "trl":
             ours = None
         else:
@@ -489,6 +512,47 @@ def main() -> None:
         "loadavg_end": [round(x, 2) for x in load1],
     }
     (args.out / "result.json").write_text(json.dumps({**line, "sides": result}, indent=1))
+    print(json.dumps(line))
+
+
+def step_rounds(session, args, data, train, held_out, ours_setting: Setting, trl_setting: Setting) -> None:
+    """`--step-rounds`: seconds per training step of each side, --minutes of training per side
+    and round, the sides alternating which goes first; medians over each run's steps after its
+    first, then over the rounds. Goal: the workbench at 1.3x TRL's steps per second (1.4x on
+    --answers reasoning)."""
+    points = [0.0, args.minutes * 60]
+    runs: dict[str, list[dict]] = {"workbench": [], "trl": []}
+    load0 = os.getloadavg()
+    for r in range(args.step_rounds):
+        for side in ("workbench", "trl") if r % 2 == 0 else ("trl", "workbench"):
+            if side == "workbench":
+                out = run_workbench(session, args, ours_setting, data, points)
+            else:
+                out = run_trl(args, trl_setting, train, held_out, points)
+            runs[side].append({k: out[k] for k in ("steps", "step_s", "parts_s")})
+            print(f"round {r + 1} {side}: {out['steps']} steps, median {out['step_s']:.2f} s/step {out['parts_s']}")
+    step = {side: statistics.median(run["step_s"] for run in rs) for side, rs in runs.items()}
+    goal = 1.4 if args.answers == "reasoning" else 1.3
+    line = {
+        "bench": "real_model_steps",
+        "answers": args.answers,
+        "step_s": {side: round(v, 3) for side, v in step.items()},
+        "ratio": round(step["trl"] / step["workbench"], 3),
+        "goal_ratio": goal,
+        "rounds": runs,
+        "settings": {
+            "workbench": str(ours_setting),
+            "trl": str(trl_setting),
+            **{k: getattr(args, k) for k in ("threads", "tokens", "prompts", "samples", "minutes", "kl", "lora_rank")},
+        },
+        "loadavg_start": [round(x, 2) for x in load0],
+        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+    }
+    print(
+        f"seconds per step: workbench {step['workbench']:.2f}, TRL {step['trl']:.2f}: "
+        f"{line['ratio']:.2f}x (goal {goal}x)"
+    )
+    (args.out / f"steps_{args.answers}.json").write_text(json.dumps(line, indent=1))
     print(json.dumps(line))
 
 

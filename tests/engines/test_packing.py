@@ -207,11 +207,30 @@ def test_models_packing_is_not_exact_for_are_refused_by_name(model_dir):
     assert packing.wanted(False, load(model_dir).model, "ActorConfig") is False
 
 
-def test_eager_attention_packs_with_an_additive_mask(model_dir):
+def test_eager_attention_is_refused_and_sdpa_stays_sdpa_for_other_calls(model_dir):
     from workbench.models.load import LoadConfig
 
-    model = load(model_dir, LoadConfig(attn_implementation="eager")).model.eval()
+    eager = load(model_dir, LoadConfig(attn_implementation="eager")).model
+    assert "'eager'" in packing.refusal(eager)
+    model = load(model_dir).model.eval()
     batch = rows()
     padded, _ = response_log_probs(model, batch)
     packed, _ = response_log_probs(model, batch, packed=True)
+    assert model.config._attn_implementation == packing.BLOCKS
+    assert torch.equal(response_log_probs(model, batch)[0], padded)  # padded calls: SDPA, bit for bit
     assert close(packed, padded, padded.abs().max())
+
+
+def test_packed_gradients_hold_under_activation_checkpointing(model_dir):
+    """The backward recomputes each layer's attention after the packed call has returned."""
+    model = load(model_dir).model.train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    batch = rows()
+    out = {}
+    for packed in (False, True):
+        model.zero_grad(set_to_none=True)
+        log_probs, _ = response_log_probs(model, batch, packed=packed, share_prompts=False)
+        (log_probs * batch["advantages"][:, None]).sum().backward()
+        out[packed] = grads(model)
+    for name, g in out[False].items():
+        assert close(out[True][name], g, g.abs().max()), name

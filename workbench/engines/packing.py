@@ -20,11 +20,12 @@ runs on those positions alone), and the last response token of a row, which pred
 is not an input.
 
 How the rule reaches attention depends on the model's attention implementation (`mode`):
-- "mask": under "sdpa" and "eager" each prompt group's tokens (contiguous, and seeing nothing
-  outside their group) go through SDPA as one block with the rule as its mask, one plain causal
-  block per row where nothing is shared (`_block_attention`, put in as the model's attention
-  for the packed call alone): the attention costs the sum of the blocks' squares, as the padded
-  forward's rows do, not the square of the whole sequence. Prompt sharing composes.
+- "mask": under "sdpa" each prompt group's tokens (contiguous, and seeing nothing outside their
+  group) go through SDPA as one block with the rule as its mask, one plain causal block per row
+  where nothing is shared (`_block_attention`, the model's attention from its first packed call
+  on, SDPA itself for every other call): the attention costs the sum of the blocks' squares, as
+  the padded forward's rows do, not the square of the whole sequence. Prompt sharing composes.
+  ("eager" attention is refused: load with attn_implementation="sdpa", transformers' default.)
 - "varlen": "flash_attention_2"/"flash_attention_3"/"kernels-..." kernels take the row starts
   from the position ids (transformers reads a restart to 0 as a new sequence) and run variable-
   length attention; no 4D mask reaches them, so each row carries its own prompt (no sharing).
@@ -42,7 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
-MASK_ATTENTION = ("sdpa", "eager")
+MASK_ATTENTION = ("sdpa", "workbench_packed_blocks")
 VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3")
 PACKABLE_TYPES = ("llama", "qwen2", "qwen3", "mistral", "granite", "olmo", "olmo2", "phi3", "smollm3")
 """Model types whose attention is plain causal with explicit position ids (checked: llama, the
@@ -134,6 +135,7 @@ class Packed:
     cols: torch.Tensor  # N: its response column
     targets: torch.Tensor  # N: its token id
     shape: tuple[int, int]  # B x R of the batch's responses
+    last: torch.Tensor  # B: each row's last position (set by pack(whole=True))
 
     def __len__(self) -> int:
         return self.input_ids.shape[1]
@@ -160,12 +162,13 @@ class Packed:
         return out.index_put((self.rows, self.cols), values)
 
 
-def pack(batch, share: bool, policy_only: bool = True) -> Packed:
+def pack(batch, share: bool, policy_only: bool = True, whole: bool = False) -> Packed:
     """Pack `batch` (input_ids, attention_mask, position_ids, responses, response_mask).
 
     share: each distinct prompt (ids and mask alike, as `forward.prompt_groups`) once for its
     rows. policy_only: read only the positions of response_mask tokens (log-probs; the padded
-    forward zeroes the rest), else every real response token (values)."""
+    forward zeroes the rest), else every real response token (values). whole: every row's last
+    token is an input too, and `last` holds each row's last position (a reward model's score)."""
     ids, attention = batch["input_ids"], batch["attention_mask"].bool().cpu()
     b, r = batch["responses"].shape
     p = ids.shape[1] - r
@@ -183,6 +186,7 @@ def pack(batch, share: bool, policy_only: bool = True) -> Packed:
     # Per packed token: its source (row, column) in the batch, its group, its owner (-1: shared)
     src_rows, src_cols, groups, owners = [], [], [], []
     reads, read_rows, read_cols = [], [], []
+    last = [0] * b
     length = 0
 
     def put(row: int, columns: torch.Tensor, group: int, owner: int) -> None:
@@ -210,7 +214,8 @@ def pack(batch, share: bool, policy_only: bool = True) -> Packed:
             reads.append(predictors[: len(response)][keep])
             read_rows.append(torch.full((int(keep.sum()),), row))
             read_cols.append(response[keep])
-            put(row, response[:-1] + p, g, row)
+            put(row, response + p if whole else response[:-1] + p, g, row)
+            last[row] = length - 1 if whole and len(response) else prompt_end
 
     device = ids.device
     src = torch.cat(src_rows).to(device), torch.cat(src_cols).to(device)
@@ -225,6 +230,7 @@ def pack(batch, share: bool, policy_only: bool = True) -> Packed:
         cols=at_cols,
         targets=batch["responses"][at_rows, at_cols].to(device),
         shape=(b, r),
+        last=torch.tensor(last, device=device),
     )
 
 
@@ -241,25 +247,24 @@ def packed_call(model: torch.nn.Module, packed: Packed, **kwargs):
     inner = unwrap(model)
     if mode(inner) == "varlen":  # no mask: the position ids' restarts mark the rows
         return model(input_ids=packed.input_ids, position_ids=packed.position_ids, **kwargs)
-    config = inner.config
-    previous = config._attn_implementation
-    config._attn_implementation = BLOCKS  # this call's attention: `_block_attention`
-    try:
-        return model(
-            input_ids=packed.input_ids,
-            position_ids=packed.position_ids,
-            attention_mask=_PREPARED,
-            packed_blocks=packed.blocks(),
-            **kwargs,
-        )
-    finally:
-        config._attn_implementation = previous
+    # From its first packed call on, the model's attention is BLOCKS: SDPA for any other call,
+    # and set for good, since a backward that recomputes activations (gradient checkpointing)
+    # runs the attention again after this call has returned.
+    inner.config._attn_implementation = BLOCKS
+    return model(
+        input_ids=packed.input_ids,
+        position_ids=packed.position_ids,
+        attention_mask=_PREPARED,
+        packed_blocks=packed.blocks(),
+        **kwargs,
+    )
 
 
 BLOCKS = "workbench_packed_blocks"
 _PREPARED = torch.ones(1, 1, 1, 1, dtype=torch.bool)
 """A 4D mask passes through transformers' mask building untouched (a prepared mask); the
-blocks' own masks travel beside it, as a keyword every layer hands to its attention."""
+blocks' own masks travel beside it, as a keyword every layer hands to its attention (and
+activation checkpointing keeps for the recomputation)."""
 
 
 def _block_attention(module, query, key, value, attention_mask, packed_blocks=None, **kwargs):
@@ -267,7 +272,7 @@ def _block_attention(module, query, key, value, attention_mask, packed_blocks=No
     of the blocks' squares, not the square of their sum (8 groups of 700 tokens: 8x less)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if packed_blocks is None:  # not a packed call (the attribute is set only during one)
+    if packed_blocks is None:  # not a packed call: SDPA as the model had it
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     parts = []
     for start, end, mask in packed_blocks:

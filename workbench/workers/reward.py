@@ -15,12 +15,13 @@ import torch
 from workbench import checks
 from workbench.controller import THREE_D_PROTO, Worker, register
 from workbench.data.batch import Batch
+from workbench.engines import budget, packing
 from workbench.engines.forward import trim_padding
 from workbench.engines.frozen import check_keep, frozen_load_config, keep_frozen
 from workbench.engines.pipeline import PipelinedModel
 from workbench.engines.tensor_parallel import check_tensor_parallel_layout, parallelize
 from workbench.errors import ConfigError
-from workbench.models.load import LoadConfig, check_model_dir, compile_forward
+from workbench.models.load import LoadConfig, check_model_dir, compile_forward, read_config
 from workbench.models.value import last_token_index, load_value_model, token_values
 
 
@@ -29,6 +30,10 @@ class ScoreModelConfig:
     model_path: str
     """A trained value model (see workbench.stages.reward_model) or any causal-LM directory."""
     micro_batch_size: int = 8
+    max_tokens_per_micro_batch: int | None = None
+    """As ActorConfig's: micro-batches of up to this many tokens instead of micro_batch_size rows."""
+    packing: bool | None = None
+    """As ActorConfig's: the scoring forwards run packed where that is exact."""
     load: LoadConfig = field(default_factory=LoadConfig)
     seed: int = 0
     """Seeds the score head a plain causal-LM directory lacks (made afresh at load): every rank,
@@ -48,6 +53,14 @@ class ScoreModelConfig:
             self.micro_batch_size,
             fix="use a whole number of rows >= 1 per forward",
         )
+        if self.max_tokens_per_micro_batch is not None:
+            checks.whole(
+                "ScoreModelConfig",
+                "max_tokens_per_micro_batch",
+                self.max_tokens_per_micro_batch,
+                fix="use a whole number of tokens >= 1 (at least the longest prompt plus max_new_tokens), or None",
+            )
+        checks.one_of("ScoreModelConfig", "packing", self.packing, (None, True, False), fix="use None, True or False")
         checks.of_type("ScoreModelConfig", "load", self.load, LoadConfig, "pass a workbench.models.load.LoadConfig")
         check_keep("ScoreModelConfig.keep", self.keep)
         if self.keep != "whole" and self.load.compile:
@@ -63,6 +76,9 @@ class ScoreModelConfig:
         check_keep("ScoreModelConfig.keep", self.keep, mesh, role)
         if mesh.tp > 1 or mesh.pp > 1:
             check_tensor_parallel_layout("ScoreModelConfig", mesh, role, self.model_path, self.load.trust_remote_code)
+        packing.check_layout(
+            "ScoreModelConfig", self.packing, mesh, read_config(self.model_path, self.load.trust_remote_code)
+        )
 
 
 class RewardModelWorker(Worker):
@@ -79,21 +95,35 @@ class RewardModelWorker(Worker):
         dp_mesh = self.device_mesh["dp"] if config.keep != "whole" else None  # a mesh costs collectives
         model = keep_frozen(model, config.keep, dp_mesh, self.device)
         self.model = compile_forward(model, config.load)
+        self.packed = packing.wanted(config.packing, self.model, "ScoreModelConfig")
+        self.dp_group = self.device_mesh["dp"].get_group() if dp_mesh is not None else None  # sharded: equal calls
 
     @torch.no_grad()
     def _score(self, batch: Batch) -> Batch:
-        step = self.config.micro_batch_size
-        pieces = []
-        for i in range(0, len(batch), step):
-            part, _ = trim_padding(batch[i : i + step])  # columns that are padding in every row
-            values = token_values(self.model, part["input_ids"], part["attention_mask"], part["position_ids"])
-            pieces.append(values.gather(1, last_token_index(part["attention_mask"]).unsqueeze(1)).squeeze(1))
-        scores = torch.cat(pieces)
+        cfg, step = self.config, self.config.micro_batch_size
+        plan = None
+        if cfg.max_tokens_per_micro_batch is not None:
+            plan = budget.split(batch, cfg.max_tokens_per_micro_batch, self.dp_group)
+        micro = (
+            [batch[rows] for rows in plan]
+            if plan is not None
+            else [batch[i : i + step] for i in range(0, len(batch), step)]
+        )
+        scores = budget.in_order([self._last_values(mb) for mb in micro], plan)
         mask = batch["response_mask"]
         last = last_token_index(mask)
         token_level = torch.zeros(mask.shape, dtype=scores.dtype, device=scores.device)
         token_level[torch.arange(len(batch), device=scores.device), last] = scores
         return Batch({self.output_key: scores, f"token_level_{self.output_key}": token_level * mask})
+
+    def _last_values(self, batch: Batch) -> torch.Tensor:
+        """The head's output at each row's last real token: B."""
+        if self.packed:
+            layout = packing.pack(batch, share=packing.mode(packing.unwrap(self.model)) == "mask", whole=True)
+            return packing.packed_call(self.model, layout).logits[0, layout.last].squeeze(-1).float()
+        part, _ = trim_padding(batch)  # columns that are padding in every row
+        values = token_values(self.model, part["input_ids"], part["attention_mask"], part["position_ids"])
+        return values.gather(1, last_token_index(part["attention_mask"]).unsqueeze(1)).squeeze(1)
 
     @register(THREE_D_PROTO)
     def compute_reward(self, batch: Batch) -> Batch:
