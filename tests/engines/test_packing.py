@@ -234,3 +234,20 @@ def test_packed_gradients_hold_under_activation_checkpointing(model_dir):
         out[packed] = grads(model)
     for name, g in out[False].items():
         assert close(out[True][name], g, g.abs().max()), name
+
+
+@pytest.mark.parametrize("share", [False, True], ids=["own-prompts", "shared-prompts"])
+def test_a_packed_score_at_each_rows_last_token_equals_the_padded_one(model_dir, share):
+    """A reward model's score: the head at each row's last real token (one row without a response)."""
+    from workbench.models.value import last_token_index, token_values
+
+    model = load_value_model(model_dir).model.eval()
+    batch = rows()
+    batch["attention_mask"][3, 9:] = 0
+    batch["response_mask"][3] = 0
+    with torch.no_grad():
+        values = token_values(model, batch["input_ids"], batch["attention_mask"], batch["position_ids"])
+        want = values.gather(1, last_token_index(batch["attention_mask"])[:, None]).squeeze(1)
+        layout = packing.pack(batch, share=share, whole=True)
+        got = packing.packed_call(model, layout).logits[0, layout.last].squeeze(-1)
+    assert close(got, want, want.abs().max())

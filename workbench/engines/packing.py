@@ -168,78 +168,65 @@ def pack(batch, share: bool, policy_only: bool = True, whole: bool = False) -> P
     share: each distinct prompt (ids and mask alike, as `forward.prompt_groups`) once for its
     rows. policy_only: read only the positions of response_mask tokens (log-probs; the padded
     forward zeroes the rest), else every real response token (values). whole: every row's last
-    token is an input too, and `last` holds each row's last position (a reward model's score)."""
-    ids, attention = batch["input_ids"], batch["attention_mask"].bool().cpu()
+    token is an input too, and `last` holds each row's last position (a reward model's score).
+    Vectorized: a few tensor ops whatever the row count (a Python loop over 64 rows cost more
+    than a tiny model's forward)."""
+    ids, attention = batch["input_ids"], batch["attention_mask"].bool()
+    device = ids.device
     b, r = batch["responses"].shape
-    p = ids.shape[1] - r
-    read_mask = batch["response_mask"].bool().cpu() if policy_only else attention[:, p:]
+    c = ids.shape[1]
+    p = c - r
+    rows = torch.arange(b, device=device)
+    columns = torch.arange(c, device=device)
+    if not bool(attention[:, :p].any(1).all()):
+        empty = int((~attention[:, :p].any(1)).nonzero()[0])
+        raise ValueError(f"row {empty} has no prompt token: packing needs one to predict the first response token")
     if share:
         from workbench.engines.forward import prompt_groups
 
-        of_row = prompt_groups(batch)[1].tolist()
+        group = prompt_groups(batch)[1].to(device)
     else:
-        of_row = list(range(b))
-    members: dict[int, list[int]] = {}
-    for row, g in enumerate(of_row):
-        members.setdefault(g, []).append(row)
-
-    # Per packed token: its source (row, column) in the batch, its group, its owner (-1: shared)
-    src_rows, src_cols, groups, owners = [], [], [], []
-    reads, read_rows, read_cols = [], [], []
-    last = [0] * b
-    length = 0
-
-    def put(row: int, columns: torch.Tensor, group: int, owner: int) -> None:
-        nonlocal length
-        src_rows.append(torch.full((len(columns),), row))
-        src_cols.append(columns)
-        groups.append(torch.full((len(columns),), group))
-        owners.append(torch.full((len(columns),), owner))
-        length += len(columns)
-
-    for g, rows in enumerate(members.values()):
-        shared = share and len(rows) > 1
-        if shared:
-            put(rows[0], _real(attention[rows[0], :p], rows[0]), g, -1)
-            prompt_end = length - 1  # the prompt's last token predicts each row's first
-        for row in rows:
-            if not shared:
-                put(row, _real(attention[row, :p], row), g, row)
-                prompt_end = length - 1
-            response = attention[row, p:].nonzero().squeeze(1)
-            # token k of the response is predicted by token k-1 (k = 0: the prompt's last);
-            # the last one predicts nothing and is no input
-            predictors = torch.cat([torch.tensor([prompt_end]), torch.arange(length, length + len(response) - 1)])
-            keep = read_mask[row, response]
-            reads.append(predictors[: len(response)][keep])
-            read_rows.append(torch.full((int(keep.sum()),), row))
-            read_cols.append(response[keep])
-            put(row, response + p if whole else response[:-1] + p, g, row)
-            last[row] = length - 1 if whole and len(response) else prompt_end
-
-    device = ids.device
-    src = torch.cat(src_rows).to(device), torch.cat(src_cols).to(device)
-    at_rows, at_cols = torch.cat(read_rows).to(device), torch.cat(read_cols).to(device)
+        group = rows
+    # each row's group's first row: where its prompt tokens are read from
+    first = torch.full((b,), b, device=device).scatter_reduce(0, group, rows, "amin")[group]
+    shared = share & (torch.bincount(group, minlength=b)[group] > 1)
+    # the tokens taken: a prompt once per group (its first row's), every row's response but the
+    # last token (which predicts nothing) unless `whole`
+    last_column = torch.where(attention, columns, -1).amax(1)
+    taken = attention.clone()
+    taken[:, :p] &= (first == rows)[:, None]
+    if not whole:
+        taken[rows, last_column] &= last_column < p  # a row without response keeps its prompt
+    # packed order: by group, a group's prompt first, then each row's tokens, columns in order
+    slot = torch.where(columns[None, :] < p, torch.zeros_like(rows)[:, None], rows[:, None] + 1)
+    key = (group[:, None] * (b + 1) + slot) * c + columns[None, :]
+    src_rows, src_cols = taken.nonzero(as_tuple=True)
+    order = key[src_rows, src_cols].argsort()
+    src_rows, src_cols = src_rows[order], src_cols[order]
+    position = torch.full((b, c), -1, dtype=torch.long, device=device)
+    position[src_rows, src_cols] = torch.arange(len(src_rows), device=device)
+    # where a row's token at column k sits in the packed sequence (prompt columns: its group's)
+    at = position.clone()
+    at[:, :p] = position[first, :p]
+    # the token before each real one in its row (-1 for the first): it predicts the next
+    previous = torch.where(attention, columns, -1).cummax(1).values
+    previous = torch.cat([torch.full((b, 1), -1, device=device), previous[:, :-1]], 1)
+    read_mask = batch["response_mask"].bool() if policy_only else attention[:, p:]
+    read_rows, read_cols = (read_mask & attention[:, p:]).nonzero(as_tuple=True)
+    reads = at[read_rows, previous[read_rows, read_cols + p]]
+    owner = torch.where(shared[src_rows] & (src_cols < p), -1, src_rows)
     return Packed(
-        input_ids=ids[src][None],
-        position_ids=batch["position_ids"][src][None],
-        group=torch.cat(groups).to(device),
-        row=torch.cat(owners).to(device),
-        reads=torch.cat(reads).to(device),
-        rows=at_rows,
-        cols=at_cols,
-        targets=batch["responses"][at_rows, at_cols].to(device),
+        input_ids=ids[src_rows, src_cols][None],
+        position_ids=batch["position_ids"][src_rows, src_cols][None],
+        group=group[src_rows],
+        row=owner,
+        reads=reads,
+        rows=read_rows,
+        cols=read_cols,
+        targets=batch["responses"][read_rows, read_cols],
         shape=(b, r),
-        last=torch.tensor(last, device=device),
+        last=at[rows, last_column],
     )
-
-
-def _real(attention: torch.Tensor, row: int) -> torch.Tensor:
-    """The columns of a row's prompt that are real tokens."""
-    columns = attention.nonzero().squeeze(1)
-    if len(columns) == 0:
-        raise ValueError(f"row {row} has no prompt token: packing needs one to predict the first response token")
-    return columns
 
 
 def packed_call(model: torch.nn.Module, packed: Packed, **kwargs):
