@@ -309,7 +309,13 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--iterations", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--threads-per-process", type=int, default=1, help="torch threads per worker process (16 cores: 4)"
+    )
+    parser.add_argument("--out", type=Path, default=OUT, help="run folders, charts and runs.json")
     args = parser.parse_args()
+    global OUT
+    OUT = args.out
 
     cfg = arithmetic.ArithmeticConfig(digits=2, min_digits=1)
     heldout, sft, rl = split(cfg, 64, 4000, 64 * args.prompts)
@@ -320,7 +326,7 @@ def main() -> None:
 
     placements = args.placements.split(",")
     results: dict = {}
-    with Session(num_devices=4, threads_per_worker=1) as session:
+    with Session(num_devices=4, threads_per_worker=args.threads_per_process) as session:
         for algo in args.algos.split(","):
             # The critic's placement makes a difference only where there is a critic.
             runs: dict[str, list[dict]] = {p: [] for p in placements if algo == "ppo" or p not in CRITIC_PLACED}
@@ -386,7 +392,8 @@ def main() -> None:
                         "rounds",
                     )
                 }
-                | {"devices": 2, "threads_per_worker": 1, "model": "tiny 10m, SFT'd (bench/learning.py)"},
+                | {"devices": 2, "threads_per_worker": args.threads_per_process}
+                | {"model": "tiny 10m, SFT'd (bench/learning.py)"},
             }
         )
     )

@@ -1,6 +1,7 @@
 """The wheels the lent GPU machine lacks, in .cache/gpu_wheels (ignored; `run` carries it).
 
     .venv/bin/python bench/gpu_wheels.py      # then: run(..., carry=[".cache/gpu_wheels"])
+    .venv/bin/python bench/gpu_wheels.py --steps   # also TRL and SmolLM2's shape (bench/gpu_steps.sh)
 
 That machine has Python 3.12, torch 2.11 (CUDA), transformers, peft, accelerate, cloudpickle,
 psutil, pyyaml, msgpack, protobuf, aiohttp and most of Ray's other needs, but no Ray, tensordict
@@ -69,9 +70,31 @@ def trim(wheel: Path, dropped: tuple[str, ...]) -> None:
     out.replace(wheel)
 
 
+STEPS_PINS = ("trl==1.16.0",)
+"""--steps (bench/gpu_steps.sh): TRL 1.16 for the real-model step against it. Its other needs
+(accelerate, datasets, ...) must be in the image or added here: pip download them the same way
+and check the carried total stays under 64 MiB."""
+MODEL_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+)
+
+
 def main() -> int:
     WHEELS.mkdir(parents=True, exist_ok=True)
-    for pin in PINS:
+    pins = PINS + (STEPS_PINS if "--steps" in sys.argv else ())
+    if "--steps" in sys.argv:  # the model's shape and tokenizer (3.5 MB); its weights are made there
+        from workbench.models.gguf_import import import_gguf
+
+        model = import_gguf("smollm2")
+        (WHEELS / "smollm2").mkdir(exist_ok=True)
+        for name in MODEL_FILES:
+            if (model / name).exists():
+                (WHEELS / "smollm2" / name).write_bytes((model / name).read_bytes())
+    for pin in pins:
         name = pin.split("==")[0].replace("-", "_")
         if not any(WHEELS.glob(f"{name}-{pin.split('==')[1]}-*.whl")):
             download(pin, WHEELS)

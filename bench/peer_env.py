@@ -21,7 +21,11 @@ PEER_SCRIPTS = ROOT / "bench" / "peers"
 
 def peer_python(requirement: str, extras: tuple[str, ...] = ()) -> Path:
     """A virtualenv holding torch (the CPU pin), `requirement` and `extras`, built once under
-    .cache/peers (an extra added later is installed into the existing environment)."""
+    .cache/peers (an extra added later is installed into the existing environment).
+    $PEER_PYTHON, when set, is used instead as it is: a machine without network (the lent GPU
+    machine, bench/gpu_steps.sh) brings the peer's packages itself."""
+    if os.environ.get("PEER_PYTHON"):
+        return Path(os.environ["PEER_PYTHON"])
     venv = PEERS / requirement.replace("==", "-")
     python = venv / "bin" / "python"
     pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
