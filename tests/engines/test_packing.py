@@ -251,3 +251,22 @@ def test_a_packed_score_at_each_rows_last_token_equals_the_padded_one(model_dir,
         layout = packing.pack(batch, share=share, whole=True)
         got = packing.packed_call(model, layout).logits[0, layout.last].squeeze(-1)
     assert close(got, want, want.abs().max())
+
+
+def test_the_driver_refuses_an_overlong_row_and_deals_the_rest_to_balance_ranks():
+    """algorithms' update_actor / update_critic pass their rows through budget.for_update."""
+    from types import SimpleNamespace
+
+    batch = rows(groups=4, n=4, r=40, seed=2)
+    longest = int(budget.row_tokens(batch).max())
+    group = SimpleNamespace(
+        config=SimpleNamespace(max_tokens_per_micro_batch=longest - 1, mini_batch_size=16), mesh=SimpleNamespace(dp=2)
+    )
+    with pytest.raises(ConfigError, match="ActorConfig.max_tokens_per_micro_batch"):
+        budget.for_update(batch, group, "ActorConfig")
+    group.config.max_tokens_per_micro_batch = longest
+    dealt = budget.for_update(batch, group, "ActorConfig")
+    halves = [int(budget.row_tokens(dealt[k * 8 : (k + 1) * 8]).sum()) for k in range(2)]
+    assert abs(halves[0] - halves[1]) <= longest
+    group.config.max_tokens_per_micro_batch = None
+    assert budget.for_update(batch, group, "ActorConfig") is batch
