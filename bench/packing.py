@@ -74,7 +74,7 @@ class TokenMeanLoss:
     def __call__(self, outputs, mb):
         mask = mb["response_mask"].float()
         loss = -(outputs["log_probs"] * mb["advantages"][:, None] * mask).sum() / mask.sum().clamp(min=1)
-        return loss, {"loss": float(loss)}
+        return loss, {"loss": float(loss.detach())}
 
     @staticmethod
     def weight(mb) -> float:

@@ -101,7 +101,8 @@ def split(batch: Batch, budget: int, group=None) -> list[torch.Tensor]:
     if len(batch) == 0:
         return []
     plan = None
-    for bins in range(max(1, -(-int(row_tokens(batch).sum()) // budget)), len(batch) + 1):
+    least = -(-sum(tokens for tokens, _ in _units(batch)) // budget)  # a shared prompt counted once
+    for bins in range(max(1, least), len(batch) + 1):
         plan = _plan(batch, budget, bins)
         if plan is not None:
             break
@@ -182,15 +183,15 @@ def balance(batch: Batch, dp: int, mini_batch_size: int) -> Batch:
         count = min(step, part - start)
         # the rows of this global mini-batch: `count` from every rank's part
         rows = [k * part + start + j for k in range(dp) for j in range(count)]
-        ranks = _deal(batch[torch.tensor(rows)], [tokens[r] for r in rows], dp, count)
+        ranks = _deal(batch[torch.tensor(rows)], [tokens[r] for r in rows], dp)
         for k, members in enumerate(ranks):
             for j, local in enumerate(members):
                 order[k * part + start + j] = rows[local]
     return batch[torch.tensor(order)]
 
 
-def _deal(rows: Batch, tokens: list[int], dp: int, count: int) -> list[list[int]]:
-    """`count` rows (indices into `rows`) for each of dp ranks, loads within one row of each
+def _deal(rows: Batch, tokens: list[int], dp: int) -> list[list[int]]:
+    """Equal shares of `rows` (indices into it) for dp ranks, loads within one row of each
     other: whole prompt groups when their deal is that balanced, else row by row."""
     units = _units(rows)
     if len({len(u[1]) for u in units}) == 1 and len(units) % dp == 0:

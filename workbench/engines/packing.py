@@ -43,9 +43,11 @@ from dataclasses import dataclass
 
 import torch
 
-MASK_ATTENTION = ("sdpa", "workbench_packed_blocks")
+BLOCKS = "workbench_packed_blocks"
+"""The attention implementation of a model from its first packed call on (`_block_attention`)."""
+MASK_ATTENTION = ("sdpa", BLOCKS)
 VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3")
-PACKABLE_TYPES = ("llama", "qwen2", "qwen3", "mistral", "granite", "olmo", "olmo2", "phi3", "smollm3")
+PACKABLE_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 """Model types whose attention is plain causal with explicit position ids (checked: llama, the
 tiny kit's and SmolLM2's; the others share transformers' Llama attention and mask code)."""
 
@@ -247,7 +249,6 @@ def packed_call(model: torch.nn.Module, packed: Packed, **kwargs):
     )
 
 
-BLOCKS = "workbench_packed_blocks"
 _PREPARED = torch.ones(1, 1, 1, 1, dtype=torch.bool)
 """A 4D mask passes through transformers' mask building untouched (a prepared mask); the
 blocks' own masks travel beside it, as a keyword every layer hands to its attention (and
