@@ -38,7 +38,7 @@ class Floods(Environment):
 
 class SlowStart(Replies):
     """`Replies`, with the first step of every episode of `slow_turns` turns taking `seconds`
-    (a slow tool): what continuous scheduling lets the other episodes' turns run beside."""
+    (a slow tool): continuous scheduling does not make the other episodes wait for it."""
 
     def __init__(self, slow_turns: int, seconds: float):
         self.slow_turns, self.seconds = slow_turns, seconds

@@ -102,10 +102,10 @@ def test_continuous_scheduling_gives_the_turn_by_turn_trajectories(vllm_actor, s
     assert continuous["turns"].tolist() == [t for t in (1, 3, 2, 4) for _ in range(sampling.n)]
 
 
-def test_a_slow_tool_holds_back_no_other_episode(vllm_actor, shared_session):
-    """The 4-turn episodes' first tool call takes 0.6 s each. Turn by turn, no second turn starts
-    before every first turn's tool answered; continuously, the other episodes' second turns run
-    while the slow tool works (the trace's turn spans overlap by about its time)."""
+def test_an_episode_does_not_wait_for_another_episodes_slow_tool(vllm_actor, shared_session):
+    """The 4-turn episode's first tool call takes 0.6 s. Turn by turn, no second turn starts
+    before every first turn's tool answered; continuously, the episodes whose tools answered at
+    once have their second turns in the engine before the slow tool is done."""
     group, _, prompts = vllm_actor
 
     def spans(continuous: bool) -> dict[tuple[str, int], tuple[float, float]]:

@@ -7,10 +7,13 @@ Each episode starts from its prompt row (`env.start`); the policy generates a tu
 string such as `</tool_call>`, its end of turn or EOS, or the turn's token budget), the
 environment answers it (`env.step` on the turn's text), and the answer is appended in the chat
 template's tool role (or the observation's own, `Observation.role`), closing the policy's turn
-first when the stop string left it open. Turns are batched over the episodes still running; an
-episode that ends leaves the batch. `Episodes` is the loop itself, one turn per `next()` (a
-notebook steps an episode with it; the actor records each turn's generation and tool calls as
-trace spans); `run_episodes` runs it to the end.
+first when the stop string left it open. `Episodes` is the loop itself, one turn per `next()`,
+batched over the episodes still running (a notebook steps an episode with it); an episode that
+ends leaves the batch. `run()` (and `run_episodes`, the actor's call) schedules continuously where
+the engine takes one request at a time (vLLM): an episode's next turn goes to the engine as soon
+as its environment step answered, not when the whole turn has ended; elsewhere it runs the turns
+as `next()` does. Either way the actor records each turn's generation and tool calls as trace
+spans.
 
 Trajectories stay token ids from end to end: a turn's sampled ids are appended as sampled and an
 observation's ids as its template renders them; nothing is decoded and re-encoded (text is
@@ -28,7 +31,6 @@ from __future__ import annotations
 
 import math
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -261,9 +263,8 @@ class Episodes:
 
     `run()` schedules continuously where the engine takes one request at a time (vLLM,
     `rollout.requests()`): each episode's next turn is added to the engine as soon as its
-    environment step answered, while the other episodes' turns decode, and the environment
-    steps run on a thread of their own (one at a time: an environment need not be thread-safe)
-    while the engine steps. On such an engine every turn of an episode samples from its own
+    environment step answered (between two engine steps), while the other episodes' turns
+    decode. On such an engine every turn of an episode samples from its own
     stream, (seed, episode row, turn), in `next()` and `run()` alike, so an episode's samples do
     not depend on the schedule; only float rounding does (a step's batch changes the kernels'
     reduction order), so a sampled id can differ where two tokens are within rounding of each
@@ -421,10 +422,11 @@ class Episodes:
     def _run_continuously(self) -> None:
         """Every episode to its end, each turn added to the engine as soon as the episode's last
         environment step answered: no episode waits for another's turn. The environment steps
-        (and the tokenizer's work around them) run on one thread beside the engine's loop."""
+        run between engine steps, in this thread: beside the engine on a thread of their own they
+        made the tool task's rollout 2x slower on CPU (the engine loop and the steps' Python
+        passing the GIL back and forth), and an environment need not be thread-safe."""
         requests = self._requests
         turns: dict[int, _TurnTimes] = {}
-        stepping: dict[Future, int] = {}  # an environment step running -> its turn
 
         def add(row: int) -> None:
             e = self._episodes[row]
@@ -432,26 +434,19 @@ class Episodes:
             turns.setdefault(turn, _TurnTimes(turn)).started(time.time())
             requests.add(row, e.prompt + e.response, self._request_sampling(row))
 
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="episode-env") as env_thread:
-            try:
-                for row, _ in self._active():
-                    add(row)
-                while requests.running or stepping:
-                    for row, ids, log_probs in requests.step() if requests.running else ():
-                        turn = len(self._episodes[row].turn_ends)
-                        turns[turn].generated(time.time())
-                        stepping[env_thread.submit(self._advance, row, ids, log_probs)] = turn
-                    # Block on the environment only when the engine has nothing to decode.
-                    finished = [f for f in stepping if f.done()] or (
-                        [] if requests.running else list(wait(stepping, return_when=FIRST_COMPLETED).done)
-                    )
-                    for future in finished:
-                        step, started, stepped = future.result()
-                        turns[stepping.pop(future)].add(step, started, stepped)
-                        if not step.ended:
-                            add(step.episode)
-            finally:
-                requests.abort()
+        try:
+            for row, _ in self._active():
+                add(row)
+            while requests.running:
+                for row, ids, log_probs in requests.step():
+                    times = turns[len(self._episodes[row].turn_ends)]
+                    times.generated(time.time())
+                    step, started, stepped = self._advance(row, ids, log_probs)
+                    times.add(step, started, stepped)
+                    if not step.ended:
+                        add(row)
+        finally:
+            requests.abort()
         self.history += [turns[t].turn() for t in sorted(turns)]
         self.turns = max((len(e.turn_ends) for e in self._episodes), default=self.turns)
 

@@ -69,7 +69,12 @@ class VLLMRolloutConfig:
     enforce_eager: bool = True
     """No graph compilation/capture: starts in seconds, and on CPU it is also faster."""
     enable_prefix_caching: bool = True
-    """Reuse KV of shared prompt prefixes (n samples per prompt); reset on every weight load."""
+    """Reuse KV of shared prompt prefixes (n samples per prompt, an episode's earlier turns);
+    reset on every weight load."""
+    block_size: int | None = None
+    """KV cache block, in tokens: the prefix cache reuses whole blocks only. None: 32 on CPU
+    (vLLM's CPU default of 128 left a tool episode's second turn, ~115 tokens, under one block:
+    computed again whole), vLLM's own default on GPUs."""
     seed: int = 0
     """Engine seed (requests with SamplingConfig.seed=None draw from it)."""
     cpu_kv_cache_gib: int = 1
@@ -87,6 +92,10 @@ class VLLMRolloutConfig:
             owner, "max_model_len", self.max_model_len, fix="use a whole number of tokens >= 1 (prompt + response)"
         )
         checks.whole(owner, "max_num_seqs", self.max_num_seqs, fix="use a whole number of sequences >= 1")
+        if self.block_size is not None:
+            checks.whole(
+                owner, "block_size", self.block_size, fix="use a whole number of tokens >= 1 (16, 32, ...), or None"
+            )
         checks.one_of(owner, "dtype", self.dtype, ("auto", "float32", "bfloat16", "float16"))
         checks.real(
             owner,
@@ -131,11 +140,14 @@ def _device_settings(cfg: VLLMRolloutConfig) -> tuple[dict[str, str], dict]:
     kwargs = {"gpu_memory_utilization": cfg.gpu_memory_utilization, "enforce_eager": cfg.enforce_eager}
     if _on_gpu():
         kwargs["dtype"] = cfg.dtype
+        if cfg.block_size is not None:
+            kwargs["block_size"] = cfg.block_size
         kwargs["enable_sleep_mode"] = True  # release() can then drop the KV cache
     else:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kv_cache_gib)
         env["VLLM_CPU_OMP_THREADS_BIND"] = cfg.cpu_threads_bind
         kwargs["dtype"] = "float32" if cfg.dtype == "auto" else cfg.dtype
+        kwargs["block_size"] = cfg.block_size or 32
         # Room for every scheduled sequence's whole prompt in one step. With vLLM's CPU default
         # (4096 tokens) a larger batch has a prefill split over steps, the sample of a partial
         # step is discarded, and a seeded request then rewinds its generator, which a CPU
