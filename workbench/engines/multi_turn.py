@@ -316,7 +316,11 @@ class Episodes:
         else:
             sampled = self._generate_batch(active, turn)
         generated = time.time()
-        steps = [self._advance(row, ids, log_probs)[0] for (row, _), (ids, log_probs) in zip(active, sampled)]
+        texts = self.tokenizer.batch_decode([ids for ids, _ in sampled], skip_special_tokens=True)
+        steps = [
+            self._advance(row, ids, log_probs, text)[0]
+            for (row, _), (ids, log_probs), text in zip(active, sampled, texts)
+        ]
         self.turns += 1
         self.history.append(Turn(turn, steps, (started, generated), (generated, time.time())))
         return self.history[-1]
@@ -382,12 +386,12 @@ class Episodes:
             requests.abort()
         return [out[row] for row, _ in active]
 
-    def _advance(self, row: int, ids: list[int], log_probs: list[float]) -> tuple[TurnStep, float, float]:
-        """Episode `row` after its turn sampled `ids`: the environment's step on the turn's text,
-        its observation appended (or the episode ended). Returns the step and the environment
-        step's start and end (time.time())."""
+    def _advance(self, row: int, ids: list[int], log_probs: list[float], text: str) -> tuple[TurnStep, float, float]:
+        """Episode `row` after its turn sampled `ids` (`text`: them decoded without special
+        tokens, what the environment reads): the environment's step on the text, its observation
+        appended (or the episode ended). Returns the step and the environment step's start and
+        end (time.time())."""
         e, config = self._episodes[row], self.config
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)  # what the environment reads
         e.response += ids
         e.policy += [True] * len(ids)
         e.log_probs += log_probs
@@ -441,7 +445,8 @@ class Episodes:
                 for row, ids, log_probs in requests.step():
                     times = turns[len(self._episodes[row].turn_ends)]
                     times.generated(time.time())
-                    step, started, stepped = self._advance(row, ids, log_probs)
+                    text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                    step, started, stepped = self._advance(row, ids, log_probs, text)
                     times.add(step, started, stepped)
                     if not step.ended:
                         add(row)

@@ -72,9 +72,10 @@ class VLLMRolloutConfig:
     """Reuse KV of shared prompt prefixes (n samples per prompt, an episode's earlier turns);
     reset on every weight load."""
     block_size: int | None = None
-    """KV cache block, in tokens: the prefix cache reuses whole blocks only. None: 32 on CPU
-    (vLLM's CPU default of 128 left a tool episode's second turn, ~115 tokens, under one block:
-    computed again whole), vLLM's own default on GPUs."""
+    """KV cache block, in tokens: the prefix cache reuses whole blocks only. None: 32 on CPU, its
+    smallest (CPU attention takes multiples of 32; vLLM's CPU default of 128 left a tool
+    episode's second turn, ~115 tokens, under one block: computed again whole), vLLM's own
+    default on GPUs."""
     seed: int = 0
     """Engine seed (requests with SamplingConfig.seed=None draw from it)."""
     cpu_kv_cache_gib: int = 1
