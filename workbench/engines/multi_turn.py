@@ -193,7 +193,8 @@ class TurnStep:
 @dataclass
 class Turn:
     """One turn of every episode still running: the batched generation, then the environment's
-    steps (the tool calls). Times are `time.time()` seconds."""
+    steps (the tool calls). Times are `time.time()` seconds; in a continuous `Episodes.run()`
+    they span the turn's first episode's start to its last one's end (turns overlap)."""
 
     index: int
     steps: list[TurnStep]
