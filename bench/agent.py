@@ -13,7 +13,8 @@ what the multi-turn rollout costs against single-turn generation.
 - throughput: the multi-turn rollout's policy tokens per second against single-turn generation
   of the same number of policy tokens (the same prompts, max_new_tokens = the episodes' policy
   tokens per row) on the same engine (the actor's rollout: `--engine hf` or `vllm`), `--rounds`
-  alternating rounds, medians. Goal: >= 0.8x.
+  alternating rounds, medians. Goal: >= 0.9x (on vLLM each episode's next turn goes to the
+  engine as soon as its tool answered: continuous scheduling).
 - tool_call_ms: a calculator call's round trip through the tool sandbox (its jail), median.
 
 `--model DIR` starts from another chat model directory instead (e.g. SmolLM2-135M-Instruct from
@@ -48,6 +49,8 @@ from workbench.workers.episode_reward import EpisodeReward
 
 WITH_TOOLS = EpisodeConfig(max_turns=3, turn_tokens=40, max_tokens=96)
 WITHOUT_TOOLS = EpisodeConfig(max_turns=1, turn_tokens=40, max_tokens=40)
+GOAL = 0.9
+"""Multi-turn policy tokens/s over single-turn generation's of the same tokens, wall and CPU."""
 
 
 def rows(problems, tools: bool = True) -> list[dict]:
@@ -241,8 +244,8 @@ def main() -> None:
         "tool_calls_per_iteration": [m["episode/tool_calls"] / rows_per_iteration for m in history],
         "throughput": speed,
         "tool_call_ms": call_ms,
-        "goal_throughput_ratio": 0.8,
-        "throughput_goal_met": min(speed["ratio"], speed["ratio_cpu"]) >= 0.8,
+        "goal_throughput_ratio": GOAL,
+        "throughput_goal_met": min(speed["ratio"], speed["ratio_cpu"]) >= GOAL,
     }
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,7 @@
 """Environments the multi-turn tests share (sent to Ray workers by value)."""
 
+import time
+
 from workbench.agents import Environment, Observation
 
 
@@ -32,3 +34,16 @@ class Floods(Environment):
         if state["turn"] == 1:
             return Observation("word " * self.words, info={"tool": "flood", "tool_output_cut": 1})
         return Observation(None, reward=1.0, done=True)
+
+
+class SlowStart(Replies):
+    """`Replies`, with the first step of every episode of `slow_turns` turns taking `seconds`
+    (a slow tool): continuous scheduling does not make the other episodes wait for it."""
+
+    def __init__(self, slow_turns: int, seconds: float):
+        self.slow_turns, self.seconds = slow_turns, seconds
+
+    def step(self, state, text):
+        if state["taken"] == 0 and state["left"] == self.slow_turns:
+            time.sleep(self.seconds)
+        return super().step(state, text)

@@ -108,6 +108,8 @@ def test_a_budget_ends_an_episode(kit):
     assert batch["responses"].shape[1] <= 10 and int(batch["attention_mask"][:, -10:].sum(1).max()) <= 10
     with pytest.raises(Exception, match="EpisodeConfig.max_turns"):
         EpisodeConfig(max_turns=0)
+    with pytest.raises(Exception, match="EpisodeConfig.continuous"):
+        EpisodeConfig(continuous="yes")
 
 
 def test_a_huge_observation_is_cut_before_it_is_tokenized_to_the_same_tokens(kit):
@@ -141,7 +143,7 @@ def test_stepping_turn_by_turn_is_the_same_loop(kit):
         for s in turn.steps:
             assert s.text == tokenizer.decode(s.ids, skip_special_tokens=True)
             assert (s.shown == []) == s.ended and (s.observation.text is None) == s.ended
-    assert ended == set(range(6)) and stepper.done
+    assert ended == set(range(6)) and stepper.done and stepper.history == turns  # what the actor traces
     assert stepper.batch().equals(run_episodes(rollout, tokenizer, prompts, Replies(), sampling, config))
     assert "[2] model:" in str(turns[1]) and "tool: result 1: ok" in str(turns[0])
     assert stepper.prompt(0) == [{"role": "user", "content": "question 0"}]

@@ -2,10 +2,13 @@
 engine in the worker): the same structure as on the HF rollout — observations in the tool role
 masked out, turn ends on the policy's tokens, episodes of different lengths in one batch of
 fixed width — the rollout's log-probs equal to the training forward's, and the same seed gives
-the same trajectories. Turns are batched over the episodes still running (one engine call per
-turn)."""
+the same trajectories. The actor schedules continuously (each episode's next turn added to the
+engine as soon as its tool answered): the same trajectories as turn by turn, and a slow tool
+holds back no other episode's turns."""
 
 import os
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -77,6 +80,49 @@ def test_vllm_episodes_repeat_for_a_seed(vllm_actor):
     )
     assert torch.equal(first["input_ids"], again["input_ids"]) and torch.equal(first["turn_ends"], again["turn_ends"])
     assert not torch.equal(first["responses"], other["responses"])
+
+
+@pytest.mark.parametrize(
+    "sampling", [SamplingConfig(greedy=True), SamplingConfig(n=2, seed=7)], ids=["greedy", "seeded"]
+)
+def test_continuous_scheduling_gives_the_turn_by_turn_trajectories(vllm_actor, sampling):
+    """Every turn of an episode samples from its own stream (seed, row, turn) on either schedule,
+    so only float rounding could tell them apart (a step's batch changes the kernels' reduction
+    order): on this tiny fp32 model no sampled id moves, and the log-probs agree closely."""
+    group, _, prompts = vllm_actor
+    continuous, turn_by_turn = (
+        group.generate_episodes(prompts, envs.Replies(), sampling, replace(EPISODE, continuous=flag)).get()
+        for flag in (True, False)
+    )
+    for key in ("input_ids", "attention_mask", "response_mask", "turn_ends", "episode_reward", "turns", "tool_calls"):
+        assert torch.equal(continuous[key], turn_by_turn[key]), key
+    assert torch.equal(continuous["observation_tokens"], turn_by_turn["observation_tokens"])
+    difference = (continuous["rollout_log_probs"] - turn_by_turn["rollout_log_probs"]).abs().max()
+    assert difference <= 1e-4
+    assert continuous["turns"].tolist() == [t for t in (1, 3, 2, 4) for _ in range(sampling.n)]
+
+
+def test_an_episode_does_not_wait_for_another_episodes_slow_tool(vllm_actor, shared_session):
+    """The 4-turn episode's first tool call takes 0.6 s. Turn by turn, no second turn starts
+    before every first turn's tool answered; continuously, the episodes whose tools answered at
+    once have their second turns in the engine before the slow tool is done."""
+    group, _, prompts = vllm_actor
+
+    def spans(continuous: bool) -> dict[tuple[str, int], tuple[float, float]]:
+        since = time.time()
+        episode = replace(EPISODE, continuous=continuous)
+        batch = group.generate_episodes(prompts, envs.SlowStart(4, 0.6), SamplingConfig(greedy=True), episode).get()
+        assert batch["turns"].tolist() == [1, 3, 2, 4]
+        return {
+            (r.method, r.extra["turn"]): (r.start, r.end)
+            for r in shared_session.trace()
+            if r.start >= since and r.method in ("episode.generate", "episode.tools")
+        }
+
+    timed = spans(continuous=True)
+    assert timed[("episode.generate", 1)][0] < timed[("episode.tools", 0)][1] - 0.5
+    timed = spans(continuous=False)
+    assert timed[("episode.generate", 1)][0] >= timed[("episode.tools", 0)][1]
 
 
 def test_an_episode_that_cannot_fit_the_engine_is_refused_on_the_driver(vllm_actor):

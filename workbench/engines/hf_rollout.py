@@ -78,6 +78,7 @@ class HFRollout:
         self.pad_token_id, self.eos_token_id = pad_token_id, eos_token_id
         self.config = config or HFRolloutConfig()
         self.tokenizer = tokenizer
+        self._stop_criteria: dict[tuple[str, ...], Any] = {}
 
     def _decoding(self) -> dict:
         """generate() arguments for the configured cache and compilation."""
@@ -128,7 +129,7 @@ class HFRollout:
                     f"SamplingConfig.stop={list(sampling.stop)} needs the tokenizer to find stop strings in "
                     f"text: make the rollout with HFRollout(..., tokenizer=tokenizer)"
                 )
-            stopping = {"stop_strings": list(sampling.stop), "tokenizer": self.tokenizer}
+            stopping = {"stopping_criteria": self._stop_strings(sampling.stop)}
         end_ids = sampling.end_ids(self.eos_token_id)
         temperature = 1.0 if sampling.greedy else sampling.temperature
         out = self.model.generate(
@@ -196,6 +197,15 @@ class HFRollout:
             replace(sampling, n=1),
             past_key_values=cache,
         )
+
+    def _stop_strings(self, stop: tuple[str, ...]):
+        """generate's criterion for these stop strings, built once: it tabulates every token's
+        text against them (~5 ms a call, each turn of a multi-turn rollout one call)."""
+        from transformers import StoppingCriteriaList, StopStringCriteria
+
+        if stop not in self._stop_criteria:
+            self._stop_criteria[stop] = StoppingCriteriaList([StopStringCriteria(self.tokenizer, list(stop))])
+        return self._stop_criteria[stop]
 
     def turns(self):
         """A multi-turn rollout's generations on this engine, each turn continuing from the KV

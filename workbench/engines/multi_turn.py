@@ -7,10 +7,13 @@ Each episode starts from its prompt row (`env.start`); the policy generates a tu
 string such as `</tool_call>`, its end of turn or EOS, or the turn's token budget), the
 environment answers it (`env.step` on the turn's text), and the answer is appended in the chat
 template's tool role (or the observation's own, `Observation.role`), closing the policy's turn
-first when the stop string left it open. Turns are batched over the episodes still running; an
-episode that ends leaves the batch. `Episodes` is the loop itself, one turn per `next()` (a
-notebook steps an episode with it; the actor records each turn's generation and tool calls as
-trace spans); `run_episodes` runs it to the end.
+first when the stop string left it open. `Episodes` is the loop itself, one turn per `next()`,
+batched over the episodes still running (a notebook steps an episode with it); an episode that
+ends leaves the batch. `run()` (and `run_episodes`, the actor's call) schedules continuously where
+the engine takes one request at a time (vLLM): an episode's next turn goes to the engine as soon
+as its environment step answered, not when the whole turn has ended; elsewhere it runs the turns
+as `next()` does. Either way the actor records each turn's generation and tool calls as trace
+spans.
 
 Trajectories stay token ids from end to end: a turn's sampled ids are appended as sampled and an
 observation's ids as its template renders them; nothing is decoded and re-encoded (text is
@@ -26,8 +29,9 @@ position in the response, -1 padded to max_turns), and per-episode `episode_rewa
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -56,10 +60,15 @@ class EpisodeConfig:
     """Stop strings that end a turn (beside end of turn and EOS): the end of a tool call."""
     tool_role: str = "tool"
     """The template role observations are rendered in ("user" for templates without a tool role)."""
+    continuous: bool = True
+    """`Episodes.run` adds each episode's next turn to the engine as soon as its environment step
+    answered, where the engine takes one request at a time (vLLM); False: turn by turn, every
+    running episode's turn together, as `next()` steps (same samples, within float rounding)."""
 
     def __post_init__(self):
         for name in ("max_turns", "max_tokens", "turn_tokens"):
             checks.whole("EpisodeConfig", name, getattr(self, name), fix="use a whole number >= 1")
+        checks.of_type("EpisodeConfig", "continuous", self.continuous, bool, "use True or False")
 
 
 def observation_ids(tokenizer, text: str, close_turn: bool, role: str = "tool") -> list[int]:
@@ -184,7 +193,8 @@ class TurnStep:
 @dataclass
 class Turn:
     """One turn of every episode still running: the batched generation, then the environment's
-    steps (the tool calls). Times are `time.time()` seconds."""
+    steps (the tool calls). Times are `time.time()` seconds; in a continuous `Episodes.run()`
+    they span the turn's first episode's start to its last one's end (turns overlap)."""
 
     index: int
     steps: list[TurnStep]
@@ -218,6 +228,30 @@ class Turn:
         return "\n".join(lines)
 
 
+@dataclass
+class _TurnTimes:
+    """One turn of a continuous run, gathered as its episodes' requests start and end."""
+
+    index: int
+    steps: list[TurnStep] = field(default_factory=list)
+    generation: list[float] = field(default_factory=lambda: [math.inf, -math.inf])
+    tools: list[float] = field(default_factory=lambda: [math.inf, -math.inf])
+
+    def started(self, at: float) -> None:
+        self.generation[0] = min(self.generation[0], at)
+
+    def generated(self, at: float) -> None:
+        self.generation[1] = max(self.generation[1], at)
+
+    def add(self, step: TurnStep, started: float, stepped: float) -> None:
+        self.steps.append(step)
+        self.tools[:] = [min(self.tools[0], started), max(self.tools[1], stepped)]
+
+    def turn(self) -> Turn:
+        steps = sorted(self.steps, key=lambda s: s.episode)
+        return Turn(self.index, steps, (self.generation[0], self.generation[1]), (self.tools[0], self.tools[1]))
+
+
 class Episodes:
     """Episodes run turn by turn: each `next()` runs one turn of every episode still going and
     returns it as a `Turn` (what the policy said, what the environment answered); `batch()` gives
@@ -227,6 +261,15 @@ class Episodes:
         for turn in episodes:          # or next(episodes), one cell at a time
             print(turn)
         batch = episodes.batch()
+
+    `run()` schedules continuously where the engine takes one request at a time (vLLM,
+    `rollout.requests()`): each episode's next turn is added to the engine as soon as its
+    environment step answered (between two engine steps), while the other episodes' turns
+    decode. On such an engine every turn of an episode samples from its own
+    stream, (seed, episode row, turn), in `next()` and `run()` alike, so an episode's samples do
+    not depend on the schedule; only float rounding does (a step's batch changes the kernels'
+    reduction order), so a sampled id can differ where two tokens are within rounding of each
+    other. Other engines batch `run()` turn by turn as `next()` does, one stream per turn.
 
     `sampling.n` episodes per prompt row (rows of one prompt adjacent). The rollout is any
     engine of the rollout contract (HF or vLLM) with `pad_token_id` and `eos_token_id`.
@@ -243,10 +286,17 @@ class Episodes:
             for ids, mask, row in zip(self.rows["input_ids"], self.rows["attention_mask"], columns)
         ]
         self._end_ids = set(sampling.end_ids(rollout.eos_token_id))
-        continued = getattr(rollout, "turns", None)  # an engine that carries episodes from turn to turn
-        self._continued = continued() if continued is not None else None
+        self._stop = tuple(dict.fromkeys([*sampling.stop, *config.stop]))
+        # How the engine takes a turn: one request per episode (vLLM), a batch continuing from
+        # the last turn's KV cache (HF), or a batch of left-padded contexts (any other).
+        requests, continued = getattr(rollout, "requests", None), getattr(rollout, "turns", None)
+        self._requests = requests() if requests is not None else None
+        self._continued = continued() if continued is not None and requests is None else None
         self.turns = 0
-        """Turns run so far."""
+        """Turns run so far (the most any episode took)."""
+        self.history: list[Turn] = []
+        """Every turn run so far. In a continuous `run()` the turns overlap: a turn's generation
+        and tool times span from its first episode's start to its last one's end."""
 
     @property
     def done(self) -> bool:
@@ -257,71 +307,156 @@ class Episodes:
 
     def __next__(self) -> Turn:
         config = self.config
-        active = [(i, e) for i, e in enumerate(self._episodes) if not e.done and len(e.response) < config.max_tokens]
+        active = self._active()
         if self.turns >= config.max_turns or not active:
             raise StopIteration
         turn = self.turns
-        budget = min(config.turn_tokens, max(config.max_tokens - len(e.response) for _, e in active))
-        turn_sampling = replace(
-            self.sampling,
-            n=1,
-            max_new_tokens=budget,
-            stop=tuple(dict.fromkeys([*self.sampling.stop, *config.stop])),
-            # Each turn its own stream, reproducible from the episodes' seed.
-            seed=None if self.sampling.seed is None else stream_seed(self.sampling.seed, turn),
-        )
         started = time.time()
-        contexts = [e.prompt + e.response for _, e in active]
-        if self._continued is not None:  # each episode continues from its last turn (HF: its KV cache)
-            out = self._continued.generate([row for row, _ in active], contexts, turn_sampling)
-        else:  # vLLM finds the shared prefix in its own prefix cache
-            ids, mask = left_padded(contexts, self.rollout.pad_token_id, self.rows["input_ids"].device)
-            out = self.rollout.generate(Batch({"input_ids": ids, "attention_mask": mask}), turn_sampling)
+        if self._requests is not None:
+            sampled = self._generate_requests(active)
+        else:
+            sampled = self._generate_batch(active, turn)
         generated = time.time()
-        kept = [
-            min(int(n), config.max_tokens - len(e.response)) for n, (_, e) in zip(out["response_mask"].sum(1), active)
+        texts = self.tokenizer.batch_decode([ids for ids, _ in sampled], skip_special_tokens=True)
+        steps = [
+            self._advance(row, ids, log_probs, text)[0]
+            for (row, _), (ids, log_probs), text in zip(active, sampled, texts)
         ]
-        sampled = [ids[:n].tolist() for ids, n in zip(out["responses"], kept)]
-        texts = self.tokenizer.batch_decode(sampled, skip_special_tokens=True)  # what the environment reads
-        steps = []
-        for (row, e), ids, n, text, log_probs in zip(active, sampled, kept, texts, out["rollout_log_probs"]):
-            log_probs = log_probs[:n].tolist()
-            e.response += ids
-            e.policy += [True] * len(ids)
-            e.log_probs += log_probs
-            e.turn_ends.append(len(e.response) - 1)
-            observation = self.env.step(e.state, text)
-            e.reward += float(observation.reward)
-            e.tool_calls += "tool" in observation.info
-            e.tool_errors += "tool_error" in observation.info
-            e.tool_output_cuts += "tool_output_cut" in observation.info
-            last = turn == config.max_turns - 1 or len(e.response) >= config.max_tokens
-            shown: list[int] = []
-            if observation.done or last or observation.text is None:
-                e.done = True
-            else:
-                closed = bool(ids) and ids[-1] in self._end_ids
-                # Cut before it is tokenized: no token is longer than MAX_TOKEN_CHARS characters, so
-                # the cut text still fills what the response has room for.
-                cut = observation.text[: (config.max_tokens - len(e.response)) * MAX_TOKEN_CHARS]
-                role = observation.role or config.tool_role
-                shown = observation_ids(self.tokenizer, cut, not closed, role)
-                shown = shown[: config.max_tokens - len(e.response)]
-                e.response += shown
-                e.policy += [False] * len(shown)
-                e.log_probs += [0.0] * len(shown)
-                e.observation_tokens += len(shown)
-                e.done = len(e.response) >= config.max_tokens
-            steps.append(TurnStep(row, ids, text, observation, shown, e.done))
         self.turns += 1
-        return Turn(turn, steps, (started, generated), (generated, time.time()))
+        self.history.append(Turn(turn, steps, (started, generated), (generated, time.time())))
+        return self.history[-1]
 
     def run(self) -> Batch:
-        """Every remaining turn, then the batch."""
+        """Every remaining turn, then the batch: continuously scheduled where the engine allows
+        it (see the class docstring), else turn by turn."""
+        if self._requests is not None and self.config.continuous and not self.done:
+            self._run_continuously()
         for _ in self:
             pass
         return self.batch()
 
+    # ---- one turn of an episode -----------------------------------------------------------
+    def _active(self) -> list[tuple[int, _Episode]]:
+        room = self.config.max_tokens
+        return [(i, e) for i, e in enumerate(self._episodes) if not e.done and len(e.response) < room]
+
+    def _turn_sampling(self, max_new_tokens: int, seed: int | None) -> SamplingConfig:
+        return replace(self.sampling, n=1, max_new_tokens=max_new_tokens, stop=self._stop, seed=seed)
+
+    def _request_sampling(self, row: int) -> SamplingConfig:
+        """Episode `row`'s next turn as one request: its own stream, (seed, row, turn), and no
+        more tokens than its response has room for."""
+        e, config = self._episodes[row], self.config
+        seed = self.sampling.seed
+        return self._turn_sampling(
+            min(config.turn_tokens, config.max_tokens - len(e.response)),
+            None if seed is None else stream_seed(seed, row, len(e.turn_ends)),
+        )
+
+    def _generate_batch(self, active: list[tuple[int, _Episode]], turn: int) -> list[tuple[list[int], list[float]]]:
+        """One turn of the `active` episodes as one engine call; each turn its own stream,
+        reproducible from the episodes' seed."""
+        config, seed = self.config, self.sampling.seed
+        budget = min(config.turn_tokens, max(config.max_tokens - len(e.response) for _, e in active))
+        turn_sampling = self._turn_sampling(budget, None if seed is None else stream_seed(seed, turn))
+        contexts = [e.prompt + e.response for _, e in active]
+        if self._continued is not None:  # each episode continues from its last turn (HF: its KV cache)
+            out = self._continued.generate([row for row, _ in active], contexts, turn_sampling)
+        else:
+            ids, mask = left_padded(contexts, self.rollout.pad_token_id, self.rows["input_ids"].device)
+            out = self.rollout.generate(Batch({"input_ids": ids, "attention_mask": mask}), turn_sampling)
+        kept = [
+            min(int(n), config.max_tokens - len(e.response)) for n, (_, e) in zip(out["response_mask"].sum(1), active)
+        ]
+        return [
+            (ids[:n].tolist(), log_probs[:n].tolist())
+            for ids, log_probs, n in zip(out["responses"], out["rollout_log_probs"], kept)
+        ]
+
+    def _generate_requests(self, active: list[tuple[int, _Episode]]) -> list[tuple[list[int], list[float]]]:
+        """One turn of the `active` episodes as one request each, all added at once (`next()`
+        on an engine of requests: the same streams as a continuous `run()`)."""
+        requests = self._requests
+        for row, e in active:
+            requests.add(row, e.prompt + e.response, self._request_sampling(row))
+        out = {}
+        try:
+            while requests.running:
+                out.update((row, (ids, log_probs)) for row, ids, log_probs in requests.step())
+        finally:
+            requests.abort()
+        return [out[row] for row, _ in active]
+
+    def _advance(self, row: int, ids: list[int], log_probs: list[float], text: str) -> tuple[TurnStep, float, float]:
+        """Episode `row` after its turn sampled `ids` (`text`: them decoded without special
+        tokens, what the environment reads): the environment's step on the text, its observation
+        appended (or the episode ended). Returns the step and the environment step's start and
+        end (time.time())."""
+        e, config = self._episodes[row], self.config
+        e.response += ids
+        e.policy += [True] * len(ids)
+        e.log_probs += log_probs
+        e.turn_ends.append(len(e.response) - 1)
+        started = time.time()
+        observation = self.env.step(e.state, text)
+        stepped = time.time()
+        e.reward += float(observation.reward)
+        e.tool_calls += "tool" in observation.info
+        e.tool_errors += "tool_error" in observation.info
+        e.tool_output_cuts += "tool_output_cut" in observation.info
+        last = len(e.turn_ends) >= config.max_turns or len(e.response) >= config.max_tokens
+        shown: list[int] = []
+        if observation.done or last or observation.text is None:
+            e.done = True
+        else:
+            closed = bool(ids) and ids[-1] in self._end_ids
+            # Cut before it is tokenized: no token is longer than MAX_TOKEN_CHARS characters, so
+            # the cut text still fills what the response has room for.
+            cut = observation.text[: (config.max_tokens - len(e.response)) * MAX_TOKEN_CHARS]
+            role = observation.role or config.tool_role
+            shown = observation_ids(self.tokenizer, cut, not closed, role)
+            shown = shown[: config.max_tokens - len(e.response)]
+            e.response += shown
+            e.policy += [False] * len(shown)
+            e.log_probs += [0.0] * len(shown)
+            e.observation_tokens += len(shown)
+            e.done = len(e.response) >= config.max_tokens
+        return TurnStep(row, ids, text, observation, shown, e.done), started, stepped
+
+    # ---- continuous scheduling ----------------------------------------------------------------
+    def _run_continuously(self) -> None:
+        """Every episode to its end, each turn added to the engine as soon as the episode's last
+        environment step answered: no episode waits for another's turn. The environment steps
+        run between engine steps, in this thread: beside the engine on a thread of their own they
+        made the tool task's rollout 2x slower on CPU (the engine loop and the steps' Python
+        passing the GIL back and forth), and an environment need not be thread-safe."""
+        requests = self._requests
+        turns: dict[int, _TurnTimes] = {}
+
+        def add(row: int) -> None:
+            e = self._episodes[row]
+            turn = len(e.turn_ends)
+            turns.setdefault(turn, _TurnTimes(turn)).started(time.time())
+            requests.add(row, e.prompt + e.response, self._request_sampling(row))
+
+        try:
+            for row, _ in self._active():
+                add(row)
+            while requests.running:
+                for row, ids, log_probs in requests.step():
+                    times = turns[len(self._episodes[row].turn_ends)]
+                    times.generated(time.time())
+                    text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                    step, started, stepped = self._advance(row, ids, log_probs, text)
+                    times.add(step, started, stepped)
+                    if not step.ended:
+                        add(row)
+        finally:
+            requests.abort()
+        self.history += [turns[t].turn() for t in sorted(turns)]
+        self.turns = max((len(e.turn_ends) for e in self._episodes), default=self.turns)
+
+    # ---- results --------------------------------------------------------------------------
     def batch(self) -> Batch:
         """The trajectories (see the module docstring), once every episode has ended."""
         if not self.done:

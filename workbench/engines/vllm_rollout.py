@@ -19,11 +19,16 @@ With LoRA (`VLLMRollout(..., lora=LoRAConfig)`) the engine keeps the frozen base
 trained adapter itself (vLLM's LoRA support): `load_adapter` writes the adapter tensors (a few MB
 at most) to a private directory and every later request names it (`LoRARequest`, reloaded in
 place), so the base weights are never sent again.
+
+`requests()` gives the engine one request at a time (`VLLMRequests`): a multi-turn rollout adds
+an episode's next turn while the other episodes' turns decode (vLLM's continuous batching), not
+once a whole batched turn has ended.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import tempfile
 import time
@@ -36,7 +41,13 @@ import torch
 
 from workbench import checks
 from workbench.data.batch import Batch
-from workbench.engines.rollout import SamplingConfig, end_token_ids, join_prompt_and_response, mask_after_stop
+from workbench.engines.rollout import (
+    SamplingConfig,
+    end_token_ids,
+    first_stop,
+    join_prompt_and_response,
+    mask_after_stop,
+)
 
 _GREEDY_EPS = 1e-5  # vLLM treats temperature below this as greedy (sampler._SAMPLING_EPS)
 
@@ -58,7 +69,13 @@ class VLLMRolloutConfig:
     enforce_eager: bool = True
     """No graph compilation/capture: starts in seconds, and on CPU it is also faster."""
     enable_prefix_caching: bool = True
-    """Reuse KV of shared prompt prefixes (n samples per prompt); reset on every weight load."""
+    """Reuse KV of shared prompt prefixes (n samples per prompt, an episode's earlier turns);
+    reset on every weight load."""
+    block_size: int | None = None
+    """KV cache block, in tokens: the prefix cache reuses whole blocks only. None: 32 on CPU, its
+    smallest (CPU attention takes multiples of 32; vLLM's CPU default of 128 left a tool
+    episode's second turn, ~115 tokens, under one block: computed again whole), vLLM's own
+    default on GPUs."""
     seed: int = 0
     """Engine seed (requests with SamplingConfig.seed=None draw from it)."""
     cpu_kv_cache_gib: int = 1
@@ -76,6 +93,10 @@ class VLLMRolloutConfig:
             owner, "max_model_len", self.max_model_len, fix="use a whole number of tokens >= 1 (prompt + response)"
         )
         checks.whole(owner, "max_num_seqs", self.max_num_seqs, fix="use a whole number of sequences >= 1")
+        if self.block_size is not None:
+            checks.whole(
+                owner, "block_size", self.block_size, fix="use a whole number of tokens >= 1 (16, 32, ...), or None"
+            )
         checks.one_of(owner, "dtype", self.dtype, ("auto", "float32", "bfloat16", "float16"))
         checks.real(
             owner,
@@ -120,11 +141,14 @@ def _device_settings(cfg: VLLMRolloutConfig) -> tuple[dict[str, str], dict]:
     kwargs = {"gpu_memory_utilization": cfg.gpu_memory_utilization, "enforce_eager": cfg.enforce_eager}
     if _on_gpu():
         kwargs["dtype"] = cfg.dtype
+        if cfg.block_size is not None:
+            kwargs["block_size"] = cfg.block_size
         kwargs["enable_sleep_mode"] = True  # release() can then drop the KV cache
     else:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kv_cache_gib)
         env["VLLM_CPU_OMP_THREADS_BIND"] = cfg.cpu_threads_bind
         kwargs["dtype"] = "float32" if cfg.dtype == "auto" else cfg.dtype
+        kwargs["block_size"] = cfg.block_size or 32
         # Room for every scheduled sequence's whole prompt in one step. With vLLM's CPU default
         # (4096 tokens) a larger batch has a prefill split over steps, the sample of a partial
         # step is discarded, and a seeded request then rewinds its generator, which a CPU
@@ -200,7 +224,7 @@ class VLLMRollout:
 
         self._wake()
         token_lists = self._prompt_tokens(prompts, sampling.max_new_tokens)
-        params = [self._sampling_params(sampling, i) for i in range(len(token_lists))]
+        params = [self._sampling_params(sampling, _prompt_seed(sampling.seed, i)) for i in range(len(token_lists))]
         outputs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=ids) for ids in token_lists],
             params,
@@ -227,6 +251,10 @@ class VLLMRollout:
         response_mask = mask_after_stop(responses, response_mask, sampling.stop, self.llm.get_tokenizer())
         responses = torch.where(response_mask.bool(), responses, self.pad_token_id)
         return join_prompt_and_response(prompts, responses, response_mask, log_probs, n)
+
+    def requests(self) -> VLLMRequests:
+        """Generations added one request at a time while others decode (see `VLLMRequests`)."""
+        return VLLMRequests(self)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Replace weights in place with full HF-named tensors (complete fused groups)."""
@@ -296,24 +324,22 @@ class VLLMRollout:
         ids, mask = prompts["input_ids"], prompts["attention_mask"].bool()
         rows = [row[keep].tolist() for row, keep in zip(ids, mask)]
         for i, row in enumerate(rows):
-            if not row:
-                raise ValueError(f"VLLMRollout.generate: prompt row {i} is empty (attention_mask all 0)")
-            if len(row) + max_new_tokens > self.cfg.max_model_len:
-                raise ValueError(
-                    f"VLLMRollout.generate: prompt row {i} has {len(row)} tokens + max_new_tokens="
-                    f"{max_new_tokens} > max_model_len={self.cfg.max_model_len}. Raise "
-                    f"VLLMRolloutConfig.max_model_len, or lower max_prompt_length/max_new_tokens."
-                )
+            self._check_fits("VLLMRollout.generate", f"prompt row {i}", len(row), max_new_tokens)
         return rows
 
-    def _sampling_params(self, sampling: SamplingConfig, prompt_index: int):
+    def _check_fits(self, where: str, what: str, tokens: int, max_new_tokens: int) -> None:
+        if not tokens:
+            raise ValueError(f"{where}: {what} is empty (attention_mask all 0)")
+        if tokens + max_new_tokens > self.cfg.max_model_len:
+            raise ValueError(
+                f"{where}: {what} has {tokens} tokens + max_new_tokens={max_new_tokens} > max_model_len="
+                f"{self.cfg.max_model_len}. Raise VLLMRolloutConfig.max_model_len, or lower "
+                f"max_prompt_length/max_new_tokens."
+            )
+
+    def _sampling_params(self, sampling: SamplingConfig, seed: int | None):
         from vllm import SamplingParams
 
-        seed = None
-        if sampling.seed is not None:
-            # One stream per prompt: vLLM draws the noise from (seed, position), so prompts
-            # sharing a seed would get the same draws. vLLM adds the sample index for n > 1.
-            seed = int(np.random.SeedSequence([sampling.seed, prompt_index]).generate_state(1)[0] >> 1)
         return SamplingParams(
             n=sampling.n,
             max_tokens=sampling.max_new_tokens,
@@ -328,6 +354,81 @@ class VLLMRollout:
             include_stop_str_in_output=True,  # the text through the stop string, as HF keeps it
             detokenize=bool(sampling.stop),  # vLLM finds stop strings in the detokenized text
         )
+
+
+def _prompt_seed(seed: int | None, prompt_index: int) -> int | None:
+    """One stream per prompt of a batch: vLLM seeds a generator per request, so prompts sharing a
+    seed would get the same draws. vLLM adds the sample index for n > 1."""
+    if seed is None:
+        return None
+    return int(np.random.SeedSequence([seed, prompt_index]).generate_state(1)[0] >> 1)
+
+
+class VLLMRequests:
+    """Generations given to the engine one request at a time, each as soon as its caller has it,
+    while the requests already added decode (vLLM's continuous batching): a multi-turn rollout
+    adds an episode's next turn the moment its tool answered (workbench.engines.multi_turn).
+
+        requests = rollout.requests()
+        requests.add(key, ids, sampling)      # sampling.seed: this request's own stream
+        while requests.running:
+            for key, ids, log_probs in requests.step(): ...   # the requests that finished
+
+    A seeded request draws from its own generator (vLLM seeds one per request), so its sample
+    does not depend on which other requests share its steps; its logits do, within float
+    rounding (the batch's composition changes the kernels' reduction order), so sampled ids are
+    equal across schedules except where two tokens are that close."""
+
+    def __init__(self, rollout: VLLMRollout):
+        self.rollout = rollout
+        self._keys: dict[str, object] = {}  # request id -> the caller's key
+        self._stops: dict[str, tuple[str, ...]] = {}
+        self._ids = itertools.count()
+
+    @property
+    def running(self) -> int:
+        """Requests added and not yet returned by `step`."""
+        return len(self._keys)
+
+    def add(self, key, ids: list[int], sampling: SamplingConfig) -> None:
+        """Start a generation of one response to `ids` (`sampling.n` must be 1)."""
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        if sampling.n != 1:
+            raise ValueError(f"VLLMRequests.add: one response per request, not SamplingConfig.n={sampling.n}")
+        rollout = self.rollout
+        rollout._check_fits("VLLMRequests.add", f"request {key!r}", len(ids), sampling.max_new_tokens)
+        rollout._wake()
+        params = rollout._sampling_params(sampling, sampling.seed)
+        params.output_kind = RequestOutputKind.FINAL_ONLY  # one output per request, when it ends
+        request = f"workbench-{next(self._ids)}"
+        rollout.llm.llm_engine.add_request(
+            request, TokensPrompt(prompt_token_ids=ids), params, lora_request=rollout._lora_request
+        )
+        self._keys[request], self._stops[request] = key, sampling.stop
+
+    def step(self) -> list[tuple[object, list[int], list[float]]]:
+        """One engine step over every running request: (key, sampled ids, their log-probs) of
+        those that finished, cut after a stop string as `VLLMRollout.generate` cuts them."""
+        finished = []
+        for output in self.rollout.llm.llm_engine.step():
+            if not output.finished or output.request_id not in self._keys:
+                continue
+            key, stop = self._keys.pop(output.request_id), self._stops.pop(output.request_id)
+            sample = output.outputs[0]
+            ids = list(sample.token_ids)
+            end = first_stop(ids, stop, self.rollout.llm.get_tokenizer()) if stop else None
+            ids = ids if end is None else ids[: end + 1]
+            finished.append((key, ids, [step[token].logprob for step, token in zip(sample.logprobs, ids)]))
+        return finished
+
+    def abort(self) -> None:
+        """Drop every running request (after an error: the engine must not keep decoding them)."""
+        if self._keys and self.rollout.llm is not None:
+            self.rollout.llm.llm_engine.abort_request(list(self._keys))
+        self._keys.clear()
+        self._stops.clear()
 
 
 _VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)

@@ -376,18 +376,21 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember, Replay):
     ) -> Batch:
         """`sampling.n` multi-turn episodes per prompt in `env` (workbench.engines.multi_turn):
         the policy's turns and the environment's observations as one trajectory per row, the
-        observations masked out of the loss (`response_text`: the policy's turns). Turns are
-        batched over the episodes still running, on either rollout engine; each turn's generation
-        and its tool calls are spans of the trace (`episode.generate`, `episode.tools`)."""
+        observations masked out of the loss (`response_text`: the policy's turns). `Episodes.run`:
+        on vLLM each episode's next turn goes to the engine as soon as its tool answered
+        (continuous scheduling), on HF turns are batched over the episodes still running. Each
+        turn's generation and its tool calls are spans of the trace (`episode.generate`,
+        `episode.tools`; on vLLM the turns' spans overlap)."""
 
         def produce(seeded: SamplingConfig) -> Batch:
             run = Episodes(self.rollout, self.tokenizer, prompts, env, seeded, episodes)
-            for turn in run:
+            batch = run.run()
+            for turn in run.history:
                 rows, tokens = len(turn.steps), turn.policy_tokens
                 self.record_span("episode.generate", *turn.generation, turn=turn.index, rows=rows, tokens=tokens)
                 calls, errors = turn.tool_calls, turn.tool_errors
                 self.record_span("episode.tools", *turn.tools, turn=turn.index, tool_calls=calls, tool_errors=errors)
-            return run.batch()
+            return batch
 
         return self._generate(produce, sampling)
 
