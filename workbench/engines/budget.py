@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from workbench.data.batch import Batch
+from workbench.engines.packing import prompt_groups
 from workbench.errors import ConfigError
 
 
@@ -52,8 +53,6 @@ def check_rows(batch: Batch, budget: int, owner: str) -> None:
 
 def _units(batch: Batch) -> list[tuple[int, list[int]]]:
     """(tokens, rows) per prompt group: rows alike in prompt ids and mask, the prompt counted once."""
-    from workbench.engines.forward import prompt_groups
-
     tokens = row_tokens(batch).tolist()
     prompt = batch["attention_mask"][:, : batch["input_ids"].shape[1] - batch["responses"].shape[1]].sum(1).tolist()
     members: dict[int, list[int]] = {}
@@ -124,12 +123,18 @@ def split(batch: Batch, budget: int, group=None) -> list[torch.Tensor]:
     return [torch.tensor(rows) for rows in plan]
 
 
-def micro_batches(batch: Batch, rows: int, budget: int | None, group=None) -> list[Batch]:
+def cut(batch: Batch, rows: int, budget: int | None, group=None) -> tuple[list[torch.Tensor] | None, list[Batch]]:
     """`batch` cut for forwards: by `budget` tokens (`split`) when one is set, else `rows` rows
-    at a time."""
-    if budget is not None:
-        return [batch[index] for index in split(batch, budget, group)]
-    return [batch[i : i + rows] for i in range(0, len(batch), rows)]
+    at a time. (the plan, for `in_order`: None when cut by rows; the micro-batches)"""
+    if budget is None:
+        return None, [batch[i : i + rows] for i in range(0, len(batch), rows)]
+    plan = split(batch, budget, group)
+    return plan, [batch[index] for index in plan]
+
+
+def micro_batches(batch: Batch, rows: int, budget: int | None, group=None) -> list[Batch]:
+    """`cut`'s micro-batches: a step's, whose outputs need no order."""
+    return cut(batch, rows, budget, group)[1]
 
 
 def in_order(parts: list[torch.Tensor], plan: list[torch.Tensor] | None) -> torch.Tensor:

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from workbench.data.batch import Batch
 from workbench.engines import packing
+from workbench.engines.packing import prompt_groups
 from workbench.models.value import token_values
 from workbench.prompt_sharing import SHARE_MIN_PARAM_TOKENS
 
@@ -158,15 +159,6 @@ def shared_prompt_logits(
         use_cache=True,
     ).logits
     return torch.cat([first_logits, logits], 1)
-
-
-def prompt_groups(batch: Batch | dict) -> tuple[int, torch.Tensor]:
-    """(distinct prompts, each row's prompt index among them): rows alike in prompt token ids
-    and mask share one, e.g. n samples per prompt."""
-    p = batch["input_ids"].shape[1] - batch["responses"].shape[1]
-    prompts = torch.cat([batch["input_ids"][:, :p], batch["attention_mask"][:, :p]], 1)
-    distinct, rows = torch.unique(prompts, dim=0, return_inverse=True)
-    return len(distinct), rows
 
 
 def saved_prompt_tokens(batch: Batch | dict, groups: tuple[int, torch.Tensor] | None = None) -> int:

@@ -164,10 +164,19 @@ class Packed:
         return out.index_put((self.rows, self.cols), values)
 
 
+def prompt_groups(batch) -> tuple[int, torch.Tensor]:
+    """(distinct prompts, each row's prompt index among them): rows alike in prompt token ids
+    and mask share one, e.g. n samples per prompt."""
+    p = batch["input_ids"].shape[1] - batch["responses"].shape[1]
+    prompts = torch.cat([batch["input_ids"][:, :p], batch["attention_mask"][:, :p]], 1)
+    distinct, rows = torch.unique(prompts, dim=0, return_inverse=True)
+    return len(distinct), rows
+
+
 def pack(batch, share: bool, policy_only: bool = True, whole: bool = False) -> Packed:
     """Pack `batch` (input_ids, attention_mask, position_ids, responses, response_mask).
 
-    share: each distinct prompt (ids and mask alike, as `forward.prompt_groups`) once for its
+    share: each distinct prompt (ids and mask alike, as `prompt_groups`) once for its
     rows. policy_only: read only the positions of response_mask tokens (log-probs; the padded
     forward zeroes the rest), else every real response token (values). whole: every row's last
     token is an input too, and `last` holds each row's last position (a reward model's score).
@@ -184,8 +193,6 @@ def pack(batch, share: bool, policy_only: bool = True, whole: bool = False) -> P
         empty = int((~attention[:, :p].any(1)).nonzero()[0])
         raise ValueError(f"row {empty} has no prompt token: packing needs one to predict the first response token")
     if share:
-        from workbench.engines.forward import prompt_groups
-
         group = prompt_groups(batch)[1].to(device)
     else:
         group = rows

@@ -497,19 +497,16 @@ class ActorRolloutRefWorker(Worker, WeightChannelMember, Replay):
         model.eval()
         cfg = self.config
         packed = packing.wanted(cfg.packing, model, "ActorConfig")
-        plan, step = None, cfg.micro_batch_size
-        if cfg.max_tokens_per_micro_batch is not None:
-            plan = budget.split(batch, cfg.max_tokens_per_micro_batch, self.device_mesh["dp"].get_group())
-        micro = (
-            [batch[rows] for rows in plan]
-            if plan is not None
-            else [batch[i : i + step] for i in range(0, len(batch), step)]
-        )
+        limit = cfg.max_tokens_per_micro_batch  # ranks cut alike: a sharded model gathers per forward
+        group = self.device_mesh["dp"].get_group() if limit is not None else None
+        plan, micro = budget.cut(batch, cfg.micro_batch_size, limit, group)
         parts = [
             response_log_probs(model, mb, cfg.temperature, with_entropy, cfg.share_prompts, packed) for mb in micro
         ]
         log_probs = budget.in_order([p[0] for p in parts], plan)
-        return log_probs, budget.in_order([p[1] for p in parts], plan) if with_entropy else None
+        if not with_entropy:
+            return log_probs, None
+        return log_probs, budget.in_order([p[1] for p in parts if p[1] is not None], plan)
 
     def _trained(self):
         if self.engine is None:

@@ -171,15 +171,8 @@ class CriticWorker(Worker, WeightChannelMember, Snapshots):
         """V of each response position, under `output_key` (Safe-RLHF's cost critic: cost_values).
         With reuse_values_forward, from the next update's training forward, which is kept."""
         self.kept = None  # an older kept forward, and its activations, go
-        cfg, step = self.config, self.config.micro_batch_size
-        plan = None  # the update's own cut (run_updates), so a kept forward matches its micro-batches
-        if cfg.max_tokens_per_micro_batch is not None:
-            plan = budget.split(batch, cfg.max_tokens_per_micro_batch, self.engine.dp_group)
-        micro = (
-            [batch[rows] for rows in plan]
-            if plan is not None
-            else [batch[i : i + step] for i in range(0, len(batch), step)]
-        )
+        cfg = self.config  # the update's own cut (run_updates), so a kept forward matches its micro-batches
+        plan, micro = budget.cut(batch, cfg.micro_batch_size, cfg.max_tokens_per_micro_batch, self.engine.dp_group)
         if cfg.reuse_values_forward and len(batch) <= self.rows_per_step:
             self.kept = KeptForwards(self.engine.model, micro, self.training_forward)
             values = budget.in_order([out["values"].detach() for out in self.kept.outputs], plan)

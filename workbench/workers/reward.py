@@ -100,15 +100,8 @@ class RewardModelWorker(Worker):
 
     @torch.no_grad()
     def _score(self, batch: Batch) -> Batch:
-        cfg, step = self.config, self.config.micro_batch_size
-        plan = None
-        if cfg.max_tokens_per_micro_batch is not None:
-            plan = budget.split(batch, cfg.max_tokens_per_micro_batch, self.dp_group)
-        micro = (
-            [batch[rows] for rows in plan]
-            if plan is not None
-            else [batch[i : i + step] for i in range(0, len(batch), step)]
-        )
+        cfg = self.config
+        plan, micro = budget.cut(batch, cfg.micro_batch_size, cfg.max_tokens_per_micro_batch, self.dp_group)
         scores = budget.in_order([self._last_values(mb) for mb in micro], plan)
         mask = batch["response_mask"]
         last = last_token_index(mask)
