@@ -39,6 +39,7 @@ token budget (workbench.engines.budget) bounds the whole sequence.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -246,6 +247,7 @@ def packed_call(model: torch.nn.Module, packed: Packed, **kwargs):
     # From its first packed call on, the model's attention is BLOCKS: SDPA for any other call,
     # and set for good, since a backward that recomputes activations (gradient checkpointing)
     # runs the attention again after this call has returned.
+    _register()
     inner.config._attn_implementation = BLOCKS
     return model(
         input_ids=packed.input_ids,
@@ -279,14 +281,14 @@ def _block_attention(module, query, key, value, attention_mask, packed_blocks=No
     return torch.cat(parts, 1), None
 
 
+@functools.cache
 def _register() -> None:
     """BLOCKS is SDPA for any other call: one that runs while a packed call has it set (another
-    thread's generation on the same weights) builds SDPA's masks and runs SDPA."""
+    thread's generation on the same weights) builds SDPA's masks and runs SDPA. Registered at
+    the first packed call, not at import: the driver imports this module (the budget's prompt
+    groups) and must not load transformers' attention code."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     AttentionInterface.register(BLOCKS, _block_attention)
     AttentionMaskInterface.register(BLOCKS, sdpa_mask)
-
-
-_register()
