@@ -122,7 +122,7 @@ class ActorConfig:
     packing: bool | None = None
     """Training and scoring forwards run packed: a micro-batch's real tokens as one sequence, no
     padding computed, the vocabulary head on response tokens only (workbench.engines.packing).
-    None: where it is exact for the model (Llama-family attention, SDPA/eager or variable-length
+    None: where it is exact for the model (Llama-family attention, SDPA or variable-length
     kernels), padded elsewhere; True: refused by name where it is not; False: padded."""
     epochs: int = 1
     """Passes over the batch per update_actor call (PPO epochs)."""
