@@ -101,3 +101,40 @@ def test_closing_stops_the_process():
     box.close()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_calls_sent_without_waiting_answer_in_order_and_a_failure_does_not_lose_the_calls_behind_it(sandbox):
+    """A rollout sends a turn's calls at once (Sandbox.submit) and reads them later: the jail
+    runs them back to back. A call that times out kills the jail; the calls sent after it go to
+    a fresh one and answer."""
+    calls = [sandbox.submit(calculator, (f"{i} * 7",)) for i in range(40)]
+    calls.insert(20, sandbox.submit(python, ("while True:\n    pass",)))
+    calls += [sandbox.submit(calculator, (f"{i} + 1",)) for i in range(40)]
+    starts = sandbox.starts
+    started = time.monotonic()
+    while not calls[0].ready():  # read without waiting: the first answers within the limit
+        assert time.monotonic() - started < 10
+        time.sleep(0.01)
+    with pytest.raises(ToolError) as err:
+        calls[20].result()
+    assert err.value.kind == "timeout" and err.value.tool == "python"
+    answers = [call.result() for i, call in enumerate(calls) if i != 20]
+    assert answers == [str(i * 7) for i in range(40)] + [str(i + 1) for i in range(40)]
+    assert sandbox.starts == starts + 1  # one fresh jail for the calls behind the failure
+
+
+def test_more_calls_than_the_pipe_holds_do_not_wait_on_each_other(sandbox):
+    """Requests that would overfill the pipe wait for earlier answers to be read first: a
+    jail blocked on its unread answers never blocks the caller's writes."""
+    payload = "x" * 20_000
+    calls = [sandbox.submit(len, (payload + str(i),), tool="len") for i in range(120)]
+    assert [call.result() for call in calls] == [20_000 + len(str(i)) for i in range(120)]
+
+
+def test_calls_still_unanswered_fail_by_name_when_the_sandbox_closes():
+    box = Sandbox(SandboxLimits(seconds=5))
+    calls = [box.submit(python, ("import time\ntime.sleep(0.5)",)) for _ in range(3)]
+    box.close()
+    for call in calls:
+        with pytest.raises(ToolError, match="its sandbox was closed"):
+            call.result()

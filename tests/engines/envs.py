@@ -3,6 +3,7 @@
 import time
 
 from workbench.agents import Environment, Observation
+from workbench.agents.env import Pending
 
 
 class Replies(Environment):
@@ -47,3 +48,26 @@ class SlowStart(Replies):
         if state["taken"] == 0 and state["left"] == self.slow_turns:
             time.sleep(self.seconds)
         return super().step(state, text)
+
+
+class _Later(Pending):
+    """An observation that is in at `at` (time.time()), like a tool working in another process."""
+
+    def __init__(self, observation: Observation, at: float):
+        self.observation, self.at = observation, at
+
+    def ready(self) -> bool:
+        return time.time() >= self.at
+
+    def result(self) -> Observation:
+        time.sleep(max(self.at - time.time(), 0.0))
+        return self.observation
+
+
+class SlowSubmit(SlowStart):
+    """`SlowStart`'s slow first step, submitted (`Environment.submit`): it answers `seconds`
+    later without holding the caller, as a tool's sandbox does."""
+
+    def submit(self, state, text):
+        slow = state["taken"] == 0 and state["left"] == self.slow_turns
+        return _Later(Replies.step(self, state, text), time.time() + (self.seconds if slow else 0.0))

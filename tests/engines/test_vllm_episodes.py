@@ -105,13 +105,15 @@ def test_continuous_scheduling_gives_the_turn_by_turn_trajectories(vllm_actor, s
 def test_an_episode_does_not_wait_for_another_episodes_slow_tool(vllm_actor, shared_session):
     """The 4-turn episode's first tool call takes 0.6 s. Turn by turn, no second turn starts
     before every first turn's tool answered; continuously, the episodes whose tools answered at
-    once have their second turns in the engine before the slow tool is done."""
+    once have their second turns in the engine before the slow tool is done, and decode them
+    meanwhile when the slow step was submitted rather than run in place."""
     group, _, prompts = vllm_actor
 
-    def spans(continuous: bool) -> dict[tuple[str, int], tuple[float, float]]:
+    def spans(continuous: bool, env=None) -> dict[tuple[str, int], tuple[float, float]]:
         since = time.time()
         episode = replace(EPISODE, continuous=continuous)
-        batch = group.generate_episodes(prompts, envs.SlowStart(4, 0.6), SamplingConfig(greedy=True), episode).get()
+        env = env or envs.SlowStart(4, 0.6)
+        batch = group.generate_episodes(prompts, env, SamplingConfig(greedy=True), episode).get()
         assert batch["turns"].tolist() == [1, 3, 2, 4]
         return {
             (r.method, r.extra["turn"]): (r.start, r.end)
@@ -123,6 +125,13 @@ def test_an_episode_does_not_wait_for_another_episodes_slow_tool(vllm_actor, sha
     assert timed[("episode.generate", 1)][0] < timed[("episode.tools", 0)][1] - 0.5
     timed = spans(continuous=False)
     assert timed[("episode.generate", 1)][0] >= timed[("episode.tools", 0)][1]
+    # A step that blocks (SlowStart.step) holds the engine: no third turn starts before it
+    # answered. A submitted one (SlowSubmit, as a tool's sandbox answers) does not: the 3-turn
+    # episode's second turn decodes and its third starts meanwhile.
+    timed = spans(continuous=True)
+    assert timed[("episode.generate", 2)][0] >= timed[("episode.tools", 0)][1]
+    timed = spans(continuous=True, env=envs.SlowSubmit(4, 0.6))
+    assert timed[("episode.generate", 2)][0] < timed[("episode.tools", 0)][1] - 0.3
 
 
 def test_an_episode_that_cannot_fit_the_engine_is_refused_on_the_driver(vllm_actor):

@@ -3,14 +3,25 @@ sandbox processes (issue 25's foundation: the multi-turn rollout builds on these
 environments run unchanged in them, and `environment("skyrl:<id>" or "file.py:make_env")` makes
 the one a config names."""
 
-from workbench.agents.env import Environment, Observation, ToolBox, ToolCall, ToolEnvironment, parse_tool_call
+from workbench.agents.env import (
+    Answered,
+    Environment,
+    Observation,
+    Pending,
+    ToolBox,
+    ToolCall,
+    ToolEnvironment,
+    parse_tool_call,
+)
 from workbench.agents.sandbox import Sandbox, SandboxLimits, ToolError
 from workbench.agents.skyrl import SkyRLEnvironment, environment
 from workbench.agents.tools import calculator, python
 
 __all__ = [
+    "Answered",
     "Environment",
     "Observation",
+    "Pending",
     "Sandbox",
     "SandboxLimits",
     "SkyRLEnvironment",

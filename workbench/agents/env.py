@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from workbench.agents.sandbox import Sandbox, SandboxLimits, ToolError, check_jail
+from workbench.agents.sandbox import Call, Sandbox, SandboxLimits, ToolError, check_jail
 from workbench.errors import ConfigError
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -50,6 +50,27 @@ class Observation:
     observations have a role of their own (skyrl's are "user" messages) names it."""
 
 
+class Pending:
+    """An environment's step under way (`Environment.submit`): `ready()` says without waiting
+    whether its observation is in, `result()` waits for it."""
+
+    def ready(self) -> bool:
+        return True
+
+    def result(self) -> Observation:
+        raise NotImplementedError
+
+
+class Answered(Pending):
+    """A step that answered at once."""
+
+    def __init__(self, observation: Observation):
+        self.observation = observation
+
+    def result(self) -> Observation:
+        return self.observation
+
+
 class Environment:
     """One episode per prompt row. Subclass and define `step`; `start` keeps the row by default."""
 
@@ -59,6 +80,12 @@ class Environment:
 
     def step(self, state: Any, text: str) -> Observation:
         raise NotImplementedError(f"{type(self).__name__}.step(state, text) -> Observation is not defined")
+
+    def submit(self, state: Any, text: str) -> Pending:
+        """`step`, started: an environment whose step waits on another process (a tool's
+        sandbox) returns before the answer is in, and a rollout decodes other episodes' turns
+        meanwhile. By default the step runs here, at once."""
+        return Answered(self.step(state, text))
 
     def close(self) -> None:
         """Release what the environment holds (sandboxes)."""
@@ -103,9 +130,13 @@ class ToolBox:
     def call(self, name: str, arguments: dict) -> str:
         """The tool's answer as text; ToolError when the call fails (unknown tool, bad
         arguments, a failure in the sandbox)."""
+        return str(self.submit(name, arguments).result())
+
+    def submit(self, name: str, arguments: dict) -> Call:
+        """`call`, sent without waiting for the answer (see Sandbox.submit)."""
         if name not in self.tools:
             raise ToolError(name, "unknown", f"is not a tool here; the tools are {sorted(self.tools)}")
-        return str(sandbox_for(self.limits).call(self.tools[name], kwargs=arguments, tool=name))
+        return sandbox_for(self.limits).submit(self.tools[name], kwargs=arguments, tool=name)
 
     @property
     def last_cut(self) -> int:
@@ -151,17 +182,43 @@ class ToolEnvironment(Environment):
         self.score, self.truth_key = score, truth_key
 
     def step(self, state: dict, text: str) -> Observation:
+        return self.submit(state, text).result()
+
+    def submit(self, state: dict, text: str) -> Pending:
+        if type(self).step is not ToolEnvironment.step:  # a subclass's own step is what runs
+            return Answered(self.step(state, text))
         call = parse_tool_call(text)
         if call is None:  # the final answer
-            return Observation(None, float(self.score(text, str(state[self.truth_key]))), done=True)
+            return Answered(Observation(None, float(self.score(text, str(state[self.truth_key]))), done=True))
         if isinstance(call, str):
-            return Observation(f"error: {call}", info={"tool_error": "format"})
+            return Answered(Observation(f"error: {call}", info={"tool_error": "format"}))
         try:
-            text = self.toolbox.call(call.name, call.arguments)
-        except ToolError as err:  # the policy reads what went wrong, and may try again
-            return Observation(f"error: {err}", info={"tool": call.name, "tool_error": err.kind})
-        cut = self.toolbox.last_cut
-        return Observation(text, info={"tool": call.name, **({"tool_output_cut": cut} if cut else {})})
+            return _ToolReply(call.name, self.toolbox.submit(call.name, call.arguments))
+        except ToolError as err:
+            return Answered(_tool_error(call.name, err))
 
     def close(self) -> None:
         self.toolbox.close()
+
+
+def _tool_error(name: str, err: ToolError) -> Observation:
+    """A failed call as the policy reads it (and may try again)."""
+    return Observation(f"error: {err}", info={"tool": name, "tool_error": err.kind})
+
+
+class _ToolReply(Pending):
+    """A tool call's observation, once the sandbox answers."""
+
+    def __init__(self, name: str, call: Call):
+        self.name, self.call = name, call
+
+    def ready(self) -> bool:
+        return self.call.ready()
+
+    def result(self) -> Observation:
+        try:
+            text = str(self.call.result())
+        except ToolError as err:
+            return _tool_error(self.name, err)
+        cut = self.call.cut
+        return Observation(text, info={"tool": self.name, **({"tool_output_cut": cut} if cut else {})})

@@ -20,6 +20,8 @@ protocol, limits and audit hook, in a scratch directory on the host.
 
 from __future__ import annotations
 
+import collections
+import fcntl
 import json
 import os
 import select
@@ -43,6 +45,9 @@ from workbench.errors import WorkbenchError
 
 CHILD = Path(__file__).with_name("sandbox_child.py")
 CHILD_IN_JAIL = "/sandbox/sandbox_child.py"
+PIPE_BYTES = 1 << 20
+"""The request pipe's size asked for (Linux's default is 64 KiB; a request carries its tool's
+pickle, ~4 KiB for the calculator): a rollout's turn of calls fits unanswered."""
 START_TIMEOUT = 30.0
 """Seconds a fresh child may take to start (imports), apart from the call's own limit."""
 
@@ -110,6 +115,38 @@ def check_jail(limits: SandboxLimits) -> bool:
     return why is None
 
 
+def _widened(fd: int) -> int:
+    """Half the pipe's size, after asking for PIPE_BYTES (as far as /proc/sys/fs/pipe-max-size
+    allows)."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+    except OSError:  # over pipe-max-size for this user: the size it has
+        pass
+    return fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ) // 2
+
+
+class Call:
+    """A tool call sent to a sandbox (`Sandbox.submit`): `ready()` says without waiting whether
+    its answer is in, `result()` waits for it and returns it, or raises the call's ToolError."""
+
+    def __init__(self, sandbox: Sandbox, tool: str, request: bytes):
+        self.sandbox, self.tool, self.request = sandbox, tool, request
+        self.outcome: Any = None
+        """The answer once read (a ToolError when the call failed), else None."""
+        self.cut = 0
+        """Characters the answer lost to SandboxLimits.output_chars."""
+
+    def ready(self) -> bool:
+        return self.outcome is not None or self.sandbox._collect(self, wait=False)
+
+    def result(self) -> Any:
+        if self.outcome is None:
+            self.sandbox._collect(self, wait=True)
+        if isinstance(self.outcome, ToolError):
+            raise self.outcome
+        return self.outcome
+
+
 class Sandbox:
     """A jailed process that runs tool functions (picklable callables) one call at a time."""
 
@@ -123,6 +160,12 @@ class Sandbox:
         """The running jail's own uid (started as root; a fresh one each start), else None."""
         self._child: subprocess.Popen | None = None
         self._requests = self._answers = -1
+        self._sent: collections.deque[Call] = collections.deque()
+        """Calls sent to the running jail whose answers are not read yet, in order."""
+        self._room = 0
+        """Bytes of requests that may be unanswered at once: half the request pipe."""
+        self._head_since = 0.0
+        """When the first of them could start: the answers before it had been read."""
         self.starts = 0
         """Jails started so far (a killed or crashed one is replaced on the next call)."""
         self.last_cut = 0
@@ -136,12 +179,62 @@ class Sandbox:
     def call(self, fn, args: tuple = (), kwargs: dict | None = None, tool: str | None = None) -> Any:
         """fn(*args, **kwargs) in the jail, within the limits; ToolError when it fails.
         `tool` names it in errors (default: the function's name)."""
+        return self.submit(fn, args, kwargs, tool).result()
+
+    def submit(self, fn, args: tuple = (), kwargs: dict | None = None, tool: str | None = None) -> Call:
+        """`call`, sent without waiting for the answer: the caller goes on (a rollout decodes)
+        while the jail works, and reads the answer from the returned Call. The jail runs its
+        calls one after another, in the order they were sent; a call's time limit counts from
+        when the answers before its own have been read (never sooner than it started)."""
         tool = tool or getattr(fn, "__name__", repr(fn))
-        self.last_cut = 0
-        self._running()
-        deadline = time.monotonic() + self.limits.seconds
-        request = cloudpickle.dumps((cloudpickle.dumps(fn), tuple(args), dict(kwargs or {})))
-        self._give(frame(request), tool, deadline)
+        call = Call(self, tool, frame(cloudpickle.dumps((cloudpickle.dumps(fn), tuple(args), dict(kwargs or {})))))
+        # Unread requests never fill the pipe: a write then never waits on a jail that is
+        # itself waiting for its answers to be read.
+        while self._sent and sum(len(c.request) for c in self._sent) + len(call.request) > self._room:
+            self._collect(self._sent[0], wait=True)
+        self._send(call)
+        return call
+
+    def _send(self, call: Call) -> None:
+        try:
+            self._running()
+            if not self._sent:
+                self._head_since = time.monotonic()
+            self._give(call.request, call.tool, time.monotonic() + self.limits.seconds)
+        except ToolError as err:
+            call.outcome = err
+            self._resend()  # a write that failed killed the jail: the calls before it go again
+            return
+        self._sent.append(call)
+
+    def _resend(self) -> None:
+        """The calls sent to a jail that has since been killed, sent to a fresh one."""
+        if self._child is None and self._sent:
+            calls = list(self._sent)
+            self._sent.clear()
+            for call in calls:
+                self._send(call)
+
+    def _collect(self, target: Call, wait: bool) -> bool:
+        """Read answers, in the order sent, up to `target`'s; without `wait`, only those already
+        in (and a call past its deadline, whose jail is then killed). Whether `target` has one."""
+        while target.outcome is None and self._sent:
+            head = self._sent[0]
+            deadline = self._head_since + self.limits.seconds
+            if not wait and time.monotonic() < deadline and not select.select([self._answers], [], [], 0)[0]:
+                return False
+            try:
+                head.outcome = self._answered(head, deadline)
+            except ToolError as err:
+                head.outcome = err
+            self._sent.popleft()
+            self._head_since = time.monotonic()
+            self._resend()  # after a failure that killed the jail, the calls behind it go again
+        return target.outcome is not None
+
+    def _answered(self, call: Call, deadline: float) -> Any:
+        """`call`'s answer (the jail's next), checked; ToolError when it failed."""
+        tool = call.tool
         answer = self._answer(tool, deadline)
         if "ok" in answer:
             # Checked again here: the jail is not trusted (its own note on a cut answer may stay).
@@ -150,8 +243,9 @@ class Sandbox:
                 raise ToolError(tool, checked["error"], checked["text"] + self._limit(checked["error"]))
             cut = answer.get("cut")
             cut = cut if type(cut) is int and 0 < cut < 2**53 else 0
-            self.last_cut = max(cut, checked["cut"])
+            call.cut = self.last_cut = max(cut, checked["cut"])
             return checked["ok"]
+        self.last_cut = 0
         kind, text = answer["error"], str(answer.get("text", ""))
         if kind not in KINDS:  # not one the sandbox sends
             kind, text = "crashed", f"answered with an unknown kind of error {kind!r:.40}"
@@ -164,7 +258,11 @@ class Sandbox:
         raise ToolError(tool, kind, detail + self._limit(kind))
 
     def close(self) -> None:
-        """Stop the jail (and remove an unjailed sandbox's scratch directory)."""
+        """Stop the jail (and remove an unjailed sandbox's scratch directory); calls still
+        unanswered fail."""
+        for call in self._sent:
+            call.outcome = ToolError(call.tool, "crashed", "was not answered: its sandbox was closed")
+        self._sent.clear()
         self._kill()
         if not self.jailed:
             shutil.rmtree(self.scratch, ignore_errors=True)
@@ -198,6 +296,7 @@ class Sandbox:
         self._kill()
         self.uid = jail.new_uid() if self.jailed else None
         requests_read, self._requests = os.pipe()
+        self._room = _widened(self._requests)
         self._answers, answers_write = os.pipe()
         settings = {
             "scratch": self.scratch,

@@ -42,8 +42,8 @@ from typing import Any
 import cloudpickle
 
 from workbench import checks
-from workbench.agents.env import Environment, Observation, close_sandbox, sandbox_for
-from workbench.agents.sandbox import SandboxLimits, ToolError, check_jail
+from workbench.agents.env import Answered, Environment, Observation, Pending, close_sandbox, sandbox_for
+from workbench.agents.sandbox import Call, SandboxLimits, ToolError, check_jail
 from workbench.errors import ConfigError
 from workbench.references import NotFound, find
 
@@ -117,15 +117,41 @@ class SkyRLEnvironment(Environment):
         return {"env": made["env"], "metadata": made["metadata"]}
 
     def step(self, state: dict, text: str) -> Observation:
+        return self.submit(state, text).result()
+
+    def submit(self, state: dict, text: str) -> Pending:
+        """The step sent to the sandbox; a rollout decodes other episodes while it runs."""
+        if type(self).step is not SkyRLEnvironment.step:  # a subclass's own step is what runs
+            return Answered(self.step(state, text))
         if state["env"] is None:
             raise RuntimeError(f"{self.env_id}: the episode ended (done) and its env was closed; start another")
         tool = f"{self.env_id}.step"
+        return _Step(
+            self.env_id, state, sandbox_for(self.limits).submit(_step_in_jail, (state["env"], text), tool=tool)
+        )
+
+    def close(self) -> None:
+        """Stop this process's sandbox for these limits (a ToolBox with the same limits shares it)."""
+        close_sandbox(self.limits)
+
+
+class _Step(Pending):
+    """A step of the env in the jail; its env's new pickle goes into the episode's state when
+    it answers."""
+
+    def __init__(self, env_id: str, state: dict, call: Call):
+        self.env_id, self.state, self.call = env_id, state, call
+
+    def ready(self) -> bool:
+        return self.call.ready()
+
+    def result(self) -> Observation:
         try:
-            out = _checked(sandbox_for(self.limits).call(_step_in_jail, (state["env"], text), tool=tool), tool)
+            out = _checked(self.call.result(), self.call.tool)
         except ToolError as err:  # the policy reads what went wrong; the env stays as it was
             hint = " (the answer carries the env's pickle too)" if err.kind == "output" else ""
             return Observation(f"error: {err}{hint}", info={"tool": self.env_id, "tool_error": err.kind}, role=ROLE)
-        state["env"] = out["env"]
+        self.state["env"] = out["env"]
         messages = out["observations"]
         info: dict[str, Any] = {"tool": self.env_id}
         info |= {k: out[k] for k in ("metadata", "postprocessed_action") if out.get(k)}
@@ -136,10 +162,6 @@ class SkyRLEnvironment(Environment):
             info,
             role=messages[0]["role"] if messages else ROLE,
         )
-
-    def close(self) -> None:
-        """Stop this process's sandbox for these limits (a ToolBox with the same limits shares it)."""
-        close_sandbox(self.limits)
 
 
 def _checked(answer: Any, tool: str) -> dict:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from workbench import checks
-from workbench.agents.env import TOOL_CALL_END, Environment, Observation
+from workbench.agents.env import TOOL_CALL_END, Environment, Observation, Pending
 from workbench.data.batch import Batch
 from workbench.data.prompts import left_padded, prompt_ids
 from workbench.engines.rollout import SamplingConfig, stream_seed
@@ -318,9 +318,13 @@ class Episodes:
             sampled = self._generate_batch(active, turn)
         generated = time.time()
         texts = self.tokenizer.batch_decode([ids for ids, _ in sampled], skip_special_tokens=True)
+        # Every episode's step is sent before any is read: a tool sandbox runs them back to back.
+        pending = [
+            self._sampled(row, ids, log_probs, text) for (row, _), (ids, log_probs), text in zip(active, sampled, texts)
+        ]
         steps = [
-            self._advance(row, ids, log_probs, text)[0]
-            for (row, _), (ids, log_probs), text in zip(active, sampled, texts)
+            self._observed(row, ids, text, p.result())
+            for (row, _), (ids, _), text, p in zip(active, sampled, texts, pending)
         ]
         self.turns += 1
         self.history.append(Turn(turn, steps, (started, generated), (generated, time.time())))
@@ -387,19 +391,20 @@ class Episodes:
             requests.abort()
         return [out[row] for row, _ in active]
 
-    def _advance(self, row: int, ids: list[int], log_probs: list[float], text: str) -> tuple[TurnStep, float, float]:
+    def _sampled(self, row: int, ids: list[int], log_probs: list[float], text: str) -> Pending:
         """Episode `row` after its turn sampled `ids` (`text`: them decoded without special
-        tokens, what the environment reads): the environment's step on the text, its observation
-        appended (or the episode ended). Returns the step and the environment step's start and
-        end (time.time())."""
-        e, config = self._episodes[row], self.config
+        tokens, what the environment reads): the environment's step on the text, started."""
+        e = self._episodes[row]
         e.response += ids
         e.policy += [True] * len(ids)
         e.log_probs += log_probs
         e.turn_ends.append(len(e.response) - 1)
-        started = time.time()
-        observation = self.env.step(e.state, text)
-        stepped = time.time()
+        return self.env.submit(e.state, text)
+
+    def _observed(self, row: int, ids: list[int], text: str, observation: Observation) -> TurnStep:
+        """Episode `row` after the environment answered its turn: the observation appended (or
+        the episode ended)."""
+        e, config = self._episodes[row], self.config
         e.reward += float(observation.reward)
         e.tool_calls += "tool" in observation.info
         e.tool_errors += "tool_error" in observation.info
@@ -421,17 +426,20 @@ class Episodes:
             e.log_probs += [0.0] * len(shown)
             e.observation_tokens += len(shown)
             e.done = len(e.response) >= config.max_tokens
-        return TurnStep(row, ids, text, observation, shown, e.done), started, stepped
+        return TurnStep(row, ids, text, observation, shown, e.done)
 
     # ---- continuous scheduling ----------------------------------------------------------------
     def _run_continuously(self) -> None:
         """Every episode to its end, each turn added to the engine as soon as the episode's last
-        environment step answered: no episode waits for another's turn. The environment steps
-        run between engine steps, in this thread: beside the engine on a thread of their own they
-        made the tool task's rollout 2x slower on CPU (the engine loop and the steps' Python
-        passing the GIL back and forth), and an environment need not be thread-safe."""
+        environment step answered: no episode waits for another's turn. An environment step is
+        sent when its turn ends and read between engine steps once it answered (a tool's
+        sandbox works while the engine decodes), or at once when nothing else is decoding. The
+        steps run in this thread: beside the engine on a thread of their own they made the tool
+        task's rollout 2x slower on CPU (the engine loop and the steps' Python passing the GIL
+        back and forth), and an environment need not be thread-safe."""
         requests = self._requests
         turns: dict[int, _TurnTimes] = {}
+        waiting: dict[int, tuple[Pending, list[int], str, float]] = {}  # row -> its step under way
 
         def add(row: int) -> None:
             e = self._episodes[row]
@@ -439,18 +447,26 @@ class Episodes:
             turns.setdefault(turn, _TurnTimes(turn)).started(time.time())
             requests.add(row, e.prompt + e.response, self._request_sampling(row))
 
+        def observe(row: int) -> None:
+            pending, ids, text, sent = waiting.pop(row)
+            step = self._observed(row, ids, text, pending.result())
+            turns[len(self._episodes[row].turn_ends) - 1].add(step, sent, time.time())
+            if not step.ended:
+                add(row)
+
         try:
             for row, _ in self._active():
                 add(row)
-            while requests.running:
-                for row, ids, log_probs in requests.step():
-                    times = turns[len(self._episodes[row].turn_ends)]
-                    times.generated(time.time())
-                    text = self.tokenizer.decode(ids, skip_special_tokens=True)
-                    step, started, stepped = self._advance(row, ids, log_probs, text)
-                    times.add(step, started, stepped)
-                    if not step.ended:
-                        add(row)
+            while requests.running or waiting:
+                if requests.running:
+                    for row, ids, log_probs in requests.step():
+                        turns[len(self._episodes[row].turn_ends)].generated(time.time())
+                        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                        waiting[row] = (self._sampled(row, ids, log_probs, text), ids, text, time.time())
+                        if waiting[row][0].ready():  # answered at once: on before the next row's step
+                            observe(row)
+                for row in [row for row, (pending, *_) in waiting.items() if not requests.running or pending.ready()]:
+                    observe(row)
         finally:
             requests.abort()
         self.history += [turns[t].turn() for t in sorted(turns)]

@@ -201,6 +201,7 @@ class VLLMRollout:
             if not ranks:
                 raise ValueError(f"VLLMRollout: vLLM takes LoRA ranks up to {_VLLM_LORA_RANKS[-1]}, not {lora.rank}")
             kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=ranks[0])
+        _values_only_logprobs()
         self.llm = LLM(
             model=str(self.model_dir),
             max_model_len=cfg.max_model_len,
@@ -451,6 +452,23 @@ def _check_weight_groups(names: list[str]) -> None:
                     f"VLLMRollout.load_weights: {name!r} comes without {missing}. vLLM fuses "
                     f"{'/'.join(group)} into one layer: send the whole group together."
                 )
+
+
+@functools.cache
+def _values_only_logprobs() -> None:
+    """vLLM's log-prob records without each token's text: a request that detokenizes (one with
+    stop strings) also decodes every sampled token's text for its Logprob record, one tokenizer
+    call per token. The rollout reads only the values; on the tool task's multi-turn rollout
+    (every turn stops at `</tool_call>`) the decoding was ~7% of the rollout's time. Stop
+    strings are still found in the text vLLM detokenizes for them."""
+    from vllm.v1.engine.logprobs import LogprobsProcessor
+
+    made = LogprobsProcessor.from_new_request.__func__
+
+    def without_texts(cls, tokenizer, request):
+        return made(cls, None, request)
+
+    LogprobsProcessor.from_new_request = classmethod(without_texts)
 
 
 @functools.cache
