@@ -32,12 +32,14 @@ import time
 from pathlib import Path
 
 import psutil
+import torch
 
 from algorithms import GRPO, Groups, GRPOConfig
 from workbench import Session
 from workbench.agents import ToolEnvironment, calculator
 from workbench.data import tool_multiply
-from workbench.data.prompts import tokenize_prompts
+from workbench.data.batch import Batch
+from workbench.data.prompts import left_padded, tokenize_prompts
 from workbench.engines.contract import OptimConfig
 from workbench.engines.multi_turn import EpisodeConfig
 from workbench.engines.rollout import SamplingConfig
@@ -106,6 +108,21 @@ def tool_call_ms(env, rounds: int = 5, calls: int = 50) -> float:
     return statistics.median(medians)
 
 
+def with_observations(prompts: Batch, episodes: Batch, pad: int) -> Batch:
+    """Each prompt followed by its episode's observation tokens (attended, not the policy's)."""
+    observation = (
+        episodes["attention_mask"][:, prompts["input_ids"].shape[1] :].bool() & ~episodes["response_mask"].bool()
+    )
+    contexts = [
+        ids[mask.bool()].tolist() + responses[shown].tolist()
+        for ids, mask, responses, shown in zip(
+            prompts["input_ids"], prompts["attention_mask"], episodes["responses"], observation
+        )
+    ]
+    ids, mask = left_padded(contexts, pad, prompts["input_ids"].device)
+    return Batch({"input_ids": ids, "attention_mask": mask})
+
+
 def throughput(actor, clock: Clock, tokenizer, heldout, env, rounds: int, seed: int) -> dict:
     """Policy tokens per second of the multi-turn rollout against single-turn generation of the
     same policy tokens, alternating in each round; the ratios are medians of the rounds' ratios,
@@ -115,11 +132,17 @@ def throughput(actor, clock: Clock, tokenizer, heldout, env, rounds: int, seed: 
       lengths does). The multi-turn overhead alone: extra turns, tool calls, observations.
     - uniform: every row generates the same number of tokens, the episodes' mean: also the cost
       of episodes of different lengths sharing a batched turn (an engine without continuous
-      batching decodes a finished row until the batch's longest is done)."""
+      batching decodes a finished row until the batch's longest is done).
+    Neither computes the observations (`observation_tokens`: the tool's answers in their
+    template, ~14 a call), which the multi-turn rollout must. A third does, as a diagnostic:
+    - observed: `matched` from prompts followed by their episode's observation tokens: the
+      rollout's compute (prefill of prompts and observations, the same decoding steps) in one
+      turn, so multi-turn over it is what the turns' scheduling costs (a second engine call per
+      turn, tool calls, waiting), without the observations' compute."""
     prompts = tokenize_prompts(rows(heldout), tokenizer, 96)
-    kinds = ("multi_turn", "single_turn_matched", "single_turn_uniform")
+    kinds = ("multi_turn", "single_turn_matched", "single_turn_uniform", "single_turn_observed")
     rates: dict[str, dict[str, list[float]]] = {by: {k: [] for k in kinds} for by in ("wall", "cpu")}
-    tokens = []
+    tokens, observed = [], []
     for r in range(rounds):
         episodes, seconds = clock(actor.generate_episodes, prompts, env, SamplingConfig(seed=seed + r), WITH_TOOLS)
         per_row = episodes["response_mask"].sum(1)
@@ -130,15 +153,20 @@ def throughput(actor, clock: Clock, tokenizer, heldout, env, rounds: int, seed: 
         uniform = SamplingConfig(max_new_tokens=mean, min_new_tokens=mean, seed=seed + r)
         out, uniform_seconds = clock(actor.generate_sequences, prompts, uniform)
         assert int(out["response_mask"].sum()) == mean * len(prompts)  # min_new_tokens held every row
+        _, observed_seconds = clock(
+            actor.generate_sequences, with_observations(prompts, episodes, tokenizer.pad_token_id), matched
+        )
         timed = {
             "multi_turn": (policy_tokens, seconds),
             "single_turn_matched": (policy_tokens, matched_seconds),
             "single_turn_uniform": (mean * len(prompts), uniform_seconds),
+            "single_turn_observed": (policy_tokens, observed_seconds),
         }
         for kind, (count, (wall, cpu)) in timed.items():
             rates["wall"][kind].append(count / wall)
             rates["cpu"][kind].append(count / cpu)
         tokens.append(policy_tokens)
+        observed.append(int(torch.as_tensor(episodes["observation_tokens"]).sum()))
 
     def ratio(by: str, baseline: str) -> float:
         return statistics.median(m / b for m, b in zip(rates[by]["multi_turn"], rates[by][baseline]))
@@ -148,9 +176,12 @@ def throughput(actor, clock: Clock, tokenizer, heldout, env, rounds: int, seed: 
         "ratio_uniform": ratio("wall", "single_turn_uniform"),
         "ratio_cpu": ratio("cpu", "single_turn_matched"),
         "ratio_uniform_cpu": ratio("cpu", "single_turn_uniform"),
+        "ratio_observed": ratio("wall", "single_turn_observed"),
+        "ratio_observed_cpu": ratio("cpu", "single_turn_observed"),
         "tokens_per_s": {kind: statistics.median(rates["wall"][kind]) for kind in kinds},
         "tokens_per_cpu_s": {kind: statistics.median(rates["cpu"][kind]) for kind in kinds},
         "policy_tokens": tokens,
+        "observation_tokens": observed,
         "rounds": rates,
     }
 

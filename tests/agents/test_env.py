@@ -83,3 +83,24 @@ def test_a_tool_of_ones_own_and_an_environment_subclass():
         Environment().step({}, "x")
     with pytest.raises(ConfigError, match="ToolBox.tools"):
         ToolBox({})
+
+
+def test_a_step_is_submitted_and_a_subclass_own_step_is_what_runs(env):
+    """`submit` sends a tool call and returns before the answer (a rollout decodes meanwhile);
+    its observation is `step`'s. A subclass that defines its own `step` is stepped by it."""
+    state = env.start({"ground_truth": "5535"})
+    pending = [env.submit(state, call("calculator", expression=f"123 * {k}")) for k in (45, 46, 47)]
+    observations = [p.result() for p in pending]
+    assert [o.text for o in observations] == ["5535", "5658", "5781"]
+    assert observations == [env.step(state, call("calculator", expression=f"123 * {k}")) for k in (45, 46, 47)]
+    final = env.submit(state, "The answer is 5535.")
+    assert final.ready() and final.result().reward == 1.0
+
+    class Logged(ToolEnvironment):
+        def step(self, state, text):
+            observation = super().step(state, text)
+            observation.info["logged"] = True
+            return observation
+
+    logged = Logged({"calculator": calculator}, arithmetic_chat.score, SandboxLimits(seconds=2))
+    assert logged.submit(state, call("calculator", expression="2 * 3")).result().info["logged"]

@@ -182,11 +182,14 @@ class ToolEnvironment(Environment):
         self.score, self.truth_key = score, truth_key
 
     def step(self, state: dict, text: str) -> Observation:
-        return self.submit(state, text).result()
+        return self._sent(state, text).result()
 
     def submit(self, state: dict, text: str) -> Pending:
         if type(self).step is not ToolEnvironment.step:  # a subclass's own step is what runs
             return Answered(self.step(state, text))
+        return self._sent(state, text)
+
+    def _sent(self, state: dict, text: str) -> Pending:
         call = parse_tool_call(text)
         if call is None:  # the final answer
             return Answered(Observation(None, float(self.score(text, str(state[self.truth_key]))), done=True))

@@ -117,12 +117,15 @@ class SkyRLEnvironment(Environment):
         return {"env": made["env"], "metadata": made["metadata"]}
 
     def step(self, state: dict, text: str) -> Observation:
-        return self.submit(state, text).result()
+        return self._sent(state, text).result()
 
     def submit(self, state: dict, text: str) -> Pending:
         """The step sent to the sandbox; a rollout decodes other episodes while it runs."""
         if type(self).step is not SkyRLEnvironment.step:  # a subclass's own step is what runs
             return Answered(self.step(state, text))
+        return self._sent(state, text)
+
+    def _sent(self, state: dict, text: str) -> Pending:
         if state["env"] is None:
             raise RuntimeError(f"{self.env_id}: the episode ended (done) and its env was closed; start another")
         tool = f"{self.env_id}.step"
