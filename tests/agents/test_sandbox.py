@@ -129,6 +129,9 @@ def test_more_calls_than_the_pipe_holds_do_not_wait_on_each_other(sandbox):
     payload = "x" * 20_000
     calls = [sandbox.submit(len, (payload + str(i),), tool="len") for i in range(120)]
     assert [call.result() for call in calls] == [20_000 + len(str(i)) for i in range(120)]
+    nothing = sandbox.submit(dict.get, ({}, "absent"), tool="get")  # an answer of None (JSON null) is an answer
+    nothing.result()
+    assert nothing.ready() and nothing.result() is None
 
 
 def test_calls_still_unanswered_fail_by_name_when_the_sandbox_closes():

@@ -117,12 +117,17 @@ def check_jail(limits: SandboxLimits) -> bool:
 
 def _widened(fd: int) -> int:
     """Half the pipe's size, after asking for PIPE_BYTES (as far as /proc/sys/fs/pipe-max-size
-    allows)."""
+    allows); 8 KiB where pipes cannot be sized (not Linux)."""
+    if not hasattr(fcntl, "F_SETPIPE_SZ"):
+        return 8 * 1024
     try:
         fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
     except OSError:  # over pipe-max-size for this user: the size it has
         pass
     return fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ) // 2
+
+
+_UNANSWERED = object()
 
 
 class Call:
@@ -131,16 +136,20 @@ class Call:
 
     def __init__(self, sandbox: Sandbox, tool: str, request: bytes):
         self.sandbox, self.tool, self.request = sandbox, tool, request
-        self.outcome: Any = None
-        """The answer once read (a ToolError when the call failed), else None."""
+        self.outcome: Any = _UNANSWERED
+        """The answer once read (a ToolError when the call failed)."""
         self.cut = 0
         """Characters the answer lost to SandboxLimits.output_chars."""
 
+    @property
+    def answered(self) -> bool:
+        return self.outcome is not _UNANSWERED
+
     def ready(self) -> bool:
-        return self.outcome is not None or self.sandbox._collect(self, wait=False)
+        return self.answered or self.sandbox._collect(self, wait=False)
 
     def result(self) -> Any:
-        if self.outcome is None:
+        if not self.answered:
             self.sandbox._collect(self, wait=True)
         if isinstance(self.outcome, ToolError):
             raise self.outcome
@@ -218,7 +227,7 @@ class Sandbox:
     def _collect(self, target: Call, wait: bool) -> bool:
         """Read answers, in the order sent, up to `target`'s; without `wait`, only those already
         in (and a call past its deadline, whose jail is then killed). Whether `target` has one."""
-        while target.outcome is None and self._sent:
+        while not target.answered and self._sent:
             head = self._sent[0]
             deadline = self._head_since + self.limits.seconds
             if not wait and time.monotonic() < deadline and not select.select([self._answers], [], [], 0)[0]:
@@ -230,7 +239,7 @@ class Sandbox:
             self._sent.popleft()
             self._head_since = time.monotonic()
             self._resend()  # after a failure that killed the jail, the calls behind it go again
-        return target.outcome is not None
+        return target.answered
 
     def _answered(self, call: Call, deadline: float) -> Any:
         """`call`'s answer (the jail's next), checked; ToolError when it failed."""
