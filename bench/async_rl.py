@@ -291,6 +291,7 @@ def plot(algo: str, runs: dict[str, list[dict]], path: Path) -> None:
 
 
 def main() -> None:
+    global OUT  # --out moves the runs (run_config reads it)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--algos", default="grpo,ppo")
     parser.add_argument("--placements", default=",".join(DEFAULT_PLACEMENTS))
@@ -314,7 +315,6 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=OUT, help="run folders, charts and runs.json")
     args = parser.parse_args()
-    global OUT
     OUT = args.out
 
     cfg = arithmetic.ArithmeticConfig(digits=2, min_digits=1)

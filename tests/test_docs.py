@@ -397,3 +397,14 @@ def test_python_blocks_run(page):
     for where, expected in expected_outputs(blocks).items():
         got = printed.get(where, "")
         assert expected in got, f"{where} should print:\n{expected}\nbut printed:\n{got}"
+
+
+def test_every_bench_script_compiles():
+    """Bench scripts run by hand or on a lent GPU machine, where an error costs device time:
+    each one compiles (the compiler's checks too: a `global` after its name's first use), and
+    the shell scripts parse."""
+    for path in sorted((ROOT / "bench").glob("*.py")):
+        compile(path.read_text(), str(path), "exec")
+    for path in sorted((ROOT / "bench").glob("*.sh")):
+        checked = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+        assert checked.returncode == 0, f"{path.name}: {checked.stderr}"
