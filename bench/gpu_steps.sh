@@ -10,9 +10,10 @@
 # TRL 1.16 and what it needs beyond the image, and the model's config and tokenizer files), then
 #   run(command="bash bench/gpu_steps.sh", carry=[".cache/gpu_wheels"], timeout_s=600)
 # Outputs under $OUT (then bench/results/gpu/): steps_short.json, async_rl/, gpu_steps.txt.
-# Limits: STEPS_LIMIT, ASYNC_LIMIT seconds (0 leaves that part out). Written for issue 49 and
-# dry-run on the CPU (DEVICE_DRY=1: the GPU checks skipped, tiny settings); never run on a GPU:
-# no device was lent to that issue's sessions.
+# Limits: STEPS_LIMIT, ASYNC_LIMIT seconds (0 leaves that part out). Written for issue 49; its
+# dry run on the 2-core CPU machine passes both parts (DEVICE_DRY=1 PYTHON=.venv/bin/python: the
+# wheels not installed, tiny settings; 150 s and 294 s). Never run on a GPU: no device was lent
+# to that issue's sessions.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
