@@ -166,7 +166,23 @@ def close_sandbox(limits: SandboxLimits) -> None:
         sandbox.close()
 
 
-class ToolEnvironment(Environment):
+class SandboxEnvironment(Environment):
+    """An environment whose steps run in a sandbox process (`_send`): `step` waits for the
+    answer, `submit` returns before it is in. A subclass's own `step` is what both run."""
+
+    def step(self, state: Any, text: str) -> Observation:
+        return self._send(state, text).result()
+
+    def submit(self, state: Any, text: str) -> Pending:
+        if type(self).step is not SandboxEnvironment.step:
+            return Answered(self.step(state, text))
+        return self._send(state, text)
+
+    def _send(self, state: Any, text: str) -> Pending:
+        raise NotImplementedError
+
+
+class ToolEnvironment(SandboxEnvironment):
     """Tools until an answer: a turn with a tool call gets the tool's answer (or its error) as
     the observation; a turn without one is the final answer, scored by `score(text,
     row["ground_truth"])` (the task's rule, e.g. arithmetic_chat.score)."""
@@ -181,15 +197,7 @@ class ToolEnvironment(Environment):
         self.toolbox = ToolBox(tools, limits)
         self.score, self.truth_key = score, truth_key
 
-    def step(self, state: dict, text: str) -> Observation:
-        return self._sent(state, text).result()
-
-    def submit(self, state: dict, text: str) -> Pending:
-        if type(self).step is not ToolEnvironment.step:  # a subclass's own step is what runs
-            return Answered(self.step(state, text))
-        return self._sent(state, text)
-
-    def _sent(self, state: dict, text: str) -> Pending:
+    def _send(self, state: dict, text: str) -> Pending:
         call = parse_tool_call(text)
         if call is None:  # the final answer
             return Answered(Observation(None, float(self.score(text, str(state[self.truth_key]))), done=True))

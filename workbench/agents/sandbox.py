@@ -195,7 +195,7 @@ class Sandbox:
         while the jail works, and reads the answer from the returned Call. The jail runs its
         calls one after another, in the order they were sent; a call's time limit counts from
         when the answers before its own have been read (never sooner than it started)."""
-        tool = tool or getattr(fn, "__name__", repr(fn))
+        tool = tool or str(getattr(fn, "__name__", repr(fn)))
         call = Call(self, tool, frame(cloudpickle.dumps((cloudpickle.dumps(fn), tuple(args), dict(kwargs or {})))))
         # Unread requests never fill the pipe: a write then never waits on a jail that is
         # itself waiting for its answers to be read.

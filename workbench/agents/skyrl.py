@@ -42,7 +42,7 @@ from typing import Any
 import cloudpickle
 
 from workbench import checks
-from workbench.agents.env import Answered, Environment, Observation, Pending, close_sandbox, sandbox_for
+from workbench.agents.env import Environment, Observation, Pending, SandboxEnvironment, close_sandbox, sandbox_for
 from workbench.agents.sandbox import Call, SandboxLimits, ToolError, check_jail
 from workbench.errors import ConfigError
 from workbench.references import NotFound, find
@@ -57,7 +57,7 @@ NOT_EXTRAS = ("prompt", "env_class")
 """A row's columns that are not the env's extras (SkyRL's dataset leaves the same two out)."""
 
 
-class SkyRLEnvironment(Environment):
+class SkyRLEnvironment(SandboxEnvironment):
     """A skyrl-gym environment by its registered id (`skyrl_gym.registry`, or your own
     `skyrl_gym.register(id=..., entry_point=YourEnv)`: a class of a notebook travels by value)."""
 
@@ -116,16 +116,7 @@ class SkyRLEnvironment(Environment):
             )
         return {"env": made["env"], "metadata": made["metadata"]}
 
-    def step(self, state: dict, text: str) -> Observation:
-        return self._sent(state, text).result()
-
-    def submit(self, state: dict, text: str) -> Pending:
-        """The step sent to the sandbox; a rollout decodes other episodes while it runs."""
-        if type(self).step is not SkyRLEnvironment.step:  # a subclass's own step is what runs
-            return Answered(self.step(state, text))
-        return self._sent(state, text)
-
-    def _sent(self, state: dict, text: str) -> Pending:
+    def _send(self, state: dict, text: str) -> Pending:
         if state["env"] is None:
             raise RuntimeError(f"{self.env_id}: the episode ended (done) and its env was closed; start another")
         tool = f"{self.env_id}.step"
