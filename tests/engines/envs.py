@@ -2,8 +2,8 @@
 
 import time
 
-from workbench.agents import Environment, Observation
-from workbench.agents.env import Pending
+from workbench.agents import Answered, Environment, Observation, Pending, SandboxEnvironment, SandboxLimits, ToolBox
+from workbench.agents.tools import calculator
 
 
 class Replies(Environment):
@@ -71,3 +71,32 @@ class SlowSubmit(SlowStart):
     def submit(self, state, text):
         slow = state["taken"] == 0 and state["left"] == self.slow_turns
         return _Later(Replies.step(self, state, text), time.time() + (self.seconds if slow else 0.0))
+
+
+class _Calculated(Pending):
+    def __init__(self, call):
+        self.call = call
+
+    def ready(self) -> bool:
+        return self.call.ready()
+
+    def result(self) -> Observation:
+        return Observation(f"result {self.call.result()}: ok", info={"tool": "calculator"})
+
+
+class Calculated(SandboxEnvironment):
+    """`Replies`, each observation a calculator call's answer from the tool sandbox (sent
+    without waiting: the rollout decodes while the jail computes it)."""
+
+    def __init__(self):
+        self.toolbox = ToolBox({"calculator": calculator}, SandboxLimits(seconds=10))
+
+    def start(self, row):
+        return {"left": int(row["ground_truth"]), "taken": 0}
+
+    def _send(self, state, text):
+        state["left"] -= 1
+        state["taken"] += 1
+        if state["left"] == 0:
+            return Answered(Observation(None, reward=float(state["taken"]), done=True))
+        return _Calculated(self.toolbox.submit("calculator", {"expression": f"{state['taken']} * 7"}))

@@ -83,15 +83,22 @@ def test_vllm_episodes_repeat_for_a_seed(vllm_actor):
 
 
 @pytest.mark.parametrize(
-    "sampling", [SamplingConfig(greedy=True), SamplingConfig(n=2, seed=7)], ids=["greedy", "seeded"]
+    "sampling, env",
+    [
+        (SamplingConfig(greedy=True), envs.Replies),
+        (SamplingConfig(n=2, seed=7), envs.Replies),
+        (SamplingConfig(n=2, seed=7), envs.Calculated),
+    ],
+    ids=["greedy", "seeded", "seeded-sandboxed"],
 )
-def test_continuous_scheduling_gives_the_turn_by_turn_trajectories(vllm_actor, sampling):
+def test_continuous_scheduling_gives_the_turn_by_turn_trajectories(vllm_actor, sampling, env):
     """Every turn of an episode samples from its own stream (seed, row, turn) on either schedule,
     so only float rounding could tell them apart (a step's batch changes the kernels' reduction
-    order): on this tiny fp32 model no sampled id moves, and the log-probs agree closely."""
+    order): on this tiny fp32 model no sampled id moves, and the log-probs agree closely. So
+    also when the observations come from a tool sandbox, read between engine steps."""
     group, _, prompts = vllm_actor
     continuous, turn_by_turn = (
-        group.generate_episodes(prompts, envs.Replies(), sampling, replace(EPISODE, continuous=flag)).get()
+        group.generate_episodes(prompts, env(), sampling, replace(EPISODE, continuous=flag)).get()
         for flag in (True, False)
     )
     for key in ("input_ids", "attention_mask", "response_mask", "turn_ends", "episode_reward", "turns", "tool_calls"):
