@@ -91,12 +91,10 @@ class Calculated(SandboxEnvironment):
     def __init__(self):
         self.toolbox = ToolBox({"calculator": calculator}, SandboxLimits(seconds=10))
 
-    def start(self, row):
-        return {"left": int(row["ground_truth"]), "taken": 0}
+    start = Replies.start
 
     def _send(self, state, text):
-        state["left"] -= 1
-        state["taken"] += 1
-        if state["left"] == 0:
-            return Answered(Observation(None, reward=float(state["taken"]), done=True))
+        counted = Replies.step(self, state, text)  # its turn counting, answered by the sandbox
+        if counted.done:
+            return Answered(counted)
         return _Calculated(self.toolbox.submit("calculator", {"expression": f"{state['taken']} * 7"}))

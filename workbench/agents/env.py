@@ -138,12 +138,6 @@ class ToolBox:
             raise ToolError(name, "unknown", f"is not a tool here; the tools are {sorted(self.tools)}")
         return sandbox_for(self.limits).submit(self.tools[name], kwargs=arguments, tool=name)
 
-    @property
-    def last_cut(self) -> int:
-        """Characters the last call's answer lost to SandboxLimits.output_chars."""
-        sandbox = _sandboxes.get(self.limits)
-        return sandbox.last_cut if sandbox is not None else 0
-
     def close(self) -> None:
         """Stop this process's sandbox for these limits (the next call starts a fresh one)."""
         close_sandbox(self.limits)
