@@ -127,6 +127,13 @@ def _widened(fd: int) -> int:
     return fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ) // 2
 
 
+def _readable(fd: int) -> bool:
+    """Whether reading `fd` would not wait (poll, as `Sandbox._wait`: any fd number)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    return bool(poller.poll(0))
+
+
 _UNANSWERED = object()
 
 
@@ -230,7 +237,7 @@ class Sandbox:
         while not target.answered and self._sent:
             head = self._sent[0]
             deadline = self._head_since + self.limits.seconds
-            if not wait and time.monotonic() < deadline and not select.select([self._answers], [], [], 0)[0]:
+            if not wait and time.monotonic() < deadline and not _readable(self._answers):
                 return False
             try:
                 head.outcome = self._answered(head, deadline)
