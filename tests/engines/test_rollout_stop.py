@@ -11,7 +11,7 @@ import torch
 from tests.chat_kit import END_OF_TURN, make_tiny_chat
 from workbench.data.prompts import tokenize_prompts
 from workbench.engines.hf_rollout import HFRollout
-from workbench.engines.rollout import SamplingConfig, end_token_ids
+from workbench.engines.rollout import SamplingConfig, end_token_ids, first_stop
 from workbench.errors import ConfigError
 from workbench.models import load
 
@@ -135,3 +135,24 @@ def test_min_new_tokens_holds_the_end_back(chat):
     assert early["response_mask"][1].sum() == 2 and held["response_mask"].sum(1).min() >= 6
     with pytest.raises(ConfigError, match="SamplingConfig.min_new_tokens=9: use at most max_new_tokens=8"):
         SamplingConfig(max_new_tokens=8, min_new_tokens=9)
+
+
+def test_first_stop_is_the_first_token_that_completes_a_stop_string(chat):
+    """first_stop (bisection, with a shortcut where the stop string ends at the last id) agrees
+    with a scan of every prefix, on the model's own outputs cut at every length."""
+    loaded, _, greedy, sampled = chat
+    tok = loaded.tokenizer
+    for row in [*greedy.tolist(), *sampled.tolist()]:
+        text = tok.decode(row, skip_special_tokens=False)
+        stops = (text[len(text) // 3 : len(text) // 3 + 3], text[-2:])
+        for length in range(1, len(row) + 1):
+            ids = row[:length]
+            scan = next(
+                (
+                    k
+                    for k in range(length)
+                    if any(s in tok.decode(ids[: k + 1], skip_special_tokens=False) for s in stops)
+                ),
+                None,
+            )
+            assert first_stop(ids, stops, tok) == scan, (row, length)

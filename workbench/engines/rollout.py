@@ -176,7 +176,8 @@ def mask_after_stop(responses: torch.Tensor, mask: torch.Tensor, stop: tuple[str
 
 def first_stop(ids: list[int], stop: tuple[str, ...], tokenizer) -> int | None:
     """The first k whose text ids[: k + 1] contains a stop string, or None: found by bisection
-    (containing one is monotone in k), so a row costs log2(R) decodes."""
+    (containing one is monotone in k), so a row costs log2(R) decodes; two where the stop string
+    ends at the last id, as an engine that stopped on it leaves it."""
 
     def stopped(k: int) -> bool:
         text = tokenizer.decode(ids[: k + 1], skip_special_tokens=False)
@@ -184,7 +185,9 @@ def first_stop(ids: list[int], stop: tuple[str, ...], tokenizer) -> int | None:
 
     if not ids or not stopped(len(ids) - 1):
         return None
-    low, high = 0, len(ids) - 1  # the first stopping token lies in [low, high]
+    if len(ids) == 1 or not stopped(len(ids) - 2):
+        return len(ids) - 1
+    low, high = 0, len(ids) - 2  # the first stopping token lies in [low, high]
     while low < high:
         middle = (low + high) // 2
         low, high = (low, middle) if stopped(middle) else (middle + 1, high)

@@ -403,6 +403,7 @@ class VLLMRequests:
         rollout._wake()
         params = rollout._sampling_params(sampling, sampling.seed)
         params.output_kind = RequestOutputKind.FINAL_ONLY  # one output per request, when it ends
+        params.skip_clone = True  # made for this request alone: vLLM need not deep-copy it
         request = f"workbench-{next(self._ids)}"
         rollout.llm.llm_engine.add_request(
             request, TokensPrompt(prompt_token_ids=ids), params, lora_request=rollout._lora_request
