@@ -221,10 +221,13 @@ def test_shutdown_releases_everything_even_on_a_ray_it_did_not_start():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(root), "RAY_TMPDIR": tempfile.mkdtemp(prefix="wb-ray-")}
-    run = subprocess.run(
-        [sys.executable, "-c", SHUTDOWN_SCRIPT], cwd=root, env=env, capture_output=True, text=True, timeout=300
-    )
+    with tempfile.TemporaryDirectory(
+        prefix="wb-ray-", ignore_cleanup_errors=True
+    ) as ray_tmp:  # the script's Ray ends with it
+        env = {**os.environ, "PYTHONPATH": str(root), "RAY_TMPDIR": ray_tmp}
+        run = subprocess.run(
+            [sys.executable, "-c", SHUTDOWN_SCRIPT], cwd=root, env=env, capture_output=True, text=True, timeout=300
+        )
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result == {"same": True, "alive": 0, "pgs": 0, "ray_up": True, "closed": True, "fresh": True}

@@ -9,10 +9,10 @@ on the same pool, resolves RemoteSlice inputs, runs the method and records a tra
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import os
-import shutil
 import socket
 import sys
 import tempfile
@@ -230,7 +230,7 @@ class WorkerHost:
         self.records: deque[CallRecord] = deque(maxlen=MAX_RECORDS)
         self.counts: dict[tuple[str, str], int] = {}
         self.current: dict = {}
-        self.store_dir: str | None = None
+        self.store_path: str | None = None
 
     def rendezvous_address(self) -> tuple[str, int | str]:
         """Where the group's process-group store lives, chosen by rank 0.
@@ -239,8 +239,10 @@ class WorkerHost:
         all. A group spanning nodes needs torch's TCPStore, hosted by rank 0 on its node's
         address (torch binds that store on every interface; it has no authentication)."""
         if self.local:
-            self.store_dir = tempfile.mkdtemp(prefix="workbench-store-")
-            return "file", os.path.join(self.store_dir, "store")
+            # A private file (0600), deleted by torch's FileStore when the last rank is done.
+            handle, self.store_path = tempfile.mkstemp(prefix="workbench-store-")
+            os.close(handle)
+            return "file", self.store_path
         with socket.socket() as s:
             s.bind((node_address(), 0))
             port = s.getsockname()[1]
@@ -371,8 +373,9 @@ class WorkerHost:
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()  # a FileStore's file goes with its last user
-        if self.local and self.rank == 0 and self.store_dir:
-            shutil.rmtree(self.store_dir, ignore_errors=True)
+        if self.local and self.rank == 0 and self.store_path:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.store_path)
 
     def reset(self) -> bool:
         """Leave the group and drop its workers, so that a later group of the same roles can

@@ -13,9 +13,9 @@ incoming tensor beside its model.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
-import shutil
 import socket
 import tempfile
 import time
@@ -54,7 +54,10 @@ def open_address(size: int, local: bool, host: str = "127.0.0.1", backend: str |
     if backend not in (None, "gloo"):
         raise ValueError(f"weight channel backend {backend!r}: use None (by device) or 'gloo'")
     if local:
-        where = os.path.join(tempfile.mkdtemp(prefix="workbench-channel-"), "store")
+        # A private file (0600) of its own: torch's FileStore deletes it when the last member
+        # is done, so nothing is left behind even where no member closes its channel.
+        handle, where = tempfile.mkstemp(prefix="workbench-channel-")
+        os.close(handle)
         return ChannelAddress("file", where, size, backend=backend)
     with socket.socket() as s:
         s.bind((host, 0))
@@ -174,5 +177,6 @@ class WeightChannel:
 
     def close(self) -> None:
         if self.address.kind == "file" and self.rank == 0:
-            shutil.rmtree(os.path.dirname(self.address.where), ignore_errors=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.address.where)
         self.group = None  # type: ignore[assignment]
