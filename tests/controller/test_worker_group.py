@@ -169,12 +169,15 @@ def test_killed_worker_is_reported_and_group_can_be_recreated(session):
     group = session.group("actor", EchoWorker, pool)
     other = session.group("other", EchoWorker, session.pool("spare", 1))
     pid = group.where().get()[1]["pid"]
+    store = group.hostset.store_file  # the ranks' rendezvous, a file on this machine
+    assert store is not None and os.path.exists(store)
     os.kill(pid, signal.SIGKILL)
     with pytest.raises(WorkerDiedError, match=r"rank 1 of role .actor. \(pid \d+ on node .*\) died during actor.where"):
         group.where().get(timeout=60)
     assert other.where().get()[0]["rank"] == 0  # the rest of the session is fine
     group = session.group("actor", EchoWorker, pool)
     assert group.all_reduce().get() == [3.0, 3.0]
+    assert not os.path.exists(store)  # the dead set's store went with it (torch could not delete it)
 
 
 def test_a_start_past_its_bound_names_the_silent_ranks(session):

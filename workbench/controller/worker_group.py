@@ -12,8 +12,10 @@ separate groups.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
+import os
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
@@ -113,6 +115,9 @@ class HostSet:
         """Ray task id -> driver call number, for rank tasks whose own span is not drained yet (see note_task)."""
         self.drains: list = []
         """drain_records calls that have not answered yet (the next drain collects them)."""
+        self.store_file: str | None = None
+        """The process group's FileStore (ranks on one machine), removed here when the ranks were
+        killed before removing it themselves (a dead rank's set)."""
         warm = [pool.unpark(pool.devices[rank], self.key) for rank in range(mesh.world_size)]
         if None in warm:  # new processes need the shares that parked ones of other roles hold
             pool.evict(keep=self.key)
@@ -135,6 +140,9 @@ class HostSet:
             address, port = fetch(
                 self.hosts[0].rendezvous_address.remote(), CallInfo(name, "start", ranks, starting=True), 0
             )
+            if address == "file" and self.identities[0] is not None:
+                on_driver = self.identities[0][1] == ray.get_runtime_context().get_node_id()
+                self.store_file = str(port) if on_driver else None  # another node's file is its own
             fetch_all(  # bounded inside: the ranks' store waits RENDEZVOUS_TIMEOUT_S for the others
                 [h.init_process_group.remote(address, port) for h in self.hosts],
                 CallInfo(name, "init_process_group", ranks, starting=True),
@@ -294,6 +302,10 @@ class HostSet:
                 break
             time.sleep(0.05)
         self.hosts = []
+        if self.store_file is not None:  # a killed rank never let torch delete it
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.store_file)
+            self.store_file = None
 
 
 def _transport(pool: ResourcePool) -> tuple[str, bool]:
