@@ -221,9 +221,8 @@ def test_shutdown_releases_everything_even_on_a_ray_it_did_not_start():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    with tempfile.TemporaryDirectory(
-        prefix="wb-ray-", ignore_cleanup_errors=True
-    ) as ray_tmp:  # the script's Ray ends with it
+    # The script's Ray ends with the script: its folder goes with the test.
+    with tempfile.TemporaryDirectory(prefix="wb-ray-", ignore_cleanup_errors=True) as ray_tmp:
         env = {**os.environ, "PYTHONPATH": str(root), "RAY_TMPDIR": ray_tmp}
         run = subprocess.run(
             [sys.executable, "-c", SHUTDOWN_SCRIPT], cwd=root, env=env, capture_output=True, text=True, timeout=300
