@@ -127,11 +127,12 @@ def _widened(fd: int) -> int:
     return fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ) // 2
 
 
-def _readable(fd: int) -> bool:
-    """Whether reading `fd` would not wait (poll, as `Sandbox._wait`: any fd number)."""
+def _ready(fd: int, event: int, seconds: float) -> bool:
+    """Whether `fd` is ready for `event` (or hung up) within `seconds` (poll: select refuses fd
+    numbers past 1024, which a long-lived worker can hold)."""
     poller = select.poll()
-    poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
-    return bool(poller.poll(0))
+    poller.register(fd, event | select.POLLHUP | select.POLLERR)
+    return bool(poller.poll(seconds * 1000))
 
 
 _UNANSWERED = object()
@@ -237,7 +238,7 @@ class Sandbox:
         while not target.answered and self._sent:
             head = self._sent[0]
             deadline = self._head_since + self.limits.seconds
-            if not wait and time.monotonic() < deadline and not _readable(self._answers):
+            if not wait and time.monotonic() < deadline and not _ready(self._answers, select.POLLIN, 0):
                 return False
             try:
                 head.outcome = self._answered(head, deadline)
@@ -384,11 +385,9 @@ class Sandbox:
         return answer
 
     def _wait(self, fd: int, event: int, tool: str, deadline: float) -> None:
-        """Until `fd` is ready for `event` (poll: any fd number), or kill the jail at `deadline`."""
-        poller = select.poll()
-        poller.register(fd, event | select.POLLHUP | select.POLLERR)
+        """Until `fd` is ready for `event`, or kill the jail at `deadline`."""
         left = deadline - time.monotonic()
-        if left <= 0 or not poller.poll(left * 1000):
+        if left <= 0 or not _ready(fd, event, left):
             self._kill()
             raise ToolError(
                 tool,

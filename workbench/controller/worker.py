@@ -9,13 +9,11 @@ on the same pool, resolves RemoteSlice inputs, runs the method and records a tra
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
 import os
 import socket
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -30,6 +28,7 @@ import torch.distributed as dist
 
 from workbench.controller.future import RemoteSlice, describe_output
 from workbench.controller.register import registered_methods
+from workbench.controller.store_file import new_store_file, remove_store_file
 from workbench.data.batch import PAD_KEY, Batch
 from workbench.mesh import Coord, Mesh
 from workbench.tracing import CallRecord, process_memory, reset_memory_peaks
@@ -230,7 +229,7 @@ class WorkerHost:
         self.records: deque[CallRecord] = deque(maxlen=MAX_RECORDS)
         self.counts: dict[tuple[str, str], int] = {}
         self.current: dict = {}
-        self.store_path: str | None = None
+        self.store_file: str | None = None
 
     def rendezvous_address(self) -> tuple[str, int | str]:
         """Where the group's process-group store lives, chosen by rank 0.
@@ -239,10 +238,8 @@ class WorkerHost:
         all. A group spanning nodes needs torch's TCPStore, hosted by rank 0 on its node's
         address (torch binds that store on every interface; it has no authentication)."""
         if self.local:
-            # A private file (0600), deleted by torch's FileStore when the last rank is done.
-            handle, self.store_path = tempfile.mkstemp(prefix="workbench-store-")
-            os.close(handle)
-            return "file", self.store_path
+            self.store_file = new_store_file("workbench-store-")
+            return "file", self.store_file
         with socket.socket() as s:
             s.bind((node_address(), 0))
             port = s.getsockname()[1]
@@ -373,9 +370,8 @@ class WorkerHost:
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()  # a FileStore's file goes with its last user
-        if self.local and self.rank == 0 and self.store_path:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.store_path)
+        if self.local and self.rank == 0 and self.store_file:
+            remove_store_file(self.store_file)
 
     def reset(self) -> bool:
         """Leave the group and drop its workers, so that a later group of the same roles can

@@ -12,10 +12,8 @@ separate groups.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
-import os
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
@@ -30,6 +28,7 @@ from workbench.controller.future import CallInfo, DataFuture, RemoteSlice, fetch
 from workbench.controller.protocols import Protocol, first
 from workbench.controller.register import Registration, registered_methods
 from workbench.controller.resource_pool import ResourcePool
+from workbench.controller.store_file import remove_store_file
 from workbench.controller.worker import AFTER, META, TASK, TRACE_GROUP, WorkerHost, entry_name
 from workbench.data.batch import Batch
 from workbench.errors import DispatchError, GroupRemovedError, WorkerCallError, WorkerDiedError
@@ -303,8 +302,7 @@ class HostSet:
             time.sleep(0.05)
         self.hosts = []
         if self.store_file is not None:  # a killed rank never let torch delete it
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.store_file)
+            remove_store_file(self.store_file)
             self.store_file = None
 
 

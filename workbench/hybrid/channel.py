@@ -13,11 +13,8 @@ incoming tensor beside its model.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import pickle
 import socket
-import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -27,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from workbench.controller.store_file import new_store_file, remove_store_file
 from workbench.errors import WeightSyncError
 
 DEFAULT_TIMEOUT = timedelta(hours=1)
@@ -54,11 +52,7 @@ def open_address(size: int, local: bool, host: str = "127.0.0.1", backend: str |
     if backend not in (None, "gloo"):
         raise ValueError(f"weight channel backend {backend!r}: use None (by device) or 'gloo'")
     if local:
-        # A private file (0600) of its own: torch's FileStore deletes it when the last member
-        # is done, so nothing is left behind even where no member closes its channel.
-        handle, where = tempfile.mkstemp(prefix="workbench-channel-")
-        os.close(handle)
-        return ChannelAddress("file", where, size, backend=backend)
+        return ChannelAddress("file", new_store_file("workbench-channel-"), size, backend=backend)
     with socket.socket() as s:
         s.bind((host, 0))
         port = s.getsockname()[1]
@@ -177,6 +171,5 @@ class WeightChannel:
 
     def close(self) -> None:
         if self.address.kind == "file" and self.rank == 0:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.address.where)
+            remove_store_file(self.address.where)
         self.group = None  # type: ignore[assignment]
